@@ -1,0 +1,348 @@
+"""A real local Kubernetes control plane: etcd, kube-apiserver, kube-scheduler,
+kube-controller-manager and kwok, as child processes on free loopback ports.
+
+Used by the tests, the benchmarks and the demo. Nothing here is a fake: the
+processes are the upstream binaries built by testenv/build.sh.
+
+    with ControlPlane() as cp:
+        client = cp.client()
+        ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+import shutil
+import ssl
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+from lightkube import Client
+
+from gpuheal.kube.client import sync_client
+from gpuheal.sim.binaries import Binaries, default_binaries
+from gpuheal.sim.kubeconfig import write_kubeconfig
+from gpuheal.sim.pki import Pki, create_pki
+from gpuheal.sim.process import Component, ControlPlaneError, free_port, stop_all
+
+log = logging.getLogger(__name__)
+
+# Annotation that hands a Node to kwok; nodes without it are left alone.
+FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+FAKE_NODE_VALUE = "fake"
+
+ETCD = "etcd"
+KUBE_APISERVER = "kube-apiserver"
+KUBE_SCHEDULER = "kube-scheduler"
+KUBE_CONTROLLER_MANAGER = "kube-controller-manager"
+KWOK = "kwok"
+
+ADMIN = "gpuheal-admin"
+
+
+@dataclass(frozen=True)
+class Identity:
+    """A user of the static token file. Groups decide what RBAC gives it."""
+
+    user: str
+    groups: tuple[str, ...] = ()
+
+
+# One identity per upstream component and per gpuheal component, so tests can
+# bind exactly the RBAC a component gets in production and prove it suffices.
+# gpuheal's own identities get nothing by default: a test binds what it needs.
+IDENTITIES: tuple[Identity, ...] = (
+    Identity(ADMIN, ("system:masters",)),
+    Identity("system:kube-controller-manager"),
+    Identity("system:kube-scheduler"),
+    Identity("kwok-controller", ("system:masters",)),
+    Identity("gpuheal-controller"),
+    Identity("gpuheal-agent"),
+    Identity("gpuheal-operator"),
+)
+
+
+@dataclass(frozen=True)
+class ControlPlaneConfig:
+    """What to run. The apiserver and etcd always run; the rest is per test."""
+
+    scheduler: bool = True
+    controller_manager: bool = True
+    kwok: bool = True
+    feature_gates: Mapping[str, bool] = field(
+        default_factory=lambda: {"ResourceHealthStatus": True}
+    )
+    # Extra command-line flags per component name, appended last so they win.
+    extra_args: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    start_timeout_s: float = 90.0
+    stop_grace_s: float = 10.0
+    workdir: Path | None = None
+    keep_workdir: bool = False
+    binaries: Binaries = field(default_factory=default_binaries)
+
+
+class ControlPlane:
+    """Start, hold and stop one local control plane."""
+
+    def __init__(self, config: ControlPlaneConfig | None = None) -> None:
+        self.config = config or ControlPlaneConfig()
+        self._own_workdir = self.config.workdir is None
+        self.workdir = self.config.workdir or Path(tempfile.mkdtemp(prefix="gpuheal-sim-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.tokens = {i.user: secrets.token_urlsafe(32) for i in IDENTITIES}
+        self.components: dict[str, Component] = {}
+        self.api_port = 0
+        self.etcd_url = ""
+        self._pki: Pki | None = None
+        self._kubeconfigs: dict[str, Path] = {}
+        self.started_in_s: float | None = None
+
+    # -- public surface -------------------------------------------------
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.api_port}"
+
+    @property
+    def ca_cert(self) -> Path:
+        return self._require_pki().ca.cert
+
+    @property
+    def kubeconfig(self) -> Path:
+        """The admin kubeconfig (system:masters)."""
+        return self.kubeconfig_for(ADMIN)
+
+    def kubeconfig_for(self, user: str) -> Path:
+        """A kubeconfig authenticating as one of IDENTITIES."""
+        if user not in self._kubeconfigs:
+            if user not in self.tokens:
+                known = ", ".join(sorted(self.tokens))
+                raise KeyError(f"unknown identity {user!r}; known: {known}")
+            safe = user.replace(":", "_")
+            self._kubeconfigs[user] = write_kubeconfig(
+                self.workdir / f"kubeconfig-{safe}.yaml",
+                server=self.server,
+                ca_cert=self.ca_cert,
+                user=user,
+                token=self.tokens[user],
+            )
+        return self._kubeconfigs[user]
+
+    def client(self, user: str = ADMIN) -> Client:
+        return sync_client(self.kubeconfig_for(user))
+
+    @property
+    def pids(self) -> dict[str, int]:
+        return {name: c.pid for name, c in self.components.items() if c.pid is not None}
+
+    def log_path(self, component: str) -> Path:
+        return self.workdir / f"{component}.log"
+
+    def start(self) -> Self:
+        started = time.monotonic()
+        deadline = started + self.config.start_timeout_s
+        try:
+            self._pki = create_pki(self.workdir / "pki")
+            self._start_etcd(deadline)
+            self._start_apiserver(deadline)
+            waiting: list[tuple[Component, Callable[[], bool]]] = []
+            if self.config.controller_manager:
+                waiting.append(self._launch_kube_component(KUBE_CONTROLLER_MANAGER))
+            if self.config.scheduler:
+                waiting.append(self._launch_kube_component(KUBE_SCHEDULER))
+            if self.config.kwok:
+                waiting.append(self._launch_kwok())
+            for component, probe in waiting:
+                component.wait_ready(probe, deadline)
+        except BaseException:
+            # Keep the workdir: the error names log files inside it.
+            self._stop_processes()
+            raise
+        self.started_in_s = time.monotonic() - started
+        log.info(
+            "control plane ready",
+            extra={"server": self.server, "seconds": round(self.started_in_s, 2)},
+        )
+        return self
+
+    def stop(self) -> None:
+        self._stop_processes()
+        if self._own_workdir and not self.config.keep_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- components -----------------------------------------------------
+
+    def _require_pki(self) -> Pki:
+        if self._pki is None:
+            raise ControlPlaneError("control plane not started")
+        return self._pki
+
+    def _flags(self, name: str, base: Sequence[str]) -> list[str]:
+        return [*base, *self.config.extra_args.get(name, ())]
+
+    def _feature_gates(self) -> list[str]:
+        gates = ",".join(f"{k}={str(v).lower()}" for k, v in self.config.feature_gates.items())
+        return [f"--feature-gates={gates}"] if gates else []
+
+    def _launch(self, name: str, argv: Sequence[str]) -> Component:
+        component = Component(name, self._flags(name, argv), self.log_path(name))
+        self.components[name] = component
+        component.start()
+        return component
+
+    def _start_etcd(self, deadline: float) -> None:
+        client_port, peer_port = free_port(), free_port()
+        self.etcd_url = f"http://127.0.0.1:{client_port}"
+        peer = f"http://127.0.0.1:{peer_port}"
+        etcd = self._launch(
+            ETCD,
+            [
+                str(self.config.binaries.etcd),
+                "--name=gpuheal-sim",
+                f"--data-dir={self.workdir / 'etcd'}",
+                f"--listen-client-urls={self.etcd_url}",
+                f"--advertise-client-urls={self.etcd_url}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=gpuheal-sim={peer}",
+                "--unsafe-no-fsync",
+                "--quota-backend-bytes=8589934592",
+                "--log-level=warn",
+            ],
+        )
+        etcd.wait_ready(lambda: _http_ok(f"{self.etcd_url}/health"), deadline)
+
+    def _start_apiserver(self, deadline: float) -> None:
+        pki = self._require_pki()
+        self.api_port = free_port()
+        token_file = self.workdir / "tokens.csv"
+        token_file.touch(mode=0o600)
+        token_file.write_text(
+            "".join(
+                f'{self.tokens[i.user]},{i.user},{i.user},"{",".join(i.groups)}"\n'
+                for i in IDENTITIES
+            )
+        )
+        apiserver = self._launch(
+            KUBE_APISERVER,
+            [
+                str(self.config.binaries.kube_apiserver),
+                f"--etcd-servers={self.etcd_url}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={self.api_port}",
+                f"--cert-dir={self.workdir / 'apiserver-certs'}",
+                f"--tls-cert-file={pki.serving.cert}",
+                f"--tls-private-key-file={pki.serving.key}",
+                f"--client-ca-file={pki.ca.cert}",
+                f"--token-auth-file={token_file}",
+                "--authorization-mode=RBAC",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pki.service_account.cert}",
+                f"--service-account-signing-key-file={pki.service_account.key}",
+                "--service-cluster-ip-range=10.96.0.0/16",
+                # The "kubernetes" Service endpoint may not be a loopback address.
+                "--endpoint-reconciler-type=none",
+                "--allow-privileged=true",
+                "--profiling=false",
+                *self._feature_gates(),
+            ],
+        )
+        token = self.tokens[ADMIN]
+        ctx = ssl.create_default_context(cafile=str(pki.ca.cert))
+        apiserver.wait_ready(
+            lambda: _http_ok(f"{self.server}/readyz", ssl_context=ctx, token=token), deadline
+        )
+
+    def _launch_kube_component(self, name: str) -> tuple[Component, Callable[[], bool]]:
+        pki = self._require_pki()
+        port = free_port()
+        user = f"system:{name}"
+        argv = [
+            str(
+                self.config.binaries.kube_controller_manager
+                if name == KUBE_CONTROLLER_MANAGER
+                else self.config.binaries.kube_scheduler
+            ),
+            f"--kubeconfig={self.kubeconfig_for(user)}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={port}",
+            f"--tls-cert-file={pki.serving.cert}",
+            f"--tls-private-key-file={pki.serving.key}",
+            # One instance per control plane: no election, no 15 s lease wait.
+            "--leader-elect=false",
+            *self._feature_gates(),
+        ]
+        if name == KUBE_CONTROLLER_MANAGER:
+            argv += [
+                "--use-service-account-credentials=true",
+                f"--service-account-private-key-file={pki.service_account.key}",
+                f"--root-ca-file={pki.ca.cert}",
+                f"--cluster-signing-cert-file={pki.ca.cert}",
+                f"--cluster-signing-key-file={pki.ca.key}",
+            ]
+        component = self._launch(name, argv)
+        ctx = ssl.create_default_context(cafile=str(pki.ca.cert))
+        return component, lambda: _http_ok(f"https://127.0.0.1:{port}/healthz", ssl_context=ctx)
+
+    def _launch_kwok(self) -> tuple[Component, Callable[[], bool]]:
+        port = free_port()
+        binaries = self.config.binaries
+        component = self._launch(
+            KWOK,
+            [
+                str(binaries.kwok),
+                f"--kubeconfig={self.kubeconfig_for('kwok-controller')}",
+                f"--config={binaries.kwok_stages}",
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}={FAKE_NODE_VALUE}",
+                "--node-lease-duration-seconds=40",
+                # Pod IPs are only written into status (no traffic); room for 40k pods.
+                "--cidr=10.128.0.1/16",
+                f"--server-address=127.0.0.1:{port}",
+            ],
+        )
+        return component, lambda: _http_ok(f"http://127.0.0.1:{port}/healthz")
+
+    def _stop_processes(self) -> None:
+        # Clients first, so none of them logs a storm of errors against a dying apiserver.
+        order = [KWOK, KUBE_SCHEDULER, KUBE_CONTROLLER_MANAGER, KUBE_APISERVER, ETCD]
+        clients = [self.components[n] for n in order[:3] if n in self.components]
+        stop_all(clients, self.config.stop_grace_s)
+        for name in order[3:]:
+            if name in self.components:
+                stop_all([self.components[name]], self.config.stop_grace_s)
+
+
+def _http_ok(
+    url: str, *, ssl_context: ssl.SSLContext | None = None, token: str | None = None
+) -> bool:
+    request = urllib.request.Request(url)  # noqa: S310 -- loopback URLs we built
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    with (
+        contextlib.suppress(OSError, urllib.error.URLError),
+        urllib.request.urlopen(request, timeout=2, context=ssl_context) as response,  # noqa: S310
+    ):
+        return bool(response.status == 200)
+    return False

@@ -1,0 +1,42 @@
+"""Small helpers shared by the tests."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+# fake_gpu_nodes(count, **options) -> node names
+FakeNodes = Callable[..., list[str]]
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def wait_for(what: str, check: Callable[[], T], timeout_s: float = 60) -> T:
+    """Poll `check` until it returns something truthy; fail naming `what`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.2)
+
+
+def pid_alive(pid: int) -> bool:
+    """True while a process with this PID exists (zombies count as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:  # noqa: PTH123
+            state = stat.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+__all__ = ["FakeNodes", "pid_alive", "unique", "wait_for"]
