@@ -3,6 +3,10 @@ scheduler, RBAC, Pod device health in status, taint-based eviction."""
 
 from __future__ import annotations
 
+import json
+import ssl
+import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,14 +16,21 @@ from lightkube.models.authentication_v1 import TokenRequestSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.authentication_v1 import SelfSubjectReview
 from lightkube.resources.core_v1 import Event, Node, Pod, Secret, ServiceAccount
+from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
 from lightkube.types import PatchType
 
 from gpuheal.kube.client import sync_client
-from gpuheal.sim import ControlPlane
+from gpuheal.sim import ADMIN, ControlPlane
 from gpuheal.sim.kubeconfig import write_kubeconfig
-from gpuheal.sim.nodes import GPU_RESOURCE, is_ready
-from gpuheal.sim.workloads import apply, gpu_deployment, gpu_pod, wait_pods_running
+from gpuheal.sim.nodes import GPU_RESOURCE, delete_nodes, gpu_node, is_ready
+from gpuheal.sim.workloads import (
+    apply,
+    gpu_deployment,
+    gpu_pod,
+    pod_disruption_budget,
+    wait_pods_running,
+)
 from tests.helpers import FakeNodes, unique, wait_for
 
 pytestmark = pytest.mark.timeout(180)
@@ -199,3 +210,55 @@ def _allowed(call: Callable[[], object]) -> bool:
             return False
         raise
     return True
+
+
+def test_apiserver_reports_the_release_it_was_built_from(control_plane: ControlPlane) -> None:
+    # build.sh stamps the version with ldflags; without them /version says v0.0.0-master.
+    context = ssl.create_default_context(cafile=str(control_plane.ca_cert))
+    request = urllib.request.Request(f"{control_plane.server}/version")  # noqa: S310
+    request.add_header("Authorization", f"Bearer {control_plane.tokens[ADMIN]}")
+    with urllib.request.urlopen(request, context=context, timeout=5) as response:  # noqa: S310
+        version = json.load(response)
+    assert version["gitVersion"] == "v1.36.3"
+    assert (version["major"], version["minor"]) == ("1", "36")
+
+
+def test_kwok_manages_only_nodes_annotated_as_fake(kube: Client, fake_gpu_nodes: FakeNodes) -> None:
+    plain = gpu_node(unique("real-node"))
+    del plain["metadata"]["annotations"]["kwok.x-k8s.io/node"]
+    apply(kube, plain)
+    try:
+        fake_gpu_nodes(1)  # returns once kwok has made this one Ready
+        time.sleep(1)
+        node = kube.get(Node, plain["metadata"]["name"])
+        assert not is_ready(node)
+        assert node.status is not None and not node.status.conditions
+    finally:
+        delete_nodes(kube, [plain["metadata"]["name"]])
+
+
+def test_pod_disruption_budget_limits_evictions(
+    kube: Client, namespace: str, fake_gpu_nodes: FakeNodes
+) -> None:
+    # Bare pods: nothing replaces an evicted one, so the budget stays spent.
+    (node,) = fake_gpu_nodes(1)
+    labels = {"app": "serve"}
+    for name in ("serve-a", "serve-b"):
+        apply(kube, gpu_pod(name, namespace, node_name=node, labels=labels))
+    apply(kube, pod_disruption_budget("serve", namespace, match_labels=labels, min_available=1))
+    wait_pods_running(kube, namespace, count=2, labels=labels)
+
+    def one_disruption_allowed() -> bool:
+        pdb = kube.get(PodDisruptionBudget, "serve", namespace=namespace)
+        return pdb.status is not None and pdb.status.disruptionsAllowed == 1
+
+    wait_for("the disruption controller to allow one disruption", one_disruption_allowed)
+
+    def evict(name: str) -> None:
+        eviction = Pod.Eviction(metadata=ObjectMeta(name=name, namespace=namespace))
+        kube.create(eviction, name, namespace=namespace)
+
+    evict("serve-a")
+    with pytest.raises(ApiError) as err:
+        evict("serve-b")
+    assert err.value.status.code == 429
