@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from types import FrameType
 
 from gpuheal import __version__
+from gpuheal.logs import setup_logging
 
 
 def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -29,6 +30,23 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     except (ControlPlaneError, TimeoutError) as err:
         print(f"gpuheal demo: {err}", file=sys.stderr)
         return 1
+
+
+def _cmd_controller(args: argparse.Namespace) -> int:
+    from gpuheal.config import ConfigError, load_config  # noqa: PLC0415
+    from gpuheal.controller.run import run_controller  # noqa: PLC0415
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as err:
+        print(f"gpuheal controller: {err}", file=sys.stderr)
+        return 2
+    return run_controller(
+        config,
+        kubeconfig=args.kubeconfig,
+        identity=args.identity,
+        listen=args.listen,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,14 +75,37 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--gpus-per-pod", type=int, default=2, help="GPUs per pod (default 2)")
     demo.add_argument("--keep", action="store_true", help="keep the cluster running until Ctrl-C")
     demo.set_defaults(func=_cmd_demo)
+
+    controller = commands.add_parser(
+        "controller",
+        help="run the controller: quarantine faulty GPU nodes, evict, recover",
+        description=(
+            "Watch Nodes, Pods and GPUFaults; for each new GPU fault create its GPUFault "
+            "record, taint the node, evict its GPU pods and, once the fault clears, "
+            "return the node. Exactly once per fault, under Lease leader election."
+        ),
+    )
+    controller.add_argument("--config", type=Path, help="YAML config file (default: built-in)")
+    controller.add_argument(
+        "--kubeconfig",
+        type=Path,
+        help="kubeconfig (default: in-cluster, then $KUBECONFIG, then ~/.kube/config)",
+    )
+    controller.add_argument(
+        "--identity", default="", help="leader-election identity (default: $POD_NAME)"
+    )
+    controller.add_argument(
+        "--listen",
+        default="0.0.0.0:8080",
+        help="address for /healthz, /readyz and /metrics (default 0.0.0.0:8080)",
+    )
+    controller.set_defaults(func=_cmd_controller)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    setup_logging(args.log_level, json_lines=args.command == "controller")
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     code: int = args.func(args)
     return code

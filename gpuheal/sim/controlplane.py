@@ -11,15 +11,12 @@ processes are the upstream binaries built by testenv/build.sh.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import secrets
 import shutil
 import ssl
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +29,7 @@ from gpuheal.kube.client import sync_client
 from gpuheal.sim.binaries import Binaries, default_binaries
 from gpuheal.sim.kubeconfig import write_kubeconfig
 from gpuheal.sim.pki import Pki, create_pki
-from gpuheal.sim.process import Component, ControlPlaneError, free_port, stop_all
+from gpuheal.sim.process import Component, ControlPlaneError, free_port, http_ok, stop_all
 
 log = logging.getLogger(__name__)
 
@@ -230,7 +227,7 @@ class ControlPlane:
                 "--log-level=warn",
             ],
         )
-        etcd.wait_ready(lambda: _http_ok(f"{self.etcd_url}/health"), deadline)
+        etcd.wait_ready(lambda: http_ok(f"{self.etcd_url}/health"), deadline)
 
     def _start_apiserver(self, deadline: float) -> None:
         pki = self._require_pki()
@@ -271,7 +268,7 @@ class ControlPlane:
         token = self.tokens[ADMIN]
         ctx = ssl.create_default_context(cafile=str(pki.ca.cert))
         apiserver.wait_ready(
-            lambda: _http_ok(f"{self.server}/readyz", ssl_context=ctx, token=token), deadline
+            lambda: http_ok(f"{self.server}/readyz", ssl_context=ctx, token=token), deadline
         )
 
     def _launch_kube_component(self, name: str) -> tuple[Component, Callable[[], bool]]:
@@ -303,7 +300,7 @@ class ControlPlane:
             ]
         component = self._launch(name, argv)
         ctx = ssl.create_default_context(cafile=str(pki.ca.cert))
-        return component, lambda: _http_ok(f"https://127.0.0.1:{port}/healthz", ssl_context=ctx)
+        return component, lambda: http_ok(f"https://127.0.0.1:{port}/healthz", ssl_context=ctx)
 
     def _launch_kwok(self) -> tuple[Component, Callable[[], bool]]:
         port = free_port()
@@ -322,7 +319,7 @@ class ControlPlane:
                 f"--server-address=127.0.0.1:{port}",
             ],
         )
-        return component, lambda: _http_ok(f"http://127.0.0.1:{port}/healthz")
+        return component, lambda: http_ok(f"http://127.0.0.1:{port}/healthz")
 
     def _stop_processes(self) -> None:
         # Clients first, so none of them logs a storm of errors against a dying apiserver.
@@ -332,17 +329,3 @@ class ControlPlane:
         for name in order[3:]:
             if name in self.components:
                 stop_all([self.components[name]], self.config.stop_grace_s)
-
-
-def _http_ok(
-    url: str, *, ssl_context: ssl.SSLContext | None = None, token: str | None = None
-) -> bool:
-    request = urllib.request.Request(url)  # noqa: S310 -- loopback URLs we built
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    with (
-        contextlib.suppress(OSError, urllib.error.URLError),
-        urllib.request.urlopen(request, timeout=2, context=ssl_context) as response,  # noqa: S310
-    ):
-        return bool(response.status == 200)
-    return False

@@ -13,9 +13,12 @@ import ctypes
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
@@ -36,6 +39,21 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def http_ok(
+    url: str, *, ssl_context: ssl.SSLContext | None = None, token: str | None = None
+) -> bool:
+    """True if GET `url` answers 200 within 2 s; any failure is False."""
+    request = urllib.request.Request(url)  # noqa: S310 -- loopback URLs we built
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    with (
+        contextlib.suppress(OSError, urllib.error.URLError),
+        urllib.request.urlopen(request, timeout=2, context=ssl_context) as response,  # noqa: S310
+    ):
+        return bool(response.status == 200)
+    return False
 
 
 def _die_with_parent() -> None:
@@ -64,7 +82,8 @@ class Component:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
-    def start(self) -> None:
+    def start(self, env: Mapping[str, str] | None = None) -> None:
+        """Start the process; `env` adds to (not replaces) this process's environment."""
         binary = Path(self.argv[0])
         if not binary.is_file():
             raise ControlPlaneError(
@@ -77,6 +96,7 @@ class Component:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env={**os.environ, **env} if env else None,
                 preexec_fn=_die_with_parent,  # noqa: PLW1509 -- only prctl, no locks
             )
 

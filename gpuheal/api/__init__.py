@@ -1,0 +1,1 @@
+"""The controller's HTTP surface: health, readiness, metrics."""

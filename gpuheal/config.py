@@ -1,0 +1,287 @@
+"""The controller's configuration: one YAML document, validated at start.
+
+Every problem is reported with the dotted path of the bad key
+(`breaker.maxPercent: must be a number between 0 and 100, got 250`), and the
+controller refuses to start. Unknown keys are errors too: a typo must not
+silently fall back to a default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuheal.model import GPU_HEALTHY_CONDITION, Mode, Severity
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message names every bad key."""
+
+
+@dataclass(frozen=True)
+class ConditionRule:
+    """Map a NodeCondition written by any detector to a fault signal."""
+
+    type: str
+    status: str = "False"
+    reasons: tuple[str, ...] = ()  # empty: any reason
+    fault_reason: str = ""  # empty: the condition's own reason, else its type
+    severity: Severity = Severity.P0
+
+    def matches(self, type_: str, status: str, reason: str) -> bool:
+        return (
+            type_ == self.type
+            and status == self.status
+            and (not self.reasons or reason in self.reasons)
+        )
+
+
+@dataclass(frozen=True)
+class LeaderElection:
+    enabled: bool = True
+    namespace: str = "gpuheal-system"
+    name: str = "gpuheal-controller"
+    lease_seconds: float = 15.0
+    renew_deadline_seconds: float = 10.0
+    retry_period_seconds: float = 2.0
+
+
+@dataclass(frozen=True)
+class Config:
+    # Which nodes are GPU nodes we manage (label equality, all must match).
+    node_selector: Mapping[str, str] = field(
+        default_factory=lambda: {"nvidia.com/gpu.present": "true"}
+    )
+    mode: Mode = Mode.FULL
+    mode_by_reason: Mapping[str, Mode] = field(default_factory=dict)
+    taint_effect: str = "NoSchedule"
+    # Resource names that make a pod a GPU pod; a trailing * matches a prefix (MIG).
+    gpu_resources: tuple[str, ...] = ("nvidia.com/gpu", "nvidia.com/mig-*")
+    protected_namespaces: tuple[str, ...] = ("kube-system",)
+    eviction_retry_base_seconds: float = 2.0
+    eviction_retry_max_seconds: float = 60.0
+    # Delete a pod whose eviction stays blocked this long; None: never delete.
+    eviction_delete_after_seconds: float | None = None
+    rate_limit_per_second: float = 2.0
+    rate_limit_burst: int = 2
+    breaker_max_nodes: int = 10
+    breaker_max_percent: float = 10.0
+    recovery_window_seconds: float = 300.0
+    cooldown_seconds: float = 600.0
+    dedupe_ttl_seconds: float = 3600.0
+    hold_retry_seconds: float = 10.0
+    conditions: tuple[ConditionRule, ...] = (
+        ConditionRule(type=GPU_HEALTHY_CONDITION, status="False"),
+    )
+    workers: int = 4
+    watch_timeout_seconds: int = 300
+    watch_inactivity_seconds: float = 90.0
+    leader_election: LeaderElection = field(default_factory=LeaderElection)
+
+    def mode_for(self, reason: str) -> Mode:
+        return self.mode_by_reason.get(reason, self.mode)
+
+    def is_gpu_resource(self, name: str) -> bool:
+        return any(
+            name.startswith(pattern[:-1]) if pattern.endswith("*") else name == pattern
+            for pattern in self.gpu_resources
+        )
+
+
+# YAML key -> (Config field, parser). Parsers raise ValueError with a short reason.
+def _number(low: float, high: float | None = None) -> Any:
+    def parse(value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"must be a number, got {value!r}")
+        if value < low or (high is not None and value > high):
+            bound = f"between {low:g} and {high:g}" if high is not None else f">= {low:g}"
+            raise ValueError(f"must be {bound}, got {value!r}")
+        return float(value)
+
+    return parse
+
+
+def _integer(low: int) -> Any:
+    def parse(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"must be an integer, got {value!r}")
+        if value < low:
+            raise ValueError(f"must be >= {low}, got {value}")
+        return value
+
+    return parse
+
+
+def _string(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"must be a non-empty string, got {value!r}")
+    return value
+
+
+def _strings(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ValueError(f"must be a list of non-empty strings, got {value!r}")
+    return tuple(value)
+
+
+def _string_map(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise ValueError(f"must be a map of strings to strings, got {value!r}")
+    return dict(value)
+
+
+def _enum(kind: type[Mode] | type[Severity]) -> Any:
+    def parse(value: Any) -> Any:
+        try:
+            return kind(value)
+        except ValueError:
+            choices = ", ".join(m.value for m in kind)
+            raise ValueError(f"must be one of {choices}, got {value!r}") from None
+
+    return parse
+
+
+def _mode_map(value: Any) -> dict[str, Mode]:
+    raw = _string_map(value)
+    return {reason: _enum(Mode)(mode) for reason, mode in raw.items()}
+
+
+def _effect(value: Any) -> str:
+    if value not in ("NoSchedule", "NoExecute"):
+        raise ValueError(f"must be NoSchedule or NoExecute, got {value!r}")
+    return str(value)
+
+
+def _optional(parse: Any) -> Any:
+    return lambda value: None if value is None else parse(value)
+
+
+_TOP: dict[str, tuple[str, Any]] = {
+    "nodeSelector": ("node_selector", _string_map),
+    "mode": ("mode", _enum(Mode)),
+    "modeByReason": ("mode_by_reason", _mode_map),
+    "taintEffect": ("taint_effect", _effect),
+    "gpuResources": ("gpu_resources", _strings),
+    "protectedNamespaces": ("protected_namespaces", _strings),
+    "evictionRetryBaseSeconds": ("eviction_retry_base_seconds", _number(0.01)),
+    "evictionRetryMaxSeconds": ("eviction_retry_max_seconds", _number(0.01)),
+    "evictionDeleteAfterSeconds": ("eviction_delete_after_seconds", _optional(_number(0))),
+    "rateLimitPerSecond": ("rate_limit_per_second", _number(0.001)),
+    "rateLimitBurst": ("rate_limit_burst", _integer(1)),
+    "breakerMaxNodes": ("breaker_max_nodes", _integer(0)),
+    "breakerMaxPercent": ("breaker_max_percent", _number(0, 100)),
+    "recoveryWindowSeconds": ("recovery_window_seconds", _number(0)),
+    "cooldownSeconds": ("cooldown_seconds", _number(0)),
+    "dedupeTtlSeconds": ("dedupe_ttl_seconds", _number(0)),
+    "holdRetrySeconds": ("hold_retry_seconds", _number(0.01)),
+    "workers": ("workers", _integer(1)),
+    "watchTimeoutSeconds": ("watch_timeout_seconds", _integer(1)),
+    "watchInactivitySeconds": ("watch_inactivity_seconds", _number(1)),
+}
+
+_CONDITION: dict[str, tuple[str, Any]] = {
+    "type": ("type", _string),
+    "status": ("status", _string),
+    "reasons": ("reasons", _strings),
+    "faultReason": ("fault_reason", _string),
+    "severity": ("severity", _enum(Severity)),
+}
+
+_LEADER: dict[str, tuple[str, Any]] = {
+    "enabled": ("enabled", lambda v: v if isinstance(v, bool) else _not_bool(v)),
+    "namespace": ("namespace", _string),
+    "name": ("name", _string),
+    "leaseSeconds": ("lease_seconds", _number(1)),
+    "renewDeadlineSeconds": ("renew_deadline_seconds", _number(0.5)),
+    "retryPeriodSeconds": ("retry_period_seconds", _number(0.1)),
+}
+
+
+def _not_bool(value: Any) -> bool:
+    raise ValueError(f"must be true or false, got {value!r}")
+
+
+def _fields(
+    raw: Any, schema: dict[str, tuple[str, Any]], path: str, errors: list[str]
+) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        errors.append(f"{path or '<root>'}: must be a map, got {type(raw).__name__}")
+        return {}
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        where = f"{path}.{key}" if path else str(key)
+        if key not in schema:
+            known = ", ".join(sorted(schema))
+            errors.append(f"{where}: unknown key (known: {known})")
+            continue
+        name, parse = schema[key]
+        try:
+            out[name] = parse(value)
+        except ValueError as err:
+            errors.append(f"{where}: {err}")
+    return out
+
+
+def parse_config(raw: Any) -> Config:
+    """Validate a decoded YAML document; raise ConfigError naming every bad key."""
+    errors: list[str] = []
+    raw = {} if raw is None else raw
+    nested = {"conditions", "leaderElection"}
+    top = {k: v for k, v in raw.items() if k not in nested} if isinstance(raw, dict) else raw
+    values = _fields(top, _TOP, "", errors)
+    if isinstance(raw, dict) and "conditions" in raw:
+        rules = raw["conditions"]
+        if not isinstance(rules, list):
+            errors.append(f"conditions: must be a list, got {type(rules).__name__}")
+        else:
+            parsed = []
+            for i, rule in enumerate(rules):
+                fields = _fields(rule, _CONDITION, f"conditions[{i}]", errors)
+                if isinstance(rule, dict) and "type" not in rule:
+                    errors.append(f"conditions[{i}].type: required")
+                elif "type" in fields:
+                    parsed.append(ConditionRule(**fields))
+            values["conditions"] = tuple(parsed)
+    if isinstance(raw, dict) and "leaderElection" in raw:
+        values["leader_election"] = LeaderElection(
+            **_fields(raw["leaderElection"], _LEADER, "leaderElection", errors)
+        )
+    if not errors:
+        config = Config(**values)
+        errors.extend(_cross_checks(config))
+    if errors:
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))
+    return config
+
+
+def _cross_checks(config: Config) -> list[str]:
+    errors = []
+    if config.eviction_retry_max_seconds < config.eviction_retry_base_seconds:
+        errors.append("evictionRetryMaxSeconds: must be >= evictionRetryBaseSeconds")
+    le = config.leader_election
+    if not le.retry_period_seconds < le.renew_deadline_seconds < le.lease_seconds:
+        errors.append(
+            "leaderElection: need retryPeriodSeconds < renewDeadlineSeconds < leaseSeconds"
+        )
+    return errors
+
+
+def load_config(path: Path | None) -> Config:
+    """Read and validate the YAML file at `path`; None gives the defaults."""
+    if path is None:
+        return Config()
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ConfigError(f"cannot read config file {path}: {err.strerror}") from err
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {path} is not valid YAML: {err}") from err
+    return parse_config(raw)

@@ -1,0 +1,1 @@
+"""The controller: informers -> work queue -> policy -> executor, under leader election."""

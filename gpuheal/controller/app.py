@@ -1,0 +1,227 @@
+"""`gpuheal controller`: wire informers, work queue, leader election, workers
+and the HTTP endpoints, and run until told to stop.
+
+Every replica runs the informers (standbys keep warm caches); only the leader
+runs workers, and the API layer's write gate refuses writes from anyone else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuheal.api.server import build_app, serve
+from gpuheal.config import Config
+from gpuheal.controller.executor import Caches, Crashpoint, Executor
+from gpuheal.controller.reconciler import Reconciler
+from gpuheal.kube.api import KubeApi, NotLeaderError, gpufault_path, node_path
+from gpuheal.kube.events import EventRecorder
+from gpuheal.kube.informer import Informer
+from gpuheal.kube.leader import LeaderElector
+from gpuheal.kube.projections import (
+    FaultJson,
+    NodeJson,
+    PodJson,
+    fault_record,
+    node_view,
+    pod_view_factory,
+)
+from gpuheal.kube.workqueue import WorkQueue
+from gpuheal.metrics import ControllerMetrics
+from gpuheal.model import FaultRecord, NodeView, PodView
+
+log = logging.getLogger(__name__)
+
+# Only scheduled, live pods can hold a GPU: the API server filters the rest out.
+POD_FIELD_SELECTOR = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    kubeconfig: Path | None = None
+    identity: str = ""
+    listen_host: str = "0.0.0.0"  # noqa: S104 -- probes and scrapes come from the cluster
+    listen_port: int = 8080
+
+
+def default_identity() -> str:
+    return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+
+
+class Controller:
+    def __init__(self, config: Config, api: KubeApi, identity: str) -> None:
+        self.config = config
+        self.api = api
+        self.identity = identity
+        self.metrics = ControllerMetrics()
+        self.nodes: Informer[NodeJson, NodeView] = Informer(
+            api,
+            node_path(),
+            NodeJson,
+            node_view,
+            lambda n: n.name,
+            name="nodes",
+            watch_timeout_s=config.watch_timeout_seconds,
+            inactivity_s=config.watch_inactivity_seconds,
+        )
+        self.pods: Informer[PodJson, PodView] = Informer(
+            api,
+            "/api/v1/pods",
+            PodJson,
+            pod_view_factory(config.is_gpu_resource),
+            lambda p: p.key,
+            name="pods",
+            field_selector=POD_FIELD_SELECTOR,
+            watch_timeout_s=config.watch_timeout_seconds,
+            inactivity_s=config.watch_inactivity_seconds,
+        )
+        self.records: Informer[FaultJson, FaultRecord] = Informer(
+            api,
+            gpufault_path(),
+            FaultJson,
+            fault_record,
+            lambda r: r.name,
+            name="gpufaults",
+            watch_timeout_s=config.watch_timeout_seconds,
+            inactivity_s=config.watch_inactivity_seconds,
+        )
+        self.queue = WorkQueue()
+        caches = Caches(
+            node=self.nodes.get,
+            record=self.records.get,
+            put_node=lambda v: self.nodes.upsert(v, v.resource_version),
+            put_record=lambda v: self.records.upsert(v, v.resource_version),
+            put_pod=lambda v: self.pods.upsert(v, v.resource_version),
+        )
+        self.executor = Executor(
+            api,
+            caches=caches,
+            recorder=EventRecorder(api, identity),
+            metrics=self.metrics,
+            config=config,
+            crashpoint=Crashpoint.from_env(),
+        )
+        self.reconciler = Reconciler(
+            config=config,
+            nodes=self.nodes,
+            pods=self.pods,
+            records=self.records,
+            queue=self.queue,
+            executor=self.executor,
+            metrics=self.metrics,
+        )
+        self.elector: LeaderElector | None = None
+        le = config.leader_election
+        if le.enabled:
+            self.elector = LeaderElector(
+                api,
+                namespace=le.namespace,
+                name=le.name,
+                identity=identity,
+                lease_s=le.lease_seconds,
+                renew_deadline_s=le.renew_deadline_seconds,
+                retry_s=le.retry_period_seconds,
+                on_started=self._start_leading,
+                on_stopped=self._stop_leading,
+            )
+            api.write_gate = self.elector.may_write
+        self._workers: list[asyncio.Task[None]] = []
+
+    @property
+    def synced(self) -> bool:
+        return all(i.synced.is_set() for i in (self.nodes, self.pods, self.records))
+
+    @property
+    def leading(self) -> bool:
+        return self.elector.is_leader if self.elector else bool(self._workers)
+
+    async def _start_leading(self) -> None:
+        self.metrics.leader.set(1)
+        self.reconciler.active = True
+        self._workers = [
+            asyncio.create_task(self._worker(i), name=f"worker-{i}")
+            for i in range(self.config.workers)
+        ]
+        # Level-triggered start: look at every node once, whatever happened before we led.
+        self.reconciler.enqueue_all()
+
+    async def _stop_leading(self) -> None:
+        self.metrics.leader.set(0)
+        self.reconciler.active = False
+        workers, self._workers = self._workers, []
+        for task in workers:
+            task.cancel()
+        for task in workers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _worker(self, index: int) -> None:
+        while True:
+            key = await self.queue.get()
+            try:
+                again = await self.reconciler.reconcile(key)
+            except NotLeaderError:
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                delay = self.queue.add_rate_limited(key)
+                log.exception("reconcile failed", extra={"node": key, "retry_s": delay})
+            else:
+                if again is not None:
+                    self.queue.add_after(key, again)
+            finally:
+                self.queue.done(key)
+
+    async def run(self, stop: asyncio.Event, options: RunOptions) -> None:
+        runner = await serve(
+            build_app(
+                synced=lambda: self.synced,
+                leading=lambda: self.leading,
+                registry=self.metrics.registry,
+            ),
+            options.listen_host,
+            options.listen_port,
+        )
+        informers = [
+            asyncio.create_task(i.run(), name=f"informer-{i.name}")
+            for i in (self.nodes, self.pods, self.records)
+        ]
+        election: asyncio.Task[None] | None = None
+        try:
+            await self._wait_synced(stop)
+            if not stop.is_set():
+                log.info("caches synced", extra={"identity": self.identity})
+                if self.elector:
+                    election = asyncio.create_task(self.elector.run(), name="leader-election")
+                else:
+                    await self._start_leading()
+                await stop.wait()
+        finally:
+            if self.elector:
+                await self.elector.release()
+            else:
+                await self._stop_leading()
+            if election:
+                election.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await election
+            for task in informers:
+                task.cancel()
+            await asyncio.gather(*informers, return_exceptions=True)
+            self.queue.shutdown()
+            await runner.cleanup()
+
+    async def _wait_synced(self, stop: asyncio.Event) -> None:
+        synced = asyncio.gather(*(i.synced.wait() for i in (self.nodes, self.pods, self.records)))
+        stopped = asyncio.ensure_future(stop.wait())
+        waiting: set[asyncio.Future[Any]] = {synced, stopped}
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        for future in waiting:
+            future.cancel()

@@ -1,0 +1,405 @@
+"""Carry out a plan's actions against the API server, in order.
+
+Each action is idempotent: creating a record that exists, adding a taint that
+is there, evicting a pod that is gone — all end in the same state. Every
+write's response is fed back into the caches (write-through), so the next
+plan sees our own writes even before the watch delivers them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from gpuheal.config import Config
+from gpuheal.kube.api import ApiError, KubeApi, gpufault_path, node_path, pod_path
+from gpuheal.kube.events import EventRecorder, fault_ref, node_ref
+from gpuheal.kube.projections import decode_fault, decode_node
+from gpuheal.metrics import ControllerMetrics
+from gpuheal.model import (
+    HANDLED_AT,
+    HANDLED_FAULT_ID,
+    LAST_PROCESS_TIME,
+    STATE_LABEL,
+    TAINT_KEY,
+    FaultRecord,
+    NodeView,
+    PodView,
+)
+from gpuheal.policy.plan import (
+    EVICTED,
+    EVICTION_BLOCKED,
+    STATE_QUARANTINED,
+    Action,
+    AddTaint,
+    CreateRecord,
+    DeletePod,
+    Emit,
+    Evict,
+    MarkHandled,
+    NodeState,
+    Plan,
+    RemoveTaint,
+    UpdateRecord,
+    iso,
+    parse_time,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_ACTIONS_KEPT = 50
+CONFLICT_RETRIES = 5
+CRASH_ENV = "GPUHEAL_CRASH_AFTER"
+
+
+class Replan(Exception):  # noqa: N818 -- a signal to the reconciler, not a failure
+    """The world moved under the plan (someone else's record, a conflict): plan again."""
+
+
+@dataclass
+class Caches:
+    """Write-through hooks into the informers' stores."""
+
+    node: Callable[[str], NodeView | None]
+    record: Callable[[str], FaultRecord | None]
+    put_node: Callable[[NodeView], None]
+    put_record: Callable[[FaultRecord], None]
+    put_pod: Callable[[PodView], None]
+
+
+@dataclass
+class Outcome:
+    evicted: list[str] = field(default_factory=list)
+    blocked: list[str] = field(default_factory=list)
+    gone: list[str] = field(default_factory=list)
+    untainted: bool = False
+    handled: bool = False
+
+
+class Crashpoint:
+    """Test hook: SIGKILL this process right after the N-th action of a kind.
+
+    GPUHEAL_CRASH_AFTER=AddTaint (or AddTaint:2). Unset in production.
+    """
+
+    def __init__(self, spec: str | None) -> None:
+        kind, _, count = (spec or "").partition(":")
+        self.kind = kind
+        self.remaining = int(count or "1")
+
+    def after(self, action: Action) -> None:
+        if self.kind and type(action).__name__ == self.kind:
+            self.remaining -= 1
+            if self.remaining <= 0:
+                log.warning("crashpoint reached", extra={"action": self.kind})
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    @classmethod
+    def from_env(cls) -> Crashpoint:
+        return cls(os.environ.get(CRASH_ENV))
+
+
+class Executor:
+    def __init__(
+        self,
+        api: KubeApi,
+        *,
+        caches: Caches,
+        recorder: EventRecorder,
+        metrics: ControllerMetrics,
+        config: Config,
+        crashpoint: Crashpoint | None = None,
+    ) -> None:
+        self.api = api
+        self.caches = caches
+        self.recorder = recorder
+        self.metrics = metrics
+        self.config = config
+        self.crashpoint = crashpoint or Crashpoint(None)
+        self._blocked_reported: set[str] = set()
+
+    async def run(
+        self,
+        plan: Plan,
+        state: NodeState,
+        actions: tuple[Action, ...] | None = None,
+        outcome: Outcome | None = None,
+    ) -> Outcome:
+        """Run `actions` (default: all of the plan's), adding to `outcome` if given."""
+        outcome = outcome or Outcome()
+        for action in plan.actions if actions is None else actions:
+            started = time.monotonic()
+            result = await self._do(action, state, outcome)
+            log.info(
+                "action",
+                extra={
+                    "node": state.node.name,
+                    "fault_id": plan.fault_id,
+                    "action": type(action).__name__,
+                    "result": result,
+                    "duration_ms": round((time.monotonic() - started) * 1000, 1),
+                },
+            )
+            if not isinstance(action, Emit):
+                self.metrics.remediations.labels(type(action).__name__, result).inc()
+            self.crashpoint.after(action)
+        return outcome
+
+    async def _do(  # noqa: PLR0911 -- one dispatch arm per action kind
+        self, action: Action, state: NodeState, outcome: Outcome
+    ) -> str:
+        match action:
+            case CreateRecord():
+                return await self._create_record(action)
+            case UpdateRecord():
+                return await self._update_record(action, outcome)
+            case AddTaint():
+                return await self._set_taint(action.node, action, state)
+            case RemoveTaint():
+                result = await self._set_taint(action.node, None, state)
+                outcome.untainted = True
+                return result
+            case Evict():
+                return await self._evict(action, outcome)
+            case DeletePod():
+                return await self._delete(action, outcome)
+            case MarkHandled():
+                outcome.handled = True
+                return await self._mark_handled(action)
+            case Emit():
+                await self._emit(action, state)
+                return "ok"
+
+    # -- records -----------------------------------------------------------
+
+    async def _create_record(self, action: CreateRecord) -> str:
+        sig = action.signal
+        body = {
+            "apiVersion": "gpuheal.io/v1alpha1",
+            "kind": "GPUFault",
+            "metadata": {"name": action.name, "labels": {"gpuheal.io/node": sig.node}},
+            "spec": {
+                "node": sig.node,
+                "faultID": sig.fault_id,
+                "scope": "node",
+                "device": "",
+                "devices": list(sig.devices),
+                "source": sig.source,
+                "reason": sig.reason,
+                "severity": sig.severity.value,
+                "detectedAt": sig.detected_at,
+                "mode": action.mode.value,
+            },
+        }
+        try:
+            raw = await self.api.create(gpufault_path(), body)
+        except ApiError as err:
+            if err.code != 409:
+                raise
+            # AlreadyExists: the fault is owned (by us before a restart, or another replica).
+            self.metrics.duplicates_suppressed.labels("record").inc()
+            self.caches.put_record(decode_fault(await self.api.get(gpufault_path(action.name))))
+            raise Replan(f"GPUFault {action.name} already exists") from err
+        record = decode_fault(raw)
+        self.caches.put_record(record)
+        self.metrics.faults_detected.labels(sig.source, sig.reason, sig.severity.value).inc()
+        now = iso(dt.datetime.now(dt.UTC))
+        status = {
+            "phase": action.phase.value,
+            "actions": [{"time": now, "action": "detect", "result": "ok", "detail": sig.source}],
+        }
+        raw = await self.api.patch(gpufault_path(action.name, status=True), {"status": status})
+        self.caches.put_record(decode_fault(raw))
+        return "created"
+
+    async def _update_record(self, action: UpdateRecord, outcome: Outcome) -> str:
+        for _ in range(CONFLICT_RETRIES):
+            record = self.caches.record(action.name)
+            if record is None:
+                record = decode_fault(await self.api.get(gpufault_path(action.name)))
+            entry = action.entry
+            if action.record_evictions and outcome.evicted:
+                entry = replace(entry, detail=f"{entry.detail}; evicted {len(outcome.evicted)}")
+            actions = [*record.actions, entry][-MAX_ACTIONS_KEPT:]
+            status: dict[str, Any] = {
+                "phase": action.phase.value,
+                "actions": [vars(a) for a in actions],
+            }
+            if action.record_evictions and outcome.evicted:
+                status["evictedPods"] = sorted({*record.evicted_pods, *outcome.evicted})
+            if action.recovering_since is not None:
+                status["recoveringSince"] = action.recovering_since or None
+            body = {"metadata": {"resourceVersion": record.resource_version}, "status": status}
+            try:
+                raw = await self.api.patch(gpufault_path(action.name, status=True), body)
+            except ApiError as err:
+                if err.code != 409:
+                    raise
+                self.caches.put_record(decode_fault(await self.api.get(gpufault_path(action.name))))
+                continue
+            self.caches.put_record(decode_fault(raw))
+            return action.phase.value
+        raise Replan(f"GPUFault {action.name}: conflicts did not settle")
+
+    # -- the node ------------------------------------------------------------
+
+    async def _set_taint(self, name: str, add: AddTaint | None, state: NodeState) -> str:
+        """Add (or with None remove) our taint, under optimistic concurrency."""
+        node = self.caches.node(name) or state.node
+        for _ in range(CONFLICT_RETRIES):
+            ours = node.taint()
+            if add is not None and ours is not None and ours.value == add.fault_id:
+                return "present"
+            if add is None and ours is None:
+                return "absent"
+            taints = [
+                {"key": t.key, "effect": t.effect, "value": t.value}
+                | ({"timeAdded": t.time_added} if t.time_added else {})
+                for t in node.taints
+                if t.key != TAINT_KEY
+            ]
+            if add is not None:
+                taints.append({"key": TAINT_KEY, "value": add.fault_id, "effect": add.effect})
+            body = {
+                "metadata": {
+                    "resourceVersion": node.resource_version,
+                    "labels": {STATE_LABEL: STATE_QUARANTINED if add else None},
+                },
+                "spec": {"taints": taints},
+            }
+            try:
+                raw = await self.api.patch(node_path(name), body)
+            except ApiError as err:
+                if err.code != 409:
+                    raise
+                # Someone else wrote the node meanwhile: read it fresh and try again.
+                node = decode_node(await self.api.get(node_path(name)))
+                self.caches.put_node(node)
+                continue
+            updated = decode_node(raw)
+            self.caches.put_node(updated)
+            if add is not None:
+                self._observe_time_to_quarantine(state.node)
+            return "tainted" if add else "untainted"
+        raise Replan(f"node {name}: conflicts did not settle")
+
+    def _observe_time_to_quarantine(self, node: NodeView) -> None:
+        reported = parse_time(node.annotations.get("gpuheal.io/fault-time", ""))
+        if reported is not None:
+            elapsed = (dt.datetime.now(dt.UTC) - reported).total_seconds()
+            self.metrics.time_to_quarantine.observe(max(0.0, elapsed))
+
+    async def _mark_handled(self, action: MarkHandled) -> str:
+        now = iso(dt.datetime.now(dt.UTC))
+        body = {
+            "metadata": {
+                "annotations": {
+                    HANDLED_FAULT_ID: action.fault_id,
+                    HANDLED_AT: now,
+                    LAST_PROCESS_TIME: now,
+                }
+            }
+        }
+        raw = await self.api.patch(node_path(action.node), body)
+        self.caches.put_node(decode_node(raw))
+        return "marked"
+
+    # -- pods ----------------------------------------------------------------
+
+    async def _evict(self, action: Evict, outcome: Outcome) -> str:
+        pod = action.pod
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": pod.name, "namespace": pod.namespace},
+            "deleteOptions": {"preconditions": {"uid": pod.uid}},
+        }
+        try:
+            await self.api.create(f"{pod_path(pod.namespace, pod.name)}/eviction", body)
+        except ApiError as err:
+            if err.code == 404 or (err.code == 409 and "UID" in err.message):
+                outcome.gone.append(pod.key)
+                self.metrics.pods_evicted.labels("gone").inc()
+                return "gone"
+            if err.code == 429:
+                outcome.blocked.append(pod.key)
+                self.metrics.pods_evicted.labels("blocked").inc()
+                if pod.key not in self._blocked_reported:  # one Event per blocked pod
+                    self._blocked_reported.add(pod.key)
+                    await self.recorder.emit(
+                        node_ref(pod.node),
+                        reason=EVICTION_BLOCKED,
+                        note=f"eviction of {pod.key} for fault {action.fault_id} refused: "
+                        f"{err.message}; retrying with backoff",
+                        action="Evict",
+                        warning=True,
+                    )
+                return "blocked"
+            self.metrics.pods_evicted.labels("failed").inc()
+            raise
+        self.caches.put_pod(replace(pod, deleting=True))
+        outcome.evicted.append(pod.key)
+        self.metrics.pods_evicted.labels("evicted").inc()
+        await self.recorder.emit(
+            node_ref(pod.node),
+            reason=EVICTED,
+            note=f"evicted GPU pod {pod.key} for fault {action.fault_id}",
+            action="Evict",
+        )
+        return "evicted"
+
+    async def _delete(self, action: DeletePod, outcome: Outcome) -> str:
+        pod = action.pod
+        body = {"preconditions": {"uid": pod.uid}}
+        try:
+            await self.api.delete(pod_path(pod.namespace, pod.name), body)
+        except ApiError as err:
+            if err.code in (404, 409):
+                outcome.gone.append(pod.key)
+                return "gone"
+            raise
+        self.caches.put_pod(replace(pod, deleting=True))
+        outcome.evicted.append(pod.key)
+        self.metrics.pods_evicted.labels("deleted").inc()
+        await self.recorder.emit(
+            node_ref(pod.node),
+            reason=EVICTED,
+            note=(
+                f"deleted GPU pod {pod.key} for fault {action.fault_id}: eviction stayed "
+                f"blocked for {self.config.eviction_delete_after_seconds:g}s"
+            ),
+            action="Delete",
+            warning=True,
+        )
+        return "deleted"
+
+    # -- audit ---------------------------------------------------------------
+
+    async def _emit(self, action: Emit, state: NodeState) -> None:
+        record = self.caches.record(action.record)
+        node = node_ref(action.node)
+        fault = fault_ref(action.record)
+        verb = action.reason.removeprefix("GPUFault").removeprefix("GPUPod")
+        await self.recorder.emit(
+            node,
+            reason=action.reason,
+            note=action.note,
+            action=verb,
+            warning=action.warning,
+            related=fault,
+        )
+        if record is not None:
+            await self.recorder.emit(
+                fault,
+                reason=action.reason,
+                note=action.note,
+                action=verb,
+                warning=action.warning,
+                related=node,
+            )

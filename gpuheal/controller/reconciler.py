@@ -1,0 +1,316 @@
+"""Reconcile one node: gather its state from the caches, plan, execute.
+
+Also keeps the fleet-wide facts the breaker needs (GPU nodes, quarantined
+nodes) up to date from informer events, and decides which events enqueue
+which node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+from collections import defaultdict
+from dataclasses import replace
+
+from gpuheal.config import Config
+from gpuheal.controller.executor import Executor, Outcome, Replan
+from gpuheal.kube.informer import Store
+from gpuheal.kube.workqueue import WorkQueue
+from gpuheal.metrics import ControllerMetrics
+from gpuheal.model import FaultRecord, Mode, NodeView, Phase, PodView
+from gpuheal.policy.dedupe import TtlSet
+from gpuheal.policy.plan import Action, AddTaint, NodeState, Plan, plan, plan_node_gone
+from gpuheal.policy.ratelimit import TokenBucket
+from gpuheal.policy.signals import fault_signal
+
+log = logging.getLogger(__name__)
+
+
+class Fleet:
+    """Indexes over the caches, kept current by informer handlers."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.gpu_nodes: set[str] = set()
+        self.quarantined: set[str] = set()
+        self.pods_by_node: dict[str, set[str]] = defaultdict(set)
+        self.records_by_node: dict[str, set[str]] = defaultdict(set)
+        self.held: set[str] = set()  # record names in phase Held
+
+    def selected(self, node: NodeView) -> bool:
+        selector = self.config.node_selector
+        if selector:
+            return all(node.labels.get(k) == v for k, v in selector.items())
+        return node.gpus > 0
+
+    def on_node(self, old: NodeView | None, new: NodeView | None) -> None:
+        if new is None:
+            if old is not None:
+                self.gpu_nodes.discard(old.name)
+                self.quarantined.discard(old.name)
+            return
+        if self.selected(new):
+            self.gpu_nodes.add(new.name)
+        else:
+            self.gpu_nodes.discard(new.name)
+        if new.taint() is not None and new.name in self.gpu_nodes:
+            self.quarantined.add(new.name)
+        else:
+            self.quarantined.discard(new.name)
+
+    def on_pod(self, old: PodView | None, new: PodView | None) -> None:
+        if old is not None and old.node and (new is None or new.node != old.node):
+            self.pods_by_node[old.node].discard(old.key)
+            if not self.pods_by_node[old.node]:
+                del self.pods_by_node[old.node]
+        if new is not None and new.node:
+            self.pods_by_node[new.node].add(new.key)
+
+    def on_record(self, old: FaultRecord | None, new: FaultRecord | None) -> None:
+        if old is not None and (new is None or new.node != old.node):
+            self.records_by_node[old.node].discard(old.name)
+        if new is not None:
+            self.records_by_node[new.node].add(new.name)
+            if new.phase is Phase.HELD:
+                self.held.add(new.name)
+            else:
+                self.held.discard(new.name)
+        elif old is not None:
+            self.held.discard(old.name)
+
+
+def _meaningful_change(old: NodeView | None, new: NodeView | None) -> bool:
+    """Ignore updates that only bump the resourceVersion (heartbeats and the like)."""
+    if old is None or new is None:
+        return True
+    return replace(old, resource_version="") != replace(new, resource_version="")
+
+
+class Reconciler:
+    def __init__(
+        self,
+        *,
+        config: Config,
+        nodes: Store[NodeView],
+        pods: Store[PodView],
+        records: Store[FaultRecord],
+        queue: WorkQueue,
+        executor: Executor,
+        metrics: ControllerMetrics,
+    ) -> None:
+        self.config = config
+        self.nodes = nodes
+        self.pods = pods
+        self.records = records
+        self.queue = queue
+        self.executor = executor
+        self.metrics = metrics
+        self.fleet = Fleet(config)
+        self.memory = TtlSet(config.dedupe_ttl_seconds)
+        self.bucket = TokenBucket.full(
+            config.rate_limit_per_second, config.rate_limit_burst, time.monotonic()
+        )
+        self.blocked_since: dict[str, dict[str, dt.datetime]] = defaultdict(dict)
+        self.active = False  # only the leader enqueues work
+        self._breaker_lock = asyncio.Lock()
+        nodes.handlers.append(self._on_node)
+        pods.handlers.append(self._on_pod)
+        records.handlers.append(self._on_record)
+
+    # -- event routing -------------------------------------------------------
+
+    def _on_node(self, old: NodeView | None, new: NodeView | None) -> None:
+        self.fleet.on_node(old, new)
+        self._update_gauges()
+        changed = new or old
+        if self.active and changed is not None and _meaningful_change(old, new):
+            self.queue.add(changed.name)
+
+    def _on_pod(self, old: PodView | None, new: PodView | None) -> None:
+        self.fleet.on_pod(old, new)
+        changed = new or old
+        # Pods matter only while their node is being drained.
+        if self.active and changed and changed.node and self._has_open_record(changed.node):
+            self.queue.add(changed.node)
+
+    def _on_record(self, old: FaultRecord | None, new: FaultRecord | None) -> None:
+        self.fleet.on_record(old, new)
+        self._update_gauges()
+        record = new or old
+        if self.active and record is not None and record.node:
+            self.queue.add(record.node)
+
+    def _has_open_record(self, node: str) -> bool:
+        return any(
+            (r := self.records.get(name)) is not None and r.open
+            for name in self.fleet.records_by_node.get(node, ())
+        )
+
+    def _update_gauges(self) -> None:
+        self.metrics.quarantined_nodes.set(len(self.fleet.quarantined))
+        self.metrics.held_faults.set(len(self.fleet.held))
+        self.metrics.queue_depth.set(len(self.queue))
+
+    def enqueue_all(self) -> None:
+        for name in self.fleet.gpu_nodes:
+            self.queue.add(name)
+        for node in list(self.fleet.records_by_node):
+            if self._has_open_record(node):
+                self.queue.add(node)
+
+    # -- reconcile ------------------------------------------------------------
+
+    def state_of(self, node: NodeView) -> NodeState:
+        pods = tuple(
+            p for key in self.fleet.pods_by_node.get(node.name, ()) if (p := self.pods.get(key))
+        )
+        records = tuple(
+            r
+            for name in self.fleet.records_by_node.get(node.name, ())
+            if (r := self.records.get(name))
+        )
+        return NodeState(
+            node=node,
+            pods=pods,
+            records=records,
+            gpu_nodes=len(self.fleet.gpu_nodes),
+            quarantined=frozenset(self.fleet.quarantined),
+            blocked_since=dict(self.blocked_since.get(node.name, {})),
+        )
+
+    async def reconcile(self, name: str) -> float | None:
+        """Returns the seconds after which to look at this node again, or None."""
+        started = time.monotonic()
+        try:
+            return await self._reconcile(name)
+        finally:
+            self.metrics.reconcile_duration.observe(time.monotonic() - started)
+            self._update_gauges()
+
+    async def _reconcile(self, name: str) -> float | None:
+        now = dt.datetime.now(dt.UTC)
+        node = self.nodes.get(name)
+        if node is None:
+            await self._close_records_of_deleted_node(name, now)
+            return None
+        decision = self._decide(node, now)
+        if decision is None:
+            return None
+        decided, _ = decision
+        if decided.new_quarantine:
+            return await self._quarantine(name, now)
+        if not decided.actions:
+            return decided.requeue_after
+        return await self._execute(decision, now)
+
+    async def _quarantine(self, name: str, now: dt.datetime) -> float | None:
+        """Breaker check and taint are one atomic step across workers.
+
+        Under the lock the plan is made again from the caches, which hold every
+        taint placed so far (write-through), so concurrent faults can never
+        quarantine more nodes than the breaker allows. Only the steps up to the
+        taint run under the lock; evictions run after it.
+        """
+        async with self._breaker_lock:
+            node = self.nodes.get(name)
+            decision = self._decide(node, now) if node else None
+            if decision is None:
+                return None
+            decided, state = decision
+            if decided.new_quarantine:
+                self.bucket, wait = self.bucket.take(time.monotonic())
+                if wait > 0:
+                    log.info("rate limited", extra={"node": name, "wait_s": round(wait, 3)})
+                    return wait
+            cut = next(
+                (i + 1 for i, a in enumerate(decided.actions) if isinstance(a, AddTaint)),
+                len(decided.actions),
+            )
+            try:
+                outcome = await self.executor.run(decided, state, decided.actions[:cut])
+            except Replan as why:
+                log.info("replanning", extra={"node": name, "why": str(why)})
+                return 0.0
+        return await self._execute(decision, now, decided.actions[cut:], outcome)
+
+    def _decide(self, node: NodeView, now: dt.datetime) -> tuple[Plan, NodeState] | None:
+        """The plan for a managed node, or None when the node needs nothing."""
+        if not self.fleet.selected(node):
+            return None
+        signal = fault_signal(node, self.config)
+        if signal and self._remembered(node, signal.fault_id, signal.reason):
+            self.metrics.duplicates_suppressed.labels("memory").inc()
+            return None
+        state = self.state_of(node)
+        decided = plan(state, self.config, now)
+        self._note_suppressed(decided, node.name)
+        return decided, state
+
+    def _remembered(self, node: NodeView, fault_id: str, reason: str) -> bool:
+        """Handled recently and nothing about it changed since: skip without planning.
+
+        Only while our taint for this fault is still on the node (or the fault is
+        observe-only): a person's untaint must still reach the policy to be noted.
+        """
+        if not self.memory.contains(f"{node.name}/{fault_id}", time.monotonic()):
+            return False
+        taint = node.taint()
+        observe = self.config.mode_for(reason) is Mode.OBSERVE
+        return observe or (taint is not None and taint.value == fault_id)
+
+    async def _close_records_of_deleted_node(self, name: str, now: dt.datetime) -> None:
+        records = tuple(
+            r for n in self.fleet.records_by_node.get(name, ()) if (r := self.records.get(n))
+        )
+        gone = plan_node_gone(records, now)
+        if gone.actions:
+            await self.executor.run(gone, NodeState(node=NodeView(name, "")))
+
+    async def _execute(
+        self,
+        decision: tuple[Plan, NodeState],
+        now: dt.datetime,
+        actions: tuple[Action, ...] | None = None,
+        outcome: Outcome | None = None,
+    ) -> float | None:
+        decided, state = decision
+        name = state.node.name
+        try:
+            outcome = await self.executor.run(decided, state, actions, outcome)
+        except Replan as why:
+            log.info("replanning", extra={"node": name, "why": str(why)})
+            return 0.0
+        self._after(name, decided, outcome, now)
+        if outcome.blocked:
+            return self.queue.add_rate_limited(name)
+        self.queue.forget(name)
+        return decided.requeue_after
+
+    def _note_suppressed(self, decided: Plan, name: str) -> None:
+        if decided.suppressed in ("handled", "cooldown"):
+            self.metrics.duplicates_suppressed.labels(decided.suppressed).inc()
+        if decided.suppressed:
+            log.debug(
+                "suppressed",
+                extra={"node": name, "fault_id": decided.fault_id, "why": decided.suppressed},
+            )
+
+    def _after(self, name: str, decided: Plan, outcome: Outcome, now: dt.datetime) -> None:
+        blocked = self.blocked_since[name]
+        for key in outcome.blocked:
+            blocked.setdefault(key, now)
+        for key in (*outcome.evicted, *outcome.gone):
+            blocked.pop(key, None)
+        if not blocked:
+            self.blocked_since.pop(name, None)
+        if outcome.handled:
+            self.memory.add(f"{name}/{decided.fault_id}", time.monotonic())
+        if outcome.untainted:
+            # Capacity freed: held faults may proceed now rather than at their next retry.
+            for record_name in list(self.fleet.held):
+                record = self.records.get(record_name)
+                if record is not None:
+                    self.queue.add(record.node)
+        self.metrics.breaker_open.set(1 if self.fleet.held else 0)

@@ -1,0 +1,40 @@
+"""Run the controller process until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+
+from gpuheal.config import Config
+from gpuheal.controller.app import Controller, RunOptions, default_identity
+from gpuheal.kube.api import KubeApi
+
+
+def _split_listen(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    return host or "0.0.0.0", int(port)  # noqa: S104
+
+
+async def _main(config: Config, options: RunOptions) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    api = KubeApi.from_kubeconfig(options.kubeconfig)
+    try:
+        await Controller(config, api, options.identity).run(stop, options)
+    finally:
+        await api.close()
+
+
+def run_controller(config: Config, *, kubeconfig: Path | None, identity: str, listen: str) -> int:
+    host, port = _split_listen(listen)
+    options = RunOptions(
+        kubeconfig=kubeconfig,
+        identity=identity or default_identity(),
+        listen_host=host,
+        listen_port=port,
+    )
+    asyncio.run(_main(config, options))
+    return 0

@@ -1,0 +1,62 @@
+"""Prometheus metrics (names from DESIGN.md), on a registry of their own."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class ControllerMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.faults_detected = Counter(
+            "gpuheal_faults_detected_total",
+            "Faults seen for the first time.",
+            ["source", "reason", "severity"],
+            registry=r,
+        )
+        self.remediations = Counter(
+            "gpuheal_remediations_total",
+            "Remediation actions taken, by action and result.",
+            ["action", "result"],
+            registry=r,
+        )
+        self.duplicates_suppressed = Counter(
+            "gpuheal_duplicates_suppressed_total",
+            "Signals for an already handled fault, by the dedupe layer that stopped them.",
+            ["layer"],
+            registry=r,
+        )
+        self.pods_evicted = Counter(
+            "gpuheal_pods_evicted_total",
+            "GPU pod evictions, by result (evicted, blocked, gone, deleted, failed).",
+            ["result"],
+            registry=r,
+        )
+        self.quarantined_nodes = Gauge(
+            "gpuheal_quarantined_nodes", "GPU nodes carrying the gpuheal taint.", registry=r
+        )
+        self.held_faults = Gauge(
+            "gpuheal_held_faults", "Faults held by the blast-radius breaker.", registry=r
+        )
+        self.breaker_open = Gauge(
+            "gpuheal_breaker_open",
+            "1 while the blast-radius breaker refuses new quarantines.",
+            registry=r,
+        )
+        self.leader = Gauge("gpuheal_leader", "1 while this replica holds the lease.", registry=r)
+        self.queue_depth = Gauge(
+            "gpuheal_queue_depth", "Nodes waiting in the work queue.", registry=r
+        )
+        self.time_to_quarantine = Histogram(
+            "gpuheal_time_to_quarantine_seconds",
+            "From the fault's reported time to the taint on the node.",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300),
+            registry=r,
+        )
+        self.reconcile_duration = Histogram(
+            "gpuheal_reconcile_duration_seconds",
+            "One reconcile of one node.",
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )

@@ -1,0 +1,181 @@
+"""Domain types shared by every layer. Pure data: no I/O, no Kubernetes client.
+
+Views (NodeView, PodView, FaultRecord) are slim projections of API objects:
+only what the policy needs, so tens of thousands fit in a small heap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+# The agent contract (DESIGN.md): annotations the agent writes on its Node.
+ANNOTATION_PREFIX = "gpuheal.io/"
+STATUS = "gpuheal.io/status"
+FAULT_ID = "gpuheal.io/fault-id"
+FAULT_TIME = "gpuheal.io/fault-time"
+FAULT_REASON = "gpuheal.io/fault-reason"
+FAULT_DEVICES = "gpuheal.io/fault-devices"
+STATUS_FAULTY = "faulty"
+# Written by the controller; never deleted on recovery.
+HANDLED_FAULT_ID = "gpuheal.io/handled-fault-id"
+HANDLED_AT = "gpuheal.io/handled-at"
+LAST_PROCESS_TIME = "gpuheal.io/last-process-time"
+
+TAINT_KEY = "gpuheal.io/gpu-fault"
+STATE_LABEL = "gpuheal.io/state"
+MANAGED_LABEL = "gpuheal.io/managed"
+GPU_HEALTHY_CONDITION = "GPUHealthy"
+
+
+class Severity(StrEnum):
+    P0 = "P0"  # act now
+    P1 = "P1"  # act, rate limited
+    P2 = "P2"  # record and notify
+
+
+class Mode(StrEnum):
+    OBSERVE = "observe"  # record and notify only
+    QUARANTINE = "quarantine"  # taint, no eviction
+    FULL = "full"  # taint and evict GPU pods
+
+
+class Phase(StrEnum):
+    DETECTED = "Detected"
+    HELD = "Held"
+    QUARANTINED = "Quarantined"
+    DRAINING = "Draining"
+    DRAINED = "Drained"
+    RECOVERING = "Recovering"
+    RESOLVED = "Resolved"
+    FAILED = "Failed"
+
+
+OPEN_PHASES = frozenset(
+    {
+        Phase.DETECTED,
+        Phase.HELD,
+        Phase.QUARANTINED,
+        Phase.DRAINING,
+        Phase.DRAINED,
+        Phase.RECOVERING,
+    }
+)
+# Phases in which our taint was placed on the node at some point.
+TAINTED_PHASES = frozenset({Phase.QUARANTINED, Phase.DRAINING, Phase.DRAINED, Phase.RECOVERING})
+
+
+@dataclass(frozen=True)
+class Taint:
+    key: str
+    effect: str
+    value: str = ""
+    time_added: str | None = None
+
+
+@dataclass(frozen=True)
+class Condition:
+    type: str
+    status: str
+    reason: str = ""
+    message: str = ""
+    last_transition_time: str = ""
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    resource_version: str
+    labels: dict[str, str] = field(default_factory=dict)
+    # Only gpuheal.io/* annotations are kept.
+    annotations: dict[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    unschedulable: bool = False
+    conditions: tuple[Condition, ...] = ()
+    gpus: int = 0
+
+    def taint(self, key: str = TAINT_KEY) -> Taint | None:
+        return next((t for t in self.taints if t.key == key), None)
+
+    def condition(self, type_: str) -> Condition | None:
+        return next((c for c in self.conditions if c.type == type_), None)
+
+
+@dataclass(frozen=True)
+class PodView:
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    phase: str
+    resource_version: str = ""
+    gpu: bool = False  # any container or init container requests a GPU resource
+    daemonset: bool = False
+    deleting: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class FaultSignal:
+    """What a source says about a node now."""
+
+    node: str
+    fault_id: str
+    reason: str
+    source: str
+    severity: Severity = Severity.P0
+    detected_at: str = ""
+    devices: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ActionEntry:
+    time: str
+    action: str
+    result: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class FaultRecord:
+    """Projection of one GPUFault object."""
+
+    name: str
+    node: str
+    fault_id: str
+    phase: Phase
+    resource_version: str = ""
+    reason: str = ""
+    severity: Severity = Severity.P0
+    source: str = ""
+    detected_at: str = ""
+    recovering_since: str = ""
+    evicted_pods: tuple[str, ...] = ()
+    actions: tuple[ActionEntry, ...] = ()
+
+    @property
+    def open(self) -> bool:
+        return self.phase in OPEN_PHASES
+
+
+_NAME_UNSAFE = re.compile(r"[^a-z0-9.-]+")
+
+
+def fault_record_name(node: str, fault_id: str, device: str = "") -> str:
+    """Deterministic GPUFault name: creating it is the cross-replica lock.
+
+    Readable prefix (the node), a hash of the full identity so any fault id
+    (any characters, any length) maps to one valid DNS-1123 name.
+    """
+    digest = hashlib.sha256(f"{node}\x00{fault_id}\x00{device}".encode()).hexdigest()[:12]
+    prefix = _NAME_UNSAFE.sub("-", node.lower()).strip("-.")[:200] or "node"
+    return f"{prefix}-{digest}"

@@ -1,0 +1,439 @@
+"""Decide what to do about one node: state + config + now -> plan.
+
+Level-triggered and re-runnable: the plan is computed from what is observed
+(the node, its pods, its GPUFault records), so running it again after a crash
+or a duplicate event continues where the world is, never repeating a finished
+step. The order of actions inside a plan is the order of the safety rules:
+the record (the lock) first, the durable record of an action after the action.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from gpuheal.config import Config
+from gpuheal.model import (
+    HANDLED_FAULT_ID,
+    LAST_PROCESS_TIME,
+    MANAGED_LABEL,
+    TAINTED_PHASES,
+    ActionEntry,
+    FaultRecord,
+    FaultSignal,
+    Mode,
+    NodeView,
+    Phase,
+    PodView,
+    fault_record_name,
+)
+from gpuheal.policy.breaker import breaker_allows
+from gpuheal.policy.signals import fault_signal
+
+# Event reasons (DESIGN.md).
+DETECTED = "GPUFaultDetected"
+QUARANTINED = "GPUFaultQuarantined"
+HELD = "GPUFaultHeld"
+EVICTED = "GPUPodEvicted"
+EVICTION_BLOCKED = "GPUPodEvictionBlocked"
+RECOVERED = "GPUFaultRecovered"
+
+# Values of the gpuheal.io/state label.
+STATE_QUARANTINED = "quarantined"
+
+
+@dataclass(frozen=True)
+class CreateRecord:
+    name: str
+    signal: FaultSignal
+    phase: Phase
+    mode: Mode
+
+
+@dataclass(frozen=True)
+class UpdateRecord:
+    name: str
+    phase: Phase
+    entry: ActionEntry
+    recovering_since: str | None = None  # None: unchanged, "": clear
+    record_evictions: bool = False  # add the pods this plan's Evict actions evicted
+
+
+@dataclass(frozen=True)
+class AddTaint:
+    node: str
+    fault_id: str
+    effect: str
+
+
+@dataclass(frozen=True)
+class RemoveTaint:
+    node: str
+
+
+@dataclass(frozen=True)
+class Evict:
+    pod: PodView
+    fault_id: str
+
+
+@dataclass(frozen=True)
+class DeletePod:
+    pod: PodView
+    fault_id: str
+
+
+@dataclass(frozen=True)
+class MarkHandled:
+    node: str
+    fault_id: str
+
+
+@dataclass(frozen=True)
+class Emit:
+    reason: str
+    note: str
+    node: str
+    record: str
+    warning: bool = False
+
+
+Action = (
+    CreateRecord | UpdateRecord | AddTaint | RemoveTaint | Evict | DeletePod | MarkHandled | Emit
+)
+
+
+@dataclass(frozen=True)
+class Plan:
+    actions: tuple[Action, ...] = ()
+    requeue_after: float | None = None
+    # Why nothing (more) is done: a dedupe layer or a rule; logged and counted.
+    suppressed: str | None = None
+    # The plan starts a quarantine: take a rate-limit token before running it.
+    new_quarantine: bool = False
+    fault_id: str = ""
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """Everything the policy needs about one node, gathered from the caches."""
+
+    node: NodeView
+    pods: tuple[PodView, ...] = ()
+    records: tuple[FaultRecord, ...] = ()
+    gpu_nodes: int = 0
+    # GPU nodes carrying our taint right now (this node included if it does).
+    quarantined: frozenset[str] = frozenset()
+    # Pod key -> when its eviction was first refused (429), in this process's memory.
+    blocked_since: Mapping[str, dt.datetime] = field(default_factory=dict)
+
+
+def iso(moment: dt.datetime) -> str:
+    """RFC 3339 in UTC with milliseconds: windows of a few seconds must not lose one."""
+    return moment.astimezone(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_time(value: str) -> dt.datetime | None:
+    """RFC 3339 or None; a bad timestamp is treated as absent, never as now."""
+    if not value:
+        return None
+    try:
+        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+
+
+def _entry(now: dt.datetime, action: str, result: str = "ok", detail: str = "") -> ActionEntry:
+    return ActionEntry(time=iso(now), action=action, result=result, detail=detail)
+
+
+def plan(state: NodeState, config: Config, now: dt.datetime) -> Plan:
+    node = state.node
+    if node.labels.get(MANAGED_LABEL) == "false":
+        return Plan(suppressed="opt-out")
+    signal = fault_signal(node, config)
+    if signal is None:
+        return _recover(state, config, now)
+    return _remediate(state, signal, config, now)
+
+
+def plan_node_gone(records: tuple[FaultRecord, ...], now: dt.datetime) -> Plan:
+    """The Node object was deleted: close its open records (nothing left to act on)."""
+    return Plan(
+        actions=tuple(
+            UpdateRecord(r.name, Phase.RESOLVED, _entry(now, "node-deleted"))
+            for r in records
+            if r.open
+        )
+    )
+
+
+def _remediate(  # noqa: PLR0911 -- one return per rule reads best here
+    state: NodeState, signal: FaultSignal, config: Config, now: dt.datetime
+) -> Plan:
+    node = state.node
+    name = fault_record_name(node.name, signal.fault_id)
+    record = next((r for r in state.records if r.name == name), None)
+    # An older fault of this node still open: the new fault supersedes it.
+    actions: list[Action] = [
+        UpdateRecord(
+            r.name, Phase.RESOLVED, _entry(now, "superseded", detail=f"by {signal.fault_id}")
+        )
+        for r in state.records
+        if r.open and r.name != name
+    ]
+    handled = node.annotations.get(HANDLED_FAULT_ID) == signal.fault_id
+    mode = config.mode_for(signal.reason)
+    base = Plan(fault_id=signal.fault_id)
+
+    if record is None:
+        if handled:
+            return _with(base, actions, suppressed="handled")
+        last = parse_time(node.annotations.get(LAST_PROCESS_TIME, ""))
+        if last is not None:
+            remaining = (last - now).total_seconds() + config.cooldown_seconds
+            if remaining > 0:
+                return _with(base, actions, suppressed="cooldown", requeue_after=remaining)
+        detected = Emit(
+            DETECTED, f"{signal.reason} ({signal.source}), fault {signal.fault_id}", node.name, name
+        )
+        if mode is Mode.OBSERVE:
+            actions += [
+                CreateRecord(name, signal, Phase.DETECTED, mode),
+                detected,
+                MarkHandled(node.name, signal.fault_id),
+            ]
+            return _with(base, actions)
+        if not _may_quarantine(state, config):
+            actions += [
+                CreateRecord(name, signal, Phase.HELD, mode),
+                detected,
+                Emit(HELD, _held_note(state, config), node.name, name, warning=True),
+            ]
+            return _with(base, actions, requeue_after=config.hold_retry_seconds)
+        actions += [CreateRecord(name, signal, Phase.DETECTED, mode), detected]
+        record = FaultRecord(
+            name=name, node=node.name, fault_id=signal.fault_id, phase=Phase.DETECTED
+        )
+    elif not record.open:
+        return _with(base, actions, suppressed="resolved")
+    elif mode is Mode.OBSERVE:
+        if not handled:
+            actions.append(MarkHandled(node.name, signal.fault_id))
+        return _with(base, actions, suppressed=None if not handled else "handled")
+    elif record.phase is Phase.HELD and not _may_quarantine(state, config):
+        return _with(base, actions, suppressed="held", requeue_after=config.hold_retry_seconds)
+
+    return _advance(_Fault(state, signal, record, mode, handled), config, now, actions, base)
+
+
+def _may_quarantine(state: NodeState, config: Config) -> bool:
+    if state.node.taint() is not None:
+        return True  # already counted among the quarantined
+    others = len(state.quarantined - {state.node.name})
+    return breaker_allows(others, state.gpu_nodes, config)
+
+
+def _held_note(state: NodeState, config: Config) -> str:
+    others = len(state.quarantined - {state.node.name})
+    return (
+        f"blast-radius breaker: {others} of {state.gpu_nodes} GPU nodes quarantined "
+        f"(limit {config.breaker_max_nodes} nodes / {config.breaker_max_percent:g}%); "
+        "held until capacity frees"
+    )
+
+
+@dataclass(frozen=True)
+class _Fault:
+    """The fault being advanced, and what is already known about it."""
+
+    state: NodeState
+    signal: FaultSignal
+    record: FaultRecord
+    mode: Mode
+    handled: bool
+
+
+def _advance(
+    fault: _Fault, config: Config, now: dt.datetime, actions: list[Action], base: Plan
+) -> Plan:
+    taint_actions, respected = _quarantine_step(fault, config, now)
+    actions += taint_actions
+    new_quarantine = any(isinstance(a, Emit) and a.reason == QUARANTINED for a in taint_actions)
+    node, signal = fault.state.node, fault.signal
+    if respected:
+        if not fault.handled:
+            actions.append(MarkHandled(node.name, signal.fault_id))
+        return _with(base, actions, suppressed="manual-untaint")
+    if fault.mode is Mode.QUARANTINE:
+        if not fault.handled:
+            actions.append(MarkHandled(node.name, signal.fault_id))
+        return _with(base, actions, new_quarantine=new_quarantine)
+    drain_actions, draining = _drain_step(fault, config, now)
+    actions += drain_actions
+    return _with(
+        base,
+        actions,
+        new_quarantine=new_quarantine,
+        requeue_after=config.eviction_retry_base_seconds if draining else None,
+    )
+
+
+def _quarantine_step(fault: _Fault, config: Config, now: dt.datetime) -> tuple[list[Action], bool]:
+    """Actions that make sure our taint is on the node; True if a person's untaint wins."""
+    node, signal, record = fault.state.node, fault.signal, fault.record
+    taint = node.taint()
+    actions: list[Action] = []
+    if taint is None:
+        if record.phase in TAINTED_PHASES:
+            # We tainted this node for this fault and a person removed the taint: respect it.
+            if not any(a.action == "manual-untaint" for a in record.actions):
+                actions.append(
+                    UpdateRecord(
+                        record.name,
+                        record.phase,
+                        _entry(now, "manual-untaint", "respected", "taint removed by hand"),
+                    )
+                )
+            return actions, True
+        actions += [
+            AddTaint(node.name, signal.fault_id, config.taint_effect),
+            UpdateRecord(record.name, Phase.QUARANTINED, _entry(now, "taint")),
+            Emit(
+                QUARANTINED,
+                f"tainted {config.taint_effect} for {signal.reason}, fault {signal.fault_id}",
+                node.name,
+                record.name,
+            ),
+        ]
+    elif taint.value != signal.fault_id:
+        # Our taint from an earlier fault of this node: carry it over to this one.
+        actions.append(AddTaint(node.name, signal.fault_id, taint.effect))
+        if record.phase not in TAINTED_PHASES:
+            actions.append(UpdateRecord(record.name, Phase.QUARANTINED, _entry(now, "taint")))
+    elif record.phase not in TAINTED_PHASES:
+        # The taint is there but its record is not: we stopped between the two.
+        actions.append(UpdateRecord(record.name, Phase.QUARANTINED, _entry(now, "taint")))
+    if record.phase is Phase.RECOVERING:
+        actions.append(
+            UpdateRecord(
+                record.name,
+                Phase.QUARANTINED,
+                _entry(now, "fault-returned"),
+                recovering_since="",
+            )
+        )
+    return actions, False
+
+
+def _drain_step(fault: _Fault, config: Config, now: dt.datetime) -> tuple[list[Action], bool]:
+    """Evict the GPU pods; once none is left, mark handled. True while draining."""
+    state, signal, record = fault.state, fault.signal, fault.record
+    gpu_pods = [p for p in state.pods if p.gpu and not p.daemonset and not p.terminal]
+    to_evict = [p for p in gpu_pods if not p.deleting]
+    actions: list[Action] = []
+    if gpu_pods:
+        actions += [_evict_or_delete(p, signal.fault_id, state, config, now) for p in to_evict]
+        detail = f"{len(to_evict)} to evict, {len(gpu_pods) - len(to_evict)} terminating"
+        actions.append(
+            UpdateRecord(
+                record.name,
+                Phase.DRAINING,
+                _entry(now, "evict", detail=detail),
+                record_evictions=True,
+            )
+        )
+        return actions, True
+    # Drained: only now mark the fault handled, then its record.
+    if not fault.handled:
+        actions.append(MarkHandled(state.node.name, signal.fault_id))
+    if record.phase is not Phase.DRAINED:
+        actions.append(UpdateRecord(record.name, Phase.DRAINED, _entry(now, "drain")))
+    return actions, False
+
+
+def _evict_or_delete(
+    pod: PodView, fault_id: str, state: NodeState, config: Config, now: dt.datetime
+) -> Evict | DeletePod:
+    since = state.blocked_since.get(pod.key)
+    limit = config.eviction_delete_after_seconds
+    if (
+        since is not None
+        and limit is not None
+        and (now - since).total_seconds() >= limit
+        and pod.namespace not in config.protected_namespaces
+    ):
+        return DeletePod(pod, fault_id)
+    return Evict(pod, fault_id)
+
+
+def _recover(state: NodeState, config: Config, now: dt.datetime) -> Plan:
+    node = state.node
+    actions: list[Action] = []
+    requeue: float | None = None
+    untainted = False
+    for record in (r for r in state.records if r.open):
+        if record.phase not in TAINTED_PHASES:
+            actions += [
+                UpdateRecord(
+                    record.name,
+                    Phase.RESOLVED,
+                    _entry(now, "recovered", detail="fault cleared before quarantine"),
+                ),
+                Emit(RECOVERED, f"fault {record.fault_id} cleared", node.name, record.name),
+            ]
+            continue
+        since = parse_time(record.recovering_since)
+        if since is None:
+            actions.append(
+                UpdateRecord(
+                    record.name,
+                    Phase.RECOVERING,
+                    _entry(now, "recovering"),
+                    recovering_since=iso(now),
+                )
+            )
+            requeue = _soonest(requeue, config.recovery_window_seconds)
+            continue
+        remaining = (since - now).total_seconds() + config.recovery_window_seconds
+        if remaining > 0:
+            requeue = _soonest(requeue, remaining)
+            continue
+        taint = node.taint()
+        if taint is not None and not untainted:
+            actions.append(RemoveTaint(node.name))
+            untainted = True
+        actions += [
+            UpdateRecord(record.name, Phase.RESOLVED, _entry(now, "untaint")),
+            Emit(
+                RECOVERED,
+                f"healthy for {config.recovery_window_seconds:g}s; fault {record.fault_id} "
+                "resolved, node returned",
+                node.name,
+                record.name,
+            ),
+        ]
+    return Plan(actions=tuple(actions), requeue_after=requeue)
+
+
+def _soonest(current: float | None, candidate: float) -> float:
+    return candidate if current is None else min(current, candidate)
+
+
+def _with(
+    base: Plan,
+    actions: list[Action],
+    *,
+    suppressed: str | None = None,
+    requeue_after: float | None = None,
+    new_quarantine: bool = False,
+) -> Plan:
+    return Plan(
+        actions=tuple(actions),
+        requeue_after=requeue_after,
+        suppressed=suppressed,
+        new_quarantine=new_quarantine,
+        fault_id=base.fault_id,
+    )

@@ -1,0 +1,105 @@
+"""Run `gpuheal controller` as a real child process against the local control
+plane: for tests (crash, failover), benchmarks and the demo."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from lightkube import ApiError, Client, codecs
+from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
+
+from gpuheal.sim.process import Component, free_port, http_ok, stop_all
+
+CRD_FILE = Path(__file__).resolve().parents[2] / "deploy" / "crds" / "gpufaults.gpuheal.io.yaml"
+
+
+def install_crds(client: Client, timeout_s: float = 30) -> None:
+    """Create (or keep) the GPUFault CRD and wait until it is served."""
+    manifest = yaml.safe_load(CRD_FILE.read_text())
+    try:
+        client.create(codecs.from_dict(manifest))
+    except ApiError as err:
+        if err.status.code != 409:
+            raise
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        crd = client.get(CustomResourceDefinition, manifest["metadata"]["name"])
+        conditions = (crd.status.conditions if crd.status else None) or []
+        if any(c.type == "Established" and c.status == "True" for c in conditions):
+            return
+        time.sleep(0.1)
+    raise TimeoutError("GPUFault CRD not Established in time")
+
+
+class ControllerProcess:
+    """One controller replica. `start()` returns once /readyz answers 200."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        kubeconfig: Path,
+        config: Mapping[str, Any],
+        *,
+        identity: str = "controller-0",
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.workdir = workdir
+        self.identity = identity
+        self.port = free_port()
+        self.config_path = workdir / f"config-{identity}.yaml"
+        self.config_path.write_text(yaml.safe_dump(dict(config)))
+        self.env = dict(env or {})
+        argv = [
+            sys.executable,
+            "-m",
+            "gpuheal.cli",
+            "--log-level",
+            "INFO",
+            "controller",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--config",
+            str(self.config_path),
+            "--identity",
+            identity,
+            "--listen",
+            f"127.0.0.1:{self.port}",
+        ]
+        self.component = Component(f"controller-{identity}", argv, workdir / f"{identity}.log")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 60) -> ControllerProcess:
+        self.component.start(env=self.env)
+        self.component.wait_ready(self._ready, time.monotonic() + timeout_s)
+        return self
+
+    def _ready(self) -> bool:
+        return http_ok(f"{self.url}/readyz")
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as response:  # noqa: S310
+            return str(response.read().decode())
+
+    def stop(self, grace_s: float = 15) -> None:
+        stop_all([self.component], grace_s)
+
+    def kill(self) -> None:
+        self.component.signal(signal.SIGKILL)
+        self.component.wait_stopped(10)
+
+    def wait_exit(self, timeout_s: float) -> int | None:
+        self.component.wait_stopped(timeout_s)
+        return self.component.exit_code()
+
+    def log(self) -> str:
+        return self.component.log_path.read_text(errors="replace")

@@ -1,0 +1,118 @@
+"""Fixtures for controller tests: the GPUFault CRD, controller processes, a
+node pool per test (so a test's controller manages only that test's nodes)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lightkube import ApiError, Client
+from lightkube.generic_resource import create_global_resource
+from lightkube.resources.core_v1 import Event, Node
+
+from gpuheal.model import FAULT_ID, FAULT_REASON, FAULT_TIME, STATUS
+from gpuheal.sim import ControlPlane
+from gpuheal.sim.controller import ControllerProcess, install_crds
+from gpuheal.sim.workloads import create_namespace
+from tests.helpers import unique
+
+GPUFault = create_global_resource("gpuheal.io", "v1alpha1", "GPUFault", "gpufaults")
+
+StartController = Callable[..., ControllerProcess]
+
+
+@pytest.fixture(scope="session")
+def crds(kube: Client) -> None:
+    install_crds(kube)
+    try:
+        create_namespace(kube, "gpuheal-system")
+    except ApiError as err:
+        if err.status.code != 409:
+            raise
+
+
+@pytest.fixture
+def pool(namespace: str) -> dict[str, str]:
+    """A label only this test's nodes carry; the test's controller selects on it."""
+    return {"gpuheal.test/pool": namespace}
+
+
+def controller_config(pool: dict[str, str], **overrides: Any) -> dict[str, Any]:
+    """Fast settings for tests: short windows, generous rate limit."""
+    config: dict[str, Any] = {
+        "nodeSelector": pool,
+        "recoveryWindowSeconds": 1,
+        "cooldownSeconds": 0,
+        "rateLimitPerSecond": 1000,
+        "rateLimitBurst": 1000,
+        "evictionRetryBaseSeconds": 0.2,
+        "evictionRetryMaxSeconds": 1,
+        "holdRetrySeconds": 0.5,
+        # Test pools are tiny: a percentage cap would hold all but one node.
+        "breakerMaxPercent": 100,
+        "breakerMaxNodes": 1000,
+        "leaderElection": {
+            "name": f"gpuheal-{pool['gpuheal.test/pool']}",
+            "leaseSeconds": 4,
+            "renewDeadlineSeconds": 3,
+            "retryPeriodSeconds": 0.5,
+        },
+    }
+    config.update(overrides)
+    return config
+
+
+@pytest.fixture
+def start_controller(
+    control_plane: ControlPlane, crds: None, tmp_path: Path
+) -> Iterator[StartController]:
+    started: list[ControllerProcess] = []
+
+    def start(config: dict[str, Any], identity: str = "", **kwargs: Any) -> ControllerProcess:
+        process = ControllerProcess(
+            tmp_path,
+            control_plane.kubeconfig,
+            config,
+            identity=identity or unique("ctl"),
+            **kwargs,
+        )
+        started.append(process)
+        return process.start()
+
+    yield start
+    for process in started:
+        process.stop()
+        print(f"--- {process.identity} log (tail) ---\n{process.log()[-4000:]}")
+
+
+def report_fault(kube: Client, node: str, fault_id: str, reason: str = "XidCritical79") -> None:
+    """What the agent (or a person with kubectl annotate) writes on a faulty node."""
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    annotations = {STATUS: "faulty", FAULT_ID: fault_id, FAULT_TIME: now, FAULT_REASON: reason}
+    kube.patch(Node, node, {"metadata": {"annotations": annotations}})
+
+
+def clear_fault(kube: Client, node: str) -> None:
+    annotations = {STATUS: None, FAULT_ID: None, FAULT_TIME: None, FAULT_REASON: None}
+    kube.patch(Node, node, {"metadata": {"annotations": annotations}})
+
+
+def our_taint(kube: Client, node: str) -> str | None:
+    """The value of the gpuheal taint on the node, or None."""
+    taints = kube.get(Node, node).spec.taints or []  # type: ignore[union-attr]
+    return next((t.value for t in taints if t.key == "gpuheal.io/gpu-fault"), None)
+
+
+def events_for(kube: Client, name: str, reason: str) -> list[Event]:
+    return [
+        e
+        for e in kube.list(Event, namespace="default", fields={"involvedObject.name": name})
+        if e.reason == reason
+    ]
+
+
+def faults_of(kube: Client, node: str) -> list[Any]:
+    return list(kube.list(GPUFault, labels={"gpuheal.io/node": node}))

@@ -1,0 +1,278 @@
+"""The controller against the real control plane: quarantine, evict, dedupe,
+recover, breaker, PDBs, rescheduling."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from lightkube import ApiError, Client
+from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.policy_v1 import PodDisruptionBudget
+
+from gpuheal.model import HANDLED_FAULT_ID
+from gpuheal.sim.workloads import (
+    apply,
+    gpu_deployment,
+    gpu_pod,
+    pod_disruption_budget,
+    wait_pods_running,
+)
+from tests.helpers import FakeNodes, wait_for
+from tests.integration.conftest import (
+    GPUFault,
+    StartController,
+    clear_fault,
+    controller_config,
+    events_for,
+    faults_of,
+    our_taint,
+    report_fault,
+)
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def cpu_pod(name: str, namespace: str, node: str) -> dict[str, Any]:
+    manifest = gpu_pod(name, namespace, node_name=node)
+    manifest["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
+    return manifest
+
+
+def pods_on(kube: Client, namespace: str, node: str) -> set[str]:
+    return {
+        str(p.metadata.name)
+        for p in kube.list(Pod, namespace=namespace)
+        if p.spec and p.spec.nodeName == node and p.metadata and not p.metadata.deletionTimestamp
+    }
+
+
+def handled_fault(kube: Client, node: str) -> str | None:
+    meta = kube.get(Node, node).metadata
+    return (meta.annotations or {}).get(HANDLED_FAULT_ID) if meta else None
+
+
+def phase(record: Any) -> str:
+    return str((record.status or {}).get("phase", ""))
+
+
+def test_fault_quarantines_node_and_evicts_only_its_gpu_pods(
+    kube: Client,
+    namespace: str,
+    pool: dict[str, str],
+    fake_gpu_nodes: FakeNodes,
+    start_controller: StartController,
+) -> None:
+    bad, good = fake_gpu_nodes(2, labels=pool)
+    for i in range(2):
+        apply(kube, gpu_pod(f"train-{i}", namespace, node_name=bad))
+    apply(kube, cpu_pod("logger", namespace, bad))
+    apply(kube, gpu_pod("elsewhere", namespace, node_name=good))
+    wait_pods_running(kube, namespace, count=4)
+    start_controller(controller_config(pool))
+
+    started = time.monotonic()
+    report_fault(kube, bad, "manual-001")
+    wait_for("the taint", lambda: our_taint(kube, bad) == "manual-001", timeout_s=30)
+    latency = time.monotonic() - started
+    print(f"fault-to-taint latency: {latency * 1000:.0f} ms")
+
+    wait_for(
+        "GPU pods gone from the faulty node", lambda: pods_on(kube, namespace, bad) == {"logger"}
+    )
+    assert pods_on(kube, namespace, good) == {"elsewhere"}
+    wait_for(
+        "handled-fault-id",
+        lambda: (
+            (kube.get(Node, bad).metadata.annotations or {}).get(HANDLED_FAULT_ID)  # type: ignore[union-attr]
+            == "manual-001"
+        ),
+    )
+    (record,) = faults_of(kube, bad)
+    assert record.spec["faultID"] == "manual-001"
+    name = record.metadata.name
+    wait_for("record Drained", lambda: phase(kube.get(GPUFault, name)) == "Drained")
+    record = kube.get(GPUFault, name)
+    status: Any = record.status or {}
+    assert sorted(status["evictedPods"]) == [f"{namespace}/train-0", f"{namespace}/train-1"]
+    assert len(events_for(kube, bad, "GPUFaultQuarantined")) == 1
+    assert len(events_for(kube, bad, "GPUPodEvicted")) == 2
+    assert our_taint(kube, good) is None
+
+
+def test_a_fault_re_reported_100_times_is_remediated_once(
+    kube: Client,
+    namespace: str,
+    pool: dict[str, str],
+    fake_gpu_nodes: FakeNodes,
+    start_controller: StartController,
+) -> None:
+    (node,) = fake_gpu_nodes(1, labels=pool)
+    for i in range(3):
+        apply(kube, gpu_pod(f"job-{i}", namespace, node_name=node))
+    wait_pods_running(kube, namespace, count=3)
+    controller = start_controller(controller_config(pool))
+
+    for _ in range(100):  # Alertmanager-style repeats; fault-time churns each time
+        report_fault(kube, node, "xid-79-a")
+    wait_for("drained", lambda: not pods_on(kube, namespace, node))
+    time.sleep(2)  # let any duplicate work show itself
+
+    assert len(faults_of(kube, node)) == 1
+    assert len(events_for(kube, node, "GPUFaultDetected")) == 1
+    assert len(events_for(kube, node, "GPUFaultQuarantined")) == 1
+    assert len(events_for(kube, node, "GPUPodEvicted")) == 3
+    metrics = controller.metrics()
+    assert 'gpuheal_pods_evicted_total{result="evicted"} 3.0' in metrics
+    assert 'gpuheal_remediations_total{action="AddTaint",result="tainted"} 1.0' in metrics
+    assert "gpuheal_duplicates_suppressed_total" in metrics
+
+
+def test_recovery_after_the_window_and_a_manual_untaint_is_respected(
+    kube: Client,
+    namespace: str,
+    pool: dict[str, str],
+    fake_gpu_nodes: FakeNodes,
+    start_controller: StartController,
+) -> None:
+    healed, overridden = fake_gpu_nodes(2, labels=pool)
+    start_controller(controller_config(pool, recoveryWindowSeconds=2))
+    report_fault(kube, healed, "f-healed")
+    report_fault(kube, overridden, "f-override")
+    wait_for("both tainted", lambda: our_taint(kube, healed) and our_taint(kube, overridden))
+
+    # A person takes the node back by removing our taint; the fault is still reported.
+    kube.patch(Node, overridden, {"spec": {"taints": []}})
+    clear_fault(kube, healed)
+    started = time.monotonic()
+    wait_for("the healed node untainted", lambda: our_taint(kube, healed) is None, timeout_s=30)
+    assert time.monotonic() - started >= 1.5  # not before the health window
+    (record,) = faults_of(kube, healed)
+    assert phase(record) == "Resolved"
+    assert len(events_for(kube, healed, "GPUFaultRecovered")) == 1
+    labels = kube.get(Node, healed).metadata.labels or {}  # type: ignore[union-attr]
+    assert "gpuheal.io/state" not in labels
+    assert handled_fault(kube, healed) == "f-healed"
+
+    time.sleep(2)
+    assert our_taint(kube, overridden) is None  # not re-tainted for the same fault
+    (record,) = faults_of(kube, overridden)
+    assert any(a["action"] == "manual-untaint" for a in record.status["actions"])
+
+
+def test_opt_out_label_is_respected(
+    kube: Client,
+    namespace: str,
+    pool: dict[str, str],
+    fake_gpu_nodes: FakeNodes,
+    start_controller: StartController,
+) -> None:
+    (node,) = fake_gpu_nodes(1, labels={**pool, "gpuheal.io/managed": "false"})
+    apply(kube, gpu_pod("keep", namespace, node_name=node))
+    wait_pods_running(kube, namespace, count=1)
+    start_controller(controller_config(pool))
+    report_fault(kube, node, "ignored")
+    time.sleep(2)
+    assert our_taint(kube, node) is None
+    assert pods_on(kube, namespace, node) == {"keep"}
+    assert faults_of(kube, node) == []
+
+
+def test_breaker_holds_faults_beyond_the_cap_and_releases_them_as_nodes_recover(
+    kube: Client,
+    namespace: str,
+    pool: dict[str, str],
+    fake_gpu_nodes: FakeNodes,
+    start_controller: StartController,
+) -> None:
+    nodes = fake_gpu_nodes(50, labels=pool)
+    faulty = nodes[:15]  # 30% of 50
+    start_controller(controller_config(pool, breakerMaxPercent=10, breakerMaxNodes=100))
+    for node in faulty:
+        report_fault(kube, node, f"storm-{node}")
+
+    def tainted() -> list[str]:
+        return [n for n in faulty if our_taint(kube, n)]
+
+    def held() -> list[str]:
+        return [n for n in faulty if any(phase(r) == "Held" for r in faults_of(kube, n))]
+
+    wait_for("5 quarantined and 10 held", lambda: len(tainted()) == 5 and len(held()) == 10)
+    time.sleep(1.5)
+    assert len(tainted()) == 5  # exactly the cap, stable
+    for node in held():
+        assert len(events_for(kube, node, "GPUFaultHeld")) == 1
+
+    # The quarantined ones recover: the held ones proceed, never more than 5 at once.
+    first = tainted()
+    for node in first:
+        clear_fault(kube, node)
+    wait_for(
+        "the next 5 quarantined",
+        lambda: len([n for n in tainted() if n not in first]) == 5,
+        timeout_s=60,
+    )
+    assert len(tainted()) <= 5
+    assert len(held()) == 5
+
+
+def test_pdb_blocks_eviction_it_is_retried_not_deleted(
+    kube: Client,
+    namespace: str,
+    pool: dict[str, str],
+    fake_gpu_nodes: FakeNodes,
+    start_controller: StartController,
+) -> None:
+    (node,) = fake_gpu_nodes(1, labels=pool)
+    labels = {"app": "guarded"}
+    apply(kube, gpu_pod("guarded", namespace, node_name=node, labels=labels))
+    apply(kube, pod_disruption_budget("guarded", namespace, match_labels=labels, min_available=1))
+    wait_pods_running(kube, namespace, count=1)
+    start_controller(controller_config(pool))
+    report_fault(kube, node, "pdb-fault")
+
+    wait_for("a blocked-eviction event", lambda: events_for(kube, node, "GPUPodEvictionBlocked"))
+    time.sleep(2)  # several retries happen meanwhile
+    assert pods_on(kube, namespace, node) == {"guarded"}  # not deleted
+    assert len(events_for(kube, node, "GPUPodEvictionBlocked")) == 1
+    (record,) = faults_of(kube, node)
+    assert phase(record) == "Draining"
+
+    # The budget is lifted: the retry goes through.
+    kube.delete(PodDisruptionBudget, "guarded", namespace=namespace)
+    wait_for("the pod evicted", lambda: not pods_on(kube, namespace, node))
+
+
+def test_evicted_deployment_pods_are_recreated_on_healthy_nodes_only(
+    kube: Client,
+    namespace: str,
+    pool: dict[str, str],
+    fake_gpu_nodes: FakeNodes,
+    start_controller: StartController,
+) -> None:
+    bad, good = fake_gpu_nodes(2, labels=pool)
+    apply(kube, gpu_deployment("serve", namespace, replicas=8, node_selector=pool))
+    wait_pods_running(kube, namespace, count=8, labels={"app": "serve"})
+    on_bad = len(pods_on(kube, namespace, bad))
+    assert on_bad > 0
+    start_controller(controller_config(pool))
+    report_fault(kube, bad, "deploy-fault")
+
+    def settled() -> bool:
+        running = wait_pods_running(kube, namespace, count=8, labels={"app": "serve"}, timeout_s=5)
+        return all(p.spec and p.spec.nodeName == good for p in running) and not pods_on(
+            kube, namespace, bad
+        )
+
+    wait_for("all 8 replicas Running on the healthy node", _tolerant(settled), timeout_s=90)
+
+
+def _tolerant(check: Any) -> Any:
+    def run() -> bool:
+        try:
+            return bool(check())
+        except (TimeoutError, ApiError):
+            return False
+
+    return run

@@ -1,0 +1,278 @@
+"""The pure policy: what the controller decides for one node, rule by rule."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import replace
+
+from gpuheal.config import ConditionRule, Config
+from gpuheal.model import (
+    FAULT_ID,
+    FAULT_REASON,
+    HANDLED_FAULT_ID,
+    LAST_PROCESS_TIME,
+    MANAGED_LABEL,
+    STATUS,
+    TAINT_KEY,
+    ActionEntry,
+    Condition,
+    FaultRecord,
+    Mode,
+    NodeView,
+    Phase,
+    PodView,
+    Severity,
+    Taint,
+    fault_record_name,
+)
+from gpuheal.policy.breaker import quarantine_capacity
+from gpuheal.policy.plan import (
+    AddTaint,
+    CreateRecord,
+    DeletePod,
+    Emit,
+    Evict,
+    MarkHandled,
+    NodeState,
+    RemoveTaint,
+    UpdateRecord,
+    iso,
+    plan,
+)
+from gpuheal.policy.signals import fault_signal
+
+NOW = dt.datetime(2026, 11, 29, 12, 0, 0, tzinfo=dt.UTC)
+CONFIG = Config(breaker_max_nodes=100, breaker_max_percent=100)
+
+
+def faulty(name: str = "n1", fault_id: str = "f1", **annotations: str) -> NodeView:
+    return NodeView(
+        name=name,
+        resource_version="1",
+        labels={"nvidia.com/gpu.present": "true"},
+        annotations={STATUS: "faulty", FAULT_ID: fault_id, FAULT_REASON: "XidCritical79"}
+        | annotations,
+        gpus=8,
+    )
+
+
+def healthy(name: str = "n1", **annotations: str) -> NodeView:
+    return NodeView(name=name, resource_version="1", annotations=dict(annotations), gpus=8)
+
+
+def tainted(node: NodeView, fault_id: str = "f1") -> NodeView:
+    return replace(node, taints=(Taint(TAINT_KEY, "NoSchedule", fault_id),))
+
+
+def gpu_pod(name: str, node: str = "n1") -> PodView:
+    return PodView(
+        namespace="ml", name=name, uid=f"uid-{name}", node=node, phase="Running", gpu=True
+    )
+
+
+def record(phase: Phase, node: str = "n1", fault_id: str = "f1", **kw: object) -> FaultRecord:
+    return FaultRecord(
+        name=fault_record_name(node, fault_id),
+        node=node,
+        fault_id=fault_id,
+        phase=phase,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def kinds(p: object) -> list[str]:
+    return [type(a).__name__ for a in p.actions]  # type: ignore[attr-defined]
+
+
+def test_signal_from_the_agent_annotations() -> None:
+    sig = fault_signal(faulty(**{"gpuheal.io/fault-devices": "GPU-a, GPU-b"}), CONFIG)
+    assert sig is not None
+    assert (sig.fault_id, sig.reason, sig.devices) == ("f1", "XidCritical79", ("GPU-a", "GPU-b"))
+    assert fault_signal(healthy(), CONFIG) is None
+    # "faulty" without a fault id is not a usable report.
+    assert fault_signal(healthy(**{STATUS: "faulty"}), CONFIG) is None
+
+
+def test_signal_from_another_detectors_condition_is_stable_per_transition() -> None:
+    rule = ConditionRule(type="AcceleratedHardwareReady", status="False", severity=Severity.P1)
+    config = replace(CONFIG, conditions=(rule,))
+    cond = Condition("AcceleratedHardwareReady", "False", "NvidiaXID79", "", "2026-11-29T10:00:00Z")
+    node = replace(healthy(), conditions=(cond,))
+    first, again = fault_signal(node, config), fault_signal(node, config)
+    assert first is not None and again is not None
+    assert first.fault_id == again.fault_id
+    assert (first.reason, first.severity) == ("NvidiaXID79", Severity.P1)
+    later = replace(node, conditions=(replace(cond, last_transition_time="2026-11-29T11:00:00Z"),))
+    assert fault_signal(later, config).fault_id != first.fault_id  # type: ignore[union-attr]
+    assert fault_signal(replace(node, conditions=(replace(cond, status="True"),)), config) is None
+
+
+def test_new_fault_in_full_mode_records_taints_then_evicts_gpu_pods_only() -> None:
+    pods = (
+        gpu_pod("a"),
+        gpu_pod("b"),
+        replace(gpu_pod("cpu"), gpu=False),
+        replace(gpu_pod("ds"), daemonset=True),
+        replace(gpu_pod("done"), phase="Succeeded"),
+        replace(gpu_pod("leaving"), deleting=True),
+    )
+    p = plan(NodeState(faulty(), pods=pods, gpu_nodes=10), CONFIG, NOW)
+    assert kinds(p) == [
+        *("CreateRecord", "Emit", "AddTaint", "UpdateRecord", "Emit"),
+        *("Evict", "Evict", "UpdateRecord"),
+    ]
+    assert [a.pod.name for a in p.actions if isinstance(a, Evict)] == ["a", "b"]
+    assert p.new_quarantine
+    assert p.requeue_after == CONFIG.eviction_retry_base_seconds  # "leaving" still terminating
+
+
+def test_drained_node_is_marked_handled_before_its_record_says_drained() -> None:
+    state = NodeState(tainted(faulty()), records=(record(Phase.DRAINING),), gpu_nodes=10)
+    p = plan(state, CONFIG, NOW)
+    assert kinds(p) == ["MarkHandled", "UpdateRecord"]
+    assert p.actions[1].phase is Phase.DRAINED  # type: ignore[union-attr]
+    assert not p.new_quarantine
+
+
+def test_handled_fault_without_record_is_a_duplicate() -> None:
+    p = plan(NodeState(faulty(**{HANDLED_FAULT_ID: "f1"})), CONFIG, NOW)
+    assert p.actions == () and p.suppressed == "handled"
+
+
+def test_fresh_fault_inside_the_cooldown_waits_for_it() -> None:
+    last = iso(NOW - dt.timedelta(seconds=100))
+    node = faulty(fault_id="f2", **{HANDLED_FAULT_ID: "f1", LAST_PROCESS_TIME: last})
+    p = plan(NodeState(node), replace(CONFIG, cooldown_seconds=600), NOW)
+    assert p.suppressed == "cooldown" and p.actions == ()
+    assert p.requeue_after is not None and abs(p.requeue_after - 500) < 1e-6
+
+
+def test_observe_mode_records_and_notifies_only() -> None:
+    config = replace(CONFIG, mode_by_reason={"XidCritical79": Mode.OBSERVE})
+    p = plan(NodeState(faulty(), pods=(gpu_pod("a"),)), config, NOW)
+    assert kinds(p) == ["CreateRecord", "Emit", "MarkHandled"]
+
+
+def test_quarantine_mode_taints_without_evicting() -> None:
+    config = replace(CONFIG, mode=Mode.QUARANTINE)
+    p = plan(NodeState(faulty(), pods=(gpu_pod("a"),), gpu_nodes=4), config, NOW)
+    assert "Evict" not in kinds(p) and "AddTaint" in kinds(p) and kinds(p)[-1] == "MarkHandled"
+
+
+def test_breaker_holds_a_fault_beyond_the_cap() -> None:
+    config = replace(CONFIG, breaker_max_nodes=10, breaker_max_percent=10)
+    full = frozenset(f"q{i}" for i in range(2))
+    p = plan(NodeState(faulty(), gpu_nodes=20, quarantined=full), config, NOW)
+    assert kinds(p) == ["CreateRecord", "Emit", "Emit"]
+    assert p.actions[0].phase is Phase.HELD  # type: ignore[union-attr]
+    assert [a.reason for a in p.actions if isinstance(a, Emit)] == [
+        "GPUFaultDetected",
+        "GPUFaultHeld",
+    ]
+    assert p.requeue_after == config.hold_retry_seconds
+    # Capacity frees: the held fault proceeds.
+    held = NodeState(
+        faulty(), records=(record(Phase.HELD),), gpu_nodes=20, quarantined=full - {"q0"}
+    )
+    assert "AddTaint" in kinds(plan(held, config, NOW))
+
+
+def test_breaker_capacity_is_the_smaller_cap_but_at_least_one() -> None:
+    config = replace(CONFIG, breaker_max_nodes=10, breaker_max_percent=10)
+    assert quarantine_capacity(50, config) == 5
+    assert quarantine_capacity(1000, config) == 10
+    assert quarantine_capacity(3, config) == 1
+    assert quarantine_capacity(3, replace(config, breaker_max_nodes=0)) == 0
+
+
+def test_a_manual_untaint_is_respected_and_noted_once() -> None:
+    state = NodeState(faulty(), records=(record(Phase.DRAINED),), gpu_nodes=10)
+    p = plan(state, CONFIG, NOW)
+    assert p.suppressed == "manual-untaint"
+    assert kinds(p) == ["UpdateRecord", "MarkHandled"]
+    noted = record(Phase.DRAINED, actions=(ActionEntry("t", "manual-untaint", "respected"),))
+    again = plan(
+        NodeState(faulty(**{HANDLED_FAULT_ID: "f1"}), records=(noted,), gpu_nodes=10), CONFIG, NOW
+    )
+    assert again.actions == ()
+
+
+def test_opt_out_label_wins() -> None:
+    node = replace(faulty(), labels={MANAGED_LABEL: "false"})
+    assert plan(NodeState(node), CONFIG, NOW).suppressed == "opt-out"
+
+
+def test_recovery_waits_for_the_window_then_untaints_and_resolves() -> None:
+    config = replace(CONFIG, recovery_window_seconds=60)
+    node = tainted(healthy())
+    first = plan(NodeState(node, records=(record(Phase.DRAINED),)), config, NOW)
+    assert kinds(first) == ["UpdateRecord"]
+    update = first.actions[0]
+    assert isinstance(update, UpdateRecord) and update.phase is Phase.RECOVERING
+    assert first.requeue_after == 60
+    recovering = record(Phase.RECOVERING, recovering_since=update.recovering_since or "")
+    early = plan(NodeState(node, records=(recovering,)), config, NOW + dt.timedelta(seconds=30))
+    assert early.actions == () and early.requeue_after == 30
+    done = plan(NodeState(node, records=(recovering,)), config, NOW + dt.timedelta(seconds=60))
+    assert kinds(done) == ["RemoveTaint", "UpdateRecord", "Emit"]
+    assert isinstance(done.actions[0], RemoveTaint)
+
+
+def test_fault_returning_while_recovering_goes_back_to_quarantine() -> None:
+    rec = record(Phase.RECOVERING, recovering_since=iso(NOW))
+    p = plan(NodeState(tainted(faulty()), records=(rec,), gpu_nodes=10), CONFIG, NOW)
+    update = next(a for a in p.actions if isinstance(a, UpdateRecord))
+    assert update.phase is Phase.QUARANTINED and update.recovering_since == ""
+
+
+def test_a_held_fault_whose_node_recovers_is_resolved_without_touching_the_node() -> None:
+    p = plan(NodeState(healthy(), records=(record(Phase.HELD),)), CONFIG, NOW)
+    assert kinds(p) == ["UpdateRecord", "Emit"]
+    assert p.actions[0].phase is Phase.RESOLVED  # type: ignore[union-attr]
+
+
+def test_a_blocked_eviction_becomes_a_delete_after_the_timeout_but_never_when_protected() -> None:
+    config = replace(CONFIG, eviction_delete_after_seconds=300)
+    since = {"ml/a": NOW - dt.timedelta(seconds=301), "kube-system/b": NOW - dt.timedelta(days=1)}
+    pods = (gpu_pod("a"), replace(gpu_pod("b"), namespace="kube-system"), gpu_pod("c"))
+    state = NodeState(
+        tainted(faulty()), pods=pods, records=(record(Phase.DRAINING),), blocked_since=since
+    )
+    actions = plan(state, config, NOW).actions
+    assert [type(a) for a in actions if isinstance(a, Evict | DeletePod)] == [
+        DeletePod,
+        Evict,
+        Evict,
+    ]
+    # Without a configured timeout nothing is ever deleted.
+    never = plan(state, CONFIG, NOW).actions
+    assert not any(isinstance(a, DeletePod) for a in never)
+
+
+def test_a_new_fault_supersedes_the_open_record_of_the_old_one() -> None:
+    old = record(Phase.DRAINED, fault_id="f1")
+    node = tainted(faulty(fault_id="f2", **{HANDLED_FAULT_ID: "f1"}), "f1")
+    p = plan(NodeState(node, records=(old,), gpu_nodes=10), CONFIG, NOW)
+    first = p.actions[0]
+    assert isinstance(first, UpdateRecord) and first.name == old.name
+    assert first.phase is Phase.RESOLVED
+    create = next(a for a in p.actions if isinstance(a, CreateRecord))
+    assert create.signal.fault_id == "f2"
+    carry = next(a for a in p.actions if isinstance(a, AddTaint))
+    assert carry.fault_id == "f2"
+    assert MarkHandled("n1", "f2") in p.actions
+
+
+def test_fault_record_names_are_deterministic_valid_and_distinct() -> None:
+    a = fault_record_name("gpu-node-1.example.com", "xid/79 at 12:00")
+    assert a == fault_record_name("gpu-node-1.example.com", "xid/79 at 12:00")
+    assert a != fault_record_name("gpu-node-1.example.com", "xid/79 at 12:01")
+    assert a.startswith("gpu-node-1.example.com-") and len(a) <= 253
+    assert all(ch.isalnum() or ch in "-." for ch in a) and a == a.lower()
+    assert fault_record_name("X" * 300, "f").startswith("x" * 200)
+
+
+def test_a_resolved_fault_reported_again_with_the_same_id_is_not_remediated_again() -> None:
+    state = NodeState(faulty(), records=(record(Phase.RESOLVED),), gpu_nodes=10)
+    p = plan(state, CONFIG, NOW)
+    assert p.actions == () and p.suppressed == "resolved"
