@@ -67,8 +67,10 @@ def controller_config(pool: dict[str, str], **overrides: Any) -> dict[str, Any]:
 
 @pytest.fixture
 def start_controller(
-    control_plane: ControlPlane, crds: None, tmp_path: Path
+    control_plane: ControlPlane, kube: Client, crds: None, tmp_path: Path
 ) -> Iterator[StartController]:
+    """Factory for controller replicas; stops them and removes every GPUFault after
+    the test, so the next test's controller starts from a clean slate."""
     started: list[ControllerProcess] = []
 
     def start(config: dict[str, Any], identity: str = "", **kwargs: Any) -> ControllerProcess:
@@ -86,6 +88,7 @@ def start_controller(
     for process in started:
         process.stop()
         print(f"--- {process.identity} log (tail) ---\n{process.log()[-4000:]}")
+    kube.deletecollection(GPUFault)
 
 
 def report_fault(kube: Client, node: str, fault_id: str, reason: str = "XidCritical79") -> None:

@@ -10,6 +10,7 @@ import pytest
 from lightkube import ApiError, Client
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.policy_v1 import PodDisruptionBudget
+from lightkube.types import PatchType
 
 from gpuheal.model import HANDLED_FAULT_ID
 from gpuheal.sim.workloads import (
@@ -276,3 +277,35 @@ def _tolerant(check: Any) -> Any:
             return False
 
     return run
+
+
+def test_a_condition_from_another_detector_is_mapped_to_a_fault_by_config(
+    kube: Client,
+    namespace: str,
+    pool: dict[str, str],
+    fake_gpu_nodes: FakeNodes,
+    start_controller: StartController,
+) -> None:
+    (node,) = fake_gpu_nodes(1, labels=pool)
+    rule = {"type": "AcceleratedHardwareReady", "status": "False", "severity": "P1"}
+    start_controller(controller_config(pool, conditions=[rule]))
+    condition = {
+        "type": "AcceleratedHardwareReady",
+        "status": "False",
+        "reason": "NvidiaXID79Error",
+        "message": "GPU has fallen off the bus",
+        "lastHeartbeatTime": "2026-11-29T10:00:00Z",
+        "lastTransitionTime": "2026-11-29T10:00:00Z",
+    }
+    # Written the way node-problem-detector or EKS's node monitoring agent writes it.
+    kube.patch(
+        Node.Status,
+        node,
+        {"status": {"conditions": [condition]}},
+        patch_type=PatchType.STRATEGIC,
+    )
+    wait_for("the taint", lambda: our_taint(kube, node) is not None)
+    (record,) = faults_of(kube, node)
+    assert record.spec["reason"] == "NvidiaXID79Error"
+    assert record.spec["severity"] == "P1"
+    assert record.spec["source"] == "node-condition/AcceleratedHardwareReady"

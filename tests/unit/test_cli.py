@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gpuheal import __version__
@@ -23,3 +25,13 @@ def test_a_command_is_required(capsys: pytest.CaptureFixture[str]) -> None:
         main([])
     assert exit_.value.code == 2
     assert "COMMAND" in capsys.readouterr().err
+
+
+def test_controller_refuses_a_bad_config_naming_the_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("breakerMaxPercent: 250\n")
+    assert main(["controller", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "breakerMaxPercent: must be between 0 and 100, got 250" in err
