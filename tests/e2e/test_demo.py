@@ -21,9 +21,9 @@ def _gpuheal() -> str:
     return path
 
 
-def test_demo_prints_the_clusters_gpu_state() -> None:
+def test_demo_heals_a_faulty_gpu_node_end_to_end() -> None:
     result = subprocess.run(
-        [_gpuheal(), "demo", "--nodes", "3", "--replicas", "5", "--gpus-per-pod", "4"],
+        [_gpuheal(), "demo", "--nodes", "4", "--replicas", "5", "--gpus-per-pod", "2"],
         capture_output=True,
         text=True,
         timeout=200,
@@ -31,9 +31,13 @@ def test_demo_prints_the_clusters_gpu_state() -> None:
     )
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "3 fake GPU nodes Ready" in out
-    assert "5 pods x 4 GPU scheduled and Running" in out
-    assert "3/3 nodes Ready, 24 GPUs, 20 allocated (83%), 5/5 GPU pods running" in out
+    assert "4 fake GPU nodes Ready" in out
+    assert "5 pods x 2 GPU scheduled and Running" in out
+    assert "4/4 nodes Ready, 32 GPUs, 10 allocated (31%), 5/5 GPU pods running" in out
+    assert "quarantined (taint gpuheal.io/gpu-fault=demo-xid79-0001:NoSchedule)" in out
+    assert "all 5 replicas Running again, none on" in out
+    assert "(handled exactly once)" in out and ": 1 (handled exactly once)" in out
+    assert "returned to the pool" in out
     assert out.rstrip().endswith("control plane stopped")
 
 

@@ -10,16 +10,13 @@ from typing import Any
 
 import pytest
 from lightkube import ApiError, Client
-from lightkube.generic_resource import create_global_resource
 from lightkube.resources.core_v1 import Event, Node
 
 from gpuheal.model import FAULT_ID, FAULT_REASON, FAULT_TIME, STATUS
 from gpuheal.sim import ControlPlane
-from gpuheal.sim.controller import ControllerProcess, install_crds
+from gpuheal.sim.controller import ControllerProcess, GPUFault, install_crds
 from gpuheal.sim.workloads import create_namespace
 from tests.helpers import unique
-
-GPUFault = create_global_resource("gpuheal.io", "v1alpha1", "GPUFault", "gpufaults")
 
 StartController = Callable[..., ControllerProcess]
 

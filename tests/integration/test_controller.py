@@ -13,6 +13,7 @@ from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
 
 from gpuheal.model import HANDLED_FAULT_ID
+from gpuheal.sim.controller import GPUFault
 from gpuheal.sim.workloads import (
     apply,
     gpu_deployment,
@@ -22,7 +23,6 @@ from gpuheal.sim.workloads import (
 )
 from tests.helpers import FakeNodes, wait_for
 from tests.integration.conftest import (
-    GPUFault,
     StartController,
     clear_fault,
     controller_config,
