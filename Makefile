@@ -9,7 +9,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint unit integration e2e testenv venv clean
+.PHONY: demo test lint unit integration e2e testenv venv clean bench
 
 demo: $(STAMP) testenv
 	$(BIN)/gpuheal demo
@@ -45,3 +45,6 @@ $(STAMP): pyproject.toml
 
 clean:
 	rm -rf $(VENV) .cache .mypy_cache .pytest_cache .ruff_cache
+
+bench: $(STAMP) testenv
+	$(BIN)/python bench/controlplane_start.py --runs 5
