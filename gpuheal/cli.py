@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -47,6 +48,22 @@ def _cmd_controller(args: argparse.Namespace) -> int:
         identity=args.identity,
         listen=args.listen,
     )
+
+
+def _cmd_agent(args: argparse.Namespace) -> int:
+    from gpuheal.agent.config import load_agent_config  # noqa: PLC0415
+    from gpuheal.agent.run import run_agent  # noqa: PLC0415
+    from gpuheal.config import ConfigError  # noqa: PLC0415
+
+    if not args.node:
+        print("gpuheal agent: --node or $NODE_NAME is required", file=sys.stderr)
+        return 2
+    try:
+        config = load_agent_config(args.config)
+    except ConfigError as err:
+        print(f"gpuheal agent: {err}", file=sys.stderr)
+        return 2
+    return run_agent(config, node=args.node, kubeconfig=args.kubeconfig)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -100,12 +117,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="address for /healthz, /readyz and /metrics (default 0.0.0.0:8080)",
     )
     controller.set_defaults(func=_cmd_controller)
+
+    agent = commands.add_parser(
+        "agent",
+        help="run the node agent: probe the GPUs, report faults on this Node",
+        description=(
+            "Probe this node's GPUs (NVML, the kernel log, nvidia-smi, environment checks) "
+            "every interval, debounce, and report the GPUHealthy condition and the "
+            "gpuheal.io/* fault annotations on this node. Never taints or evicts."
+        ),
+    )
+    agent.add_argument(
+        "--node", default=os.environ.get("NODE_NAME", ""), help="this node (default: $NODE_NAME)"
+    )
+    agent.add_argument("--config", type=Path, help="YAML config file (default: built-in)")
+    agent.add_argument(
+        "--kubeconfig",
+        type=Path,
+        help="kubeconfig (default: in-cluster, then $KUBECONFIG, then ~/.kube/config)",
+    )
+    agent.set_defaults(func=_cmd_agent)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    setup_logging(args.log_level, json_lines=args.command == "controller")
+    setup_logging(args.log_level, json_lines=args.command in ("controller", "agent"))
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     code: int = args.func(args)
     return code

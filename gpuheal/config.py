@@ -92,8 +92,15 @@ class Config:
         )
 
 
-# YAML key -> (Config field, parser). Parsers raise ValueError with a short reason.
-def _number(low: float, high: float | None = None) -> Any:
+# Schema helpers, shared with the agent's config: each parser raises ValueError
+# with a short reason; `fields_of` adds the dotted key path.
+def boolean(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"must be true or false, got {value!r}")
+    return value
+
+
+def number(low: float, high: float | None = None) -> Any:
     def parse(value: Any) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ValueError(f"must be a number, got {value!r}")
@@ -105,7 +112,7 @@ def _number(low: float, high: float | None = None) -> Any:
     return parse
 
 
-def _integer(low: int) -> Any:
+def integer(low: int) -> Any:
     def parse(value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"must be an integer, got {value!r}")
@@ -116,19 +123,19 @@ def _integer(low: int) -> Any:
     return parse
 
 
-def _string(value: Any) -> str:
+def string(value: Any) -> str:
     if not isinstance(value, str) or not value:
         raise ValueError(f"must be a non-empty string, got {value!r}")
     return value
 
 
-def _strings(value: Any) -> tuple[str, ...]:
+def strings(value: Any) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
         raise ValueError(f"must be a list of non-empty strings, got {value!r}")
     return tuple(value)
 
 
-def _string_map(value: Any) -> dict[str, str]:
+def string_map(value: Any) -> dict[str, str]:
     if not isinstance(value, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in value.items()
     ):
@@ -136,7 +143,7 @@ def _string_map(value: Any) -> dict[str, str]:
     return dict(value)
 
 
-def _enum(kind: type[Mode] | type[Severity]) -> Any:
+def enum_of(kind: type[Mode] | type[Severity]) -> Any:
     def parse(value: Any) -> Any:
         try:
             return kind(value)
@@ -147,67 +154,63 @@ def _enum(kind: type[Mode] | type[Severity]) -> Any:
     return parse
 
 
-def _mode_map(value: Any) -> dict[str, Mode]:
-    raw = _string_map(value)
-    return {reason: _enum(Mode)(mode) for reason, mode in raw.items()}
+def mode_map(value: Any) -> dict[str, Mode]:
+    raw = string_map(value)
+    return {reason: enum_of(Mode)(mode) for reason, mode in raw.items()}
 
 
-def _effect(value: Any) -> str:
+def effect(value: Any) -> str:
     if value not in ("NoSchedule", "NoExecute"):
         raise ValueError(f"must be NoSchedule or NoExecute, got {value!r}")
     return str(value)
 
 
-def _optional(parse: Any) -> Any:
+def optional(parse: Any) -> Any:
     return lambda value: None if value is None else parse(value)
 
 
 _TOP: dict[str, tuple[str, Any]] = {
-    "nodeSelector": ("node_selector", _string_map),
-    "mode": ("mode", _enum(Mode)),
-    "modeByReason": ("mode_by_reason", _mode_map),
-    "taintEffect": ("taint_effect", _effect),
-    "gpuResources": ("gpu_resources", _strings),
-    "protectedNamespaces": ("protected_namespaces", _strings),
-    "evictionRetryBaseSeconds": ("eviction_retry_base_seconds", _number(0.01)),
-    "evictionRetryMaxSeconds": ("eviction_retry_max_seconds", _number(0.01)),
-    "evictionDeleteAfterSeconds": ("eviction_delete_after_seconds", _optional(_number(0))),
-    "rateLimitPerSecond": ("rate_limit_per_second", _number(0.001)),
-    "rateLimitBurst": ("rate_limit_burst", _integer(1)),
-    "breakerMaxNodes": ("breaker_max_nodes", _integer(0)),
-    "breakerMaxPercent": ("breaker_max_percent", _number(0, 100)),
-    "recoveryWindowSeconds": ("recovery_window_seconds", _number(0)),
-    "cooldownSeconds": ("cooldown_seconds", _number(0)),
-    "dedupeTtlSeconds": ("dedupe_ttl_seconds", _number(0)),
-    "holdRetrySeconds": ("hold_retry_seconds", _number(0.01)),
-    "workers": ("workers", _integer(1)),
-    "watchTimeoutSeconds": ("watch_timeout_seconds", _integer(1)),
-    "watchInactivitySeconds": ("watch_inactivity_seconds", _number(1)),
+    "nodeSelector": ("node_selector", string_map),
+    "mode": ("mode", enum_of(Mode)),
+    "modeByReason": ("mode_by_reason", mode_map),
+    "taintEffect": ("taint_effect", effect),
+    "gpuResources": ("gpu_resources", strings),
+    "protectedNamespaces": ("protected_namespaces", strings),
+    "evictionRetryBaseSeconds": ("eviction_retry_base_seconds", number(0.01)),
+    "evictionRetryMaxSeconds": ("eviction_retry_max_seconds", number(0.01)),
+    "evictionDeleteAfterSeconds": ("eviction_delete_after_seconds", optional(number(0))),
+    "rateLimitPerSecond": ("rate_limit_per_second", number(0.001)),
+    "rateLimitBurst": ("rate_limit_burst", integer(1)),
+    "breakerMaxNodes": ("breaker_max_nodes", integer(0)),
+    "breakerMaxPercent": ("breaker_max_percent", number(0, 100)),
+    "recoveryWindowSeconds": ("recovery_window_seconds", number(0)),
+    "cooldownSeconds": ("cooldown_seconds", number(0)),
+    "dedupeTtlSeconds": ("dedupe_ttl_seconds", number(0)),
+    "holdRetrySeconds": ("hold_retry_seconds", number(0.01)),
+    "workers": ("workers", integer(1)),
+    "watchTimeoutSeconds": ("watch_timeout_seconds", integer(1)),
+    "watchInactivitySeconds": ("watch_inactivity_seconds", number(1)),
 }
 
 _CONDITION: dict[str, tuple[str, Any]] = {
-    "type": ("type", _string),
-    "status": ("status", _string),
-    "reasons": ("reasons", _strings),
-    "faultReason": ("fault_reason", _string),
-    "severity": ("severity", _enum(Severity)),
+    "type": ("type", string),
+    "status": ("status", string),
+    "reasons": ("reasons", strings),
+    "faultReason": ("fault_reason", string),
+    "severity": ("severity", enum_of(Severity)),
 }
 
 _LEADER: dict[str, tuple[str, Any]] = {
-    "enabled": ("enabled", lambda v: v if isinstance(v, bool) else _not_bool(v)),
-    "namespace": ("namespace", _string),
-    "name": ("name", _string),
-    "leaseSeconds": ("lease_seconds", _number(1)),
-    "renewDeadlineSeconds": ("renew_deadline_seconds", _number(0.5)),
-    "retryPeriodSeconds": ("retry_period_seconds", _number(0.1)),
+    "enabled": ("enabled", boolean),
+    "namespace": ("namespace", string),
+    "name": ("name", string),
+    "leaseSeconds": ("lease_seconds", number(1)),
+    "renewDeadlineSeconds": ("renew_deadline_seconds", number(0.5)),
+    "retryPeriodSeconds": ("retry_period_seconds", number(0.1)),
 }
 
 
-def _not_bool(value: Any) -> bool:
-    raise ValueError(f"must be true or false, got {value!r}")
-
-
-def _fields(
+def fields_of(
     raw: Any, schema: dict[str, tuple[str, Any]], path: str, errors: list[str]
 ) -> dict[str, Any]:
     if not isinstance(raw, dict):
@@ -234,7 +237,7 @@ def parse_config(raw: Any) -> Config:
     raw = {} if raw is None else raw
     nested = {"conditions", "leaderElection"}
     top = {k: v for k, v in raw.items() if k not in nested} if isinstance(raw, dict) else raw
-    values = _fields(top, _TOP, "", errors)
+    values = fields_of(top, _TOP, "", errors)
     if isinstance(raw, dict) and "conditions" in raw:
         rules = raw["conditions"]
         if not isinstance(rules, list):
@@ -242,7 +245,7 @@ def parse_config(raw: Any) -> Config:
         else:
             parsed = []
             for i, rule in enumerate(rules):
-                fields = _fields(rule, _CONDITION, f"conditions[{i}]", errors)
+                fields = fields_of(rule, _CONDITION, f"conditions[{i}]", errors)
                 if isinstance(rule, dict) and "type" not in rule:
                     errors.append(f"conditions[{i}].type: required")
                 elif "type" in fields:
@@ -250,7 +253,7 @@ def parse_config(raw: Any) -> Config:
             values["conditions"] = tuple(parsed)
     if isinstance(raw, dict) and "leaderElection" in raw:
         values["leader_election"] = LeaderElection(
-            **_fields(raw["leaderElection"], _LEADER, "leaderElection", errors)
+            **fields_of(raw["leaderElection"], _LEADER, "leaderElection", errors)
         )
     if not errors:
         config = Config(**values)
@@ -272,16 +275,18 @@ def _cross_checks(config: Config) -> list[str]:
     return errors
 
 
-def load_config(path: Path | None) -> Config:
-    """Read and validate the YAML file at `path`; None gives the defaults."""
-    if path is None:
-        return Config()
+def load_yaml(path: Path) -> Any:
+    """Read a YAML file; ConfigError (not a traceback) when it is unreadable or broken."""
     try:
         text = path.read_text()
     except OSError as err:
         raise ConfigError(f"cannot read config file {path}: {err.strerror}") from err
     try:
-        raw = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise ConfigError(f"config file {path} is not valid YAML: {err}") from err
-    return parse_config(raw)
+
+
+def load_config(path: Path | None) -> Config:
+    """Read and validate the YAML file at `path`; None gives the defaults."""
+    return Config() if path is None else parse_config(load_yaml(path))

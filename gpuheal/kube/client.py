@@ -4,20 +4,29 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx2
 from lightkube import AsyncClient, Client, KubeConfig
 
 FIELD_MANAGER = "gpuheal"
 
 
-def sync_client(kubeconfig: Path, *, trust_env: bool = False) -> Client:
+def _config(kubeconfig: Path | None) -> KubeConfig:
+    # None: in-cluster service account, then $KUBECONFIG, then ~/.kube/config.
+    return KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
+
+
+def sync_client(
+    kubeconfig: Path | None, *, trust_env: bool = False, timeout_s: float = 10.0
+) -> Client:
     """A blocking client. `trust_env=False` ignores HTTP(S)_PROXY variables by default."""
     return Client(
-        config=KubeConfig.from_file(kubeconfig), field_manager=FIELD_MANAGER, trust_env=trust_env
+        config=_config(kubeconfig),
+        field_manager=FIELD_MANAGER,
+        trust_env=trust_env,
+        timeout=httpx2.Timeout(timeout_s),
     )
 
 
-def async_client(kubeconfig: Path, *, trust_env: bool = False) -> AsyncClient:
-    """An asyncio client for the controller's event loop."""
-    return AsyncClient(
-        config=KubeConfig.from_file(kubeconfig), field_manager=FIELD_MANAGER, trust_env=trust_env
-    )
+def async_client(kubeconfig: Path | None, *, trust_env: bool = False) -> AsyncClient:
+    """An asyncio client."""
+    return AsyncClient(config=_config(kubeconfig), field_manager=FIELD_MANAGER, trust_env=trust_env)

@@ -1,0 +1,1 @@
+"""The node agent: probes the GPUs, debounces, reports on its own Node. Never taints or evicts."""

@@ -1,0 +1,378 @@
+"""`gpuheal agent`: probe rounds -> verdict -> debounce -> report on the own Node.
+
+The loop never stops for an API error: a failed report is retried with
+backoff on later rounds, and whatever was found meanwhile is reported once the
+API server answers again.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from lightkube import Client
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from gpuheal.agent.config import AgentConfig
+from gpuheal.agent.debounce import Debounce, Report, step
+from gpuheal.agent.environment import check_environment
+from gpuheal.agent.findings import Finding, ProbeResult, Verdict, verdict
+from gpuheal.agent.kmsg import (
+    GpuAt,
+    KernelEvent,
+    KmsgFollower,
+    OffTheBus,
+    SxidEvent,
+    XidEvent,
+    read_boot_id,
+)
+from gpuheal.agent.nvml import NvmlProbe, Thresholds, XidWatcher, xid_finding
+from gpuheal.agent.reporter import NodeReporter, desired
+from gpuheal.agent.smi import run_smi
+from gpuheal.agent.timeouts import GuardedProbe
+from gpuheal.model import (
+    FAULT_DEVICES,
+    FAULT_ID,
+    FAULT_REASON,
+    FAULT_TIME,
+    STATUS,
+    STATUS_FAULTY,
+    Severity,
+)
+from gpuheal.policy.backoff import backoff_delay
+
+log = logging.getLogger(__name__)
+
+
+class AgentMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.probe_duration = Histogram(
+            "gpuheal_agent_probe_duration_seconds",
+            "One probe call.",
+            ["probe"],
+            registry=r,
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10),
+        )
+        self.probe_failures = Counter(
+            "gpuheal_agent_probe_failures_total",
+            "Probe calls that could not run.",
+            ["probe"],
+            registry=r,
+        )
+        self.xids = Counter("gpuheal_agent_xid_total", "Xid events seen.", ["xid"], registry=r)
+        self.rounds = Counter("gpuheal_agent_rounds_total", "Probe rounds.", registry=r)
+        self.reports = Counter("gpuheal_agent_reports_total", "Writes to the Node.", registry=r)
+        self.report_failures = Counter(
+            "gpuheal_agent_report_failures_total", "Node writes that failed.", registry=r
+        )
+        self.faulty = Gauge("gpuheal_agent_faulty", "1 while a fault is reported.", registry=r)
+
+
+class StickyEvents:
+    """Faults that arrive as events (Xids, kernel lines) and stay until this boot
+    ends (or `hold_s` passes): a GPU that threw Xid 79 is broken until reset.
+    Persisted with the boot id, so an agent restart keeps them without re-reading
+    old kernel lines."""
+
+    def __init__(self, path: Path, boot_id: str, hold_s: float | None) -> None:
+        self.path = path
+        self.boot_id = boot_id
+        self.hold_s = hold_s
+        self._lock = threading.Lock()
+        self._items: dict[str, tuple[float, Finding]] = {}
+        self._load()
+
+    def _load(self) -> None:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return
+        if not isinstance(data, dict) or data.get("boot_id") != self.boot_id:
+            return
+        for key, item in (data.get("items") or {}).items():
+            finding = Finding(
+                item["reason"],
+                Severity(item["severity"]),
+                item["message"],
+                tuple(item.get("devices", ())),
+                bool(item.get("immediate")),
+            )
+            self._items[key] = (float(item["at"]), finding)
+
+    def _save(self) -> None:
+        items = {
+            key: {
+                "at": at,
+                "reason": f.reason,
+                "severity": f.severity.value,
+                "message": f.message,
+                "devices": list(f.devices),
+                "immediate": f.immediate,
+            }
+            for key, (at, f) in self._items.items()
+        }
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"boot_id": self.boot_id, "items": items}))
+        tmp.replace(self.path)
+
+    def add(self, finding: Finding) -> None:
+        key = f"{finding.reason}/{','.join(finding.devices)}"
+        with self._lock:
+            if key not in self._items:
+                self._items[key] = (time.time(), finding)
+                self._save()
+
+    def current(self) -> tuple[Finding, ...]:
+        with self._lock:
+            if self.hold_s is not None:
+                now = time.time()
+                expired = [k for k, (at, _) in self._items.items() if now - at >= self.hold_s]
+                for key in expired:
+                    del self._items[key]
+                if expired:
+                    self._save()
+            return tuple(f for _, f in self._items.values())
+
+
+class Agent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        node: str,
+        client: Client,
+        nvml_lib: Any | None,
+    ) -> None:
+        self.config = config
+        self.node = node
+        self.metrics = AgentMetrics()
+        self.reporter = NodeReporter(client, node)
+        self.state = Debounce()
+        self.round = 0
+        self._adopted = False
+        self._next_report_at = 0.0
+        self._report_failures = 0
+        self.boot_id = read_boot_id(config.boot_id_path)
+        config.state_path.parent.mkdir(parents=True, exist_ok=True)
+        self.sticky = StickyEvents(
+            config.state_path.with_name(config.state_path.stem + "-faults.json"),
+            self.boot_id,
+            config.xid_hold_seconds,
+        )
+        self.pci_to_uuid: dict[str, str] = {}
+        self.probes: list[Callable[[], ProbeResult]] = []
+        self.nvml: NvmlProbe | None = None
+        self.watcher: XidWatcher | None = None
+        self.follower: KmsgFollower | None = None
+        if config.nvml_enabled and nvml_lib is not None:
+            self.nvml = NvmlProbe(
+                nvml_lib,
+                expected_gpus=self._expected_gpus,
+                thresholds=Thresholds(config.temperature_warning_c, config.temperature_critical_c),
+            )
+            self.probes.append(
+                GuardedProbe("nvml", self.nvml.run, config.nvml_timeout_seconds, level=True).run
+            )
+            if config.nvml_events:
+                self.watcher = XidWatcher(nvml_lib, self._on_nvml_xid)
+        if config.smi_enabled:
+            self.probes.append(
+                GuardedProbe(
+                    "smi",
+                    lambda: run_smi(
+                        config.smi_command, self._expected_gpus(), config.smi_timeout_seconds
+                    ),
+                    config.smi_timeout_seconds + 1,
+                    level=True,
+                ).run
+            )
+        if config.env_enabled:
+            self.probes.append(
+                lambda: check_environment(config.device_paths, config.driver_version_path)
+            )
+        if config.kmsg_enabled:
+            self.follower = KmsgFollower(
+                config.kmsg_path, config.state_path, self.boot_id, self._on_kernel
+            )
+
+    # -- event sources ---------------------------------------------------------
+
+    def _on_nvml_xid(self, xid: int, device: str) -> None:
+        self._xid(xid, device)
+
+    def _xid(self, xid: int, device: str, recovery_action: str | None = None) -> None:
+        self.metrics.xids.labels(str(xid)).inc()
+        finding = xid_finding(xid, device, recovery_action, table=self.config.xid_overrides)
+        if finding.severity is not Severity.P2:
+            self.sticky.add(finding)
+        log.warning(
+            "xid", extra={"node": self.node, "xid": xid, "gpu": device, "reason": finding.reason}
+        )
+
+    def _on_kernel(self, event: KernelEvent) -> None:
+        match event:
+            case GpuAt(pci=pci, uuid=gpu):
+                self.pci_to_uuid[pci] = gpu
+            case XidEvent(xid=xid, pci=pci, recovery_action=action):
+                self._xid(xid, self._uuid_for(pci), action)
+            case OffTheBus(pci=pci):
+                gpu = self._uuid_for(pci) if pci else ""
+                self.sticky.add(
+                    Finding(
+                        "GpuFellOffBus",
+                        Severity.P0,
+                        f"{gpu or 'a GPU'} has fallen off the bus",
+                        (gpu,) if gpu else (),
+                        immediate=True,
+                    )
+                )
+            case SxidEvent(sxid=sxid, switch=switch, fatal=fatal):
+                if fatal:
+                    self.sticky.add(
+                        Finding(
+                            f"NvswitchFatal{sxid}",
+                            Severity.P0,
+                            f"{switch}: fatal SXid {sxid}",
+                            (switch,),
+                        )
+                    )
+
+    def _uuid_for(self, pci: str) -> str:
+        if pci in self.pci_to_uuid:
+            return self.pci_to_uuid[pci]
+        if self.nvml is not None:
+            return self.nvml.devices.by_pci.get(pci, pci)
+        return pci
+
+    def _expected_gpus(self) -> int | None:
+        if self.config.expected_gpus is not None:
+            return self.config.expected_gpus
+        try:
+            return int(self.reporter.labels.get(self.config.expected_gpus_label, ""))
+        except ValueError:
+            return None
+
+    # -- the loop ----------------------------------------------------------------
+
+    def run_round(self) -> Verdict:
+        self.round += 1
+        self.metrics.rounds.inc()
+        results = []
+        for probe in self.probes:
+            started = time.monotonic()
+            result = probe()
+            self.metrics.probe_duration.labels(result.probe).observe(time.monotonic() - started)
+            if not result.ran:
+                self.metrics.probe_failures.labels(result.probe).inc()
+            results.append(result)
+        if self.follower is not None or self.watcher is not None:
+            results.append(ProbeResult("events", ran=True, findings=self.sticky.current()))
+        seen = verdict(results)
+        before = self.state.reported
+        self.state = step(
+            self.state,
+            seen,
+            fail_rounds=self.config.fail_rounds,
+            healthy_rounds=self.config.healthy_rounds,
+            immediate_p0=self.config.immediate_p0_xid,
+            new_fault_id=self._new_fault_id(),
+            now=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        )
+        if before is None and self.state.reported is not None:
+            log.warning(
+                "fault reported",
+                extra={
+                    "node": self.node,
+                    "fault_id": self.state.reported.fault_id,
+                    "reason": self.state.reported.reason,
+                    "failing_rounds": self.state.failing,
+                    "round": self.round,
+                },
+            )
+        elif before is not None and self.state.reported is None:
+            log.info(
+                "fault cleared",
+                extra={
+                    "node": self.node,
+                    "fault_id": before.fault_id,
+                    "healthy_rounds": self.state.healthy,
+                },
+            )
+        self.metrics.faulty.set(1 if self.state.reported else 0)
+        self._report(seen)
+        return seen
+
+    def _new_fault_id(self) -> str:
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+        return f"{self.node}-{stamp}-{uuid.uuid4().hex[:6]}"
+
+    def _adopt(self, annotations: dict[str, str]) -> None:
+        """Continue a fault this agent reported before a restart, with the same id."""
+        if (
+            annotations.get(STATUS) == STATUS_FAULTY
+            and annotations.get(FAULT_ID)
+            and self.state.reported is None
+        ):
+            devices = tuple(d for d in annotations.get(FAULT_DEVICES, "").split(",") if d)
+            report = Report(
+                annotations[FAULT_ID],
+                annotations.get(FAULT_TIME, ""),
+                annotations.get(FAULT_REASON, ""),
+                "reported before the agent restarted",
+                devices,
+            )
+            self.state = Debounce(reported=report)
+            log.info(
+                "continuing the reported fault",
+                extra={"node": self.node, "fault_id": report.fault_id},
+            )
+
+    def _report(self, seen: Verdict) -> None:
+        if time.monotonic() < self._next_report_at:
+            return
+        try:
+            if not self._adopted:
+                self._adopt(self.reporter.read())
+                self._adopted = True
+            if self.reporter.sync(desired(self.state.reported, seen)):
+                self.metrics.reports.inc()
+            self._report_failures = 0
+        except Exception as err:
+            self._report_failures += 1
+            self.metrics.report_failures.inc()
+            delay = backoff_delay(self._report_failures, 0.5, 30.0)
+            self._next_report_at = time.monotonic() + delay
+            log.warning(
+                "report failed",
+                extra={"node": self.node, "error": str(err)[:300], "retry_s": delay},
+            )
+
+    def run(self, stop: threading.Event) -> None:
+        if self.follower is not None:
+            self.follower.start()
+        if self.watcher is not None:
+            self.watcher.start()
+        try:
+            while not stop.is_set():
+                started = time.monotonic()
+                self.run_round()
+                stop.wait(max(0.0, self.config.interval_seconds - (time.monotonic() - started)))
+        finally:
+            if self.follower is not None:
+                self.follower.stop()
+            if self.watcher is not None:
+                self.watcher.stop()
+
+
+def serve_metrics(agent: Agent, port: int) -> int:
+    """Start /metrics on 127.0.0.1-less 0.0.0.0:port (0: any free port); returns the port."""
+    server, _thread = start_http_server(port, addr="0.0.0.0", registry=agent.metrics.registry)  # noqa: S104
+    return int(server.server_port)

@@ -1,0 +1,173 @@
+"""A fake NVML library driven by a spec file, for nodes without a GPU.
+
+It offers the pynvml functions the probe calls and raises pynvml's own
+NVMLError, so the probe code runs unchanged. The spec is read again whenever
+the file changes, so a test injects a fault by rewriting it:
+
+    driverVersion: "550.54.15"
+    visible: 7                 # optional: fewer devices than listed ("fell off")
+    devices:
+      - uuid: GPU-0a1b...
+        pciBusId: "00000000:3B:00.0"
+        temperature: 45
+        eccUncorrectedVolatile: 0
+        remappedRows: {pending: false, failure: false}
+        nvlinks: 0             # number of NVLinks (all up), or a list of booleans
+        recoveryAction: 0      # NVML_GPU_RECOVERY_ACTION_*
+        lost: false            # every call: NVML_ERROR_GPU_IS_LOST
+        hangSeconds: 0         # every call blocks this long (a hung driver)
+    xidEvents:                 # delivered once each through the event set
+      - {id: 1, device: 0, xid: 79}
+    initError: false           # nvmlInit fails (driver not loaded)
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pynvml
+import yaml
+
+
+def _error(code: int) -> pynvml.NVMLError:
+    return pynvml.NVMLError(code)
+
+
+@dataclass
+class _Handle:
+    index: int
+
+
+@dataclass
+class _PciInfo:
+    busId: str  # noqa: N815 -- pynvml's field name
+
+
+@dataclass
+class _EventData:
+    device: Any
+    eventType: int  # noqa: N815
+    eventData: int  # noqa: N815
+
+
+class _FieldValue:
+    def __init__(self, value: int) -> None:
+        self.nvmlReturn = pynvml.NVML_SUCCESS
+        self.value = type("V", (), {"uiVal": value})()
+
+
+class FakeNvml:
+    def __init__(self, spec_path: Path) -> None:
+        self.spec_path = spec_path
+        self._spec: dict[str, Any] = {}
+        self._mtime = -1.0
+        self._delivered: set[Any] = set()
+        self._lock = threading.Lock()
+
+    def _load(self) -> dict[str, Any]:
+        with self._lock:
+            try:
+                mtime = self.spec_path.stat().st_mtime
+            except OSError as err:
+                raise _error(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND) from err
+            if mtime != self._mtime:
+                self._spec = yaml.safe_load(self.spec_path.read_text()) or {}
+                self._mtime = mtime
+            return self._spec
+
+    def _device(self, handle: _Handle) -> dict[str, Any]:
+        devices = self._load().get("devices") or []
+        if handle.index >= len(devices):
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        device: dict[str, Any] = devices[handle.index]
+        hang = float(device.get("hangSeconds") or 0)
+        if hang:
+            time.sleep(hang)
+        if device.get("lost"):
+            raise _error(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return device
+
+    # -- the pynvml surface the probe uses ------------------------------------
+
+    def nvmlInit(self) -> None:  # noqa: N802 -- pynvml's names
+        if self._load().get("initError"):
+            raise _error(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+
+    def nvmlShutdown(self) -> None:  # noqa: N802
+        return None
+
+    def nvmlSystemGetDriverVersion(self) -> str:  # noqa: N802
+        return str(self._load().get("driverVersion", "550.54.15"))
+
+    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+        spec = self._load()
+        listed = len(spec.get("devices") or [])
+        return int(spec.get("visible", listed))
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> _Handle:  # noqa: N802
+        handle = _Handle(index)
+        self._device(handle)
+        return handle
+
+    def nvmlDeviceGetUUID(self, handle: _Handle) -> str:  # noqa: N802
+        return str(self._device(handle)["uuid"])
+
+    def nvmlDeviceGetPciInfo(self, handle: _Handle) -> _PciInfo:  # noqa: N802
+        return _PciInfo(
+            str(self._device(handle).get("pciBusId", f"00000000:{handle.index + 1:02X}:00.0"))
+        )
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: _Handle, error_type: int, counter: int) -> int:  # noqa: N802
+        return int(self._device(handle).get("eccUncorrectedVolatile", 0))
+
+    def nvmlDeviceGetRemappedRows(self, handle: _Handle) -> tuple[int, int, int, int]:  # noqa: N802
+        rows = self._device(handle).get("remappedRows")
+        if rows is None:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return (0, 0, int(bool(rows.get("pending"))), int(bool(rows.get("failure"))))
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: _Handle) -> int:  # noqa: N802
+        return int(bool(self._device(handle).get("retiredPagesPending")))
+
+    def nvmlDeviceGetTemperature(self, handle: _Handle, sensor: int) -> int:  # noqa: N802
+        return int(self._device(handle).get("temperature", 40))
+
+    def nvmlDeviceGetNvLinkState(self, handle: _Handle, link: int) -> int:  # noqa: N802
+        links = self._device(handle).get("nvlinks", 0)
+        states = [True] * links if isinstance(links, int) else list(links)
+        if link >= len(states):
+            raise _error(
+                pynvml.NVML_ERROR_NOT_SUPPORTED
+                if not states
+                else pynvml.NVML_ERROR_INVALID_ARGUMENT
+            )
+        return int(bool(states[link]))
+
+    def nvmlDeviceGetFieldValues(self, handle: _Handle, fields: list[int]) -> list[_FieldValue]:  # noqa: N802
+        return [_FieldValue(int(self._device(handle).get("recoveryAction", 0))) for _ in fields]
+
+    def nvmlEventSetCreate(self) -> object:  # noqa: N802
+        return object()
+
+    def nvmlDeviceRegisterEvents(self, handle: _Handle, mask: int, events: object) -> None:  # noqa: N802
+        self._device(handle)
+
+    def nvmlEventSetWait(self, events: object, timeout_ms: int) -> _EventData:  # noqa: N802
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            for event in self._load().get("xidEvents") or []:
+                key = event.get("id", (event.get("device"), event.get("xid")))
+                if key not in self._delivered:
+                    self._delivered.add(key)
+                    return _EventData(
+                        device=_Handle(int(event.get("device", 0))),
+                        eventType=pynvml.nvmlEventTypeXidCriticalError,
+                        eventData=int(event["xid"]),
+                    )
+            if time.monotonic() >= deadline:
+                raise _error(pynvml.NVML_ERROR_TIMEOUT)
+            time.sleep(0.05)

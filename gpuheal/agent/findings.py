@@ -1,0 +1,84 @@
+"""What probes find, and the verdict of one probe round. Pure data and functions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from gpuheal.model import Severity
+
+# Severities that make a node faulty; P2 findings are warnings.
+NODE_FAULT = frozenset({Severity.P0, Severity.P1})
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem a probe saw."""
+
+    reason: str  # e.g. XidCritical79, EccUncorrectable, GpuMissing, GpuLost, NvlinkDown
+    severity: Severity
+    message: str
+    devices: tuple[str, ...] = ()
+    # A P0 Xid event: may be reported without waiting for the debounce rounds.
+    immediate: bool = False
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    probe: str
+    ran: bool  # False: the probe itself could not run (timeout, library missing, ...)
+    # A level probe (NVML, nvidia-smi) can vouch for the GPUs being healthy; event
+    # sources (kernel log, Xid events) and environment checks only add findings.
+    level: bool = False
+    findings: tuple[Finding, ...] = ()
+    warnings: tuple[str, ...] = ()
+    error: str = ""
+
+
+class Health(StrEnum):
+    HEALTHY = "True"
+    FAULTY = "False"
+    UNKNOWN = "Unknown"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    health: Health
+    reason: str = ""
+    message: str = ""
+    devices: tuple[str, ...] = ()
+    severity: Severity | None = None
+    immediate: bool = False
+
+
+_ORDER = {Severity.P0: 0, Severity.P1: 1, Severity.P2: 2}
+
+
+def verdict(results: list[ProbeResult]) -> Verdict:
+    """Combine one round of probe results.
+
+    Faulty when any probe found a node fault (P0/P1): the reason is the most
+    severe finding's. Unknown when there are level probes and none of them could
+    run: nobody can vouch for the GPUs, and Unknown is not Unhealthy. Otherwise
+    healthy.
+    """
+    faults = sorted(
+        (f for r in results for f in r.findings if f.severity in NODE_FAULT),
+        key=lambda f: _ORDER[f.severity],
+    )
+    if faults:
+        devices = tuple(dict.fromkeys(d for f in faults for d in f.devices))
+        message = "; ".join(dict.fromkeys(f.message for f in faults))
+        return Verdict(
+            Health.FAULTY,
+            reason=faults[0].reason,
+            message=message[:1024],
+            devices=devices,
+            severity=faults[0].severity,
+            immediate=any(f.immediate for f in faults),
+        )
+    levels = [r for r in results if r.level]
+    if levels and not any(r.ran for r in levels):
+        errors = "; ".join(f"{r.probe}: {r.error}" for r in levels)
+        return Verdict(Health.UNKNOWN, reason="ProbesFailed", message=errors[:1024])
+    return Verdict(Health.HEALTHY, reason="GPUsHealthy", message="all probes passed")

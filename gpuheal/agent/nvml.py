@@ -1,0 +1,290 @@
+"""The NVML probe: device count, per-device health, Xid events.
+
+`lib` is the `pynvml` module (nvidia-ml-py) on a GPU node, or a FakeNvml
+(fakenvml.py) with the same functions and the same NVMLError in tests: the
+probe code below is the one that runs in production either way.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pynvml
+
+from gpuheal.agent.findings import Finding, ProbeResult
+from gpuheal.agent.kmsg import normalize_pci
+from gpuheal.agent.xid import RECOVERY_ACTIONS, XidRow, classify
+from gpuheal.model import Severity
+
+log = logging.getLogger(__name__)
+
+PROBE = "nvml"
+
+# NVML's recovery-action enum -> the names the driver prints in Xid 154.
+_RECOVERY_NAMES = {
+    pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET: "GPU Reset Required",
+    pynvml.NVML_GPU_RECOVERY_ACTION_NODE_REBOOT: "Node Reboot Required",
+    pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_P2P: "Drain P2P",
+    pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET: "Drain and Reset",
+}
+_SKIP = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    temperature_warning_c: int = 85
+    temperature_critical_c: int = 95
+
+
+@dataclass
+class Devices:
+    """What the last probe learned about the devices: PCI address -> UUID."""
+
+    by_pci: dict[str, str]
+    count: int = 0
+
+
+def _code(err: pynvml.NVMLError) -> int:
+    return int(getattr(err, "value", -1))
+
+
+class NvmlProbe:
+    def __init__(
+        self,
+        lib: Any,
+        *,
+        expected_gpus: Callable[[], int | None],
+        thresholds: Thresholds,
+    ) -> None:
+        self.lib = lib
+        self.expected_gpus = expected_gpus
+        self.thresholds = thresholds
+        self.devices = Devices(by_pci={})
+        self._initialized = False
+
+    def driver_version(self) -> str:
+        version = self.lib.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else str(version)
+
+    def init(self) -> None:
+        if not self._initialized:
+            self.lib.nvmlInit()
+            self._initialized = True
+
+    def run(self) -> ProbeResult:
+        try:
+            self.init()
+            count = int(self.lib.nvmlDeviceGetCount())
+        except pynvml.NVMLError as err:
+            self._initialized = False
+            return ProbeResult(PROBE, level=True, ran=False, error=f"NVML unavailable: {err}")
+        findings: list[Finding] = []
+        warnings: list[str] = []
+        expected = self.expected_gpus()
+        if expected is not None and count < expected:
+            findings.append(
+                Finding("GpuMissing", Severity.P0, f"{expected} GPUs expected, {count} visible")
+            )
+        by_pci: dict[str, str] = {}
+        for index in range(count):
+            findings += self._device(index, by_pci, warnings)
+        self.devices = Devices(by_pci=by_pci, count=count)
+        return ProbeResult(
+            PROBE, level=True, ran=True, findings=tuple(findings), warnings=tuple(warnings)
+        )
+
+    def _device(self, index: int, by_pci: dict[str, str], warnings: list[str]) -> list[Finding]:
+        lib, found = self.lib, []
+        uuid = f"index-{index}"
+        try:
+            handle = lib.nvmlDeviceGetHandleByIndex(index)
+            uuid = _text(lib.nvmlDeviceGetUUID(handle))
+            by_pci[normalize_pci(_text(lib.nvmlDeviceGetPciInfo(handle).busId))] = uuid
+            found += self._ecc(handle, uuid)
+            found += self._temperature(handle, uuid, warnings)
+            found += self._nvlink(handle, uuid)
+            found += self._recovery_action(handle, uuid)
+        except pynvml.NVMLError as err:
+            if _code(err) == pynvml.NVML_ERROR_GPU_IS_LOST:
+                found.append(Finding("GpuLost", Severity.P0, f"GPU {uuid} is lost", (uuid,)))
+            else:
+                found.append(
+                    Finding("NvmlError", Severity.P1, f"GPU {uuid}: NVML error: {err}", (uuid,))
+                )
+        return found
+
+    def _ecc(self, handle: Any, uuid: str) -> list[Finding]:
+        lib, found = self.lib, []
+        try:
+            uncorrected = lib.nvmlDeviceGetTotalEccErrors(
+                handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC
+            )
+            if uncorrected > 0:
+                found.append(
+                    Finding(
+                        "EccUncorrectable",
+                        Severity.P0,
+                        f"GPU {uuid}: {uncorrected} uncorrectable volatile ECC errors",
+                        (uuid,),
+                    )
+                )
+        except pynvml.NVMLError as err:
+            if _code(err) not in _SKIP:
+                raise
+        try:
+            _corr, _unc, pending, failure = lib.nvmlDeviceGetRemappedRows(handle)
+            if failure:
+                found.append(
+                    Finding(
+                        "RowRemapFailure", Severity.P0, f"GPU {uuid}: row remapping failed", (uuid,)
+                    )
+                )
+            elif pending:
+                found.append(
+                    Finding(
+                        "RowRemapPending",
+                        Severity.P1,
+                        f"GPU {uuid}: row remapping pending a reset",
+                        (uuid,),
+                    )
+                )
+        except pynvml.NVMLError as err:
+            if _code(err) not in _SKIP:
+                raise
+            # Pre-Ampere: page retirement instead of row remapping.
+            try:
+                if lib.nvmlDeviceGetRetiredPagesPendingStatus(handle):
+                    found.append(
+                        Finding(
+                            "RetiredPagesPending",
+                            Severity.P1,
+                            f"GPU {uuid}: retired pages pending a reset",
+                            (uuid,),
+                        )
+                    )
+            except pynvml.NVMLError as inner:
+                if _code(inner) not in _SKIP:
+                    raise
+        return found
+
+    def _temperature(self, handle: Any, uuid: str, warnings: list[str]) -> list[Finding]:
+        try:
+            celsius = int(self.lib.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU))
+        except pynvml.NVMLError as err:
+            if _code(err) not in _SKIP:
+                raise
+            return []
+        if celsius >= self.thresholds.temperature_critical_c:
+            return [Finding("Thermal", Severity.P1, f"GPU {uuid}: {celsius} C (critical)", (uuid,))]
+        if celsius >= self.thresholds.temperature_warning_c:
+            warnings.append(f"GPU {uuid}: {celsius} C (warning)")
+        return []
+
+    def _nvlink(self, handle: Any, uuid: str) -> list[Finding]:
+        down = []
+        for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+            try:
+                active = self.lib.nvmlDeviceGetNvLinkState(handle, link)
+            except pynvml.NVMLError as err:
+                if _code(err) in _SKIP:
+                    break  # no (more) NVLinks on this GPU
+                raise
+            if not active:
+                down.append(link)
+        if down:
+            links = ",".join(map(str, down))
+            return [Finding("NvlinkDown", Severity.P0, f"GPU {uuid}: NVLink {links} down", (uuid,))]
+        return []
+
+    def _recovery_action(self, handle: Any, uuid: str) -> list[Finding]:
+        try:
+            (value,) = self.lib.nvmlDeviceGetFieldValues(
+                handle, [pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION]
+            )
+        except pynvml.NVMLError as err:
+            if _code(err) not in _SKIP:
+                raise
+            return []
+        if getattr(value, "nvmlReturn", 0) != pynvml.NVML_SUCCESS:
+            return []  # the driver does not have the field
+        name = _RECOVERY_NAMES.get(int(value.value.uiVal))
+        if name is None:
+            return []
+        row = RECOVERY_ACTIONS[name]
+        return [Finding(row.reason, row.severity, f"GPU {uuid}: driver says {name}", (uuid,))]
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class XidWatcher:
+    """Xid events through an NVML event set, in a dedicated thread."""
+
+    def __init__(self, lib: Any, on_xid: Callable[[int, str], None]) -> None:
+        self.lib = lib
+        self.on_xid = on_xid
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="nvml-events", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _register(self) -> Any:
+        lib = self.lib
+        events = lib.nvmlEventSetCreate()
+        mask = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeGpuUnavailableError
+        for index in range(int(lib.nvmlDeviceGetCount())):
+            try:
+                lib.nvmlDeviceRegisterEvents(lib.nvmlDeviceGetHandleByIndex(index), mask, events)
+            except pynvml.NVMLError as err:
+                log.warning("cannot watch Xid events", extra={"gpu": index, "error": str(err)})
+        return events
+
+    def _run(self) -> None:
+        events = None
+        while not self._stop.is_set():
+            try:
+                if events is None:
+                    self.lib.nvmlInit()
+                    events = self._register()
+                data = self.lib.nvmlEventSetWait(events, 1000)
+            except pynvml.NVMLError as err:
+                if _code(err) == pynvml.NVML_ERROR_TIMEOUT:
+                    continue
+                log.warning("NVML event wait failed", extra={"error": str(err)})
+                events = None
+                self._stop.wait(5.0)
+                continue
+            uuid = _text(self.lib.nvmlDeviceGetUUID(data.device)) if data.device else ""
+            xid = (
+                79
+                if data.eventType == pynvml.nvmlEventTypeGpuUnavailableError
+                else int(data.eventData)
+            )
+            self.on_xid(xid, uuid)
+
+
+def xid_finding(
+    xid: int,
+    device: str,
+    recovery_action: str | None = None,
+    *,
+    table: Mapping[int, XidRow] | None = None,
+) -> Finding:
+    """A finding for an Xid event, classified by the catalogue (and config overrides)."""
+    row = classify(xid, table, recovery_action)
+    return Finding(
+        row.reason,
+        row.severity,
+        f"Xid {xid} on {device or 'unknown GPU'}: {row.description} (action: {row.action})",
+        (device,) if device else (),
+        immediate=row.severity is Severity.P0,
+    )

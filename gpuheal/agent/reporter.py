@@ -1,0 +1,121 @@
+"""Write the agent's verdict on its own Node: the GPUHealthy condition and the
+fault annotations, in one PATCH of nodes/<name>/status, only when they change."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from lightkube import Client
+from lightkube.resources.core_v1 import Node
+from lightkube.types import PatchType
+
+from gpuheal.agent.debounce import Report
+from gpuheal.agent.findings import Health, Verdict
+from gpuheal.model import (
+    FAULT_DEVICES,
+    FAULT_ID,
+    FAULT_REASON,
+    FAULT_TIME,
+    GPU_HEALTHY_CONDITION,
+    STATUS,
+    STATUS_FAULTY,
+)
+
+log = logging.getLogger(__name__)
+
+FAULT_KEYS = (STATUS, FAULT_ID, FAULT_TIME, FAULT_REASON, FAULT_DEVICES)
+
+
+@dataclass(frozen=True)
+class Desired:
+    """What the Node should say. Annotation value None means: absent."""
+
+    status: Health
+    reason: str
+    message: str
+    annotations: tuple[tuple[str, str | None], ...]
+
+
+def desired(report: Report | None, seen: Verdict) -> Desired:
+    """The condition follows the reported fault (debounced), or the round's verdict
+    while nothing is reported (True, or Unknown when the probes could not run)."""
+    if report is not None:
+        annotations: dict[str, str | None] = {
+            STATUS: STATUS_FAULTY,
+            FAULT_ID: report.fault_id,
+            FAULT_TIME: report.fault_time,
+            FAULT_REASON: report.reason,
+            FAULT_DEVICES: ",".join(report.devices),
+        }
+        return Desired(
+            Health.FAULTY, report.reason, report.message[:1024], tuple(annotations.items())
+        )
+    cleared = tuple((key, None) for key in FAULT_KEYS)
+    if seen.health is Health.UNKNOWN:
+        return Desired(Health.UNKNOWN, seen.reason, seen.message[:1024], cleared)
+    return Desired(Health.HEALTHY, "GPUsHealthy", "all GPU probes passed", cleared)
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class NodeReporter:
+    def __init__(self, client: Client, node: str) -> None:
+        self.client = client
+        self.node = node
+        self.written: Desired | None = None
+        self.writes = 0
+        self._transition = ""
+        self.labels: dict[str, str] = {}
+
+    def read(self) -> dict[str, str]:
+        """The node's gpuheal annotations as they are now (and remember its labels)."""
+        node = self.client.get(Node, self.node)
+        meta = node.metadata
+        self.labels = dict((meta.labels if meta else None) or {})
+        annotations = dict((meta.annotations if meta else None) or {})
+        conditions = (node.status.conditions if node.status else None) or []
+        current = next((c for c in conditions if c.type == GPU_HEALTHY_CONDITION), None)
+        if current is not None:
+            self._transition = str(current.lastTransitionTime or "")
+            ours = tuple((k, annotations.get(k)) for k in FAULT_KEYS)
+            self.written = Desired(
+                Health(current.status), current.reason or "", current.message or "", ours
+            )
+        return {k: v for k, v in annotations.items() if k in FAULT_KEYS}
+
+    def sync(self, want: Desired) -> bool:
+        """PATCH when `want` differs from what was written last. Raises on API errors."""
+        if want == self.written:
+            return False
+        if self.written is None or self.written.status != want.status or not self._transition:
+            self._transition = _now()
+        condition = {
+            "type": GPU_HEALTHY_CONDITION,
+            "status": want.status.value,
+            "reason": want.reason,
+            "message": want.message,
+            "lastHeartbeatTime": _now(),
+            "lastTransitionTime": self._transition,
+        }
+        body: dict[str, Any] = {
+            "metadata": {"annotations": dict(want.annotations)},
+            "status": {"conditions": [condition]},
+        }
+        self.client.patch(Node.Status, self.node, body, patch_type=PatchType.STRATEGIC)
+        self.written = want
+        self.writes += 1
+        log.info(
+            "reported",
+            extra={
+                "node": self.node,
+                "status": want.status.value,
+                "reason": want.reason,
+                "fault_id": dict(want.annotations).get(FAULT_ID),
+            },
+        )
+        return True
