@@ -208,7 +208,7 @@ class Agent:
     def _on_nvml_xid(self, xid: int, device: str) -> None:
         self._xid(xid, device)
 
-    def _xid(self, xid: int, device: str, recovery_action: str | None = None) -> None:
+    def _xid(self, xid: int, device: str, recovery_action: int | None = None) -> None:
         self.metrics.xids.labels(str(xid)).inc()
         finding = xid_finding(xid, device, recovery_action, table=self.config.xid_overrides)
         if finding.severity is not Severity.P2:

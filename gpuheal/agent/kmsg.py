@@ -23,15 +23,20 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 _PCI = r"(?:PCI:)?(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)"
-_XID = re.compile(rf"NVRM: Xid \({_PCI}\): (?P<xid>\d+)(?:,\s*(?P<rest>.*))?$")
+# MIG adds " GPU-I:nn" and " GPU-CI:nn" inside the parentheses.
+_MIG = r"(?:\s+GPU-I:\d+)?(?:\s+GPU-CI:\d+)?"
+_XID = re.compile(rf"NVRM: Xid \({_PCI}{_MIG}\): (?P<xid>\d{{1,5}})(?:,\s*(?P<rest>.*))?$")
 _SXID = re.compile(
     rf"(?P<switch>nvidia-nvswitch\d+): SXid \({_PCI}\): (?P<sxid>\d+),\s*"
     r"(?P<kind>Fatal|Non-fatal)\b,?\s*(?P<rest>.*)$"
 )
-_OFF_BUS = re.compile(rf"NVRM:.*?GPU {_PCI}\b.*fallen off the bus", re.IGNORECASE)
+_OFF_BUS = re.compile(rf"NVRM:.*?GPU (?:at )?{_PCI}\b.*fallen off the bus", re.IGNORECASE)
 _OFF_BUS_NO_PCI = re.compile(r"NVRM:.*fallen off the bus", re.IGNORECASE)
 _GPU_AT = re.compile(rf"NVRM: GPU at {_PCI}: (?P<uuid>GPU-[0-9a-fA-F-]{{8,}})")
-_RECOVERY = re.compile(r"recovery action changed from .*? to 0x[0-9a-fA-F]+ \((?P<action>[^)]*)\)")
+# Xid 154: the label's wording changed across drivers ("GPU Reset Required" / "PF FLR");
+# the hex code is NVML's recovery-action enum and is what counts.
+_RECOVERY = re.compile(r"recovery action changed from .*? to 0x(?P<code>[0-9a-fA-F]{1,8})\b")
+_ESCAPE = re.compile(r"\\x([0-9a-fA-F]{2})")
 _PID = re.compile(r"pid='?(?P<pid><unknown>|\d+)'?")
 _NAME = re.compile(r"name=(?P<name>[^,]*)")
 
@@ -58,7 +63,7 @@ class XidEvent:
     text: str
     pid: str = ""
     process: str = ""
-    recovery_action: str | None = None  # Xid 154: the action it changed to
+    recovery_action: int | None = None  # Xid 154: the NVML recovery action it changed to
 
 
 @dataclass(frozen=True)
@@ -91,7 +96,9 @@ KernelEvent = XidEvent | SxidEvent | OffTheBus | GpuAt
 
 def parse_message(message: str) -> KernelEvent | None:  # noqa: PLR0911 -- one return per shape
     """One kernel message -> an event, or None for anything else (never raises)."""
-    line = message.strip()
+    # /dev/kmsg escapes control characters (\x0a in multi-line prints): one record, one message.
+    line = _ESCAPE.sub(lambda m: " " if m.group(1) in ("0a", "0d", "09") else "", message)
+    line = " ".join(line.split())
     if "NVRM" not in line and "SXid" not in line:
         return None
     if match := _XID.search(line):
@@ -105,7 +112,7 @@ def parse_message(message: str) -> KernelEvent | None:  # noqa: PLR0911 -- one r
             text=line[:512],
             pid=pid.group("pid") if pid else "",
             process=name.group("name").strip() if name else "",
-            recovery_action=action.group("action").strip() if action else None,
+            recovery_action=int(action.group("code"), 16) if action else None,
         )
     if match := _SXID.search(line):
         return SxidEvent(
@@ -126,6 +133,7 @@ def parse_message(message: str) -> KernelEvent | None:  # noqa: PLR0911 -- one r
 
 @dataclass(frozen=True)
 class KmsgRecord:
+    facility: int  # 0 = the kernel; anything else was written by user space
     priority: int
     seq: int
     usec: int
@@ -145,7 +153,7 @@ def parse_record(raw: str) -> KmsgRecord | None:
     except ValueError:
         return None
     # Continuation lines (" KEY=value") follow the first newline.
-    return KmsgRecord(priority & 7, seq, usec, message.split("\n", 1)[0])
+    return KmsgRecord(priority >> 3, priority & 7, seq, usec, message.split("\n", 1)[0])
 
 
 @dataclass
@@ -225,7 +233,9 @@ class KmsgFollower:
         if record is None or record.seq <= self.cursor.seq:
             return
         self.lines += 1
-        event = parse_message(record.message)
+        # Only the kernel speaks with facility 0: a process writing a fake
+        # "NVRM: Xid 79" into /dev/kmsg must not be able to quarantine a node.
+        event = parse_message(record.message) if record.facility == 0 else None
         if event is not None:
             self.on_event(event)
         self.cursor.seq = record.seq

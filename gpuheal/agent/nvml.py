@@ -24,13 +24,6 @@ log = logging.getLogger(__name__)
 
 PROBE = "nvml"
 
-# NVML's recovery-action enum -> the names the driver prints in Xid 154.
-_RECOVERY_NAMES = {
-    pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET: "GPU Reset Required",
-    pynvml.NVML_GPU_RECOVERY_ACTION_NODE_REBOOT: "Node Reboot Required",
-    pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_P2P: "Drain P2P",
-    pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET: "Drain and Reset",
-}
 _SKIP = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT)
 
 
@@ -211,11 +204,12 @@ class NvmlProbe:
             return []
         if getattr(value, "nvmlReturn", 0) != pynvml.NVML_SUCCESS:
             return []  # the driver does not have the field
-        name = _RECOVERY_NAMES.get(int(value.value.uiVal))
-        if name is None:
+        row = RECOVERY_ACTIONS.get(int(value.value.uiVal))
+        if row is None or row.severity is Severity.P2:
             return []
-        row = RECOVERY_ACTIONS[name]
-        return [Finding(row.reason, row.severity, f"GPU {uuid}: driver says {name}", (uuid,))]
+        return [
+            Finding(row.reason, row.severity, f"GPU {uuid}: driver says {row.description}", (uuid,))
+        ]
 
 
 def _text(value: Any) -> str:
@@ -275,7 +269,7 @@ class XidWatcher:
 def xid_finding(
     xid: int,
     device: str,
-    recovery_action: str | None = None,
+    recovery_action: int | None = None,
     *,
     table: Mapping[int, XidRow] | None = None,
 ) -> Finding:

@@ -91,13 +91,17 @@ CATALOGUE: dict[int, XidRow] = {
     143: XidRow("GpuInitFailure143", P0, A.REBOOT, "GPU initialisation failure"),
 }
 
-# Xid 154 carries NVIDIA's recommended action in its text; the row is chosen by it.
-RECOVERY_ACTIONS: dict[str, XidRow] = {
-    "None": XidRow("RecoveryActionNone154", P2, A.NONE, "GPU recovery action cleared"),
-    "GPU Reset Required": XidRow("GpuResetRequired154", P0, A.RESET_GPU, "GPU reset required"),
-    "Node Reboot Required": XidRow("NodeRebootRequired154", P0, A.REBOOT, "node reboot required"),
-    "Drain P2P": XidRow("DrainP2P154", P1, A.RESET_GPU, "drain peer-to-peer traffic"),
-    "Drain and Reset": XidRow("DrainAndReset154", P1, A.RESET_GPU, "drain, then reset the GPU"),
+# Xid 154 names the recovery action the driver wants, as NVML's enum
+# (nvmlDeviceGpuRecoveryAction_t); the row is chosen by that code.
+RECOVERY_ACTIONS: dict[int, XidRow] = {
+    0: XidRow("RecoveryActionNone154", P2, A.NONE, "GPU recovery action cleared"),
+    1: XidRow("GpuResetRequired154", P0, A.RESET_GPU, "GPU reset required"),
+    2: XidRow("NodeRebootRequired154", P0, A.REBOOT, "node reboot required"),
+    3: XidRow("DrainP2P154", P1, A.RESET_GPU, "drain peer-to-peer traffic"),
+    4: XidRow("DrainAndReset154", P1, A.RESET_GPU, "drain, then reset the GPU"),
+    5: XidRow("RecoverImexDomain154", P1, A.RESET_GPU, "recover the IMEX domain"),
+    6: XidRow("BusResetRequired154", P0, A.RESET_GPU, "bus reset required"),
+    7: XidRow("SystemRebootRequired154", P0, A.REBOOT, "system reboot required"),
 }
 
 UNKNOWN_XID = XidRow("XidUnknown", P1, A.CONTACT_SUPPORT, "Xid not in the catalogue")
@@ -106,7 +110,7 @@ UNKNOWN_XID = XidRow("XidUnknown", P1, A.CONTACT_SUPPORT, "Xid not in the catalo
 def classify(
     xid: int,
     overrides: Mapping[int, XidRow] | None = None,
-    recovery_action: str | None = None,
+    recovery_action: int | None = None,
 ) -> XidRow:
     """The row for an Xid (overrides first). An unknown Xid is a P1 node fault:
     new Xids appear with new drivers and hardware, and unknown is not harmless."""

@@ -1,0 +1,133 @@
+"""Run `gpuheal agent` as a real child process for one fake GPU node, with a
+fake NVML spec and a kernel log file that tests (and the demo) can write to."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import signal
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuheal.sim.process import Component, http_ok, stop_all
+
+_PORT = re.compile(r'"metrics_port": (\d+)')
+
+
+def gpu_spec(node: str, gpus: int = 8) -> dict[str, Any]:
+    """A healthy 8-GPU H100 node as the fake NVML backend describes it."""
+    serial = hashlib.sha256(node.encode()).hexdigest()[:8]
+    return {
+        "driverVersion": "550.54.15",
+        "devices": [
+            {
+                "uuid": f"GPU-{serial}-0000-4000-8000-{i:012d}",
+                "pciBusId": f"00000000:{0x18 + i:02X}:00.0",
+                "temperature": 41,
+                "eccUncorrectedVolatile": 0,
+                "remappedRows": {"pending": False, "failure": False},
+                "nvlinks": 18,
+            }
+            for i in range(gpus)
+        ],
+    }
+
+
+class AgentProcess:
+    def __init__(
+        self,
+        workdir: Path,
+        kubeconfig: Path,
+        node: str,
+        config: dict[str, Any] | None = None,
+        *,
+        gpus: int = 8,
+    ) -> None:
+        self.node = node
+        self.dir = workdir / f"agent-{node}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.spec_path = self.dir / "nvml-spec.yaml"
+        self.kmsg_path = self.dir / "kmsg"
+        self.boot_id_path = self.dir / "boot_id"
+        self.spec = gpu_spec(node, gpus)
+        self.write_spec()
+        self.kmsg_path.touch()
+        self.boot_id_path.write_text("boot-1\n")
+        self._seq = 1000
+        settings = {
+            "intervalSeconds": 0.2,
+            "nvmlBackend": "fake",
+            "nvmlFakeSpec": str(self.spec_path),
+            "kmsgPath": str(self.kmsg_path),
+            "statePath": str(self.dir / "state" / "agent-state.json"),
+            "bootIdPath": str(self.boot_id_path),
+            "envEnabled": False,
+            "metricsPort": 0,
+            **(config or {}),
+        }
+        self.config_path = self.dir / "agent.yaml"
+        self.config_path.write_text(yaml.safe_dump(settings))
+        argv = [
+            sys.executable, "-m", "gpuheal.cli", "--log-level", "INFO", "agent",
+            "--node", node, "--config", str(self.config_path), "--kubeconfig", str(kubeconfig),
+        ]  # fmt: skip
+        self.log_path = self.dir / "agent.log"
+        self.component = Component(f"agent-{node}", argv, self.log_path)
+        self.port = 0
+
+    def write_spec(self) -> None:
+        tmp = self.spec_path.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(self.spec))
+        tmp.replace(self.spec_path)
+
+    def set_device(self, index: int, **changes: Any) -> None:
+        self.spec["devices"][index].update(changes)
+        self.write_spec()
+
+    def set_spec(self, **changes: Any) -> None:
+        self.spec.update(changes)
+        self.write_spec()
+
+    def kernel(self, message: str, priority: int = 3) -> None:
+        """Append one kernel log record, as /dev/kmsg would hand it out."""
+        self._seq += 1
+        with self.kmsg_path.open("a") as log:
+            log.write(f"{priority},{self._seq},{self._seq * 1000},-;{message}\n")
+
+    def start(self, timeout_s: float = 30) -> AgentProcess:
+        self.component.start()
+        self.component.wait_ready(self._ready, time.monotonic() + timeout_s)
+        return self
+
+    def _ready(self) -> bool:
+        ports = _PORT.findall(self.log())  # the last start's port (the log is appended)
+        if ports:
+            self.port = int(ports[-1])
+        return bool(self.port) and http_ok(f"http://127.0.0.1:{self.port}/metrics")
+
+    def metric(self, name: str) -> float:
+        url = f"http://127.0.0.1:{self.port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            text = response.read().decode()
+        for line in text.splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    def stop(self) -> None:
+        stop_all([self.component], 10)
+
+    def kill(self) -> None:
+        self.component.signal(signal.SIGKILL)
+        self.component.wait_stopped(10)
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""

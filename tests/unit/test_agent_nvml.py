@@ -1,0 +1,95 @@
+"""The NVML probe's real code over the spec-driven fake library."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pynvml
+import pytest
+import yaml
+
+from gpuheal.agent.fakenvml import FakeNvml
+from gpuheal.agent.nvml import NvmlProbe, Thresholds
+from gpuheal.agent.timeouts import GuardedProbe
+
+
+def spec(tmp_path: Path, **device_changes: Any) -> Path:
+    devices = [
+        {
+            "uuid": f"GPU-{i}",
+            "pciBusId": f"00000000:{0x18 + i:02X}:00.0",
+            "temperature": 40,
+            "eccUncorrectedVolatile": 0,
+            "remappedRows": {"pending": False, "failure": False},
+            "nvlinks": 4,
+        }
+        for i in range(8)
+    ]
+    index = device_changes.pop("index", 3)
+    visible = device_changes.pop("visible", None)
+    devices[index].update(device_changes)
+    document: dict[str, Any] = {"driverVersion": "550.54.15", "devices": devices}
+    if visible is not None:
+        document["visible"] = visible
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def probe(path: Path, expected: int | None = 8) -> NvmlProbe:
+    return NvmlProbe(FakeNvml(path), expected_gpus=lambda: expected, thresholds=Thresholds(85, 95))
+
+
+def reasons(path: Path, expected: int | None = 8) -> list[str]:
+    result = probe(path, expected).run()
+    assert result.ran and result.level
+    return [f.reason for f in result.findings]
+
+
+def test_healthy_devices_and_the_pci_to_uuid_map(tmp_path: Path) -> None:
+    nvml = probe(spec(tmp_path))
+    result = nvml.run()
+    assert result.findings == ()
+    assert nvml.devices.by_pci["0000:1b:00"] == "GPU-3"
+    assert nvml.devices.count == 8
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"eccUncorrectedVolatile": 2}, "EccUncorrectable"),
+        ({"remappedRows": {"pending": True, "failure": False}}, "RowRemapPending"),
+        ({"remappedRows": {"pending": False, "failure": True}}, "RowRemapFailure"),
+        ({"remappedRows": None, "retiredPagesPending": True}, "RetiredPagesPending"),
+        ({"temperature": 97}, "Thermal"),
+        ({"nvlinks": [True, False, True, True]}, "NvlinkDown"),
+        ({"lost": True}, "GpuLost"),
+        ({"recoveryAction": pynvml.NVML_GPU_RECOVERY_ACTION_NODE_REBOOT}, "NodeRebootRequired154"),
+        ({"visible": 7}, "GpuMissing"),
+    ],
+)
+def test_each_device_fault_is_found(tmp_path: Path, change: dict[str, Any], reason: str) -> None:
+    assert reasons(spec(tmp_path, **change)) == [reason]
+
+
+def test_a_warm_gpu_is_a_warning_not_a_fault(tmp_path: Path) -> None:
+    result = probe(spec(tmp_path, temperature=88)).run()
+    assert result.findings == () and "88 C (warning)" in result.warnings[0]
+
+
+def test_no_expected_count_means_whatever_is_visible(tmp_path: Path) -> None:
+    assert reasons(spec(tmp_path, visible=7), expected=None) == []
+
+
+def test_nvml_that_cannot_load_is_a_probe_that_did_not_run(tmp_path: Path) -> None:
+    result = probe(tmp_path / "no-such-spec.yaml").run()
+    assert not result.ran and "NVML unavailable" in result.error
+
+
+def test_a_hung_call_times_out_and_later_rounds_do_not_pile_up(tmp_path: Path) -> None:
+    guarded = GuardedProbe("nvml", probe(spec(tmp_path, hangSeconds=3)).run, 0.2, level=True)
+    first = guarded.run()
+    assert not first.ran and "timed out after 0.2s" in first.error
+    second = guarded.run()
+    assert not second.ran and second.error == "previous call still hung"
