@@ -48,3 +48,4 @@ clean:
 
 bench: $(STAMP) testenv
 	$(BIN)/python bench/controlplane_start.py --runs 5
+	$(BIN)/python bench/agent.py --seconds 20
