@@ -57,7 +57,8 @@ class AgentProcess:
         self.spec = gpu_spec(node, gpus)
         self.write_spec()
         self.kmsg_path.touch()
-        self.boot_id_path.write_text("boot-1\n")
+        if not self.boot_id_path.exists():  # a restarted agent keeps its node's boot
+            self.boot_id_path.write_text("boot-1\n")
         self._seq = 1000
         settings = {
             "intervalSeconds": 0.2,
@@ -98,6 +99,13 @@ class AgentProcess:
         self._seq += 1
         with self.kmsg_path.open("a") as log:
             log.write(f"{priority},{self._seq},{self._seq * 1000},-;{message}\n")
+
+    def reboot(self) -> None:
+        """What a node reboot looks like to the next agent: a new boot id, a fresh
+        kernel log. Call while the agent is stopped."""
+        boot = self.boot_id_path.read_text().strip()
+        self.boot_id_path.write_text(f"{boot}+\n")
+        self.kmsg_path.write_text("")
 
     def start(self, timeout_s: float = 30) -> AgentProcess:
         self.component.start()

@@ -34,9 +34,11 @@ def test_demo_heals_a_faulty_gpu_node_end_to_end() -> None:
     assert "4 fake GPU nodes Ready" in out
     assert "5 pods x 2 GPU scheduled and Running" in out
     assert "4/4 nodes Ready, 32 GPUs, 10 allocated (31%), 5/5 GPU pods running" in out
-    assert "quarantined (taint gpuheal.io/gpu-fault=demo-xid79-0001:NoSchedule)" in out
+    assert "agent: GPUHealthy=False XidCritical79 on GPU-" in out
+    assert "controller: quarantined (taint gpuheal.io/gpu-fault=<fault id>:NoSchedule)" in out
     assert "all 5 replicas Running again, none on" in out
-    assert "(handled exactly once)" in out and ": 1 (handled exactly once)" in out
+    assert ": 1 (handled exactly once)" in out
+    assert "agent: GPUHealthy=True, fault cleared" in out
     assert "returned to the pool" in out
     assert out.rstrip().endswith("control plane stopped")
 
