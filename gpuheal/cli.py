@@ -47,6 +47,7 @@ def _cmd_controller(args: argparse.Namespace) -> int:
         kubeconfig=args.kubeconfig,
         identity=args.identity,
         listen=args.listen,
+        config_path=args.config,
     )
 
 

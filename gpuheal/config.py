@@ -41,6 +41,12 @@ class ConditionRule:
 
 
 @dataclass(frozen=True)
+class NotificationSink:
+    url: str
+    format: str = "json"  # json | slack
+
+
+@dataclass(frozen=True)
 class LeaderElection:
     enabled: bool = True
     namespace: str = "gpuheal-system"
@@ -77,6 +83,22 @@ class Config:
     conditions: tuple[ConditionRule, ...] = (
         ConditionRule(type=GPU_HEALTHY_CONDITION, status="False"),
     )
+    # A P1 fault still present after this long is handled as P0.
+    p1_escalation_seconds: float = 600.0
+    # External signals (alerts, manual requests) stay active this long after they were
+    # last seen, unless resolved: longer than Alertmanager's repeat_interval.
+    external_signal_ttl_seconds: float = 6 * 3600.0
+    # A resolved alert clears its fault (a recovery hint); off: only the node's own health counts.
+    resolved_alert_clears: bool = False
+    # Alert labels that name the node, in order; "instance" is matched to node addresses.
+    alert_node_labels: tuple[str, ...] = ("node", "Hostname", "hostname", "instance")
+    # The bearer token for POSTs, read from a mounted Secret file. None: POSTs are refused.
+    api_token_file: Path | None = None
+    api_max_body_bytes: int = 1 << 20
+    api_client_rate_per_second: float = 20.0
+    api_client_burst: int = 40
+    # Webhook sinks told after each remediation step: {url, format: json|slack}.
+    notification_sinks: tuple[NotificationSink, ...] = ()
     workers: int = 4
     watch_timeout_seconds: int = 300
     watch_inactivity_seconds: float = 90.0
@@ -188,6 +210,14 @@ _TOP: dict[str, tuple[str, Any]] = {
     "dedupeTtlSeconds": ("dedupe_ttl_seconds", number(0)),
     "holdRetrySeconds": ("hold_retry_seconds", number(0.01)),
     "workers": ("workers", integer(1)),
+    "p1EscalationSeconds": ("p1_escalation_seconds", number(0)),
+    "externalSignalTtlSeconds": ("external_signal_ttl_seconds", number(1)),
+    "resolvedAlertClears": ("resolved_alert_clears", boolean),
+    "alertNodeLabels": ("alert_node_labels", strings),
+    "apiTokenFile": ("api_token_file", lambda v: Path(string(v))),
+    "apiMaxBodyBytes": ("api_max_body_bytes", integer(1024)),
+    "apiClientRatePerSecond": ("api_client_rate_per_second", number(0.01)),
+    "apiClientBurst": ("api_client_burst", integer(1)),
     "watchTimeoutSeconds": ("watch_timeout_seconds", integer(1)),
     "watchInactivitySeconds": ("watch_inactivity_seconds", number(1)),
 }
@@ -198,6 +228,25 @@ _CONDITION: dict[str, tuple[str, Any]] = {
     "reasons": ("reasons", strings),
     "faultReason": ("fault_reason", string),
     "severity": ("severity", enum_of(Severity)),
+}
+
+
+def _url(value: Any) -> str:
+    text = string(value)
+    if not text.startswith(("http://", "https://")):
+        raise ValueError(f"must be an http(s) URL, got {text!r}")
+    return text
+
+
+def _sink_format(value: Any) -> str:
+    if value not in ("json", "slack"):
+        raise ValueError(f"must be json or slack, got {value!r}")
+    return str(value)
+
+
+_SINK: dict[str, tuple[str, Any]] = {
+    "url": ("url", _url),
+    "format": ("format", _sink_format),
 }
 
 _LEADER: dict[str, tuple[str, Any]] = {
@@ -231,30 +280,48 @@ def fields_of(
     return out
 
 
+def _list_of(
+    raw: dict[str, Any],
+    key: str,
+    schema: dict[str, tuple[str, Any]],
+    required: str,
+    errors: list[str],
+) -> list[dict[str, Any]] | None:
+    """Parse a list of maps under `key`; None when the key is absent."""
+    if key not in raw:
+        return None
+    items = raw[key]
+    if not isinstance(items, list):
+        errors.append(f"{key}: must be a list, got {type(items).__name__}")
+        return []
+    parsed = []
+    for i, item in enumerate(items):
+        fields = fields_of(item, schema, f"{key}[{i}]", errors)
+        if isinstance(item, dict) and required not in item:
+            errors.append(f"{key}[{i}].{required}: required")
+        elif schema[required][0] in fields:
+            parsed.append(fields)
+    return parsed
+
+
 def parse_config(raw: Any) -> Config:
     """Validate a decoded YAML document; raise ConfigError naming every bad key."""
     errors: list[str] = []
     raw = {} if raw is None else raw
-    nested = {"conditions", "leaderElection"}
+    nested = {"conditions", "leaderElection", "notificationSinks"}
     top = {k: v for k, v in raw.items() if k not in nested} if isinstance(raw, dict) else raw
     values = fields_of(top, _TOP, "", errors)
-    if isinstance(raw, dict) and "conditions" in raw:
-        rules = raw["conditions"]
-        if not isinstance(rules, list):
-            errors.append(f"conditions: must be a list, got {type(rules).__name__}")
-        else:
-            parsed = []
-            for i, rule in enumerate(rules):
-                fields = fields_of(rule, _CONDITION, f"conditions[{i}]", errors)
-                if isinstance(rule, dict) and "type" not in rule:
-                    errors.append(f"conditions[{i}].type: required")
-                elif "type" in fields:
-                    parsed.append(ConditionRule(**fields))
-            values["conditions"] = tuple(parsed)
-    if isinstance(raw, dict) and "leaderElection" in raw:
-        values["leader_election"] = LeaderElection(
-            **fields_of(raw["leaderElection"], _LEADER, "leaderElection", errors)
-        )
+    if isinstance(raw, dict):
+        rules = _list_of(raw, "conditions", _CONDITION, "type", errors)
+        if rules is not None:
+            values["conditions"] = tuple(ConditionRule(**r) for r in rules)
+        sinks = _list_of(raw, "notificationSinks", _SINK, "url", errors)
+        if sinks is not None:
+            values["notification_sinks"] = tuple(NotificationSink(**r) for r in sinks)
+        if "leaderElection" in raw:
+            values["leader_election"] = LeaderElection(
+                **fields_of(raw["leaderElection"], _LEADER, "leaderElection", errors)
+            )
     if not errors:
         config = Config(**values)
         errors.extend(_cross_checks(config))

@@ -95,6 +95,7 @@ class NodeView:
     unschedulable: bool = False
     conditions: tuple[Condition, ...] = ()
     gpus: int = 0
+    addresses: tuple[str, ...] = ()  # status.addresses (InternalIP, Hostname, ...)
 
     def taint(self, key: str = TAINT_KEY) -> Taint | None:
         return next((t for t in self.taints if t.key == key), None)
@@ -161,6 +162,7 @@ class FaultRecord:
     recovering_since: str = ""
     evicted_pods: tuple[str, ...] = ()
     actions: tuple[ActionEntry, ...] = ()
+    created_at: str = ""
 
     @property
     def open(self) -> bool:

@@ -1,39 +1,266 @@
-"""HTTP endpoints on the controller's event loop (aiohttp).
+"""The controller's HTTP API on its event loop (aiohttp).
 
-/healthz: the process is alive. /readyz: caches synced (200) or not (503); the
-body says whether this replica leads, which is information, not a failure.
-/metrics: Prometheus exposition.
+GET  /healthz            alive
+GET  /readyz             caches synced (200) or not (503); says whether this replica leads
+GET  /metrics            Prometheus exposition
+GET  /openapi.yaml       this API, described
+POST /api/v1/alerts      Alertmanager webhook (version 4)
+POST /api/v1/process     manual trigger: {node, action: quarantine|clear, reason, severity}
+GET  /api/v1/faults      current and recent faults (GPUFault records)
+
+Every POST needs `Authorization: Bearer <token>` (compared in constant time;
+401 never says which part was wrong). Bodies are capped (413), each client is
+rate limited (429), malformed input gets 400 with a precise message, and
+nothing a request says can make the controller act on a node outside its node
+selector. Only the leader takes signals: a standby answers 503 so the sender
+retries (Alertmanager does).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import datetime as dt
+import hmac
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
 
+import msgspec
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+
+from gpuheal.api.alerts import PayloadError, decode_webhook, interpret
+from gpuheal.model import FaultSignal, Severity
+from gpuheal.policy.ratelimit import TokenBucket
+
+log = logging.getLogger(__name__)
+
+OPENAPI = Path(__file__).with_name("openapi.yaml")
 
 
-def build_app(
-    *, synced: Callable[[], bool], leading: Callable[[], bool], registry: CollectorRegistry
-) -> web.Application:
-    async def healthz(_: web.Request) -> web.Response:
+class Intake(Protocol):
+    """What the API needs from the controller."""
+
+    def synced(self) -> bool: ...
+
+    def leading(self) -> bool: ...
+
+    def find_node(self, label: str, value: str) -> str | None:
+        """A managed node named by an alert label, or None."""
+
+    def node_status(self, name: str) -> str:
+        """ "managed", "unmanaged" (outside the node selector or opted out) or "unknown"."""
+
+    def submit(self, signal: FaultSignal) -> bool:
+        """Hand a signal to the controller; True if it is new."""
+
+    def resolve(self, node: str, fault_id: str | None, source: str) -> int:
+        """Drop a source's signals for a node (one, or all with None); how many."""
+
+    def faults(self, node: str | None, limit: int) -> list[dict[str, Any]]: ...
+
+
+@dataclass(frozen=True)
+class ApiSettings:
+    token: bytes | None = None  # None: every POST is refused
+    max_body_bytes: int = 1 << 20
+    client_rate_per_second: float = 20.0
+    client_burst: int = 40
+    node_labels: tuple[str, ...] = ("node", "Hostname", "hostname", "instance")
+
+
+class ManualRequest(msgspec.Struct, forbid_unknown_fields=True):
+    node: str
+    action: str = "quarantine"
+    reason: str = "ManualRequest"
+    severity: str = "P0"
+    faultID: str = ""  # noqa: N815
+
+
+def _problem(status: int, message: str, **headers: str) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=headers or None)
+
+
+class _Limiter:
+    """A token bucket per client address; old idle clients are forgotten."""
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate, self.burst = rate, burst
+        self._buckets: dict[str, TokenBucket] = {}
+
+    def take(self, client: str) -> float:
+        now = time.monotonic()
+        if len(self._buckets) > 10_000:
+            self._buckets = {k: b for k, b in self._buckets.items() if now - b.updated < 60}
+        bucket = self._buckets.get(client) or TokenBucket.full(self.rate, self.burst, now)
+        self._buckets[client], wait = bucket.take(now)
+        return wait
+
+
+class Api:
+    """The request handlers, bound to the controller through `intake`."""
+
+    def __init__(self, intake: Intake, settings: ApiSettings, registry: CollectorRegistry) -> None:
+        self.intake = intake
+        self.settings = settings
+        self.registry = registry
+        self.requests = Counter(
+            "gpuheal_api_requests_total", "API requests by route and status code.",
+            ["route", "code"], registry=registry,
+        )  # fmt: skip
+        self.alerts = Counter(
+            "gpuheal_alerts_total",
+            "Alerts received, by what became of them (accepted, duplicate, resolved, skipped).",
+            ["result"],
+            registry=registry,
+        )
+        self.limiter = _Limiter(settings.client_rate_per_second, settings.client_burst)
+
+    def app(self) -> web.Application:
+        app = web.Application(
+            middlewares=[self.guard], client_max_size=self.settings.max_body_bytes
+        )
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/readyz", self.readyz)
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/openapi.yaml", self.openapi)
+        app.router.add_post("/api/v1/alerts", self.post_alerts)
+        app.router.add_post("/api/v1/process", self.post_process)
+        app.router.add_get("/api/v1/faults", self.get_faults)
+        return app
+
+    @web.middleware
+    async def guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        resource = request.match_info.route.resource
+        response = await self._guarded(request, handler)
+        self.requests.labels(resource.canonical if resource else "?", str(response.status)).inc()
+        return response
+
+    async def _guarded(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path.startswith("/api/"):
+            wait = self.limiter.take(request.remote or "?")
+            if wait > 0:
+                return _problem(
+                    429, "rate limit exceeded", **{"Retry-After": str(max(1, round(wait)))}
+                )
+            if request.method == "POST" and not _authorized(request, self.settings.token):
+                return _problem(401, "unauthorized", **{"WWW-Authenticate": "Bearer"})
+        try:
+            return await handler(request)
+        except web.HTTPRequestEntityTooLarge:
+            return _problem(413, f"body larger than {self.settings.max_body_bytes} bytes")
+        except web.HTTPException as err:
+            return _problem(err.status, err.reason)
+
+    async def healthz(self, _: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
-    async def readyz(_: web.Request) -> web.Response:
-        ready = synced()
-        body = {"ready": ready, "leader": leading()}
+    async def readyz(self, _: web.Request) -> web.Response:
+        ready = self.intake.synced()
+        body = {"ready": ready, "leader": self.intake.leading()}
         return web.json_response(body, status=200 if ready else 503)
 
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(
-            body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
-        )
+    async def metrics(self, _: web.Request) -> web.Response:
+        body = generate_latest(self.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    app = web.Application()
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
-    return app
+    async def openapi(self, _: web.Request) -> web.Response:
+        return web.Response(text=OPENAPI.read_text(), content_type="application/yaml")
+
+    async def post_alerts(self, request: web.Request) -> web.Response:
+        if not self.intake.leading():
+            return _problem(503, "not the leader; retry", **{"Retry-After": "2"})
+        try:
+            hook = decode_webhook(await request.read())
+        except PayloadError as err:
+            return _problem(400, str(err))
+        body: dict[str, list[dict[str, str]]] = {
+            "accepted": [], "duplicates": [], "resolved": [], "skipped": [],
+        }  # fmt: skip
+        outcomes = interpret(
+            hook, node_labels=self.settings.node_labels, find_node=self.intake.find_node
+        )
+        for outcome in outcomes:
+            entry = {"alert": outcome.alert, "node": outcome.node, "faultId": outcome.fault_id}
+            if outcome.skipped:
+                result, entry = "skipped", {**entry, "reason": outcome.skipped}
+            elif outcome.status == "resolved":
+                self.intake.resolve(outcome.node, outcome.fault_id, "alertmanager")
+                result = "resolved"
+            elif outcome.signal is not None and self.intake.submit(outcome.signal):
+                result = "accepted"
+            else:
+                result = "duplicates"
+            body[result].append(entry)
+            self.alerts.labels(result.rstrip("s") if result == "duplicates" else result).inc()
+        return web.json_response(body)
+
+    async def post_process(self, request: web.Request) -> web.Response:
+        if not self.intake.leading():
+            return _problem(503, "not the leader; retry", **{"Retry-After": "2"})
+        try:
+            wanted = msgspec.json.decode(await request.read(), type=ManualRequest)
+            severity = _manual_severity(wanted)
+        except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as err:
+            return _problem(400, f"invalid request: {err}")
+        status = self.intake.node_status(wanted.node)
+        if status != "managed":
+            code = 404 if status == "unknown" else 403
+            why = (
+                "not found"
+                if status == "unknown"
+                else "not managed by gpuheal (node selector or opt-out)"
+            )
+            return _problem(code, f"node {wanted.node!r} {why}")
+        if wanted.action == "clear":
+            count = self.intake.resolve(wanted.node, wanted.faultID or None, "manual")
+            return web.json_response({"node": wanted.node, "cleared": count})
+        now = dt.datetime.now(dt.UTC)
+        fault_id = wanted.faultID or f"manual-{wanted.node}-{now:%Y%m%dT%H%M%SZ}"
+        signal = FaultSignal(
+            node=wanted.node,
+            fault_id=fault_id,
+            reason=wanted.reason,
+            source="manual",
+            severity=severity,
+            detected_at=now.isoformat(timespec="seconds"),
+        )
+        new = self.intake.submit(signal)
+        return web.json_response({"node": wanted.node, "faultId": fault_id, "new": new}, status=202)
+
+    async def get_faults(self, request: web.Request) -> web.Response:
+        try:
+            limit = int(request.query.get("limit", "100"))
+        except ValueError:
+            return _problem(400, "limit: want an integer")
+        if not 1 <= limit <= 1000:
+            return _problem(400, "limit: want 1..1000")
+        faults = self.intake.faults(request.query.get("node") or None, limit)
+        return web.json_response({"faults": faults}, dumps=json.dumps)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _manual_severity(wanted: ManualRequest) -> Severity:
+    if wanted.action not in ("quarantine", "clear"):
+        raise ValueError(f"$.action: want quarantine or clear, got {wanted.action!r}")
+    try:
+        return Severity(wanted.severity)
+    except ValueError:
+        raise ValueError(f"$.severity: want P0, P1 or P2, got {wanted.severity!r}") from None
+
+
+def _authorized(request: web.Request, token: bytes | None) -> bool:
+    if token is None:
+        return False
+    header = request.headers.get("Authorization", "")
+    scheme, _, presented = header.partition(" ")
+    # Constant time over the token; the scheme check leaks nothing secret.
+    return scheme.lower() == "bearer" and hmac.compare_digest(presented.strip().encode(), token)
 
 
 async def serve(app: web.Application, host: str, port: int) -> web.AppRunner:

@@ -16,9 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuheal.api.server import build_app, serve
-from gpuheal.config import Config
+from gpuheal.api.server import Api, ApiSettings, serve
+from gpuheal.config import Config, ConfigError, load_config
 from gpuheal.controller.executor import Caches, Crashpoint, Executor
+from gpuheal.controller.intake import ControllerIntake
+from gpuheal.controller.notify import Notifier
 from gpuheal.controller.reconciler import Reconciler
 from gpuheal.kube.api import KubeApi, NotLeaderError, gpufault_path, node_path
 from gpuheal.kube.events import EventRecorder
@@ -45,6 +47,7 @@ POD_FIELD_SELECTOR = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Fail
 @dataclass(frozen=True)
 class RunOptions:
     kubeconfig: Path | None = None
+    config_path: Path | None = None  # re-read on SIGHUP and when the file changes
     identity: str = ""
     listen_host: str = "0.0.0.0"  # noqa: S104 -- probes and scrapes come from the cluster
     listen_port: int = 8080
@@ -107,6 +110,7 @@ class Controller:
             config=config,
             crashpoint=Crashpoint.from_env(),
         )
+        self.notifier = Notifier(config.notification_sinks, self.metrics.registry)
         self.reconciler = Reconciler(
             config=config,
             nodes=self.nodes,
@@ -115,6 +119,7 @@ class Controller:
             queue=self.queue,
             executor=self.executor,
             metrics=self.metrics,
+            notify=self.notifier.notify,
         )
         self.elector: LeaderElector | None = None
         le = config.leader_election
@@ -179,15 +184,76 @@ class Controller:
             finally:
                 self.queue.done(key)
 
-    async def run(self, stop: asyncio.Event, options: RunOptions) -> None:
-        runner = await serve(
-            build_app(
-                synced=lambda: self.synced,
-                leading=lambda: self.leading,
-                registry=self.metrics.registry,
-            ),
-            options.listen_host,
-            options.listen_port,
+    def http_api(self) -> Api:
+        intake = ControllerIntake(
+            self.reconciler,
+            self.nodes,
+            self.records,
+            synced=lambda: self.synced,
+            leading=lambda: self.leading,
+        )
+        config = self.config
+        token = None
+        if config.api_token_file is not None:
+            token = config.api_token_file.read_bytes().strip() or None
+        if token is None:
+            log.warning("no API token: every POST to the API is refused (set apiTokenFile)")
+        settings = ApiSettings(
+            token=token,
+            max_body_bytes=config.api_max_body_bytes,
+            client_rate_per_second=config.api_client_rate_per_second,
+            client_burst=config.api_client_burst,
+            node_labels=config.alert_node_labels,
+        )
+        return Api(intake, settings, self.metrics.registry)
+
+    def reload(self, path: Path) -> bool:
+        """Re-read the config file; a bad one is refused and the running config kept."""
+        try:
+            config = load_config(path)
+        except ConfigError as err:
+            log.error(
+                "config reload refused; keeping the running config", extra={"error": str(err)}
+            )
+            return False
+        if config.leader_election != self.config.leader_election:
+            log.warning("leaderElection changes need a restart; the rest is applied")
+        self.config = config
+        self.reconciler.apply_config(config)
+        self.notifier.sinks = config.notification_sinks
+        log.info("config reloaded", extra={"mode": config.mode.value})
+        self.reconciler.enqueue_all()  # a mode switch applies to what is open now
+        return True
+
+    async def _watch_config(self, path: Path, hangup: asyncio.Event) -> None:
+        """Reload on SIGHUP, or when the file changes (a ConfigMap update swaps it)."""
+
+        def stamp() -> tuple[float, int]:
+            try:
+                info = path.stat()
+            except OSError:
+                return (0.0, 0)
+            return (info.st_mtime, info.st_ino)
+
+        seen = stamp()
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(hangup.wait(), timeout=5.0)
+            current = stamp()
+            if hangup.is_set() or current != seen:
+                hangup.clear()
+                seen = current
+                self.reload(path)
+
+    async def run(
+        self, stop: asyncio.Event, options: RunOptions, hangup: asyncio.Event | None = None
+    ) -> None:
+        runner = await serve(self.http_api().app(), options.listen_host, options.listen_port)
+        self.notifier.start()
+        watcher = (
+            asyncio.create_task(self._watch_config(options.config_path, hangup or asyncio.Event()))
+            if options.config_path
+            else None
         )
         informers = [
             asyncio.create_task(i.run(), name=f"informer-{i.name}")
@@ -216,6 +282,9 @@ class Controller:
                 task.cancel()
             await asyncio.gather(*informers, return_exceptions=True)
             self.queue.shutdown()
+            if watcher:
+                watcher.cancel()
+            await self.notifier.stop()
             await runner.cleanup()
 
     async def _wait_synced(self, stop: asyncio.Event) -> None:

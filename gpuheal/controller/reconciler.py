@@ -12,18 +12,29 @@ import datetime as dt
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import replace
 
 from gpuheal.config import Config
 from gpuheal.controller.executor import Executor, Outcome, Replan
+from gpuheal.controller.notify import Notice
+from gpuheal.controller.signals import ExternalSignals
 from gpuheal.kube.informer import Store
 from gpuheal.kube.workqueue import WorkQueue
 from gpuheal.metrics import ControllerMetrics
 from gpuheal.model import FaultRecord, Mode, NodeView, Phase, PodView
 from gpuheal.policy.dedupe import TtlSet
-from gpuheal.policy.plan import Action, AddTaint, NodeState, Plan, plan, plan_node_gone
+from gpuheal.policy.plan import (
+    Action,
+    AddTaint,
+    Emit,
+    NodeState,
+    Plan,
+    current_signal,
+    plan,
+    plan_node_gone,
+)
 from gpuheal.policy.ratelimit import TokenBucket
-from gpuheal.policy.signals import fault_signal
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +110,7 @@ class Reconciler:
         queue: WorkQueue,
         executor: Executor,
         metrics: ControllerMetrics,
+        notify: Callable[[Notice], None] = lambda _: None,
     ) -> None:
         self.config = config
         self.nodes = nodes
@@ -107,12 +119,14 @@ class Reconciler:
         self.queue = queue
         self.executor = executor
         self.metrics = metrics
+        self.notify = notify
         self.fleet = Fleet(config)
         self.memory = TtlSet(config.dedupe_ttl_seconds)
         self.bucket = TokenBucket.full(
             config.rate_limit_per_second, config.rate_limit_burst, time.monotonic()
         )
         self.blocked_since: dict[str, dict[str, dt.datetime]] = defaultdict(dict)
+        self.external = ExternalSignals(config.external_signal_ttl_seconds)
         self.active = False  # only the leader enqueues work
         self._breaker_lock = asyncio.Lock()
         nodes.handlers.append(self._on_node)
@@ -154,7 +168,7 @@ class Reconciler:
         self.metrics.queue_depth.set(len(self.queue))
 
     def enqueue_all(self) -> None:
-        for name in self.fleet.gpu_nodes:
+        for name in (*self.fleet.gpu_nodes, *self.external.nodes()):
             self.queue.add(name)
         for node in list(self.fleet.records_by_node):
             if self._has_open_record(node):
@@ -178,6 +192,7 @@ class Reconciler:
             gpu_nodes=len(self.fleet.gpu_nodes),
             quarantined=frozenset(self.fleet.quarantined),
             blocked_since=dict(self.blocked_since.get(node.name, {})),
+            external=self.external.active(node.name),
         )
 
     async def reconcile(self, name: str) -> float | None:
@@ -239,11 +254,11 @@ class Reconciler:
         """The plan for a managed node, or None when the node needs nothing."""
         if not self.fleet.selected(node):
             return None
-        signal = fault_signal(node, self.config)
+        state = self.state_of(node)
+        signal = current_signal(state, self.config)
         if signal and self._remembered(node, signal.fault_id, signal.reason):
             self.metrics.duplicates_suppressed.labels("memory").inc()
             return None
-        state = self.state_of(node)
         decided = plan(state, self.config, now)
         self._note_suppressed(decided, node.name)
         return decided, state
@@ -297,6 +312,17 @@ class Reconciler:
                 extra={"node": name, "fault_id": decided.fault_id, "why": decided.suppressed},
             )
 
+    def apply_config(self, config: Config) -> None:
+        """Take a reloaded config (mode switch, thresholds, limits) without a restart."""
+        self.config = config
+        self.fleet.config = config
+        self.executor.config = config
+        self.memory.ttl = config.dedupe_ttl_seconds
+        self.external.ttl_s = config.external_signal_ttl_seconds
+        self.bucket = replace(
+            self.bucket, rate=config.rate_limit_per_second, burst=config.rate_limit_burst
+        )
+
     def _after(self, name: str, decided: Plan, outcome: Outcome, now: dt.datetime) -> None:
         blocked = self.blocked_since[name]
         for key in outcome.blocked:
@@ -307,6 +333,11 @@ class Reconciler:
             self.blocked_since.pop(name, None)
         if outcome.handled:
             self.memory.add(f"{name}/{decided.fault_id}", time.monotonic())
+        steps = tuple(
+            dict.fromkeys(type(a).__name__ for a in decided.actions if not isinstance(a, Emit))
+        )
+        if steps:
+            self.notify(Notice(name, decided.fault_id, steps, tuple(outcome.evicted)))
         if outcome.untainted:
             # Capacity freed: held faults may proceed now rather than at their next retry.
             for record_name in list(self.fleet.held):

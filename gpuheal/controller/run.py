@@ -17,21 +17,30 @@ def _split_listen(listen: str) -> tuple[str, int]:
 
 
 async def _main(config: Config, options: RunOptions) -> None:
-    stop = asyncio.Event()
+    stop, hangup = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, hangup.set)
     api = KubeApi.from_kubeconfig(options.kubeconfig)
     try:
-        await Controller(config, api, options.identity).run(stop, options)
+        await Controller(config, api, options.identity).run(stop, options, hangup)
     finally:
         await api.close()
 
 
-def run_controller(config: Config, *, kubeconfig: Path | None, identity: str, listen: str) -> int:
+def run_controller(
+    config: Config,
+    *,
+    kubeconfig: Path | None,
+    identity: str,
+    listen: str,
+    config_path: Path | None = None,
+) -> int:
     host, port = _split_listen(listen)
     options = RunOptions(
         kubeconfig=kubeconfig,
+        config_path=config_path,
         identity=identity or default_identity(),
         listen_host=host,
         listen_port=port,

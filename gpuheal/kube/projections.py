@@ -29,6 +29,7 @@ class OwnerRef(msgspec.Struct):
 
 class Meta(msgspec.Struct):
     name: str = ""
+    creationTimestamp: str = ""  # noqa: N815
     namespace: str = ""
     uid: str = ""
     resourceVersion: str = ""  # noqa: N815 -- API field name
@@ -58,9 +59,15 @@ class ConditionJson(msgspec.Struct):
     lastTransitionTime: str = ""  # noqa: N815
 
 
+class AddressJson(msgspec.Struct):
+    address: str = ""
+    type: str = ""
+
+
 class NodeStatus(msgspec.Struct):
     conditions: list[ConditionJson] = []
     capacity: dict[str, str] = {}
+    addresses: list[AddressJson] = []
 
 
 class NodeJson(msgspec.Struct):
@@ -153,6 +160,7 @@ def node_view(node: NodeJson, gpu_resource: str = "nvidia.com/gpu") -> NodeView:
             for c in node.status.conditions
         ),
         gpus=_quantity(node.status.capacity.get(gpu_resource, "0")),
+        addresses=tuple(a.address for a in node.status.addresses if a.address),
     )
 
 
@@ -210,6 +218,7 @@ def fault_record(fault: FaultJson) -> FaultRecord:
             ActionEntry(time=a.time, action=a.action, result=a.result, detail=a.detail)
             for a in status.actions
         ),
+        created_at=fault.metadata.creationTimestamp,
     )
 
 

@@ -26,6 +26,7 @@ from gpuheal.model import (
     NodeView,
     Phase,
     PodView,
+    Severity,
     fault_record_name,
 )
 from gpuheal.policy.breaker import breaker_allows
@@ -127,6 +128,8 @@ class NodeState:
     quarantined: frozenset[str] = frozenset()
     # Pod key -> when its eviction was first refused (429), in this process's memory.
     blocked_since: Mapping[str, dt.datetime] = field(default_factory=dict)
+    # Signals about this node from outside it: alerts, DCGM metrics, manual requests.
+    external: tuple[FaultSignal, ...] = ()
 
 
 def iso(moment: dt.datetime) -> str:
@@ -153,10 +156,29 @@ def plan(state: NodeState, config: Config, now: dt.datetime) -> Plan:
     node = state.node
     if node.labels.get(MANAGED_LABEL) == "false":
         return Plan(suppressed="opt-out")
-    signal = fault_signal(node, config)
+    signal = current_signal(state, config)
     if signal is None:
         return _recover(state, config, now)
     return _remediate(state, signal, config, now)
+
+
+_RANK = {Severity.P0: 0, Severity.P1: 1, Severity.P2: 2}
+
+
+def current_signal(state: NodeState, config: Config) -> FaultSignal | None:
+    """The node's own report wins (agent annotations, detector conditions); else
+    the most severe external signal (ties: the oldest fault id, for stability)."""
+    own = fault_signal(state.node, config)
+    if own is not None:
+        return own
+    ranked = sorted(state.external, key=lambda s: (_RANK[s.severity], s.fault_id))
+    return ranked[0] if ranked else None
+
+
+def _escalated(record: FaultRecord | None, config: Config, now: dt.datetime) -> bool:
+    """A P1 fault is handled as P0 once it has lasted the observation window."""
+    created = parse_time(record.created_at) if record else None
+    return created is not None and (now - created).total_seconds() >= config.p1_escalation_seconds
 
 
 def plan_node_gone(records: tuple[FaultRecord, ...], now: dt.datetime) -> Plan:
@@ -184,49 +206,85 @@ def _remediate(  # noqa: PLR0911 -- one return per rule reads best here
         for r in state.records
         if r.open and r.name != name
     ]
-    handled = node.annotations.get(HANDLED_FAULT_ID) == signal.fault_id
-    mode = config.mode_for(signal.reason)
+    fault = _Fault(
+        state=state,
+        signal=signal,
+        record=record or FaultRecord(name, node.name, signal.fault_id, Phase.DETECTED),
+        mode=Mode.OBSERVE if signal.severity is Severity.P2 else config.mode_for(signal.reason),
+        handled=node.annotations.get(HANDLED_FAULT_ID) == signal.fault_id,
+    )
     base = Plan(fault_id=signal.fault_id)
-
+    watching = signal.severity is Severity.P1 and not _escalated(record, config, now)
     if record is None:
-        if handled:
-            return _with(base, actions, suppressed="handled")
-        last = parse_time(node.annotations.get(LAST_PROCESS_TIME, ""))
-        if last is not None:
-            remaining = (last - now).total_seconds() + config.cooldown_seconds
-            if remaining > 0:
-                return _with(base, actions, suppressed="cooldown", requeue_after=remaining)
-        detected = Emit(
-            DETECTED, f"{signal.reason} ({signal.source}), fault {signal.fault_id}", node.name, name
-        )
-        if mode is Mode.OBSERVE:
-            actions += [
-                CreateRecord(name, signal, Phase.DETECTED, mode),
-                detected,
-                MarkHandled(node.name, signal.fault_id),
-            ]
-            return _with(base, actions)
-        if not _may_quarantine(state, config):
-            actions += [
-                CreateRecord(name, signal, Phase.HELD, mode),
-                detected,
-                Emit(HELD, _held_note(state, config), node.name, name, warning=True),
-            ]
-            return _with(base, actions, requeue_after=config.hold_retry_seconds)
-        actions += [CreateRecord(name, signal, Phase.DETECTED, mode), detected]
-        record = FaultRecord(
-            name=name, node=node.name, fault_id=signal.fault_id, phase=Phase.DETECTED
-        )
+        first = _first_sight(fault, watching, config, now=now, actions=actions, base=base)
+        if first is not None:
+            return first
     elif not record.open:
         return _with(base, actions, suppressed="resolved")
-    elif mode is Mode.OBSERVE:
-        if not handled:
+    elif fault.mode is Mode.OBSERVE:
+        if not fault.handled:
             actions.append(MarkHandled(node.name, signal.fault_id))
-        return _with(base, actions, suppressed=None if not handled else "handled")
-    elif record.phase is Phase.HELD and not _may_quarantine(state, config):
+        return _with(base, actions, suppressed="handled" if fault.handled else None)
+    elif watching:
+        created = parse_time(record.created_at) or now
+        remaining = config.p1_escalation_seconds - (now - created).total_seconds()
+        return _with(base, actions, suppressed="watching", requeue_after=max(remaining, 0.1))
+    elif record.phase in (Phase.HELD, Phase.DETECTED) and not _may_quarantine(state, config):
+        if record.phase is Phase.DETECTED:  # an escalated P1 meets the breaker
+            actions += [
+                UpdateRecord(record.name, Phase.HELD, _entry(now, "hold", "breaker")),
+                Emit(HELD, _held_note(state, config), node.name, record.name, warning=True),
+            ]
+            return _with(base, actions, requeue_after=config.hold_retry_seconds)
         return _with(base, actions, suppressed="held", requeue_after=config.hold_retry_seconds)
+    return _advance(fault, config, now, actions, base)
 
-    return _advance(_Fault(state, signal, record, mode, handled), config, now, actions, base)
+
+def _first_sight(
+    fault: _Fault,
+    watching: bool,
+    config: Config,
+    *,
+    now: dt.datetime,
+    actions: list[Action],
+    base: Plan,
+) -> Plan | None:
+    """A fault without a record yet: the plan, or None to go on and quarantine it
+    (its CreateRecord + Emit already added to `actions`)."""
+    node, signal, name, mode = fault.state.node, fault.signal, fault.record.name, fault.mode
+    if fault.handled:
+        return _with(base, actions, suppressed="handled")
+    last = parse_time(node.annotations.get(LAST_PROCESS_TIME, ""))
+    if last is not None:
+        remaining = (last - now).total_seconds() + config.cooldown_seconds
+        if remaining > 0:
+            return _with(base, actions, suppressed="cooldown", requeue_after=remaining)
+    detected = Emit(
+        DETECTED,
+        f"{signal.reason} ({signal.source}, {signal.severity}), fault {signal.fault_id}",
+        node.name,
+        name,
+    )
+    if watching and mode is not Mode.OBSERVE:
+        # P1: notify now, act only if it is still there after the observation window.
+        actions += [CreateRecord(name, signal, Phase.DETECTED, mode), detected]
+        return _with(base, actions, requeue_after=config.p1_escalation_seconds)
+    if mode is Mode.OBSERVE:
+        actions += [
+            CreateRecord(name, signal, Phase.DETECTED, mode),
+            detected,
+            MarkHandled(node.name, signal.fault_id),
+        ]
+        return _with(base, actions)
+    if not _may_quarantine(fault.state, config):
+        actions += [
+            CreateRecord(name, signal, Phase.HELD, mode),
+            detected,
+            Emit(HELD, _held_note(fault.state, config), node.name, name, warning=True),
+        ]
+        return _with(base, actions, requeue_after=config.hold_retry_seconds)
+    actions += [CreateRecord(name, signal, Phase.DETECTED, mode), detected]
+    return None
 
 
 def _may_quarantine(state: NodeState, config: Config) -> bool:

@@ -3,6 +3,7 @@ plane: for tests (crash, failover), benchmarks and the demo."""
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
 import time
@@ -110,12 +111,31 @@ class ControllerProcess:
     def _ready(self) -> bool:
         return http_ok(f"{self.url}/readyz")
 
+    def leading(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/readyz", timeout=2) as response:  # noqa: S310
+                return bool(json.load(response).get("leader"))
+        except (OSError, ValueError):
+            return False
+
+    def wait_leading(self, timeout_s: float = 30) -> ControllerProcess:
+        deadline = time.monotonic() + timeout_s
+        while not self.leading():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.identity} did not become leader in {timeout_s}s")
+            time.sleep(0.05)
+        return self
+
     def metrics(self) -> str:
         with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as response:  # noqa: S310
             return str(response.read().decode())
 
     def stop(self, grace_s: float = 15) -> None:
         stop_all([self.component], grace_s)
+
+    def hangup(self) -> None:
+        """SIGHUP: reload the config file."""
+        self.component.signal(signal.SIGHUP)
 
     def kill(self) -> None:
         self.component.signal(signal.SIGKILL)

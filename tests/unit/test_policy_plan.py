@@ -17,6 +17,7 @@ from gpuheal.model import (
     ActionEntry,
     Condition,
     FaultRecord,
+    FaultSignal,
     Mode,
     NodeView,
     Phase,
@@ -276,3 +277,37 @@ def test_a_resolved_fault_reported_again_with_the_same_id_is_not_remediated_agai
     state = NodeState(faulty(), records=(record(Phase.RESOLVED),), gpu_nodes=10)
     p = plan(state, CONFIG, NOW)
     assert p.actions == () and p.suppressed == "resolved"
+
+
+def _external(severity: Severity, fault_id: str = "am-1") -> FaultSignal:
+    return FaultSignal("n1", fault_id, "DcgmXid79", "alertmanager", severity)
+
+
+def test_an_external_signal_drives_the_same_policy_and_the_nodes_own_report_wins() -> None:
+    p = plan(NodeState(healthy(), external=(_external(Severity.P0),), gpu_nodes=10), CONFIG, NOW)
+    assert "AddTaint" in kinds(p) and p.fault_id == "am-1"
+    own = plan(NodeState(faulty(), external=(_external(Severity.P0),), gpu_nodes=10), CONFIG, NOW)
+    assert own.fault_id == "f1"
+
+
+def test_p2_is_recorded_only() -> None:
+    p = plan(NodeState(healthy(), external=(_external(Severity.P2),), gpu_nodes=10), CONFIG, NOW)
+    assert kinds(p) == ["CreateRecord", "Emit", "MarkHandled"]
+
+
+def test_p1_notifies_then_escalates_after_the_window() -> None:
+    config = replace(CONFIG, p1_escalation_seconds=600)
+    signal = _external(Severity.P1)
+    first = plan(NodeState(healthy(), external=(signal,), gpu_nodes=10), config, NOW)
+    assert kinds(first) == ["CreateRecord", "Emit"] and first.requeue_after == 600
+    watched = record(Phase.DETECTED, fault_id="am-1", created_at=iso(NOW))
+    state = NodeState(healthy(), external=(signal,), records=(watched,), gpu_nodes=10)
+    early = plan(state, config, NOW + dt.timedelta(seconds=599))
+    assert early.actions == () and early.suppressed == "watching"
+    assert early.requeue_after is not None and abs(early.requeue_after - 1) < 1e-6
+    late = plan(state, config, NOW + dt.timedelta(seconds=600))
+    assert "AddTaint" in kinds(late)
+    # An escalated P1 still meets the breaker.
+    tight = replace(config, breaker_max_nodes=1)
+    held = plan(replace(state, quarantined=frozenset({"q"})), tight, NOW + dt.timedelta(hours=1))
+    assert kinds(held) == ["UpdateRecord", "Emit"] and held.actions[0].phase is Phase.HELD  # type: ignore[union-attr]

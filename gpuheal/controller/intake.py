@@ -1,0 +1,99 @@
+"""The controller's side of the HTTP API: look nodes up, take signals, list faults."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuheal.controller.reconciler import Reconciler
+from gpuheal.kube.informer import Store
+from gpuheal.model import MANAGED_LABEL, FaultRecord, FaultSignal, NodeView
+
+
+class ControllerIntake:
+    def __init__(
+        self,
+        reconciler: Reconciler,
+        nodes: Store[NodeView],
+        records: Store[FaultRecord],
+        *,
+        synced: Any,
+        leading: Any,
+    ) -> None:
+        self.reconciler = reconciler
+        self.nodes = nodes
+        self.records = records
+        self._synced = synced
+        self._leading = leading
+
+    def synced(self) -> bool:
+        return bool(self._synced())
+
+    def leading(self) -> bool:
+        return bool(self._leading())
+
+    def _managed(self, node: NodeView | None) -> bool:
+        return (
+            node is not None
+            and self.reconciler.fleet.selected(node)
+            and node.labels.get(MANAGED_LABEL) != "false"
+        )
+
+    def find_node(self, label: str, value: str) -> str | None:
+        if label == "instance":
+            # host:port of a scrape target -> the node with that address (or name).
+            host = value.rsplit(":", 1)[0] if value.count(":") == 1 else value.strip("[]")
+            for name in list(self.reconciler.fleet.gpu_nodes):
+                node = self.nodes.get(name)
+                if node is not None and (host == name or host in node.addresses):
+                    return name if self._managed(node) else None
+            return None
+        return value if self._managed(self.nodes.get(value)) else None
+
+    def node_status(self, name: str) -> str:
+        node = self.nodes.get(name)
+        if node is None:
+            return "unknown"
+        return "managed" if self._managed(node) else "unmanaged"
+
+    def submit(self, signal: FaultSignal) -> bool:
+        new = self.reconciler.external.add(signal)
+        self.reconciler.queue.add(signal.node)
+        return new
+
+    def resolve(self, node: str, fault_id: str | None, source: str) -> int:
+        held = [s for s in self.reconciler.external.active(node) if s.source == source]
+        count = sum(
+            self.reconciler.external.resolve(node, s.fault_id)
+            for s in held
+            if fault_id is None or s.fault_id == fault_id
+        )
+        if count:
+            self.reconciler.queue.add(node)
+        return count
+
+    def faults(self, node: str | None, limit: int) -> list[dict[str, Any]]:
+        names = (
+            self.reconciler.fleet.records_by_node.get(node, set())
+            if node
+            else {n for names in self.reconciler.fleet.records_by_node.values() for n in names}
+        )
+        records = [r for name in names if (r := self.records.get(name)) is not None]
+        # Open faults first, newest first within each group (sorts are stable).
+        records.sort(key=lambda r: r.created_at, reverse=True)
+        records.sort(key=lambda r: not r.open)
+        return [
+            {
+                "name": r.name,
+                "node": r.node,
+                "faultId": r.fault_id,
+                "phase": r.phase.value,
+                "reason": r.reason,
+                "severity": r.severity.value,
+                "source": r.source,
+                "detectedAt": r.detected_at,
+                "createdAt": r.created_at,
+                "evictedPods": list(r.evicted_pods),
+                "open": r.open,
+            }
+            for r in records[:limit]
+        ]

@@ -1,0 +1,112 @@
+"""Tell people: a POST to each configured webhook sink after each remediation step.
+
+Sending runs on its own task behind a queue: a slow or failing sink is retried
+with backoff and never delays a remediation. A message that still fails after
+the retries is dropped with a log line and a metric (the Events and the
+GPUFault record stay the audit trail).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from prometheus_client import CollectorRegistry, Counter
+
+from gpuheal.config import NotificationSink
+from gpuheal.policy.backoff import backoff_delay
+
+log = logging.getLogger(__name__)
+
+ATTEMPTS = 5
+
+
+@dataclass(frozen=True)
+class Notice:
+    node: str
+    fault_id: str
+    actions: tuple[str, ...]
+    evicted: tuple[str, ...] = ()
+    summary: str = ""
+
+    def json(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "faultId": self.fault_id,
+            "actions": list(self.actions),
+            "evictedPods": list(self.evicted),
+            "summary": self.summary,
+        }
+
+    def slack(self) -> dict[str, Any]:
+        evicted = f", evicted {len(self.evicted)} GPU pods" if self.evicted else ""
+        text = f"gpuheal: {self.node} fault {self.fault_id}: {', '.join(self.actions)}{evicted}"
+        return {"text": text}
+
+
+class Notifier:
+    def __init__(
+        self,
+        sinks: tuple[NotificationSink, ...],
+        registry: CollectorRegistry,
+        *,
+        retry_base_s: float = 1.0,
+    ) -> None:
+        self.sinks = sinks
+        self.retry_base_s = retry_base_s
+        self.queue: asyncio.Queue[Notice] = asyncio.Queue(maxsize=10_000)
+        self.sent = Counter(
+            "gpuheal_notifications_total", "Notifications by result (sent, failed, dropped).",
+            ["result"], registry=registry,
+        )  # fmt: skip
+        self._task: asyncio.Task[None] | None = None
+
+    def notify(self, notice: Notice) -> None:
+        if not self.sinks:
+            return
+        try:
+            self.queue.put_nowait(notice)
+        except asyncio.QueueFull:
+            self.sent.labels("dropped").inc()
+            log.warning("notification queue full", extra={"node": notice.node})
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="notifier")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=10)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while True:
+                notice = await self.queue.get()
+                await asyncio.gather(*(self._send(session, sink, notice) for sink in self.sinks))
+
+    async def _send(
+        self, session: aiohttp.ClientSession, sink: NotificationSink, notice: Notice
+    ) -> None:
+        body = notice.slack() if sink.format == "slack" else notice.json()
+        for attempt in range(1, ATTEMPTS + 1):
+            try:
+                async with session.post(sink.url, json=body) as response:
+                    if response.status < 300:
+                        self.sent.labels("sent").inc()
+                        return
+                    why = f"HTTP {response.status}"
+            except (aiohttp.ClientError, TimeoutError) as err:
+                why = str(err) or type(err).__name__
+            if attempt < ATTEMPTS:
+                await asyncio.sleep(backoff_delay(attempt, self.retry_base_s, 60.0))
+        self.sent.labels("failed").inc()
+        log.warning(
+            "notification failed",
+            extra={"node": notice.node, "sink": sink.url.split("?")[0], "error": why},
+        )

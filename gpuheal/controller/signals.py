@@ -1,0 +1,58 @@
+"""Signals from outside the node (Alertmanager, manual requests, DCGM metrics),
+held in memory until resolved or no longer repeated.
+
+Every replica keeps them (a standby that becomes leader needs no replay for
+what it already heard); only the leader acts on them. Losing them in a restart
+is safe: Alertmanager repeats firing alerts, and the GPUFault record of a
+signal already acted on makes the repeat a duplicate.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from gpuheal.model import FaultSignal
+
+
+@dataclass
+class _Held:
+    signal: FaultSignal
+    last_seen: float
+
+
+class ExternalSignals:
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+        self._by_node: dict[str, dict[str, _Held]] = {}
+        self._lock = threading.Lock()
+
+    def add(self, signal: FaultSignal, now: float | None = None) -> bool:
+        """Remember a signal; True if it is new (not a repeat)."""
+        seen = time.monotonic() if now is None else now
+        with self._lock:
+            faults = self._by_node.setdefault(signal.node, {})
+            held = faults.get(signal.fault_id)
+            if held is not None:
+                held.last_seen = seen
+                return False
+            faults[signal.fault_id] = _Held(signal, seen)
+            return True
+
+    def resolve(self, node: str, fault_id: str) -> bool:
+        with self._lock:
+            faults = self._by_node.get(node, {})
+            return faults.pop(fault_id, None) is not None
+
+    def active(self, node: str, now: float | None = None) -> tuple[FaultSignal, ...]:
+        current = time.monotonic() if now is None else now
+        with self._lock:
+            faults = self._by_node.get(node, {})
+            for fault_id in [f for f, h in faults.items() if current - h.last_seen > self.ttl_s]:
+                del faults[fault_id]
+            return tuple(h.signal for h in faults.values())
+
+    def nodes(self) -> list[str]:
+        with self._lock:
+            return [n for n, faults in self._by_node.items() if faults]
