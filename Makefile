@@ -9,12 +9,12 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint unit integration e2e testenv venv clean bench
+.PHONY: demo test lint unit integration e2e testenv monitoring venv clean bench
 
 demo: $(STAMP) testenv
 	$(BIN)/gpuheal demo
 
-test: lint testenv
+test: lint testenv monitoring
 	$(BIN)/pytest
 
 lint: $(STAMP)
@@ -26,7 +26,7 @@ lint: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest -m unit
 
-integration: $(STAMP) testenv
+integration: $(STAMP) testenv monitoring
 	$(BIN)/pytest -m integration
 
 e2e: $(STAMP) testenv
@@ -34,6 +34,12 @@ e2e: $(STAMP) testenv
 
 testenv:
 	testenv/build.sh
+
+# Real Prometheus and Alertmanager for the alert-path tests: Debian's packages.
+monitoring:
+	@command -v prometheus >/dev/null && command -v prometheus-alertmanager >/dev/null || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends prometheus prometheus-alertmanager >/dev/null; }
 
 venv: $(STAMP)
 

@@ -1,0 +1,98 @@
+"""The alert path with the real monitoring stack: a fake dcgm-exporter, real
+Prometheus (scrape + alerting rule) and real Alertmanager (grouping, short
+repeat interval) posting to the controller, which quarantines exactly once."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from lightkube import Client
+
+from gpuheal.sim.monitoring import FakeDcgmExporter, Monitoring
+from tests.helpers import FakeNodes, wait_for
+from tests.integration.conftest import (
+    StartController,
+    controller_config,
+    events_for,
+    faults_of,
+    our_taint,
+)
+
+pytestmark = pytest.mark.timeout(240)
+
+XID_RULE = {
+    "alert": "GPUXidError",
+    "expr": "DCGM_FI_DEV_XID_ERRORS > 0",
+    "for": "0s",
+    "labels": {"severity": "critical", "gpuheal_reason": "DcgmXidError"},
+    "annotations": {
+        "summary": "GPU {{ $labels.gpu }} on {{ $labels.Hostname }} reported Xid {{ $value }}"
+    },
+}
+
+
+def test_an_alert_from_real_prometheus_and_alertmanager_quarantines_once(
+    kube: Client,
+    tmp_path: Path,
+    pool: dict[str, str],
+    fake_gpu_nodes: FakeNodes,
+    start_controller: StartController,
+) -> None:
+    node, healthy = fake_gpu_nodes(2, labels=pool)
+    token_file = tmp_path / "token"
+    token_file.write_text("alertmanager-token\n")
+    controller = start_controller(controller_config(pool, apiTokenFile=str(token_file)))
+    controller.wait_leading()
+    exporter = FakeDcgmExporter().start()
+    for name in (node, healthy):
+        exporter.set(
+            "DCGM_FI_DEV_XID_ERRORS", {"gpu": "0", "UUID": f"GPU-{name}", "Hostname": name}, 0
+        )
+    monitoring = Monitoring(
+        tmp_path / "monitoring",
+        targets=[f"127.0.0.1:{exporter.port}"],
+        rules=[XID_RULE],
+        webhook_url=f"{controller.url}/api/v1/alerts",
+        token_file=token_file,
+        repeat_interval="2s",
+    ).start()
+    try:
+        exporter.set(
+            "DCGM_FI_DEV_XID_ERRORS", {"gpu": "0", "UUID": f"GPU-{node}", "Hostname": node}, 79
+        )
+        started = time.monotonic()
+        wait_for("the quarantine", lambda: our_taint(kube, node) is not None, timeout_s=60)
+        print(
+            f"exporter value -> taint through Prometheus and Alertmanager: {time.monotonic() - started:.1f}s"
+        )
+
+        # Alertmanager repeats the firing alert every 2s: nothing more happens.
+        metrics = controller.metrics
+        wait_for(
+            "3 repeats",
+            lambda: 'gpuheal_alerts_total{result="duplicate"} 3.0' in metrics(),
+            timeout_s=60,
+        )
+        # The GPU recovers: the resolved notification changes nothing either.
+        exporter.set(
+            "DCGM_FI_DEV_XID_ERRORS", {"gpu": "0", "UUID": f"GPU-{node}", "Hostname": node}, 0
+        )
+        wait_for(
+            "the resolved notification",
+            lambda: 'gpuheal_alerts_total{result="resolved"}' in metrics(),
+            timeout_s=60,
+        )
+        time.sleep(2)
+    finally:
+        monitoring.stop()
+        exporter.stop()
+    (record,) = faults_of(kube, node)
+    assert record.spec["source"] == "alertmanager" and record.spec["reason"] == "DcgmXidError"
+    assert len(events_for(kube, node, "GPUFaultQuarantined")) == 1
+    assert 'gpuheal_alerts_total{result="accepted"} 1.0' in controller.metrics()
+    assert (
+        'gpuheal_remediations_total{action="AddTaint",result="tainted"} 1.0' in controller.metrics()
+    )
+    assert our_taint(kube, healthy) is None and faults_of(kube, healthy) == []
