@@ -99,6 +99,11 @@ class Config:
     api_client_burst: int = 40
     # Webhook sinks told after each remediation step: {url, format: json|slack}.
     notification_sinks: tuple[NotificationSink, ...] = ()
+    # Optional DCGM source: dcgm-exporter series queried from this Prometheus.
+    dcgm_prometheus_url: str | None = None
+    dcgm_interval_seconds: float = 30.0
+    dcgm_temperature_warning_c: int = 85
+    dcgm_temperature_critical_c: int = 95
     workers: int = 4
     watch_timeout_seconds: int = 300
     watch_inactivity_seconds: float = 90.0
@@ -191,6 +196,19 @@ def optional(parse: Any) -> Any:
     return lambda value: None if value is None else parse(value)
 
 
+def _url(value: Any) -> str:
+    text = string(value)
+    if not text.startswith(("http://", "https://")):
+        raise ValueError(f"must be an http(s) URL, got {text!r}")
+    return text
+
+
+def _sink_format(value: Any) -> str:
+    if value not in ("json", "slack"):
+        raise ValueError(f"must be json or slack, got {value!r}")
+    return str(value)
+
+
 _TOP: dict[str, tuple[str, Any]] = {
     "nodeSelector": ("node_selector", string_map),
     "mode": ("mode", enum_of(Mode)),
@@ -215,6 +233,10 @@ _TOP: dict[str, tuple[str, Any]] = {
     "resolvedAlertClears": ("resolved_alert_clears", boolean),
     "alertNodeLabels": ("alert_node_labels", strings),
     "apiTokenFile": ("api_token_file", lambda v: Path(string(v))),
+    "dcgmPrometheusUrl": ("dcgm_prometheus_url", _url),
+    "dcgmIntervalSeconds": ("dcgm_interval_seconds", number(0.5)),
+    "dcgmTemperatureWarningC": ("dcgm_temperature_warning_c", integer(0)),
+    "dcgmTemperatureCriticalC": ("dcgm_temperature_critical_c", integer(0)),
     "apiMaxBodyBytes": ("api_max_body_bytes", integer(1024)),
     "apiClientRatePerSecond": ("api_client_rate_per_second", number(0.01)),
     "apiClientBurst": ("api_client_burst", integer(1)),
@@ -229,19 +251,6 @@ _CONDITION: dict[str, tuple[str, Any]] = {
     "faultReason": ("fault_reason", string),
     "severity": ("severity", enum_of(Severity)),
 }
-
-
-def _url(value: Any) -> str:
-    text = string(value)
-    if not text.startswith(("http://", "https://")):
-        raise ValueError(f"must be an http(s) URL, got {text!r}")
-    return text
-
-
-def _sink_format(value: Any) -> str:
-    if value not in ("json", "slack"):
-        raise ValueError(f"must be json or slack, got {value!r}")
-    return str(value)
 
 
 _SINK: dict[str, tuple[str, Any]] = {

@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuheal.agent.xid import Action, XidRow
 from gpuheal.config import (
     ConfigError,
     boolean,
@@ -19,6 +18,7 @@ from gpuheal.config import (
     strings,
 )
 from gpuheal.model import Severity
+from gpuheal.xid import Action, XidRow
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ import pynvml
 
 from gpuheal.agent.findings import Finding, ProbeResult
 from gpuheal.agent.kmsg import normalize_pci
-from gpuheal.agent.xid import RECOVERY_ACTIONS, XidRow, classify
 from gpuheal.model import Severity
+from gpuheal.xid import RECOVERY_ACTIONS, XidRow, classify
 
 log = logging.getLogger(__name__)
 

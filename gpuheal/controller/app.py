@@ -18,6 +18,8 @@ from typing import Any
 
 from gpuheal.api.server import Api, ApiSettings, serve
 from gpuheal.config import Config, ConfigError, load_config
+from gpuheal.controller.dcgm import DcgmSource
+from gpuheal.controller.dcgm import queries as dcgm_queries
 from gpuheal.controller.executor import Caches, Crashpoint, Executor
 from gpuheal.controller.intake import ControllerIntake
 from gpuheal.controller.notify import Notifier
@@ -121,6 +123,13 @@ class Controller:
             metrics=self.metrics,
             notify=self.notifier.notify,
         )
+        self.intake = ControllerIntake(
+            self.reconciler,
+            self.nodes,
+            self.records,
+            synced=lambda: self.synced,
+            leading=lambda: self.leading,
+        )
         self.elector: LeaderElector | None = None
         le = config.leader_election
         if le.enabled:
@@ -185,13 +194,7 @@ class Controller:
                 self.queue.done(key)
 
     def http_api(self) -> Api:
-        intake = ControllerIntake(
-            self.reconciler,
-            self.nodes,
-            self.records,
-            synced=lambda: self.synced,
-            leading=lambda: self.leading,
-        )
+        intake = self.intake
         config = self.config
         token = None
         if config.api_token_file is not None:
@@ -206,6 +209,17 @@ class Controller:
             node_labels=config.alert_node_labels,
         )
         return Api(intake, settings, self.metrics.registry)
+
+    def _dcgm(self, prometheus_url: str) -> DcgmSource:
+        config = self.config
+        return DcgmSource(
+            prometheus_url,
+            config.dcgm_interval_seconds,
+            dcgm_queries(config.dcgm_temperature_warning_c, config.dcgm_temperature_critical_c),
+            submit=self.intake.submit,
+            resolve=lambda node, fault_id: self.intake.resolve(node, fault_id, None),
+            managed=lambda node: self.intake.node_status(node) == "managed",
+        )
 
     def reload(self, path: Path) -> bool:
         """Re-read the config file; a bad one is refused and the running config kept."""
@@ -255,6 +269,8 @@ class Controller:
             if options.config_path
             else None
         )
+        url = self.config.dcgm_prometheus_url
+        dcgm = asyncio.create_task(self._dcgm(url).run()) if url else None
         informers = [
             asyncio.create_task(i.run(), name=f"informer-{i.name}")
             for i in (self.nodes, self.pods, self.records)
@@ -282,8 +298,8 @@ class Controller:
                 task.cancel()
             await asyncio.gather(*informers, return_exceptions=True)
             self.queue.shutdown()
-            if watcher:
-                watcher.cancel()
+            for task in [t for t in (watcher, dcgm) if t is not None]:
+                task.cancel()
             await self.notifier.stop()
             await runner.cleanup()
 

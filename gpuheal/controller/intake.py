@@ -60,8 +60,11 @@ class ControllerIntake:
         self.reconciler.queue.add(signal.node)
         return new
 
-    def resolve(self, node: str, fault_id: str | None, source: str) -> int:
-        held = [s for s in self.reconciler.external.active(node) if s.source == source]
+    def resolve(self, node: str, fault_id: str | None, source: str | None) -> int:
+        """Drop signals of `source` (any source with None) for a node: one or all."""
+        held = [
+            s for s in self.reconciler.external.active(node) if source is None or s.source == source
+        ]
         count = sum(
             self.reconciler.external.resolve(node, s.fault_id)
             for s in held

@@ -96,3 +96,49 @@ def test_an_alert_from_real_prometheus_and_alertmanager_quarantines_once(
         'gpuheal_remediations_total{action="AddTaint",result="tainted"} 1.0' in controller.metrics()
     )
     assert our_taint(kube, healthy) is None and faults_of(kube, healthy) == []
+
+
+def test_dcgm_series_in_prometheus_become_signals_with_either_hostname_spelling(
+    kube: Client,
+    tmp_path: Path,
+    pool: dict[str, str],
+    fake_gpu_nodes: FakeNodes,
+    start_controller: StartController,
+) -> None:
+    ecc, hot, fine = fake_gpu_nodes(3, labels=pool)
+    exporter = FakeDcgmExporter().start()
+    exporter.set("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", {"gpu": "3", "UUID": "GPU-e", "Hostname": ecc}, 0)
+    exporter.set("DCGM_FI_DEV_GPU_TEMP", {"gpu": "1", "UUID": "GPU-h", "hostname": hot}, 60)
+    exporter.set("DCGM_FI_DEV_GPU_TEMP", {"gpu": "0", "UUID": "GPU-f", "hostname": fine}, 55)
+    token_file = tmp_path / "token"
+    token_file.write_text("t\n")
+    monitoring = Monitoring(
+        tmp_path / "monitoring",
+        targets=[f"127.0.0.1:{exporter.port}"],
+        rules=[],
+        webhook_url="http://127.0.0.1:9/unused",
+        token_file=token_file,
+    ).start()
+    try:
+        config = controller_config(
+            pool, dcgmPrometheusUrl=monitoring.prometheus_url, dcgmIntervalSeconds=1
+        )
+        start_controller(config).wait_leading()
+        exporter.set(
+            "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", {"gpu": "3", "UUID": "GPU-e", "Hostname": ecc}, 2
+        )
+        exporter.set("DCGM_FI_DEV_GPU_TEMP", {"gpu": "1", "UUID": "GPU-h", "hostname": hot}, 97)
+        wait_for(
+            "both quarantined", lambda: our_taint(kube, ecc) and our_taint(kube, hot), timeout_s=60
+        )
+        (record,) = faults_of(kube, ecc)
+        assert record.spec["reason"] == "EccUncorrectable" and record.spec["source"] == "dcgm/dbe"
+        assert record.spec["devices"] == ["GPU-e"]
+        (record,) = faults_of(kube, hot)
+        assert record.spec["reason"] == "Thermal" and record.spec["severity"] == "P0"
+        time.sleep(3)  # more polls: still one fault each
+        assert len(faults_of(kube, ecc)) == 1 and len(faults_of(kube, hot)) == 1
+        assert our_taint(kube, fine) is None
+    finally:
+        monitoring.stop()
+        exporter.stop()

@@ -21,8 +21,8 @@ from gpuheal.agent.kmsg import (
     parse_message,
     parse_record,
 )
-from gpuheal.agent.xid import classify
 from gpuheal.model import Severity
+from gpuheal.xid import classify
 
 CORPUS = Path(__file__).parent / "data" / "kmsg_corpus.txt"
 WELL_FORMED_XID = re.compile(
