@@ -52,6 +52,7 @@ $(STAMP): pyproject.toml
 clean:
 	rm -rf $(VENV) .cache .mypy_cache .pytest_cache .ruff_cache
 
-bench: $(STAMP) testenv
+bench: $(STAMP) testenv monitoring
 	$(BIN)/python bench/controlplane_start.py --runs 5
 	$(BIN)/python bench/agent.py --seconds 20
+	$(BIN)/python bench/alerts.py --posts 10000

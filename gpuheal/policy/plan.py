@@ -175,10 +175,17 @@ def current_signal(state: NodeState, config: Config) -> FaultSignal | None:
     return ranked[0] if ranked else None
 
 
+def _first_seen(record: FaultRecord) -> dt.datetime | None:
+    """When the record was made: its first action entry (milliseconds), else the
+    object's creationTimestamp (whole seconds: up to a second early)."""
+    times = [t for a in record.actions if (t := parse_time(a.time)) is not None]
+    return min(times) if times else parse_time(record.created_at)
+
+
 def _escalated(record: FaultRecord | None, config: Config, now: dt.datetime) -> bool:
     """A P1 fault is handled as P0 once it has lasted the observation window."""
-    created = parse_time(record.created_at) if record else None
-    return created is not None and (now - created).total_seconds() >= config.p1_escalation_seconds
+    since = _first_seen(record) if record else None
+    return since is not None and (now - since).total_seconds() >= config.p1_escalation_seconds
 
 
 def plan_node_gone(records: tuple[FaultRecord, ...], now: dt.datetime) -> Plan:
@@ -226,7 +233,7 @@ def _remediate(  # noqa: PLR0911 -- one return per rule reads best here
             actions.append(MarkHandled(node.name, signal.fault_id))
         return _with(base, actions, suppressed="handled" if fault.handled else None)
     elif watching:
-        created = parse_time(record.created_at) or now
+        created = _first_seen(record) or now
         remaining = config.p1_escalation_seconds - (now - created).total_seconds()
         return _with(base, actions, suppressed="watching", requeue_after=max(remaining, 0.1))
     elif record.phase in (Phase.HELD, Phase.DETECTED) and not _may_quarantine(state, config):

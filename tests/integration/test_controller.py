@@ -287,7 +287,7 @@ def test_a_condition_from_another_detector_is_mapped_to_a_fault_by_config(
     start_controller: StartController,
 ) -> None:
     (node,) = fake_gpu_nodes(1, labels=pool)
-    rule = {"type": "AcceleratedHardwareReady", "status": "False", "severity": "P1"}
+    rule = {"type": "AcceleratedHardwareReady", "status": "False", "severity": "P0"}
     start_controller(controller_config(pool, conditions=[rule]))
     condition = {
         "type": "AcceleratedHardwareReady",
@@ -307,5 +307,5 @@ def test_a_condition_from_another_detector_is_mapped_to_a_fault_by_config(
     wait_for("the taint", lambda: our_taint(kube, node) is not None)
     (record,) = faults_of(kube, node)
     assert record.spec["reason"] == "NvidiaXID79Error"
-    assert record.spec["severity"] == "P1"
+    assert record.spec["severity"] == "P0"
     assert record.spec["source"] == "node-condition/AcceleratedHardwareReady"
