@@ -16,13 +16,14 @@ out="${GPUHEAL_TESTENV_DIR:-$root/.cache/testenv}"
 
 k8s_version="v1.36.3"   # keep in step with testenv/k8s/go.mod
 kwok_version="v0.8.0"   # keep in step with testenv/kwok/go.mod
+helm_version="v3.22.0"  # keep in step with testenv/helm/go.mod
 
 stamp="$( (cd "$here" && find . -type f ! -name '*.md' -print0 | sort -z | xargs -0 sha256sum; go version) | sha256sum | cut -d' ' -f1)"
 if [[ -f "$out/stamp" && "$(cat "$out/stamp")" == "$stamp" && "${1:-}" != "--force" ]]; then
   exit 0
 fi
 
-echo "testenv: building control plane $k8s_version and kwok $kwok_version into $out (first build takes a while)" >&2
+echo "testenv: building control plane $k8s_version, kwok $kwok_version and helm $helm_version into $out (first build takes a while)" >&2
 start=$(date +%s)
 mkdir -p "$out/bin.new"
 rm -f "$out/stamp"
@@ -58,6 +59,12 @@ ldflags+=" -X $cv.gitVersion=$k8s_version -X $cv.gitMajor=1 -X $cv.gitMinor=$min
     echo "---"
     cat "$stages/$f"
   done > "$out/bin.new/kwok-stages.yaml"
+)
+
+(
+  cd "$here/helm"
+  go build -trimpath -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version" \
+    -o "$out/bin.new/" helm.sh/helm/v3/cmd/helm
 )
 
 rm -rf "$out/bin"

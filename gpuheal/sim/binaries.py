@@ -42,6 +42,10 @@ class Binaries:
     def kubectl(self) -> Path:
         return self.directory / "kubectl"
 
+    @property
+    def helm(self) -> Path:
+        return self.directory / "helm"
+
 
 def default_binaries() -> Binaries:
     """$GPUHEAL_TESTENV_DIR/bin, else .cache/testenv/bin in the source tree."""

@@ -1,0 +1,206 @@
+"""The Helm chart on the real control plane: it renders, applies with
+server-side apply, and its RBAC is exactly enough — the controller runs with the
+chart's ServiceAccount token through a whole fault cycle and is refused what it
+must not do; the agent may patch only the node its token is bound to."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from lightkube import ApiError, Client, codecs
+from lightkube.models.authentication_v1 import BoundObjectReference, TokenRequestSpec
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Namespace, Node, Pod, Secret, ServiceAccount
+from lightkube.types import PatchType
+
+from gpuheal.kube.client import sync_client
+from gpuheal.sim import ControlPlane
+from gpuheal.sim.controller import ControllerProcess
+from gpuheal.sim.kubeconfig import write_kubeconfig
+from gpuheal.sim.workloads import apply, gpu_pod, wait_pods_running
+from tests.helpers import FakeNodes, unique, wait_for
+from tests.integration.conftest import clear_fault, our_taint, report_fault
+
+pytestmark = pytest.mark.timeout(300)
+
+CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "gpuheal"
+DATA = Path(__file__).parent / "data"
+
+
+def render(
+    control_plane: ControlPlane, release: str, namespace: str, *values: Path
+) -> list[dict[str, Any]]:
+    argv = [str(control_plane.config.binaries.helm), "template", release, str(CHART),
+            "--namespace", namespace, "--include-crds", "--kube-version", "1.36.3"]  # fmt: skip
+    for path in values:
+        argv += ["-f", str(path)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+def kinds(objects: list[dict[str, Any]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for obj in objects:
+        counts[obj["kind"]] = counts.get(obj["kind"], 0) + 1
+    return counts
+
+
+def test_the_chart_renders_for_the_default_and_other_values(control_plane: ControlPlane) -> None:
+    default = render(control_plane, "gh", "gpuheal-system")
+    assert kinds(default) == {
+        "CustomResourceDefinition": 1, "ServiceAccount": 2, "ClusterRole": 2, "ClusterRoleBinding": 2,
+        "Role": 1, "RoleBinding": 1, "ConfigMap": 2, "Secret": 1, "Deployment": 1, "Service": 1,
+        "PodDisruptionBudget": 1, "ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1,
+        "DaemonSet": 1,
+    }  # fmt: skip
+    crd = next(o for o in default if o["kind"] == "CustomResourceDefinition")
+    assert crd == yaml.safe_load(
+        (CHART.parents[1] / "crds" / "gpufaults.gpuheal.io.yaml").read_text()
+    )
+    minimal = kinds(render(control_plane, "gh", "ops", DATA / "values-minimal.yaml"))
+    assert "DaemonSet" not in minimal and "Secret" not in minimal
+    full = render(control_plane, "gh", "ops", DATA / "values-full.yaml")
+    assert {"ServiceMonitor", "PrometheusRule"} <= set(kinds(full))
+    role = next(
+        o for o in full if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "gh-controller"
+    )
+    pods = next(r for r in role["rules"] if r["resources"] == ["pods"])
+    assert "delete" in pods["verbs"]  # only with allowPodDelete
+
+
+@pytest.fixture
+def release(
+    kube: Client, control_plane: ControlPlane, crds: None
+) -> Iterator[tuple[str, str, list[dict[str, Any]]]]:
+    name, namespace = unique("gh"), unique("gpuheal-system")
+    kube.create(Namespace(metadata=ObjectMeta(name=namespace)))
+    objects = render(control_plane, name, namespace)
+    applied = []
+    for obj in objects:
+        if obj["kind"] in ("Deployment", "DaemonSet"):
+            continue  # no image to run here: the test runs the programs as processes
+        kube.apply(codecs.from_dict(obj), field_manager="helm-test", force=True)
+        applied.append(obj)
+    yield name, namespace, applied
+    for obj in applied:
+        if obj["kind"].startswith(("ClusterRole", "ValidatingAdmissionPolicy")):
+            kube.delete(type(codecs.from_dict(obj)), obj["metadata"]["name"])
+    kube.delete(Namespace, namespace)
+
+
+def token_for(kube: Client, namespace: str, account: str, bound_node: str | None = None) -> str:
+    spec = TokenRequestSpec(audiences=[], expirationSeconds=3600)
+    if bound_node:
+        node = kube.get(Node, bound_node)
+        spec.boundObjectRef = BoundObjectReference(
+            apiVersion="v1",
+            kind="Node",
+            name=bound_node,
+            uid=node.metadata.uid if node.metadata else None,
+        )
+    issued = kube.create(
+        ServiceAccount.Token(metadata=ObjectMeta(), spec=spec), account, namespace=namespace
+    )
+    assert issued.status is not None and issued.status.token
+    return str(issued.status.token)
+
+
+def as_token(
+    control_plane: ControlPlane, tmp_path: Path, token: str, name: str
+) -> tuple[Path, Client]:
+    kubeconfig = write_kubeconfig(
+        tmp_path / f"{name}.kubeconfig", server=control_plane.server, ca_cert=control_plane.ca_cert,
+        user=name, token=token,
+    )  # fmt: skip
+    return kubeconfig, sync_client(kubeconfig)
+
+
+def forbidden(call: Any) -> bool:
+    try:
+        call()
+    except ApiError as err:
+        return err.status.code == 403
+    return False
+
+
+def test_the_chart_rbac_is_enough_for_a_whole_cycle_and_no_more(
+    kube: Client,
+    control_plane: ControlPlane,
+    tmp_path: Path,
+    namespace: str,
+    pool: dict[str, str],
+    fake_gpu_nodes: FakeNodes,
+    release: tuple[str, str, list[dict[str, Any]]],
+) -> None:
+    name, system, objects = release
+    (node,) = fake_gpu_nodes(1, labels=pool)
+    for i in range(2):
+        apply(kube, gpu_pod(f"job-{i}", namespace, node_name=node))
+    wait_pods_running(kube, namespace, count=2)
+
+    kubeconfig, as_controller = as_token(
+        control_plane, tmp_path, token_for(kube, system, f"{name}-controller"), "ctl"
+    )
+    rendered = next(
+        o
+        for o in objects
+        if o["kind"] == "ConfigMap" and o["metadata"]["name"] == f"{name}-controller"
+    )
+    config = yaml.safe_load(rendered["data"]["config.yaml"])
+    token_file = tmp_path / "api-token"
+    token_file.write_text("t")
+    config.update(nodeSelector=pool, apiTokenFile=str(token_file), recoveryWindowSeconds=1,
+                  breakerMaxPercent=100, rateLimitPerSecond=100, rateLimitBurst=100)  # fmt: skip
+    controller = ControllerProcess(tmp_path, kubeconfig, config, identity="chart").start()
+    try:
+        controller.wait_leading()
+        report_fault(kube, node, "chart-fault")
+        wait_for("the taint", lambda: our_taint(kube, node) == "chart-fault")
+        wait_for("evicted", lambda: not [p for p in kube.list(Pod, namespace=namespace)
+                                         if p.metadata and not p.metadata.deletionTimestamp])  # fmt: skip
+        clear_fault(kube, node)
+        wait_for("recovered", lambda: our_taint(kube, node) is None)
+        assert "403" not in controller.log() and "Forbidden" not in controller.log()
+    finally:
+        controller.stop()
+
+    assert forbidden(lambda: list(as_controller.list(Secret, namespace=system)))
+    assert forbidden(lambda: list(as_controller.list(Secret, namespace="kube-system")))
+    assert forbidden(lambda: as_controller.delete(Node, node))
+    assert forbidden(lambda: as_controller.delete(Pod, "job-0", namespace=namespace))
+    assert forbidden(lambda: as_controller.create(Namespace(metadata=ObjectMeta(name=unique("x")))))
+
+
+def test_the_agent_may_patch_only_the_node_its_token_is_bound_to(
+    kube: Client,
+    control_plane: ControlPlane,
+    tmp_path: Path,
+    fake_gpu_nodes: FakeNodes,
+    release: tuple[str, str, list[dict[str, Any]]],
+) -> None:
+    name, system, _ = release
+    own, other, probe = fake_gpu_nodes(3)
+    _, as_agent = as_token(
+        control_plane, tmp_path, token_for(kube, system, f"{name}-agent", bound_node=own), "agent"
+    )
+    patch = {
+        "metadata": {"annotations": {"gpuheal.io/status": "faulty", "gpuheal.io/fault-id": "x"}}
+    }
+
+    def patch_status(target: str) -> None:
+        as_agent.patch(Node.Status, target, patch, patch_type=PatchType.STRATEGIC)
+
+    # A new policy takes effect within moments: probe a third node until it does.
+    wait_for("the policy", lambda: forbidden(lambda: patch_status(probe)), timeout_s=30)
+    assert forbidden(lambda: patch_status(other))
+    patch_status(own)
+    assert kube.get(Node, own).metadata.annotations["gpuheal.io/fault-id"] == "x"  # type: ignore[union-attr,index]
+    assert "gpuheal.io/fault-id" not in (kube.get(Node, other).metadata.annotations or {})  # type: ignore[union-attr]
+    assert forbidden(lambda: as_agent.patch(Node, own, {"spec": {"taints": []}}))  # never taints
+    assert forbidden(lambda: list(as_agent.list(Pod, namespace="default")))
