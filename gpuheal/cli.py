@@ -80,12 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser(
         "demo",
-        help="run a local control plane with fake GPU nodes and a GPU workload",
+        help="the whole product on a local cluster: fake GPU nodes, agents, controller, faults",
         description=(
             "Start a real local Kubernetes control plane (etcd, kube-apiserver, "
-            "kube-scheduler, kube-controller-manager, kwok), register fake 8-GPU "
-            "nodes, schedule a GPU Deployment and print the cluster's GPU state. "
-            "Needs the binaries from `make testenv`."
+            "kube-scheduler, kube-controller-manager, kwok) with fake 8-GPU nodes, a GPU "
+            "Deployment, the controller and one agent per node; inject an Xid 79, an ECC "
+            "error, a P1 temperature warning and an alert storm; show each node's state "
+            "change live, a node's recovery, and a summary. Needs `make testenv`."
         ),
     )
     demo.add_argument("--nodes", type=int, default=20, help="fake GPU nodes (default 20)")

@@ -109,6 +109,10 @@ class AgentProcess:
 
     def start(self, timeout_s: float = 30) -> AgentProcess:
         self.component.start()
+        return self.start_wait(timeout_s)
+
+    def start_wait(self, timeout_s: float = 30) -> AgentProcess:
+        """Wait until a started agent serves /metrics (start many, then wait for each)."""
         self.component.wait_ready(self._ready, time.monotonic() + timeout_s)
         return self
 

@@ -1,19 +1,26 @@
-"""`gpuheal demo`: the whole self-healing chain on a local control plane.
+"""`gpuheal demo`: the whole product on a local control plane, unattended.
 
-Starts the real control plane with fake 8-GPU nodes (kwok), runs a GPU
-Deployment through the real scheduler, starts `gpuheal controller` and a
-`gpuheal agent` on the busiest node (fake NVML, a kernel-log file), logs an
-Xid 79 in that node's kernel log, and shows detection, quarantine, eviction,
-rescheduling, duplicate suppression, and recovery after the node reboots.
+The real control plane with fake 8-GPU nodes (kwok), a GPU training
+Deployment, `gpuheal controller`, and one `gpuheal agent` process per node
+(fake NVML, a kernel-log file). Then scripted faults — an Xid 79 in one node's
+kernel log, an uncorrectable ECC error on another, a P1 temperature warning
+that escalates, an alert storm through the webhook — and a recovery. A live
+view prints each node's state change as it happens; a summary closes it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
+import json
+import re
 import sys
+import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TextIO
 
 from lightkube import Client
@@ -24,26 +31,29 @@ from gpuheal.sim.controller import ControllerProcess, GPUFault, install_crds
 from gpuheal.sim.controlplane import ControlPlane, ControlPlaneConfig
 from gpuheal.sim.gpustate import read_gpu_state, render
 from gpuheal.sim.nodes import create_gpu_nodes, wait_nodes_ready
-from gpuheal.sim.workloads import (
-    apply,
-    create_namespace,
-    gpu_deployment,
-    wait_pods_running,
-)
+from gpuheal.sim.process import stop_all
+from gpuheal.sim.workloads import apply, create_namespace, gpu_deployment, wait_pods_running
 
 DEMO_NAMESPACE = "ml-training"
 DEMO_DEPLOYMENT = "llm-finetune"
-# GPU index 2 of the fake node sits at PCI 0000:1a:00 (gpuheal.sim.agent.gpu_spec).
-XID_LINE = "NVRM: Xid (PCI:0000:1a:00): 79, pid=<unknown>, GPU has fallen off the bus."
-AGENT_CONFIG: dict[str, Any] = {"intervalSeconds": 0.5, "immediateP0Xid": True}
 TAINT_KEY = "gpuheal.io/gpu-fault"
+# GPU index 2 of a fake node sits at PCI 0000:1a:00 (gpuheal.sim.agent.gpu_spec).
+XID_LINE = "NVRM: Xid (PCI:0000:1a:00): 79, pid=<unknown>, GPU has fallen off the bus."
+API_TOKEN = "demo-token"  # noqa: S105 -- a throw-away token on loopback
 
 # Production defaults, with windows short enough to watch.
 CONTROLLER_CONFIG: dict[str, Any] = {
     "recoveryWindowSeconds": 3,
     "cooldownSeconds": 30,
+    "p1EscalationSeconds": 5,
+    "breakerMaxNodes": 10,
+    "breakerMaxPercent": 50,
+    # The demo's alert storm comes from one client; production keeps the default limit.
+    "apiClientRatePerSecond": 1000,
+    "apiClientBurst": 1000,
     "leaderElection": {"leaseSeconds": 6, "renewDeadlineSeconds": 4, "retryPeriodSeconds": 1},
 }
+AGENT_CONFIG: dict[str, Any] = {"intervalSeconds": 1, "failRounds": 2, "immediateP0Xid": True}
 
 
 @dataclass(frozen=True)
@@ -52,19 +62,68 @@ class DemoOptions:
     replicas: int = 32
     gpus_per_pod: int = 2
     keep: bool = False
-    timeout_s: float = 120
+    timeout_s: float = 180
 
 
-def _wait(what: str, check: Callable[[], bool], timeout_s: float) -> float:
+@dataclass
+class Fault:
+    label: str
+    node: str
+    injected: float
+    quarantined: float | None = None
+    pods_moved: int = 0
+
+
+@dataclass
+class LiveView:
+    """Prints every node's state change as it happens (polled between steps)."""
+
+    client: Client
+    say: Callable[[str], None]
+    started: float = field(default_factory=time.monotonic)
+    states: dict[str, str] = field(default_factory=dict)
+
+    def stamp(self) -> str:
+        return f"[{time.monotonic() - self.started:6.1f}s]"
+
+    def poll(self) -> None:
+        for node in self.client.list(Node, labels={"nvidia.com/gpu.present": "true"}):
+            if node.metadata is None or node.metadata.name is None:
+                continue
+            state = _state(node)
+            before = self.states.get(node.metadata.name)
+            if before is not None and before != state:
+                self.say(f"{self.stamp()} {node.metadata.name}: {before} -> {state}")
+            self.states[node.metadata.name] = state
+
+
+def _state(node: Node) -> str:
+    annotations = (node.metadata.annotations if node.metadata else None) or {}
+    taints = (node.spec.taints if node.spec else None) or []
+    reason = annotations.get("gpuheal.io/fault-reason", "")
+    if any(t.key == TAINT_KEY for t in taints):
+        return f"quarantined ({reason})" if reason else "quarantined, fault cleared: recovering"
+    if annotations.get("gpuheal.io/status") == "faulty":
+        return f"reported ({reason})"
+    return "healthy"
+
+
+def _wait(
+    what: str, check: Callable[[], bool], timeout_s: float, view: LiveView | None = None
+) -> float:
     started = time.monotonic()
     while not check():
+        if view is not None:
+            view.poll()
         if time.monotonic() - started > timeout_s:
             raise TimeoutError(f"demo: timed out after {timeout_s:g}s waiting for {what}")
-        time.sleep(0.05)
+        time.sleep(0.1)
+    if view is not None:
+        view.poll()
     return time.monotonic() - started
 
 
-def _taint_value(client: Client, node: str) -> str | None:
+def _taint(client: Client, node: str) -> str | None:
     spec = client.get(Node, node).spec
     return (
         next((t.value for t in (spec.taints or []) if t.key == TAINT_KEY), None) if spec else None
@@ -79,8 +138,23 @@ def _app_pods(client: Client) -> list[Pod]:
     ]
 
 
-def _on(pods: list[Pod], node: str) -> int:
-    return sum(1 for p in pods if p.spec and p.spec.nodeName == node)
+def _on(pods: list[Pod], nodes: set[str]) -> int:
+    return sum(1 for p in pods if p.spec and p.spec.nodeName in nodes)
+
+
+def _post(controller: ControllerProcess, path: str, body: dict[str, Any]) -> None:
+    request = urllib.request.Request(  # noqa: S310 -- loopback
+        controller.url + path, data=json.dumps(body).encode(), method="POST"
+    )
+    request.add_header("Authorization", f"Bearer {API_TOKEN}")
+    request.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
+        response.read()
+
+
+def _metric_sum(metrics: str, name: str, where: str = "") -> float:
+    pattern = re.compile(rf"^{name}\{{[^}}]*{re.escape(where)}[^}}]*\}} (\S+)$", re.MULTILINE)
+    return sum(float(v) for v in pattern.findall(metrics))
 
 
 def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
@@ -88,24 +162,25 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
         print(text, file=out, flush=True)
 
     timeout = options.timeout_s
-    with ControlPlane(ControlPlaneConfig(start_timeout_s=timeout)) as cp:
+    with (
+        ControlPlane(ControlPlaneConfig(start_timeout_s=timeout)) as cp,
+        tempfile.TemporaryDirectory(prefix="gpuheal-demo-") as tmp,
+    ):
         say(f"control plane up in {cp.started_in_s:.1f}s at {cp.server}")
         client = cp.client()
         names = [f"gpu-node-{i:03d}" for i in range(options.nodes)]
-        t0 = time.monotonic()
         create_gpu_nodes(client, names)
         wait_nodes_ready(client, names, timeout_s=timeout)
-        say(f"{len(names)} fake GPU nodes Ready in {time.monotonic() - t0:.1f}s")
-
         create_namespace(client, DEMO_NAMESPACE)
-        deployment = gpu_deployment(
-            DEMO_DEPLOYMENT,
-            DEMO_NAMESPACE,
-            replicas=options.replicas,
-            gpus_per_pod=options.gpus_per_pod,
+        apply(
+            client,
+            gpu_deployment(
+                DEMO_DEPLOYMENT,
+                DEMO_NAMESPACE,
+                replicas=options.replicas,
+                gpus_per_pod=options.gpus_per_pod,
+            ),
         )
-        apply(client, deployment)
-        t0 = time.monotonic()
         wait_pods_running(
             client,
             DEMO_NAMESPACE,
@@ -114,127 +189,162 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
             timeout_s=timeout,
         )
         say(
-            f"Deployment {DEMO_NAMESPACE}/{DEMO_DEPLOYMENT}: {options.replicas} pods x "
-            f"{options.gpus_per_pod} GPU scheduled and Running in {time.monotonic() - t0:.1f}s\n"
+            f"{len(names)} fake GPU nodes Ready; Deployment {DEMO_NAMESPACE}/{DEMO_DEPLOYMENT}: "
+            f"{options.replicas} pods x {options.gpus_per_pod} GPU Running\n"
         )
         say(render(read_gpu_state(client)))
 
         install_crds(client)
         create_namespace(client, "gpuheal-system")
-        controller = ControllerProcess(
-            cp.workdir, cp.kubeconfig, CONTROLLER_CONFIG, identity="gpuheal-demo"
-        ).start(timeout_s=timeout)
+        token = Path(tmp) / "api-token"
+        token.write_text(API_TOKEN)
+        config = {**CONTROLLER_CONFIG, "apiTokenFile": str(token)}
+        controller = ControllerProcess(cp.workdir, cp.kubeconfig, config, identity="gpuheal-demo")
+        agents = {n: AgentProcess(cp.workdir, cp.kubeconfig, n, AGENT_CONFIG) for n in names}
         try:
-            _self_heal(client, cp, options, say)
+            controller.start(timeout_s=timeout).wait_leading(timeout)
+            t0 = time.monotonic()
+            for agent in agents.values():
+                agent.component.start()
+            for agent in agents.values():
+                agent.start_wait(timeout)
+            say(
+                f"\ngpuheal controller leads; {len(agents)} agents (fake NVML, 8 GPUs each) "
+                f"started in {time.monotonic() - t0:.1f}s\n"
+            )
+            faults = _scenario(
+                client, controller, agents, options, say=say, kubeconfig=cp.kubeconfig
+            )
+            _summary(client, controller, faults, say)
             if options.keep:
                 say(
-                    f"\nThe cluster and the controller keep running "
-                    f"(controller log: {controller.component.log_path}). Try:\n"
+                    f"\nThe cluster, the controller and the agents keep running. Try:\n"
                     f"  export KUBECONFIG={cp.kubeconfig}\n"
                     f"  {cp.config.binaries.kubectl} get gpufaults\n"
-                    f"  {cp.config.binaries.kubectl} annotate node gpu-node-001 "
-                    "gpuheal.io/status=faulty gpuheal.io/fault-id=manual-001\n"
                     "Press Ctrl-C to stop."
                 )
                 with contextlib.suppress(KeyboardInterrupt):
                     while True:
                         time.sleep(3600)
         finally:
+            stop_all([a.component for a in agents.values()], 10)
             controller.stop()
     say("control plane stopped")
     return 0
 
 
-def _fault_id(client: Client, node: str) -> str | None:
-    meta = client.get(Node, node).metadata
-    return (meta.annotations or {}).get("gpuheal.io/fault-id") if meta else None
-
-
-def _self_heal(
-    client: Client, cp: ControlPlane, options: DemoOptions, say: Callable[[str], None]
-) -> None:
+def _scenario(
+    client: Client,
+    controller: ControllerProcess,
+    agents: dict[str, AgentProcess],
+    options: DemoOptions,
+    *,
+    say: Callable[[str], None],
+    kubeconfig: Path,
+) -> list[Fault]:
     timeout = options.timeout_s
+    view = LiveView(client, say)
+    view.poll()
     pods = _app_pods(client)
-    victim = max(sorted({p.spec.nodeName for p in pods if p.spec and p.spec.nodeName}),
-                 key=lambda n: _on(pods, n))  # fmt: skip
-    victims_pods = _on(pods, victim)
-    agent = AgentProcess(cp.workdir, cp.kubeconfig, victim, AGENT_CONFIG).start(timeout_s=timeout)
-    try:
-        _wait("the agent's first report", lambda: _condition(client, victim) == "True", timeout)
-        gpu = agent.spec["devices"][2]
-        say(
-            f"\n== gpuheal agent on {victim} ({victims_pods} GPU pods) probes 8 GPUs (fake NVML) "
-            f"and its kernel log\n   the kernel logs: {XID_LINE}"
+    busiest = sorted(agents, key=lambda n: (-_on(pods, {n}), n))
+    xid_node, ecc_node, hot_node, alert_node = busiest[:4]
+    faults: list[Fault] = []
+
+    def quarantined(fault: Fault) -> None:
+        before = _on(_app_pods(client), {fault.node})
+        _wait(
+            f"{fault.node} quarantined",
+            lambda: _taint(client, fault.node) is not None,
+            timeout,
+            view,
         )
-        t0 = time.monotonic()
-        agent.kernel(XID_LINE)
-        _wait("the agent's report", lambda: _fault_id(client, victim) is not None, timeout)
-        fault_id = _fault_id(client, victim)
-        say(
-            f"   agent: GPUHealthy=False XidCritical79 on {gpu['uuid']}, fault {fault_id} "
-            f"({(time.monotonic() - t0) * 1000:.0f} ms)"
-        )
-        _wait("the taint", lambda: _taint_value(client, victim) == fault_id, timeout)
-        say(
-            f"   controller: quarantined (taint {TAINT_KEY}=<fault id>:NoSchedule) "
-            f"{(time.monotonic() - t0) * 1000:.0f} ms after the kernel line"
-        )
-        _wait("the GPU pods to leave", lambda: _on(_app_pods(client), victim) == 0, timeout)
-        say(f"   {victims_pods} GPU pods evicted through the Eviction API after "
-            f"{time.monotonic() - t0:.2f}s")  # fmt: skip
-        _rescheduled(client, victim, options, t0, say)
+        fault.quarantined = time.monotonic() - fault.injected
+        fault.pods_moved = before
 
-        say("\n== The same Xid logged 30 more times (the driver and the alerts repeat)")
-        for _ in range(30):
-            agent.kernel(XID_LINE)
-        time.sleep(2)
-        records = list(client.list(GPUFault, labels={"gpuheal.io/node": victim}))
-        say(f"   fault id still {_fault_id(client, victim)}; GPUFault records for {victim}: "
-            f"{len(records)} (handled exactly once)")  # fmt: skip
-        for record in records:
-            status: Any = record.status or {}
-            name = record.metadata.name if record.metadata else ""
-            say(f"   {name}: phase {status.get('phase')}, "
-                f"evicted {len(status.get('evictedPods') or [])} pods")  # fmt: skip
-        say("")
-        say(render(read_gpu_state(client)))
+    say(f"{view.stamp()} Xid 79 in the kernel log of {xid_node}: {XID_LINE}")
+    faults.append(Fault("Xid 79 (kernel log -> agent)", xid_node, time.monotonic()))
+    agents[xid_node].kernel(XID_LINE)
+    quarantined(faults[-1])
 
-        say(f"\n== {victim} is rebooted (new boot id, fresh kernel log); the agent sees healthy "
-            f"GPUs and the controller waits {CONTROLLER_CONFIG['recoveryWindowSeconds']}s "
-            "of continuous health")  # fmt: skip
-        agent.stop()
-        agent.reboot()
-        agent = AgentProcess(cp.workdir, cp.kubeconfig, victim, AGENT_CONFIG).start(
-            timeout_s=timeout
-        )
-        t0 = time.monotonic()
-        _wait("the agent to clear the fault", lambda: _fault_id(client, victim) is None, timeout)
-        say(f"   agent: GPUHealthy=True, fault cleared after {time.monotonic() - t0:.1f}s")
-        _wait("recovery", lambda: _taint_value(client, victim) is None, timeout)
-        say(f"   controller: {victim} returned to the pool {time.monotonic() - t0:.1f}s "
-            "after the reboot")  # fmt: skip
-    finally:
-        agent.stop()
+    say(f"{view.stamp()} uncorrectable ECC errors on GPU 5 of {ecc_node} (NVML)")
+    faults.append(Fault("uncorrectable ECC (NVML -> agent)", ecc_node, time.monotonic()))
+    agents[ecc_node].set_device(5, eccUncorrectedVolatile=4)
+    quarantined(faults[-1])
 
+    say(
+        f"{view.stamp()} P1 temperature warning on {hot_node} (API); escalates after "
+        f"{CONTROLLER_CONFIG['p1EscalationSeconds']}s if it persists"
+    )
+    faults.append(Fault("P1 temperature warning, escalated (API)", hot_node, time.monotonic()))
+    _post(
+        controller,
+        "/api/v1/process",
+        {"node": hot_node, "severity": "P1", "reason": "ThermalWarning", "faultID": "demo-thermal"},
+    )
+    quarantined(faults[-1])
 
-def _condition(client: Client, node: str) -> str:
-    status = client.get(Node, node).status
-    conditions = (status.conditions if status else None) or []
-    return next((c.status for c in conditions if c.type == "GPUHealthy"), "")
+    storm = 300
+    say(f"{view.stamp()} alert storm: the same Alertmanager alert for {alert_node}, {storm} times")
+    faults.append(Fault(f"Alertmanager alert x{storm} (webhook)", alert_node, time.monotonic()))
+    alert = {
+        "status": "firing",
+        "labels": {"alertname": "GPUXidError", "Hostname": alert_node, "severity": "critical"},
+        "startsAt": dt.datetime.now(dt.UTC).isoformat(),
+        "fingerprint": "d3m0a1e7f1ngerpr",
+    }
+    for _ in range(storm):
+        _post(controller, "/api/v1/alerts", {"version": "4", "status": "firing", "alerts": [alert]})
+    quarantined(faults[-1])
 
+    bad = {f.node for f in faults}
 
-def _rescheduled(
-    client: Client, victim: str, options: DemoOptions, t0: float, say: Callable[[str], None]
-) -> None:
-    def done() -> bool:
+    def rescheduled() -> bool:
         now = _app_pods(client)
         running = [p for p in now if p.status and p.status.phase == "Running"]
-        return len(running) >= options.replicas and _on(now, victim) == 0
+        return len(running) >= options.replicas and _on(now, bad) == 0
 
-    try:
-        _wait("rescheduling", done, options.timeout_s)
-        say(f"   all {options.replicas} replicas Running again, none on {victim}, "
-            f"{time.monotonic() - t0:.2f}s after the fault")  # fmt: skip
-    except TimeoutError:
-        pending = sum(1 for p in _app_pods(client) if p.status and p.status.phase == "Pending")
-        say(f"   {pending} replicas Pending: the healthy nodes have too few free GPUs")
+    with contextlib.suppress(TimeoutError):
+        took = _wait("rescheduling", rescheduled, 60, view)
+        say(
+            f"{view.stamp()} all {options.replicas} replicas Running again on healthy nodes "
+            f"({took:.1f}s after the last fault)"
+        )
+
+    say(
+        f"{view.stamp()} {xid_node} is rebooted (new boot id, fresh kernel log); its agent restarts"
+    )
+    agent = agents[xid_node]
+    stop_all([agent.component], 10)
+    agent.reboot()
+    agents[xid_node] = AgentProcess(agent.dir.parent, kubeconfig, xid_node, AGENT_CONFIG)
+    agents[xid_node].start(timeout)
+    _wait(f"{xid_node} returned", lambda: _taint(client, xid_node) is None, timeout, view)
+    return faults
+
+
+def _summary(
+    client: Client, controller: ControllerProcess, faults: list[Fault], say: Callable[[str], None]
+) -> None:
+    say("\n== Summary")
+    width = max(len(f.label) for f in faults)
+    columns = "time to quarantine  GPU pods moved  GPUFault records"
+    say(f"{'fault'.ljust(width)}  {'node'.ljust(12)}  {columns}")
+    for fault in faults:
+        records = len(list(client.list(GPUFault, labels={"gpuheal.io/node": fault.node})))
+        took = f"{fault.quarantined * 1000:.0f} ms" if fault.quarantined is not None else "-"
+        say(
+            f"{fault.label.ljust(width)}  {fault.node.ljust(12)}  {took.rjust(18)}  "
+            f"{str(fault.pods_moved).rjust(14)}  {str(records).rjust(16)}"
+        )
+    metrics = controller.metrics()
+    duplicates = _metric_sum(metrics, "gpuheal_duplicates_suppressed_total") + _metric_sum(
+        metrics, "gpuheal_alerts_total", 'result="duplicate"'
+    )
+    evicted = _metric_sum(metrics, "gpuheal_pods_evicted_total", 'result="evicted"')
+    recoveries = _metric_sum(metrics, "gpuheal_remediations_total", 'action="RemoveTaint"')
+    say(
+        f"{len(faults)} faults, each handled exactly once; {evicted:.0f} GPU pods evicted; "
+        f"{duplicates:.0f} duplicate signals suppressed; {recoveries:.0f} node(s) recovered"
+    )
+    say("")
+    say(render(read_gpu_state(client)))
