@@ -112,65 +112,37 @@ class NvmlProbe:
 
     def _ecc(self, handle: Any, uuid: str) -> list[Finding]:
         lib, found = self.lib, []
-        try:
-            uncorrected = lib.nvmlDeviceGetTotalEccErrors(
-                handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC
+
+        def fault(reason: str, severity: Severity, what: str) -> None:
+            found.append(Finding(reason, severity, f"GPU {uuid}: {what}", (uuid,)))
+
+        uncorrected = _supported(
+            lib.nvmlDeviceGetTotalEccErrors,
+            handle,
+            pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+            pynvml.NVML_VOLATILE_ECC,
+        )
+        if uncorrected:
+            fault(
+                "EccUncorrectable", Severity.P0, f"{uncorrected} uncorrectable volatile ECC errors"
             )
-            if uncorrected > 0:
-                found.append(
-                    Finding(
-                        "EccUncorrectable",
-                        Severity.P0,
-                        f"GPU {uuid}: {uncorrected} uncorrectable volatile ECC errors",
-                        (uuid,),
-                    )
-                )
-        except pynvml.NVMLError as err:
-            if _code(err) not in _SKIP:
-                raise
-        try:
-            _corr, _unc, pending, failure = lib.nvmlDeviceGetRemappedRows(handle)
+        rows = _supported(lib.nvmlDeviceGetRemappedRows, handle)
+        if rows is not None:
+            _corr, _unc, pending, failure = rows
             if failure:
-                found.append(
-                    Finding(
-                        "RowRemapFailure", Severity.P0, f"GPU {uuid}: row remapping failed", (uuid,)
-                    )
-                )
+                fault("RowRemapFailure", Severity.P0, "row remapping failed")
             elif pending:
-                found.append(
-                    Finding(
-                        "RowRemapPending",
-                        Severity.P1,
-                        f"GPU {uuid}: row remapping pending a reset",
-                        (uuid,),
-                    )
-                )
-        except pynvml.NVMLError as err:
-            if _code(err) not in _SKIP:
-                raise
+                fault("RowRemapPending", Severity.P1, "row remapping pending a reset")
+        elif _supported(lib.nvmlDeviceGetRetiredPagesPendingStatus, handle):
             # Pre-Ampere: page retirement instead of row remapping.
-            try:
-                if lib.nvmlDeviceGetRetiredPagesPendingStatus(handle):
-                    found.append(
-                        Finding(
-                            "RetiredPagesPending",
-                            Severity.P1,
-                            f"GPU {uuid}: retired pages pending a reset",
-                            (uuid,),
-                        )
-                    )
-            except pynvml.NVMLError as inner:
-                if _code(inner) not in _SKIP:
-                    raise
+            fault("RetiredPagesPending", Severity.P1, "retired pages pending a reset")
         return found
 
     def _temperature(self, handle: Any, uuid: str, warnings: list[str]) -> list[Finding]:
-        try:
-            celsius = int(self.lib.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU))
-        except pynvml.NVMLError as err:
-            if _code(err) not in _SKIP:
-                raise
+        reading = _supported(self.lib.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU)
+        if reading is None:
             return []
+        celsius = int(reading)
         if celsius >= self.thresholds.temperature_critical_c:
             return [Finding("Thermal", Severity.P1, f"GPU {uuid}: {celsius} C (critical)", (uuid,))]
         if celsius >= self.thresholds.temperature_warning_c:
@@ -194,14 +166,12 @@ class NvmlProbe:
         return []
 
     def _recovery_action(self, handle: Any, uuid: str) -> list[Finding]:
-        try:
-            (value,) = self.lib.nvmlDeviceGetFieldValues(
-                handle, [pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION]
-            )
-        except pynvml.NVMLError as err:
-            if _code(err) not in _SKIP:
-                raise
+        values = _supported(
+            self.lib.nvmlDeviceGetFieldValues, handle, [pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION]
+        )
+        if values is None:
             return []
+        (value,) = values
         if getattr(value, "nvmlReturn", 0) != pynvml.NVML_SUCCESS:
             return []  # the driver does not have the field
         row = RECOVERY_ACTIONS.get(int(value.value.uiVal))
@@ -210,6 +180,17 @@ class NvmlProbe:
         return [
             Finding(row.reason, row.severity, f"GPU {uuid}: driver says {row.description}", (uuid,))
         ]
+
+
+def _supported(call: Callable[..., Any], *args: Any) -> Any:
+    """call(*args), or None when the GPU or driver does not support the query.
+    Any other NVML error propagates (GPU lost, unknown errors are findings)."""
+    try:
+        return call(*args)
+    except pynvml.NVMLError as err:
+        if _code(err) not in _SKIP:
+            raise
+        return None
 
 
 def _text(value: Any) -> str:

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 from lightkube import ApiError, Client
-from lightkube.resources.core_v1 import Event, Node
+from lightkube.resources.core_v1 import Event, Node, Pod
 
-from gpuheal.model import FAULT_ID, FAULT_REASON, FAULT_TIME, STATUS
+from gpuheal.model import FAULT_ID, FAULT_REASON, FAULT_TIME, HANDLED_FAULT_ID, STATUS
 from gpuheal.sim import ControlPlane
 from gpuheal.sim.controller import ControllerProcess, GPUFault, install_crds
 from gpuheal.sim.workloads import create_namespace
@@ -116,3 +116,18 @@ def events_for(kube: Client, name: str, reason: str) -> list[Event]:
 
 def faults_of(kube: Client, node: str) -> list[Any]:
     return list(kube.list(GPUFault, labels={"gpuheal.io/node": node}))
+
+
+def handled_fault(kube: Client, node: str) -> str | None:
+    """The node's gpuheal.io/handled-fault-id annotation."""
+    meta = kube.get(Node, node).metadata
+    return (meta.annotations or {}).get(HANDLED_FAULT_ID) if meta else None
+
+
+def pods_on(kube: Client, namespace: str, node: str) -> set[str]:
+    """Names of the live (not terminating) pods of a namespace on a node."""
+    return {
+        str(p.metadata.name)
+        for p in kube.list(Pod, namespace=namespace)
+        if p.spec and p.spec.nodeName == node and p.metadata and not p.metadata.deletionTimestamp
+    }

@@ -8,11 +8,10 @@ from typing import Any
 
 import pytest
 from lightkube import ApiError, Client
-from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.core_v1 import Node
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
 
-from gpuheal.model import HANDLED_FAULT_ID
 from gpuheal.sim.controller import GPUFault
 from gpuheal.sim.workloads import (
     apply,
@@ -28,7 +27,9 @@ from tests.integration.conftest import (
     controller_config,
     events_for,
     faults_of,
+    handled_fault,
     our_taint,
+    pods_on,
     report_fault,
 )
 
@@ -39,19 +40,6 @@ def cpu_pod(name: str, namespace: str, node: str) -> dict[str, Any]:
     manifest = gpu_pod(name, namespace, node_name=node)
     manifest["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
     return manifest
-
-
-def pods_on(kube: Client, namespace: str, node: str) -> set[str]:
-    return {
-        str(p.metadata.name)
-        for p in kube.list(Pod, namespace=namespace)
-        if p.spec and p.spec.nodeName == node and p.metadata and not p.metadata.deletionTimestamp
-    }
-
-
-def handled_fault(kube: Client, node: str) -> str | None:
-    meta = kube.get(Node, node).metadata
-    return (meta.annotations or {}).get(HANDLED_FAULT_ID) if meta else None
 
 
 def phase(record: Any) -> str:
@@ -83,13 +71,7 @@ def test_fault_quarantines_node_and_evicts_only_its_gpu_pods(
         "GPU pods gone from the faulty node", lambda: pods_on(kube, namespace, bad) == {"logger"}
     )
     assert pods_on(kube, namespace, good) == {"elsewhere"}
-    wait_for(
-        "handled-fault-id",
-        lambda: (
-            (kube.get(Node, bad).metadata.annotations or {}).get(HANDLED_FAULT_ID)  # type: ignore[union-attr]
-            == "manual-001"
-        ),
-    )
+    wait_for("handled-fault-id", lambda: handled_fault(kube, bad) == "manual-001")
     (record,) = faults_of(kube, bad)
     assert record.spec["faultID"] == "manual-001"
     name = record.metadata.name

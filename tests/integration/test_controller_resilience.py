@@ -10,10 +10,9 @@ from typing import Any
 
 import pytest
 from lightkube import Client
-from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
-from gpuheal.model import HANDLED_FAULT_ID
 from gpuheal.sim.controller import ControllerProcess
 from gpuheal.sim.workloads import apply, gpu_pod, wait_pods_running
 from tests.helpers import FakeNodes, wait_for
@@ -22,24 +21,13 @@ from tests.integration.conftest import (
     controller_config,
     events_for,
     faults_of,
+    handled_fault,
     our_taint,
+    pods_on,
     report_fault,
 )
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def handled(kube: Client, node: str) -> str | None:
-    meta = kube.get(Node, node).metadata
-    return (meta.annotations or {}).get(HANDLED_FAULT_ID) if meta else None
-
-
-def gpu_pods_left(kube: Client, namespace: str, node: str) -> int:
-    return sum(
-        1
-        for p in kube.list(Pod, namespace=namespace)
-        if p.spec and p.spec.nodeName == node and p.metadata and not p.metadata.deletionTimestamp
-    )
 
 
 def assert_remediated_once(
@@ -51,7 +39,7 @@ def assert_remediated_once(
     records = faults_of(kube, node)
     assert [r.spec["faultID"] for r in records] == [fault_id]
     assert our_taint(kube, node) == fault_id
-    assert handled(kube, node) == fault_id
+    assert handled_fault(kube, node) == fault_id
     assert len(events_for(kube, node, "GPUFaultDetected")) <= 1
     assert len(events_for(kube, node, "GPUFaultQuarantined")) <= 1
     evicted = [e.message for e in events_for(kube, node, "GPUPodEvicted")]
@@ -81,8 +69,8 @@ def test_killed_at_any_step_the_restarted_controller_finishes_without_repeating(
     assert doomed.wait_exit(30) == -9, "the crashpoint was not reached"
 
     start_controller(config)
-    wait_for("handled", lambda: handled(kube, node) == "crash-fault", timeout_s=60)
-    wait_for("drained", lambda: gpu_pods_left(kube, namespace, node) == 0)
+    wait_for("handled", lambda: handled_fault(kube, node) == "crash-fault", timeout_s=60)
+    wait_for("drained", lambda: not pods_on(kube, namespace, node))
     time.sleep(1)
     assert_remediated_once(kube, node, "crash-fault", pods=3)
 
@@ -136,13 +124,13 @@ def test_only_the_leader_acts_and_a_killed_leader_is_replaced_within_the_lease(
     assert takeover < 4 + 0.5 + 2  # lease + retry period + scheduling slack
 
     def all_handled() -> bool:
-        return all(handled(kube, n) == f"storm-{n}" for n in nodes)
+        return all(handled_fault(kube, n) == f"storm-{n}" for n in nodes)
 
     wait_for("every fault handled", all_handled, timeout_s=60)
     time.sleep(1)
     for node in nodes:
         assert_remediated_once(kube, node, f"storm-{node}", pods=1, exact_events=False)
-        assert gpu_pods_left(kube, namespace, node) == 0  # nothing missed
+        assert not pods_on(kube, namespace, node)  # nothing missed
 
 
 def test_sigterm_releases_the_lease_for_a_fast_failover(
@@ -187,7 +175,7 @@ def test_a_concurrent_annotation_writer_loses_nothing_and_the_taint_sticks(
     try:
         time.sleep(0.5)
         report_fault(kube, node, "conflict-fault")
-        wait_for("handled", lambda: handled(kube, node) == "conflict-fault", timeout_s=30)
+        wait_for("handled", lambda: handled_fault(kube, node) == "conflict-fault", timeout_s=30)
         time.sleep(1)
     finally:
         stop.set()
