@@ -343,16 +343,22 @@ class Executor:
                 return "blocked"
             self.metrics.pods_evicted.labels("failed").inc()
             raise
-        self.caches.put_pod(replace(pod, deleting=True))
-        outcome.evicted.append(pod.key)
-        self.metrics.pods_evicted.labels("evicted").inc()
-        await self.recorder.emit(
-            node_ref(pod.node),
-            reason=EVICTED,
-            note=f"evicted GPU pod {pod.key} for fault {action.fault_id}",
-            action="Evict",
+        await self._pod_leaving(
+            pod, outcome, "evicted", f"evicted GPU pod {pod.key} for fault {action.fault_id}"
         )
         return "evicted"
+
+    async def _pod_leaving(
+        self, pod: PodView, outcome: Outcome, result: str, note: str, *, warning: bool = False
+    ) -> None:
+        """A pod we evicted or deleted: mark it leaving in the cache, record it, say so."""
+        self.caches.put_pod(replace(pod, deleting=True))
+        outcome.evicted.append(pod.key)
+        self.metrics.pods_evicted.labels(result).inc()
+        verb = "Evict" if result == "evicted" else "Delete"
+        await self.recorder.emit(
+            node_ref(pod.node), reason=EVICTED, note=note, action=verb, warning=warning
+        )
 
     async def _delete(self, action: DeletePod, outcome: Outcome) -> str:
         pod = action.pod
@@ -364,17 +370,12 @@ class Executor:
                 outcome.gone.append(pod.key)
                 return "gone"
             raise
-        self.caches.put_pod(replace(pod, deleting=True))
-        outcome.evicted.append(pod.key)
-        self.metrics.pods_evicted.labels("deleted").inc()
-        await self.recorder.emit(
-            node_ref(pod.node),
-            reason=EVICTED,
-            note=(
-                f"deleted GPU pod {pod.key} for fault {action.fault_id}: eviction stayed "
-                f"blocked for {self.config.eviction_delete_after_seconds:g}s"
-            ),
-            action="Delete",
+        await self._pod_leaving(
+            pod,
+            outcome,
+            "deleted",
+            f"deleted GPU pod {pod.key} for fault {action.fault_id}: eviction stayed "
+            f"blocked for {self.config.eviction_delete_after_seconds:g}s",
             warning=True,
         )
         return "deleted"
