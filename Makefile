@@ -9,7 +9,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint unit integration e2e testenv monitoring venv clean bench
+.PHONY: demo test lint unit integration e2e chaos testenv monitoring venv clean bench
 
 demo: $(STAMP) testenv
 	$(BIN)/gpuheal demo
@@ -32,6 +32,11 @@ integration: $(STAMP) testenv monitoring
 e2e: $(STAMP) testenv
 	$(BIN)/pytest -m e2e
 
+# Crashes, failovers and outages during fault storms (part of `make test` too).
+# GPUHEAL_CHAOS_ROUNDS / GPUHEAL_CHAOS_SEED steer the random-kill rounds.
+chaos: $(STAMP) testenv
+	$(BIN)/pytest -m chaos
+
 testenv:
 	testenv/build.sh
 
@@ -52,7 +57,16 @@ $(STAMP): pyproject.toml
 clean:
 	rm -rf $(VENV) .cache .mypy_cache .pytest_cache .ruff_cache
 
-bench: $(STAMP) testenv monitoring
+BENCH_STAMP := $(VENV)/.bench-installed
+
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	touch $@
+
+# Cluster-scale benchmarks; results in bench/results/, plots in docs/img/.
+bench: $(BENCH_STAMP) testenv monitoring
 	$(BIN)/python bench/controlplane_start.py --runs 5
 	$(BIN)/python bench/agent.py --seconds 20
 	$(BIN)/python bench/alerts.py --posts 10000
+	$(BIN)/python bench/quarantine.py --singles 200 --storms 50 200
+	$(BIN)/python bench/scale.py --nodes 1000 2500 5000

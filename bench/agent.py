@@ -14,12 +14,12 @@ Prints JSON on stdout and a summary on stderr.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from common import cpu_seconds, emit, rss_mib
 
 from gpuheal.agent.kmsg import parse_message, parse_record
 from gpuheal.sim import ControlPlane, ControlPlaneConfig
@@ -27,19 +27,6 @@ from gpuheal.sim.agent import AgentProcess
 from gpuheal.sim.nodes import create_gpu_nodes, wait_nodes_ready
 
 CORPUS = Path(__file__).resolve().parents[1] / "tests" / "unit" / "data" / "kmsg_corpus.txt"
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def agent_cost(seconds: float, interval: float) -> dict[str, float]:
@@ -102,13 +89,12 @@ def main() -> int:
         "agent": agent_cost(args.seconds, args.interval),
         "kmsg_parse": parse_throughput(args.lines),
     }
-    json.dump(result, sys.stdout, indent=2)
-    print(file=sys.stdout)
     a, k = result["agent"], result["kmsg_parse"]
-    print(
+    emit(
+        "agent",
+        result,
         f"agent (8 fake GPUs): RSS {a['rss_mib']} MiB, {a['cpu_ms_per_round']} ms CPU per round "
         f"({a['rounds']:.0f} rounds); kmsg parse: {k['lines_per_second']:,} lines/s",
-        file=sys.stderr,
     )
     return 0
 

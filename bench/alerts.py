@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from common import emit, percentiles_ms
 
 from gpuheal.sim import ControlPlane, ControlPlaneConfig
 from gpuheal.sim.controller import ControllerProcess, GPUFault, install_crds
@@ -49,11 +50,6 @@ def post(url: str, data: bytes) -> float:
         if response.status != 200:
             raise RuntimeError(f"HTTP {response.status}")
     return time.perf_counter() - started
-
-
-def percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
 
 
 def main() -> int:
@@ -119,24 +115,18 @@ def main() -> int:
         "clients": args.clients,
         "seconds": round(elapsed, 2),
         "posts_per_second": round(args.posts / elapsed),
-        "latency_ms": {
-            "p50": round(statistics.median(latencies) * 1000, 2),
-            "p90": round(percentile(latencies, 90) * 1000, 2),
-            "p99": round(percentile(latencies, 99) * 1000, 2),
-            "max": round(max(latencies) * 1000, 2),
-        },
+        "latency_ms": percentiles_ms(latencies),
         "gpufault_records": records,
         "taints": taints,
         "exactly_once": records == args.faults and taints == args.faults,
     }
-    json.dump(result, sys.stdout, indent=2)
-    print(file=sys.stdout)
     lat = result["latency_ms"]
-    print(
+    emit(
+        "alerts",
+        result,
         f"alert storm: {args.posts} posts in {result['seconds']}s "
         f"({result['posts_per_second']}/s), p50 {lat['p50']} ms, p99 {lat['p99']} ms; "
         f"{records} GPUFault records, {taints:.0f} taints for {args.faults} faults",
-        file=sys.stderr,
     )
     return 0 if result["exactly_once"] else 1
 

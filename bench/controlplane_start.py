@@ -11,13 +11,14 @@ size of the built binaries. Prints JSON on stdout and a summary on stderr.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
 import subprocess
 import sys
 import time
+
+from common import emit
 
 from gpuheal.sim import ControlPlane
 from gpuheal.sim.binaries import default_binaries
@@ -57,13 +58,12 @@ def main() -> int:
             "kwok": _version(str(binaries.kwok), "--version"),
         },
     }
-    json.dump(result, sys.stdout, indent=2)
-    print(file=sys.stdout)
-    print(
+    emit(
+        "controlplane_start",
+        result,
         f"control plane start: median {result['start_seconds_median']}s "
         f"(min {result['start_seconds_min']}s, max {result['start_seconds_max']}s, "
         f"{args.runs} runs); binaries {result['binary_bytes_total'] / 2**20:.0f} MiB",
-        file=sys.stderr,
     )
     return 0
 

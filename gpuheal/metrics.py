@@ -33,6 +33,12 @@ class ControllerMetrics:
             ["result"],
             registry=r,
         )
+        self.events = Counter(
+            "gpuheal_events_total",
+            "Kubernetes Events, by result (sent, failed, dropped: the queue was full).",
+            ["result"],
+            registry=r,
+        )
         self.quarantined_nodes = Gauge(
             "gpuheal_quarantined_nodes", "GPU nodes carrying the gpuheal taint.", registry=r
         )

@@ -104,10 +104,13 @@ class Controller:
             put_record=lambda v: self.records.upsert(v, v.resource_version),
             put_pod=lambda v: self.pods.upsert(v, v.resource_version),
         )
+        self.recorder = EventRecorder(
+            api, identity, counted=lambda result: self.metrics.events.labels(result).inc()
+        )
         self.executor = Executor(
             api,
             caches=caches,
-            recorder=EventRecorder(api, identity),
+            recorder=self.recorder,
             metrics=self.metrics,
             config=config,
             crashpoint=Crashpoint.from_env(),
@@ -301,6 +304,7 @@ class Controller:
             for task in [t for t in (watcher, dcgm) if t is not None]:
                 task.cancel()
             await self.notifier.stop()
+            await self.recorder.flush()
             await runner.cleanup()
 
     async def _wait_synced(self, stop: asyncio.Event) -> None:

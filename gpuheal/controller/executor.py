@@ -173,7 +173,7 @@ class Executor:
                 outcome.handled = True
                 return await self._mark_handled(action)
             case Emit():
-                await self._emit(action, state)
+                self._emit(action, state)
                 return "ok"
 
     # -- records -----------------------------------------------------------
@@ -332,7 +332,7 @@ class Executor:
                 self.metrics.pods_evicted.labels("blocked").inc()
                 if pod.key not in self._blocked_reported:  # one Event per blocked pod
                     self._blocked_reported.add(pod.key)
-                    await self.recorder.emit(
+                    self.recorder.emit(
                         node_ref(pod.node),
                         reason=EVICTION_BLOCKED,
                         note=f"eviction of {pod.key} for fault {action.fault_id} refused: "
@@ -343,12 +343,12 @@ class Executor:
                 return "blocked"
             self.metrics.pods_evicted.labels("failed").inc()
             raise
-        await self._pod_leaving(
+        self._pod_leaving(
             pod, outcome, "evicted", f"evicted GPU pod {pod.key} for fault {action.fault_id}"
         )
         return "evicted"
 
-    async def _pod_leaving(
+    def _pod_leaving(
         self, pod: PodView, outcome: Outcome, result: str, note: str, *, warning: bool = False
     ) -> None:
         """A pod we evicted or deleted: mark it leaving in the cache, record it, say so."""
@@ -356,7 +356,7 @@ class Executor:
         outcome.evicted.append(pod.key)
         self.metrics.pods_evicted.labels(result).inc()
         verb = "Evict" if result == "evicted" else "Delete"
-        await self.recorder.emit(
+        self.recorder.emit(
             node_ref(pod.node), reason=EVICTED, note=note, action=verb, warning=warning
         )
 
@@ -370,7 +370,7 @@ class Executor:
                 outcome.gone.append(pod.key)
                 return "gone"
             raise
-        await self._pod_leaving(
+        self._pod_leaving(
             pod,
             outcome,
             "deleted",
@@ -382,12 +382,12 @@ class Executor:
 
     # -- audit ---------------------------------------------------------------
 
-    async def _emit(self, action: Emit, state: NodeState) -> None:
+    def _emit(self, action: Emit, state: NodeState) -> None:
         record = self.caches.record(action.record)
         node = node_ref(action.node)
         fault = fault_ref(action.record)
         verb = action.reason.removeprefix("GPUFault").removeprefix("GPUPod")
-        await self.recorder.emit(
+        self.recorder.emit(
             node,
             reason=action.reason,
             note=action.note,
@@ -396,7 +396,7 @@ class Executor:
             related=fault,
         )
         if record is not None:
-            await self.recorder.emit(
+            self.recorder.emit(
                 fault,
                 reason=action.reason,
                 note=action.note,

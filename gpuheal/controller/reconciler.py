@@ -27,7 +27,9 @@ from gpuheal.policy.dedupe import TtlSet
 from gpuheal.policy.plan import (
     Action,
     AddTaint,
+    DeletePod,
     Emit,
+    Evict,
     NodeState,
     Plan,
     current_signal,
@@ -90,6 +92,14 @@ class Fleet:
                 self.held.discard(new.name)
         elif old is not None:
             self.held.discard(old.name)
+
+
+def _taint_at(decided: Plan) -> int:
+    """Where the plan's AddTaint is (its length if there is none)."""
+    return next(
+        (i for i, a in enumerate(decided.actions) if isinstance(a, AddTaint)),
+        len(decided.actions),
+    )
 
 
 def _meaningful_change(old: NodeView | None, new: NodeView | None) -> bool:
@@ -215,40 +225,62 @@ class Reconciler:
             return None
         decided, _ = decision
         if decided.new_quarantine:
-            return await self._quarantine(name, now)
+            return await self._quarantine(decision, now)
         if not decided.actions:
             return decided.requeue_after
         return await self._execute(decision, now)
 
-    async def _quarantine(self, name: str, now: dt.datetime) -> float | None:
+    async def _quarantine(self, decision: tuple[Plan, NodeState], now: dt.datetime) -> float | None:
         """Breaker check and taint are one atomic step across workers.
 
-        Under the lock the plan is made again from the caches, which hold every
-        taint placed so far (write-through), so concurrent faults can never
-        quarantine more nodes than the breaker allows. Only the steps up to the
-        taint run under the lock; evictions run after it.
+        The record comes first, outside the lock: it is the fault's own exactly-once
+        lock and uses none of the breaker's budget, so workers create records side
+        by side. Under the lock the plan is made again from the caches, which hold
+        every taint placed so far (write-through), so concurrent faults can never
+        quarantine more nodes than the breaker allows; only the taint itself is
+        written there (a full breaker turns the new record Held instead).
+        Evictions run after the lock.
         """
+        decided, state = decision
+        name = state.node.name
+        first = decided.actions[: _taint_at(decided)]
+        try:
+            await self.executor.run(decided, state, first)
+        except Replan as why:
+            log.info("replanning", extra={"node": name, "why": str(why)})
+            return 0.0
         async with self._breaker_lock:
             node = self.nodes.get(name)
-            decision = self._decide(node, now) if node else None
-            if decision is None:
+            again = self._decide(node, now) if node else None
+            if again is None:
                 return None
-            decided, state = decision
+            decided, state = again
+            cut, outcome = 0, None
             if decided.new_quarantine:
                 self.bucket, wait = self.bucket.take(time.monotonic())
                 if wait > 0:
                     log.info("rate limited", extra={"node": name, "wait_s": round(wait, 3)})
                     return wait
-            cut = next(
-                (i + 1 for i, a in enumerate(decided.actions) if isinstance(a, AddTaint)),
-                len(decided.actions),
-            )
-            try:
-                outcome = await self.executor.run(decided, state, decided.actions[:cut])
-            except Replan as why:
-                log.info("replanning", extra={"node": name, "why": str(why)})
-                return 0.0
-        return await self._execute(decision, now, decided.actions[cut:], outcome)
+                cut = _taint_at(decided) + 1
+                try:
+                    outcome = await self.executor.run(decided, state, decided.actions[:cut])
+                except Replan as why:
+                    log.info("replanning", extra={"node": name, "why": str(why)})
+                    return 0.0
+        rest = decided.actions[cut:]
+        if outcome is None:
+            # Not a new quarantine any more (the breaker filled: Held): an ordinary plan.
+            return await self._execute(again, now, rest, done=first)
+        # Fence first, drain after: the taint's record update and Event now, the
+        # evictions on the node's next turn in the queue, so that in a storm every
+        # faulty node is tainted before any worker spends its time evicting.
+        drain_at = next(
+            (i for i, a in enumerate(rest) if isinstance(a, Evict | DeletePod)), len(rest)
+        )
+        requeue = await self._execute(
+            again, now, rest[:drain_at], outcome, done=first + decided.actions[:cut]
+        )
+        return 0.0 if drain_at < len(rest) else requeue
 
     def _decide(self, node: NodeView, now: dt.datetime) -> tuple[Plan, NodeState] | None:
         """The plan for a managed node, or None when the node needs nothing."""
@@ -289,15 +321,20 @@ class Reconciler:
         now: dt.datetime,
         actions: tuple[Action, ...] | None = None,
         outcome: Outcome | None = None,
+        *,
+        done: tuple[Action, ...] = (),
     ) -> float | None:
+        """Run the plan's `actions` (default all); `done`: what the caller already ran
+        of this remediation step, for the notification."""
         decided, state = decision
         name = state.node.name
+        actions = decided.actions if actions is None else actions
         try:
             outcome = await self.executor.run(decided, state, actions, outcome)
         except Replan as why:
             log.info("replanning", extra={"node": name, "why": str(why)})
             return 0.0
-        self._after(name, decided, outcome, now)
+        self._after(name, decided, done + actions, outcome, now)
         if outcome.blocked:
             return self.queue.add_rate_limited(name)
         self.queue.forget(name)
@@ -323,7 +360,14 @@ class Reconciler:
             self.bucket, rate=config.rate_limit_per_second, burst=config.rate_limit_burst
         )
 
-    def _after(self, name: str, decided: Plan, outcome: Outcome, now: dt.datetime) -> None:
+    def _after(
+        self,
+        name: str,
+        decided: Plan,
+        ran: tuple[Action, ...],
+        outcome: Outcome,
+        now: dt.datetime,
+    ) -> None:
         blocked = self.blocked_since[name]
         for key in outcome.blocked:
             blocked.setdefault(key, now)
@@ -333,9 +377,7 @@ class Reconciler:
             self.blocked_since.pop(name, None)
         if outcome.handled:
             self.memory.add(f"{name}/{decided.fault_id}", time.monotonic())
-        steps = tuple(
-            dict.fromkeys(type(a).__name__ for a in decided.actions if not isinstance(a, Emit))
-        )
+        steps = tuple(dict.fromkeys(type(a).__name__ for a in ran if not isinstance(a, Emit)))
         if steps:
             self.notify(Notice(name, decided.fault_id, steps, tuple(outcome.evicted)))
         if outcome.untainted:

@@ -1,14 +1,19 @@
 """Kubernetes Events (events.k8s.io/v1) for the audit trail.
 
 Events are best effort: a failure is logged and counted, never allowed to
-stop or repeat a remediation step.
+stop or repeat a remediation step. They are sent behind a queue by a few sender
+tasks, off the remediation path: a storm's thousands of Events must not stand
+between a fault and its taint (eventTime keeps their order readable).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime as dt
 import logging
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpuheal.kube.api import GPUFAULT_GROUP, GPUFAULT_VERSION, KubeApi
@@ -42,12 +47,23 @@ def fault_ref(name: str, uid: str = "") -> ObjectRef:
 
 
 class EventRecorder:
-    def __init__(self, api: KubeApi, instance: str) -> None:
+    def __init__(
+        self,
+        api: KubeApi,
+        instance: str,
+        *,
+        counted: Callable[[str], None] = lambda _: None,
+        senders: int = 4,
+        capacity: int = 10_000,
+    ) -> None:
         self.api = api
         self.instance = instance
-        self.failures = 0
+        self.counted = counted  # told "sent", "failed" or "dropped" per Event
+        self.senders = senders
+        self._queue: asyncio.Queue[dict[str, object]] = asyncio.Queue(capacity)
+        self._tasks: list[asyncio.Task[None]] = []
 
-    async def emit(
+    def emit(
         self,
         regarding: ObjectRef,
         *,
@@ -57,8 +73,9 @@ class EventRecorder:
         warning: bool = False,
         related: ObjectRef | None = None,
     ) -> None:
+        """Queue one Event; returns at once. Needs a running event loop."""
         now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        body = {
+        body: dict[str, object] = {
             "apiVersion": "events.k8s.io/v1",
             "kind": "Event",
             # Named like client-go's: <object>.<unique suffix>.
@@ -77,10 +94,35 @@ class EventRecorder:
         }
         if related is not None:
             body["related"] = related.json()
+        if not self._tasks:
+            self._tasks = [asyncio.create_task(self._send()) for _ in range(self.senders)]
         try:
-            await self.api.create(
-                f"/apis/events.k8s.io/v1/namespaces/{EVENT_NAMESPACE}/events", body
-            )
-        except Exception as err:
-            self.failures += 1
-            log.warning("event not recorded", extra={"reason": reason, "error": str(err)})
+            self._queue.put_nowait(body)
+        except asyncio.QueueFull:
+            self.counted("dropped")
+            log.warning("event dropped: queue full", extra={"reason": reason})
+
+    async def _send(self) -> None:
+        path = f"/apis/events.k8s.io/v1/namespaces/{EVENT_NAMESPACE}/events"
+        while True:
+            body = await self._queue.get()
+            try:
+                await self.api.create(path, body)
+                self.counted("sent")
+            except Exception as err:
+                self.counted("failed")
+                log.warning(
+                    "event not recorded", extra={"reason": body["reason"], "error": str(err)}
+                )
+            finally:
+                self._queue.task_done()
+
+    async def flush(self, timeout_s: float = 5.0) -> None:
+        """Send what is queued (up to `timeout_s`), then stop the senders."""
+        if self._tasks:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._queue.join(), timeout_s)
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

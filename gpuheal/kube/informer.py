@@ -74,6 +74,9 @@ def newer_or_equal(candidate: str, current: str) -> bool:
         return True
 
 
+TOMBSTONES_KEPT = 10_000
+
+
 class Informer(Generic[J, V]):
     def __init__(
         self,
@@ -110,6 +113,9 @@ class Informer(Generic[J, V]):
         )
         self.store: dict[str, V] = {}
         self._versions: dict[str, str] = {}
+        # key -> resourceVersion of its deletion, so a late write-through of an object
+        # the watch already deleted cannot bring it back (bounded, oldest dropped).
+        self._tombstones: dict[str, str] = {}
         self._handlers: list[Handler] = []
         self.synced = asyncio.Event()
         self.resource_version = ""
@@ -132,6 +138,9 @@ class Informer(Generic[J, V]):
         current = self._versions.get(key)
         if current is not None and not newer_or_equal(resource_version, current):
             return
+        deleted = self._tombstones.get(key)
+        if deleted is not None and newer_or_equal(deleted, resource_version):
+            return  # e.g. an evicted pod whose deletion the watch delivered first
         self._apply(key, view, resource_version)
 
     def _apply(self, key: str, view: V | None, resource_version: str) -> None:
@@ -139,9 +148,13 @@ class Informer(Generic[J, V]):
         if view is None:
             self.store.pop(key, None)
             self._versions.pop(key, None)
+            self._tombstones[key] = resource_version
+            if len(self._tombstones) > TOMBSTONES_KEPT:
+                del self._tombstones[next(iter(self._tombstones))]
         else:
             self.store[key] = view
             self._versions[key] = resource_version
+            self._tombstones.pop(key, None)
         for handler in self._handlers:
             try:
                 handler(old, view)
@@ -181,7 +194,7 @@ class Informer(Generic[J, V]):
                 break
             params["continue"] = meta.next_page
         for key in [k for k in self.store if k not in seen]:
-            self._apply(key, None, "")
+            self._apply(key, None, self.resource_version)
         for key, (view, rv) in seen.items():
             if self._versions.get(key) != rv:
                 self._apply(key, view, rv)
@@ -217,7 +230,8 @@ class Informer(Generic[J, V]):
                 current = self._versions.get(key)
                 if event.type == "DELETED":
                     self._apply(key, None, rv)
-                elif current is None or newer_or_equal(rv, current):
+                elif current != rv and (current is None or newer_or_equal(rv, current)):
+                    # Equal: the echo of our own write, already applied by upsert().
                     self._apply(key, view, rv)
                 self.resource_version = rv
         except httpx2.ReadTimeout:

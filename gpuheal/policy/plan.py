@@ -401,15 +401,19 @@ def _drain_step(fault: _Fault, config: Config, now: dt.datetime) -> tuple[list[A
     actions: list[Action] = []
     if gpu_pods:
         actions += [_evict_or_delete(p, signal.fault_id, state, config, now) for p in to_evict]
-        detail = f"{len(to_evict)} to evict, {len(gpu_pods) - len(to_evict)} terminating"
-        actions.append(
-            UpdateRecord(
-                record.name,
-                Phase.DRAINING,
-                _entry(now, "evict", detail=detail),
-                record_evictions=True,
+        # Only news goes into the record: pods terminating for their grace period
+        # (seconds to minutes) must not rewrite it on every reconcile, or each write's
+        # own watch event would start the next one.
+        if to_evict or record.phase is not Phase.DRAINING:
+            detail = f"{len(to_evict)} to evict, {len(gpu_pods) - len(to_evict)} terminating"
+            actions.append(
+                UpdateRecord(
+                    record.name,
+                    Phase.DRAINING,
+                    _entry(now, "evict", detail=detail),
+                    record_evictions=True,
+                )
             )
-        )
         return actions, True
     # Drained: only now mark the fault handled, then its record.
     if not fault.handled:

@@ -11,6 +11,7 @@ processes are the upstream binaries built by testenv/build.sh.
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 import shutil
@@ -80,6 +81,9 @@ class ControlPlaneConfig:
     )
     # Extra command-line flags per component name, appended last so they win.
     extra_args: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    # Users whose requests the apiserver writes to its audit log (JSON lines, Metadata
+    # level): who did what to which object, from the server's side. Empty: no log.
+    audit_users: Sequence[str] = ()
     start_timeout_s: float = 90.0
     stop_grace_s: float = 10.0
     workdir: Path | None = None
@@ -143,6 +147,27 @@ class ControlPlane:
 
     def log_path(self, component: str) -> Path:
         return self.workdir / f"{component}.log"
+
+    @property
+    def audit_log(self) -> Path:
+        """The apiserver's audit log (see ControlPlaneConfig.audit_users)."""
+        return self.workdir / "audit.jsonl"
+
+    def stop_apiserver(self) -> None:
+        """An API outage: kube-apiserver stops; etcd and everything else keep running."""
+        stop_all([self.components[KUBE_APISERVER]], self.config.stop_grace_s)
+
+    def start_apiserver(self) -> None:
+        """Start it again on the same port and flags: etcd kept the data, so clients
+        see the end of an outage, not a new cluster."""
+        apiserver = self.components[KUBE_APISERVER]
+        apiserver.start()
+        apiserver.wait_ready(self._apiserver_ready, time.monotonic() + self.config.start_timeout_s)
+
+    def restart_apiserver(self, down_s: float = 0.0) -> None:
+        self.stop_apiserver()
+        time.sleep(down_s)
+        self.start_apiserver()
 
     def start(self) -> Self:
         started = time.monotonic()
@@ -262,14 +287,40 @@ class ControlPlane:
                 "--endpoint-reconciler-type=none",
                 "--allow-privileged=true",
                 "--profiling=false",
+                *self._audit_flags(),
                 *self._feature_gates(),
             ],
         )
-        token = self.tokens[ADMIN]
-        ctx = ssl.create_default_context(cafile=str(pki.ca.cert))
-        apiserver.wait_ready(
-            lambda: http_ok(f"{self.server}/readyz", ssl_context=ctx, token=token), deadline
+        apiserver.wait_ready(self._apiserver_ready, deadline)
+
+    def _apiserver_ready(self) -> bool:
+        ctx = ssl.create_default_context(cafile=str(self._require_pki().ca.cert))
+        return http_ok(f"{self.server}/readyz", ssl_context=ctx, token=self.tokens[ADMIN])
+
+    def _audit_flags(self) -> list[str]:
+        if not self.config.audit_users:
+            return []
+        policy = self.workdir / "audit-policy.yaml"
+        # JSON is YAML: no serializer needed for a two-rule policy.
+        policy.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "audit.k8s.io/v1",
+                    "kind": "Policy",
+                    "omitStages": ["RequestReceived"],
+                    "rules": [
+                        {"level": "Metadata", "users": list(self.config.audit_users)},
+                        {"level": "None"},
+                    ],
+                }
+            )
         )
+        return [
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={self.audit_log}",
+            "--audit-log-format=json",
+            "--audit-log-mode=blocking",
+        ]
 
     def _launch_kube_component(self, name: str) -> tuple[Component, Callable[[], bool]]:
         pki = self._require_pki()

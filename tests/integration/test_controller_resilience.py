@@ -33,9 +33,9 @@ pytestmark = pytest.mark.timeout(300)
 def assert_remediated_once(
     kube: Client, node: str, fault_id: str, pods: int, *, exact_events: bool = True
 ) -> None:
-    """One record, our taint, handled, and no pod evicted twice. A SIGKILL between an
-    eviction and its Event loses the Event (Events are at most once), so after a
-    random kill only "no duplicates" holds for them."""
+    """One record, our taint, handled, and no pod evicted twice. Events are sent
+    from a queue, at most once: a SIGKILL right after an eviction loses the Events
+    still queued, so after such a kill only "no duplicates" holds for them."""
     records = faults_of(kube, node)
     assert [r.spec["faultID"] for r in records] == [fault_id]
     assert our_taint(kube, node) == fault_id
@@ -72,7 +72,9 @@ def test_killed_at_any_step_the_restarted_controller_finishes_without_repeating(
     wait_for("handled", lambda: handled_fault(kube, node) == "crash-fault", timeout_s=60)
     wait_for("drained", lambda: not pods_on(kube, namespace, node))
     time.sleep(1)
-    assert_remediated_once(kube, node, "crash-fault", pods=3)
+    assert_remediated_once(
+        kube, node, "crash-fault", pods=3, exact_events=not crash_after.startswith("Evict")
+    )
 
 
 def leader_of(replicas: list[ControllerProcess]) -> list[ControllerProcess]:

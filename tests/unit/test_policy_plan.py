@@ -127,6 +127,17 @@ def test_new_fault_in_full_mode_records_taints_then_evicts_gpu_pods_only() -> No
     assert p.requeue_after == CONFIG.eviction_retry_base_seconds  # "leaving" still terminating
 
 
+def test_pods_still_terminating_cost_no_write_only_a_requeue() -> None:
+    # Found by bench/quarantine.py: rewriting the record on every reconcile while pods
+    # sat out their grace period made each status write's own watch event trigger the
+    # next write (255 status PATCHes for one node).
+    pods = (replace(gpu_pod("a"), deleting=True), replace(gpu_pod("b"), deleting=True))
+    state = NodeState(tainted(faulty()), pods=pods, records=(record(Phase.DRAINING),), gpu_nodes=10)
+    p = plan(state, CONFIG, NOW)
+    assert p.actions == ()
+    assert p.requeue_after == CONFIG.eviction_retry_base_seconds
+
+
 def test_drained_node_is_marked_handled_before_its_record_says_drained() -> None:
     state = NodeState(tainted(faulty()), records=(record(Phase.DRAINING),), gpu_nodes=10)
     p = plan(state, CONFIG, NOW)

@@ -1,0 +1,349 @@
+"""Benchmark: time to quarantine, storm throughput and API cost per remediation.
+
+A local control plane with fake GPU nodes (8 one-GPU pods each) and a real
+`gpuheal controller`. This script is the separate watcher: one watch on the
+pool's Nodes and one on the pods, timestamps taken as events arrive.
+
+- single faults: the fault annotation PATCH is sent at T0; T1 is when the watch
+  shows our taint; also T0 → every GPU pod of the node evicted (deletionTimestamp
+  set). Faults are spaced to stay inside the default rate limit (2/s); the
+  breaker is raised so that the 200 faults stay quarantined side by side.
+- the floor, interleaved with the single faults on the same nodes: a bare label
+  PATCH → the same watch sees it. Our latency is reported as a ratio to it.
+- storms: 50 and 200 fault annotations sent at once (rate limits and breaker
+  lifted); per-fault latency, and throughput = nodes tainted per second from the
+  first PATCH to the last taint. A storm-sized floor (50 / 200 label PATCHes at
+  once) runs first.
+- API cost: one more fault on one node, every request the controller's user
+  made until the node is handled and drained, then for its recovery, from the
+  apiserver's audit log.
+
+    .venv/bin/python bench/quarantine.py --singles 200 --storms 50 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from common import build_fleet, emit, percentiles_ms, profiler, pyplot, stop_profiler
+
+from gpuheal.kube.api import KubeApi, node_path
+from gpuheal.model import FAULT_ID, FAULT_REASON, FAULT_TIME, HANDLED_FAULT_ID, STATUS, TAINT_KEY
+from gpuheal.sim import ControlPlane, ControlPlaneConfig, audit
+from gpuheal.sim.controller import ControllerProcess, install_crds
+from gpuheal.sim.workloads import create_namespace
+
+USER = "gpuheal-controller"
+POOL = {"bench/pool": "quarantine"}
+FLOOR_LABEL = "bench/floor"
+PODS_PER_NODE = 8
+
+
+class Watcher:
+    """Arrival times of what the benchmark waits for, from its own watches."""
+
+    def __init__(self, api: KubeApi) -> None:
+        self.api = api
+        self.tainted: dict[str, float] = {}
+        self.handled: dict[str, float] = {}
+        self.untainted: dict[str, float] = {}
+        self.floor: dict[tuple[str, str], float] = {}
+        self.evicted: dict[str, set[str]] = defaultdict(set)
+        self.drained: dict[str, float] = {}
+        self.changed = asyncio.Condition()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        selector = ",".join(f"{k}={v}" for k, v in POOL.items())
+        for path, selection, handle in (
+            (node_path(), {"labelSelector": selector}, self._node),
+            ("/api/v1/namespaces/work/pods", {}, self._pod),
+        ):
+            page = json.loads(await self.api.get(path, {**selection, "limit": "1"}))
+            params = {
+                **selection,
+                "resourceVersion": page["metadata"]["resourceVersion"],
+                "allowWatchBookmarks": "true",
+            }
+            self._tasks.append(asyncio.create_task(self._watch(path, params, handle)))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _watch(self, path: str, params: dict[str, str], handle: Callable[..., None]) -> None:
+        async for line in self.api.watch(path, {**params, "timeoutSeconds": "3600"}, 3600):
+            event = json.loads(line)
+            now = time.perf_counter()
+            if event["type"] in {"ADDED", "MODIFIED", "DELETED"}:
+                handle(event["type"], event["object"], now)
+                async with self.changed:
+                    self.changed.notify_all()
+
+    def _node(self, kind: str, node: dict[str, Any], now: float) -> None:
+        name = node["metadata"]["name"]
+        taints = node.get("spec", {}).get("taints") or []
+        if any(t["key"] == TAINT_KEY for t in taints):
+            self.tainted.setdefault(name, now)
+        elif name in self.tainted:
+            self.untainted.setdefault(name, now)
+        annotations = node["metadata"].get("annotations") or {}
+        if annotations.get(HANDLED_FAULT_ID):
+            self.handled.setdefault(name, now)
+        mark = (node["metadata"].get("labels") or {}).get(FLOOR_LABEL)
+        if mark:
+            self.floor.setdefault((name, mark), now)
+
+    def _pod(self, kind: str, pod: dict[str, Any], now: float) -> None:
+        meta = pod["metadata"]
+        node = (meta.get("labels") or {}).get("bench/node")
+        if node and (kind == "DELETED" or meta.get("deletionTimestamp")):
+            self.evicted[node].add(meta["name"])
+            if len(self.evicted[node]) == PODS_PER_NODE:
+                self.drained.setdefault(node, now)
+
+    async def until(self, what: str, done: Callable[[], bool], timeout_s: float = 120) -> None:
+        async with self.changed:
+            await asyncio.wait_for(self.changed.wait_for(done), timeout_s)
+
+
+async def report_fault(api: KubeApi, node: str, fault_id: str) -> float:
+    """Write what the agent writes; returns T0 (just before the PATCH is sent)."""
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    body = {
+        "metadata": {
+            "annotations": {
+                STATUS: "faulty",
+                FAULT_ID: fault_id,
+                FAULT_TIME: now,
+                FAULT_REASON: "XidCritical79",
+            }
+        }
+    }
+    started = time.perf_counter()
+    await api.patch(node_path(node), body)
+    return started
+
+
+async def clear_fault(api: KubeApi, node: str) -> float:
+    body = {"metadata": {"annotations": {STATUS: None, FAULT_ID: None, FAULT_REASON: None}}}
+    started = time.perf_counter()
+    await api.patch(node_path(node), body)
+    return started
+
+
+async def mark_floor(api: KubeApi, node: str, mark: str) -> float:
+    started = time.perf_counter()
+    await api.patch(node_path(node), {"metadata": {"labels": {FLOOR_LABEL: mark}}})
+    return started
+
+
+async def singles(
+    api: KubeApi, watcher: Watcher, nodes: list[str], spacing_s: float
+) -> dict[str, Any]:
+    floor, taint, drain = [], [], []
+    for i, node in enumerate(nodes):
+        t0 = await mark_floor(api, node, f"single-{i}")
+        await watcher.until("floor", lambda n=node, m=f"single-{i}": (n, m) in watcher.floor)
+        floor.append(watcher.floor[(node, f"single-{i}")] - t0)
+        t0 = await report_fault(api, node, f"single-{i}")
+        await watcher.until("drained", lambda n=node: n in watcher.drained)
+        taint.append(watcher.tainted[node] - t0)
+        drain.append(watcher.drained[node] - t0)
+        await asyncio.sleep(spacing_s)
+    return {"floor": floor, "taint": taint, "evicted": drain}
+
+
+async def storm(api: KubeApi, watcher: Watcher, nodes: list[str], tag: str) -> dict[str, Any]:
+    sent = await asyncio.gather(*(mark_floor(api, n, tag) for n in nodes))
+    await watcher.until("floor", lambda: all((n, tag) in watcher.floor for n in nodes))
+    floor = [watcher.floor[(n, tag)] - t0 for n, t0 in zip(nodes, sent, strict=True)]
+    sent = await asyncio.gather(*(report_fault(api, n, f"{tag}-{n}") for n in nodes))
+    await watcher.until("drained", lambda: all(n in watcher.drained for n in nodes), 600)
+    # Let the storm finish (every node handled) before the next phase measures anything.
+    await watcher.until("handled", lambda: all(n in watcher.handled for n in nodes), 600)
+    taint = [watcher.tainted[n] - t0 for n, t0 in zip(nodes, sent, strict=True)]
+    drain = [watcher.drained[n] - t0 for n, t0 in zip(nodes, sent, strict=True)]
+    span = max(watcher.tainted[n] for n in nodes) - min(sent)
+    return {
+        "floor": floor,
+        "taint": taint,
+        "evicted": drain,
+        "nodes_per_second": len(nodes) / span,
+    }
+
+
+async def api_cost(cp: ControlPlane, api: KubeApi, watcher: Watcher, node: str) -> dict[str, Any]:
+    await asyncio.sleep(3)  # quiet: the storms' last status writes are done
+    start = audit.offset(cp.audit_log)
+    await report_fault(api, node, "cost")
+    await watcher.until("handled", lambda: node in watcher.handled and node in watcher.drained)
+    await asyncio.sleep(2)  # the last status write lands after the handled mark
+    middle = audit.offset(cp.audit_log)
+    await clear_fault(api, node)
+    await watcher.until("untainted", lambda: node in watcher.untainted)
+    await asyncio.sleep(2)
+    return {
+        "remediation": audit.by_verb_and_resource(
+            audit.requests(cp.audit_log, user=USER, since=start)
+        ),
+        "recovery": audit.by_verb_and_resource(
+            audit.requests(cp.audit_log, user=USER, since=middle)
+        ),
+    }
+
+
+def start_controller(
+    cp: ControlPlane, workdir: Path, name: str, **config: Any
+) -> ControllerProcess:
+    settings = {
+        "nodeSelector": POOL,
+        "breakerMaxNodes": 100_000,
+        "breakerMaxPercent": 100,
+        "recoveryWindowSeconds": 1,
+        **config,
+    }
+    controller = ControllerProcess(workdir, cp.kubeconfig_for(USER), settings, identity=name)
+    return controller.start().wait_leading()
+
+
+async def run(
+    cp: ControlPlane, workdir: Path, nodes: list[str], args: argparse.Namespace
+) -> dict[str, Any]:
+    api = KubeApi.from_kubeconfig(cp.kubeconfig)
+    watcher = Watcher(api)
+    await watcher.start()
+    results: dict[str, Any] = {}
+    try:
+        used = args.singles
+        if args.singles:
+            controller = start_controller(cp, workdir, "defaults")
+            results["single"] = await singles(api, watcher, nodes[:used], args.spacing)
+            controller.stop()
+        # Storms: every safety throttle lifted, so what is measured is the machinery.
+        controller = start_controller(
+            cp,
+            workdir,
+            "lifted",
+            rateLimitPerSecond=100_000,
+            rateLimitBurst=100_000,
+            workers=args.workers,
+        )
+        spy = profiler(controller.component.pid or 0, "profile-storms") if args.profile else None
+        for size in args.storms:
+            results[f"storm-{size}"] = await storm(
+                api, watcher, nodes[used : used + size], f"storm{size}"
+            )
+            used += size
+        if spy is not None:
+            stop_profiler(spy)
+        results["api_cost"] = await api_cost(cp, api, watcher, nodes[used])
+        controller.stop()
+    except BaseException:
+        print(f"--- controller log (tail) ---\n{controller.log()[-3000:]}", file=sys.stderr)
+        raise
+    finally:
+        await watcher.stop()
+        await api.close()
+    return results
+
+
+def summarise(raw: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, series in raw.items():
+        if name == "api_cost":
+            out[name] = series
+            continue
+        floor = percentiles_ms(series["floor"])
+        taint = percentiles_ms(series["taint"])
+        out[name] = {
+            "floor_ms": floor,
+            "time_to_taint_ms": taint,
+            "time_to_all_evicted_ms": percentiles_ms(series["evicted"]),
+            "ratio_to_floor": {
+                p: round(taint[p] / floor[p], 2) if floor[p] else None
+                for p in ("p50", "p90", "p99")
+            },
+        }
+        if "nodes_per_second" in series:
+            out[name]["nodes_tainted_per_second"] = round(series["nodes_per_second"], 1)
+    return out
+
+
+def plot(raw: dict[str, Any]) -> list[str]:
+    plt = pyplot()
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for name, series in raw.items():
+        if name == "api_cost":
+            continue
+        for key, style in (("taint", "-"), ("floor", ":")):
+            values = sorted(v * 1000 for v in series[key])
+            fractions = [(i + 1) / len(values) for i in range(len(values))]
+            label = f"{name} {'fault → taint' if key == 'taint' else 'floor (PATCH → watch)'}"
+            axis.step(values, fractions, style, where="post", label=label)
+    axis.set_xscale("log")
+    axis.set_xlabel("milliseconds (log scale)")
+    axis.set_ylabel("fraction of faults")
+    axis.set_title("Time to quarantine, seen by a separate watcher")
+    axis.grid(alpha=0.3, which="both")
+    axis.legend(fontsize=7)
+    figure.tight_layout()
+    path = "docs/img/quarantine-cdf.png"
+    figure.savefig(path, dpi=110)
+    return [path]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--singles", type=int, default=200)
+    parser.add_argument("--storms", type=int, nargs="*", default=[50, 200])
+    parser.add_argument("--spacing", type=float, default=0.6, help="seconds between singles")
+    parser.add_argument("--workers", type=int, default=4, help="controller workers in storms")
+    parser.add_argument(
+        "--profile", action="store_true", help="py-spy flame graph of the storms' controller"
+    )
+    args = parser.parse_args()
+    config = ControlPlaneConfig(scheduler=False, controller_manager=False, audit_users=[USER])
+    with ControlPlane(config) as cp, tempfile.TemporaryDirectory() as tmp:
+        client = cp.client()
+        install_crds(client)
+        audit.grant_cluster_admin(client, USER)
+        create_namespace(client, "gpuheal-system")
+        create_namespace(client, "work")
+        total = args.singles + sum(args.storms) + 1
+        nodes = build_fleet(cp, "q", total, pods_per_node=PODS_PER_NODE, labels=POOL)
+        raw = asyncio.run(run(cp, Path(tmp), nodes, args))
+    result = {"benchmark": "quarantine", **summarise(raw), "plots": plot(raw)}
+    lines = []
+    for name, entry in result.items():
+        if isinstance(entry, dict) and "time_to_taint_ms" in entry:
+            taint, floor = entry["time_to_taint_ms"], entry["floor_ms"]
+            line = (
+                f"{name}: fault → taint p50 {taint['p50']} / p99 {taint['p99']} ms "
+                f"(floor p50 {floor['p50']} / p99 {floor['p99']} ms, "
+                f"ratio p99 {entry['ratio_to_floor']['p99']}); all evicted p99 "
+                f"{entry['time_to_all_evicted_ms']['p99']} ms"
+            )
+            if "nodes_tainted_per_second" in entry:
+                line += f"; {entry['nodes_tainted_per_second']} nodes/s"
+            lines.append(line)
+    cost = result["api_cost"]
+    lines.append(f"API cost, one node with 8 GPU pods: remediation {cost['remediation']}")
+    lines.append(f"  recovery {cost['recovery']}")
+    emit("quarantine", result, "\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""A fault storm on a pool of fake GPU nodes, the controllers that remediate it,
+and the exactly-once checks, for the chaos tests."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+from lightkube import Client
+from lightkube.resources.core_v1 import Node, Pod
+
+from gpuheal.model import (
+    FAULT_ID,
+    FAULT_REASON,
+    FAULT_TIME,
+    HANDLED_FAULT_ID,
+    STATUS,
+    TAINT_KEY,
+    Phase,
+)
+from gpuheal.sim import ControlPlane, audit
+from gpuheal.sim.controller import ControllerProcess, GPUFault
+from gpuheal.sim.nodes import create_gpu_nodes, wait_nodes_ready
+from gpuheal.sim.workloads import apply, create_namespace, gpu_pod
+from tests.chaos.conftest import CONTROLLER_USER
+from tests.helpers import unique, wait_for
+
+
+class Replicas:
+    """Controller replicas managing one pool, as the controller's own user."""
+
+    def __init__(self, cp: ControlPlane, workdir: Path, pool: dict[str, str]) -> None:
+        self.cp = cp
+        self.workdir = workdir
+        self.pool = pool
+        self.started: list[ControllerProcess] = []
+        # Fast test settings, every throttle lifted; one lease for all replicas.
+        self.config: dict[str, Any] = {
+            "nodeSelector": self.pool,
+            "recoveryWindowSeconds": 1,
+            "cooldownSeconds": 0,
+            "rateLimitPerSecond": 10_000,
+            "rateLimitBurst": 10_000,
+            "breakerMaxNodes": 10_000,
+            "breakerMaxPercent": 100,
+            "evictionRetryBaseSeconds": 0.2,
+            "evictionRetryMaxSeconds": 1,
+            "leaderElection": {
+                "name": f"gpuheal-{unique('lease')}",
+                "leaseSeconds": 2,
+                "renewDeadlineSeconds": 1.5,
+                "retryPeriodSeconds": 0.25,
+            },
+        }
+
+    def start(self) -> ControllerProcess:
+        """A new replica (a new identity, as a restarted pod would have)."""
+        replica = ControllerProcess(
+            self.workdir, self.cp.kubeconfig_for(CONTROLLER_USER), self.config,
+            identity=unique("ctl"),
+        )  # fmt: skip
+        self.started.append(replica)
+        return replica.start(timeout_s=60)
+
+    def live(self) -> list[ControllerProcess]:
+        return [r for r in self.started if r.component.exit_code() is None]
+
+    def leader(self) -> ControllerProcess | None:
+        return next((r for r in self.live() if r.leading()), None)
+
+    def stop(self) -> None:
+        for replica in self.live():
+            replica.stop()
+        for replica in self.started:
+            print(f"--- {replica.identity} log (tail) ---\n{replica.log()[-2000:]}")
+
+
+class Storm:
+    def __init__(
+        self, cp: ControlPlane, kube: Client, workdir: Path, *, nodes: int, pods_per_node: int
+    ) -> None:
+        self.cp = cp
+        self.kube = kube
+        self.pool = {"gpuheal.chaos/pool": unique("pool")}
+        self.namespace = unique("chaos")
+        self.pods_per_node = pods_per_node
+        prefix = unique("cgpu")
+        self.nodes = create_gpu_nodes(
+            kube, [f"{prefix}-{i:03d}" for i in range(nodes)], labels=self.pool
+        )
+        wait_nodes_ready(kube, self.nodes)
+        create_namespace(kube, self.namespace)
+        self.controllers = Replicas(cp, workdir, self.pool)
+
+    # -- a round ---------------------------------------------------------------
+
+    def add_pods(self, tag: str) -> set[tuple[str, str]]:
+        """GPU pods for this round, bound to every node; returns (namespace, name)s."""
+        made = set()
+        for node in self.nodes:
+            for j in range(self.pods_per_node):
+                name = f"{tag}-{node}-{j}"
+                apply(
+                    self.kube, gpu_pod(name, self.namespace, node_name=node, labels={"round": tag})
+                )
+                made.add((self.namespace, name))
+        return made
+
+    def fault_id(self, tag: str, node: str) -> str:
+        return f"{tag}-{node}"
+
+    def report(self, tag: str) -> None:
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        for node in self.nodes:
+            annotations = {
+                STATUS: "faulty",
+                FAULT_ID: self.fault_id(tag, node),
+                FAULT_TIME: now,
+                FAULT_REASON: "XidCritical79",
+            }
+            self.kube.patch(Node, node, {"metadata": {"annotations": annotations}})
+
+    def clear(self) -> None:
+        gone = {STATUS: None, FAULT_ID: None, FAULT_TIME: None, FAULT_REASON: None}
+        for node in self.nodes:
+            self.kube.patch(Node, node, {"metadata": {"annotations": gone}})
+
+    def _nodes(self) -> list[Any]:
+        return list(self.kube.list(Node, labels=dict(self.pool)))
+
+    def unhandled(self, tag: str) -> list[str]:
+        return [
+            n.metadata.name
+            for n in self._nodes()
+            if (n.metadata.annotations or {}).get(HANDLED_FAULT_ID)
+            != self.fault_id(tag, n.metadata.name)
+        ]
+
+    def pods_left(self, tag: str) -> int:
+        return len(list(self.kube.list(Pod, namespace=self.namespace, labels={"round": tag})))
+
+    def tainted(self) -> list[str]:
+        return [
+            n.metadata.name
+            for n in self._nodes()
+            if any(t.key == TAINT_KEY for t in (n.spec.taints or []))
+        ]
+
+    def wait_remediated(self, tag: str, timeout_s: float = 240) -> None:
+        wait_for(
+            f"every fault of {tag} handled",
+            lambda: not self.unhandled(tag),
+            timeout_s=timeout_s,
+        )
+        wait_for(f"the pods of {tag} gone", lambda: self.pods_left(tag) == 0, timeout_s=60)
+
+    def wait_recovered(self, timeout_s: float = 120) -> None:
+        wait_for("no taint left", lambda: not self.tainted(), timeout_s=timeout_s)
+
+    # -- the checks --------------------------------------------------------------
+
+    def assert_exactly_once(self, tag: str, pods: set[tuple[str, str]], since: int) -> None:
+        """Every pod of the round evicted exactly once (server side), every fault one
+        record; what is printed on failure names the culprits."""
+        evictions = audit.successful_evictions(
+            audit.requests(self.cp.audit_log, user=CONTROLLER_USER, since=since)
+        )
+        twice = {pod: n for pod, n in evictions.items() if n > 1}
+        assert not twice, f"evicted more than once: {twice}"
+        missed = pods - set(evictions)
+        assert not missed, f"{len(missed)} pods never evicted, e.g. {sorted(missed)[:5]}"
+        stray = set(evictions) - pods
+        assert not stray, f"evicted pods outside the round: {sorted(stray)[:5]}"
+        records: dict[str, list[str]] = {}
+        for record in self._records():
+            spec = record.spec or {}
+            if spec.get("node") in self.nodes and str(spec.get("faultID", "")).startswith(tag):
+                records.setdefault(spec["node"], []).append(spec["faultID"])
+        doubled = {n: ids for n, ids in records.items() if len(ids) != 1}
+        assert not doubled, f"nodes without exactly one record: {doubled}"
+        assert set(records) == set(self.nodes), "faults without a record"
+
+    def _records(self) -> list[Any]:
+        return list(self.kube.list(GPUFault))
+
+    def assert_records_resolved(self, tag: str) -> None:
+        open_ = [
+            r.metadata.name
+            for r in self._records()
+            if str((r.spec or {}).get("faultID", "")).startswith(tag)
+            and (r.status or {}).get("phase") != Phase.RESOLVED.value
+        ]
+        assert not open_, f"records still open after recovery: {open_[:5]}"
