@@ -401,7 +401,7 @@ def test_evictions_only_of_pods_holding_a_bad_device_within_the_limit(state: Dev
 def test_never_a_fault_from_a_lost_node_nor_from_unknown(state: DeviceState) -> None:
     decided = plan_devices(state, CFG, NOW)
     created = of(decided.actions, CreateDeviceRecord)
-    if not state.node.conditions[0].status == "True":
+    if state.node.conditions[0].status != "True":
         assert decided.actions == ()
     unhealthy = {
         e.report.device_id for e in state.entries if e.report.health is DeviceHealth.UNHEALTHY
