@@ -534,7 +534,10 @@ def _release_trigger(work: _Pass, record: FaultRecord, health: DeviceHealth | No
         else:
             work.requeue.at(remaining)
         return
-    if health is not DeviceHealth.HEALTHY and remaining > 0:
+    # After a failed canary only the (extended) expiry opens the way out again:
+    # a Healthy report alone would start the next canary at once.
+    healthy_counts = health is DeviceHealth.HEALTHY and _last(record, "canary-failed") is None
+    if not healthy_counts and remaining > 0:
         work.requeue.at(remaining)
         return
     why = "reported Healthy" if health is DeviceHealth.HEALTHY else "quarantine expired"

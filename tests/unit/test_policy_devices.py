@@ -314,6 +314,17 @@ def test_a_failed_or_timed_out_canary_extends_the_quarantine() -> None:
         assert update.expiry == iso(now + dt.timedelta(seconds=600))
         assert GATE_FAILED in {e.reason for e in of(decided.actions, Emit)}
         assert not of(decided.actions, MarkDevices)  # still quarantined on the node
+        # Healthy still, but the next canary waits for the extended expiry.
+        failed = replace(
+            record,
+            phase=Phase.QUARANTINED,
+            actions=(*record.actions, update.entry),
+            expiry=update.expiry or "",
+        )
+        waiting = plan_devices(replace(state, records=(failed,)), CFG, now)
+        assert waiting.actions == () and waiting.requeue_after == 600
+        after = now + dt.timedelta(seconds=601)
+        assert of(plan_devices(replace(state, records=(failed,)), CFG, after).actions, CreateCanary)
 
 
 def test_a_quarantine_waits_for_its_expiry_without_a_healthy_report() -> None:
