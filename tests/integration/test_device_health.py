@@ -198,7 +198,7 @@ def test_three_bad_devices_quarantine_the_whole_node(
     for i in range(3):
         report_devices(kube, namespace, f"job-{i}", {gpu_id(i): "Unhealthy"})
     taint = wait_for("the node taint", lambda: our_taint(kube, node))
-    assert taint.startswith("devices-")
+    assert taint is not None and taint.startswith("devices-")
     wait_for("every GPU pod moved", lambda: not pods_on(kube, namespace, node))
     assert len(device_faults(kube, node)) == 3
     node_faults = [r for r in faults_of(kube, node) if r.spec.get("scope") == "node"]

@@ -57,8 +57,8 @@ CFG = Config(
 READY = Condition(type="Ready", status="True")
 
 
-def node(name: str = "n1", gpus: int = 8, **annotations: str) -> NodeView:
-    return NodeView(name, "1", annotations=annotations, gpus=gpus, conditions=(READY,))
+def node(name: str = "n1", gpus: int = 8, marks: dict[str, str] | None = None) -> NodeView:
+    return NodeView(name, "1", annotations=marks or {}, gpus=gpus, conditions=(READY,))
 
 
 def pod(index: int, node_name: str = "n1", **kwargs: object) -> PodView:
@@ -139,7 +139,7 @@ def test_an_open_record_is_not_created_again_and_a_leaving_pod_is_not_evicted_ag
     record = device_record(3, Phase.DRAINING)
     leaving = pod(3, deleting=True)
     entries = (*healthy_node(gpus=3), entry(3, DeviceHealth.UNHEALTHY, holder=leaving))
-    state = DeviceState(node(**{QUARANTINED_DEVICES: "GPU-3"}), entries, (record,))
+    state = DeviceState(node(marks={QUARANTINED_DEVICES: "GPU-3"}), entries, (record,))
     decided = plan_devices(state, CFG, NOW)
     assert not of(decided.actions, CreateDeviceRecord)
     assert not of(decided.actions, Evict)
@@ -148,7 +148,7 @@ def test_an_open_record_is_not_created_again_and_a_leaving_pod_is_not_evicted_ag
 
 def test_a_drained_device_is_marked_drained_once_its_pods_are_gone() -> None:
     record = device_record(3, Phase.DRAINING)
-    state = DeviceState(node(**{QUARANTINED_DEVICES: "GPU-3"}), healthy_node(gpus=3), (record,))
+    state = DeviceState(node(marks={QUARANTINED_DEVICES: "GPU-3"}), healthy_node(gpus=3), (record,))
     (update,) = of(plan_devices(state, CFG, NOW).actions, UpdateRecord)
     assert update.phase is Phase.DRAINED
 
@@ -172,14 +172,14 @@ def test_unknown_within_the_tolerance_is_an_event_only() -> None:
 
 def test_unknown_beyond_the_tolerance_is_suspect_never_a_fault() -> None:
     entries = (entry(1, DeviceHealth.UNKNOWN, since=61),)
-    state = DeviceState(node(**{UNKNOWN_DEVICES: "GPU-1"}), entries)
+    state = DeviceState(node(marks={UNKNOWN_DEVICES: "GPU-1"}), entries)
     decided = plan_devices(state, CFG, NOW)
     assert not of(decided.actions, CreateDeviceRecord) and not of(decided.actions, Evict)
     (mark,) = of(decided.actions, MarkDevices)
     assert mark.suspect == ("GPU-1",) and not mark.unknown
     assert [e.reason for e in of(decided.actions, Emit)] == [DEVICE_SUSPECT]
     # Marked already: nothing more to do.
-    marked = DeviceState(node(**{SUSPECT_DEVICES: "GPU-1"}), entries)
+    marked = DeviceState(node(marks={SUSPECT_DEVICES: "GPU-1"}), entries)
     assert plan_devices(marked, CFG, NOW).actions == ()
 
 
@@ -209,7 +209,7 @@ def test_a_node_that_is_not_ready_or_unreachable_gets_no_device_faults() -> None
 
 def test_three_device_faults_escalate_to_the_node() -> None:
     records = (device_record(1), device_record(2))
-    state = DeviceState(node(**{QUARANTINED_DEVICES: "GPU-1,GPU-2"}), healthy_node(3), records)
+    state = DeviceState(node(marks={QUARANTINED_DEVICES: "GPU-1,GPU-2"}), healthy_node(3), records)
     decided = plan_devices(state, CFG, NOW)
     (created,) = of(decided.actions, CreateDeviceRecord)
     assert any(a.action == "escalate" for a in created.record.actions)
@@ -267,7 +267,7 @@ def test_repeated_faults_of_a_node_flag_contact_support() -> None:
 
 def test_healthy_again_starts_a_canary_then_pass_observe_release() -> None:
     record = device_record(1, Phase.DRAINED)
-    state = DeviceState(node(**{QUARANTINED_DEVICES: "GPU-1"}), (entry(1),), (record,))
+    state = DeviceState(node(marks={QUARANTINED_DEVICES: "GPU-1"}), (entry(1),), (record,))
     decided = plan_devices(state, CFG, NOW)
     (canary,) = of(decided.actions, CreateCanary)
     assert canary.name == canary_name(record.name, 1) and canary.node == "n1"
@@ -302,7 +302,7 @@ def test_a_failed_or_timed_out_canary_extends_the_quarantine() -> None:
     name = canary_name("n1-000000000001", 1)
     started = ActionEntry(iso(NOW - dt.timedelta(seconds=5)), "canary-start", "ok", name)
     record = device_record(1, Phase.CANARY, actions=(started,))
-    state = DeviceState(node(**{QUARANTINED_DEVICES: "GPU-1"}), (entry(1),), (record,))
+    state = DeviceState(node(marks={QUARANTINED_DEVICES: "GPU-1"}), (entry(1),), (record,))
     for canaries, now in (
         ({name: CanaryView(name, "n1", "Failed")}, NOW),
         ({name: CanaryView(name, "n1", "Running")}, NOW + dt.timedelta(seconds=200)),
@@ -329,7 +329,7 @@ def test_a_failed_or_timed_out_canary_extends_the_quarantine() -> None:
 
 def test_a_quarantine_waits_for_its_expiry_without_a_healthy_report() -> None:
     record = device_record(1, Phase.DRAINED, expiry=100)
-    state = DeviceState(node(**{QUARANTINED_DEVICES: "GPU-1"}), (), (record,))
+    state = DeviceState(node(marks={QUARANTINED_DEVICES: "GPU-1"}), (), (record,))
     waiting = plan_devices(state, CFG, NOW)
     assert waiting.actions == () and waiting.requeue_after == 100
     expired = plan_devices(state, CFG, NOW + dt.timedelta(seconds=101))
