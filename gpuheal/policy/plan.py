@@ -406,15 +406,18 @@ def _drain_step(fault: _Fault, config: Config, now: dt.datetime) -> tuple[list[A
     actions: list[Action] = []
     if gpu_pods:
         actions += [_evict_or_delete(p, signal.fault_id, state, config, now) for p in to_evict]
-        detail = f"{len(to_evict)} to evict, {len(gpu_pods) - len(to_evict)} terminating"
-        actions.append(
-            UpdateRecord(
-                record.name,
-                Phase.DRAINING,
-                _entry(now, "evict", detail=detail),
-                record_evictions=True,
+        # Only a pass that evicts (or starts the drain) is written: a write per pass while
+        # pods terminate re-enqueued the node through the record watch, a tight write loop.
+        if to_evict or record.phase is not Phase.DRAINING:
+            detail = f"{len(to_evict)} to evict, {len(gpu_pods) - len(to_evict)} terminating"
+            actions.append(
+                UpdateRecord(
+                    record.name,
+                    Phase.DRAINING,
+                    _entry(now, "evict", detail=detail),
+                    record_evictions=True,
+                )
             )
-        )
         return actions, True
     # Drained: only now mark the fault handled, then its record.
     if not fault.handled:
