@@ -57,6 +57,43 @@ class LeaderElection:
 
 
 @dataclass(frozen=True)
+class DeviceHealthConfig:
+    """Device-level health from Pod allocatedResourcesStatus (docs/controller.md)."""
+
+    enabled: bool = True
+    # A Healthy report not renewed for this long counts as Unknown; 0: never.
+    heartbeat_seconds: float = 0.0
+    # Unknown for less than this: an Event and a metric; longer: the device is suspect.
+    unknown_tolerance_seconds: float = 300.0
+    # A device quarantine lasts at least this long without a fresh Healthy report;
+    # a failed canary extends it by as much.
+    quarantine_seconds: float = 3600.0
+    # Below this fraction of healthy devices the whole node is quarantined.
+    min_healthy_fraction: float = 0.5
+    # This many device faults on one node within the window: the whole node.
+    escalate_after_faults: int = 3
+    escalation_window_seconds: float = 86400.0
+    # The same device failing again this soon after its release: the whole node.
+    repeat_window_seconds: float = 7 * 86400.0
+    # A device health message containing one of these (any case): the whole node.
+    whole_node_reasons: tuple[str, ...] = ("fallen off the bus", "nvlink", "fabric")
+    # Evictions of pods holding bad devices, per node.
+    evictions_per_minute: float = 6.0
+    eviction_burst: int = 2
+    canary_image: str = "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04"
+    canary_command: tuple[str, ...] = ("nvidia-smi",)
+    canary_namespace: str = "gpuheal-system"
+    canary_timeout_seconds: float = 300.0
+    # Healthy after a passed canary for this long: the device is released.
+    observation_seconds: float = 600.0
+    # Released this soon after its quarantine, with no canary failure: a false quarantine.
+    false_quarantine_seconds: float = 3600.0
+    # This many faults of one node within the window: flagged "contact support".
+    contact_support_after: int = 3
+    contact_support_window_seconds: float = 3 * 86400.0
+
+
+@dataclass(frozen=True)
 class Config:
     # Which nodes are GPU nodes we manage (label equality, all must match).
     node_selector: Mapping[str, str] = field(
@@ -108,6 +145,7 @@ class Config:
     watch_timeout_seconds: int = 300
     watch_inactivity_seconds: float = 90.0
     leader_election: LeaderElection = field(default_factory=LeaderElection)
+    device_health: DeviceHealthConfig = field(default_factory=DeviceHealthConfig)
 
     def mode_for(self, reason: str) -> Mode:
         return self.mode_by_reason.get(reason, self.mode)
@@ -268,6 +306,29 @@ _LEADER: dict[str, tuple[str, Any]] = {
 }
 
 
+_DEVICE_HEALTH: dict[str, tuple[str, Any]] = {
+    "enabled": ("enabled", boolean),
+    "heartbeatSeconds": ("heartbeat_seconds", number(0)),
+    "unknownToleranceSeconds": ("unknown_tolerance_seconds", number(0)),
+    "quarantineSeconds": ("quarantine_seconds", number(0)),
+    "minHealthyFraction": ("min_healthy_fraction", number(0, 1)),
+    "escalateAfterFaults": ("escalate_after_faults", integer(1)),
+    "escalationWindowSeconds": ("escalation_window_seconds", number(0)),
+    "repeatWindowSeconds": ("repeat_window_seconds", number(0)),
+    "wholeNodeReasons": ("whole_node_reasons", lambda v: tuple(r.lower() for r in strings(v))),
+    "evictionsPerMinute": ("evictions_per_minute", number(0.01)),
+    "evictionBurst": ("eviction_burst", integer(1)),
+    "canaryImage": ("canary_image", string),
+    "canaryCommand": ("canary_command", strings),
+    "canaryNamespace": ("canary_namespace", string),
+    "canaryTimeoutSeconds": ("canary_timeout_seconds", number(1)),
+    "observationSeconds": ("observation_seconds", number(0)),
+    "falseQuarantineSeconds": ("false_quarantine_seconds", number(0)),
+    "contactSupportAfter": ("contact_support_after", integer(1)),
+    "contactSupportWindowSeconds": ("contact_support_window_seconds", number(0)),
+}
+
+
 def fields_of(
     raw: Any, schema: dict[str, tuple[str, Any]], path: str, errors: list[str]
 ) -> dict[str, Any]:
@@ -317,7 +378,7 @@ def parse_config(raw: Any) -> Config:
     """Validate a decoded YAML document; raise ConfigError naming every bad key."""
     errors: list[str] = []
     raw = {} if raw is None else raw
-    nested = {"conditions", "leaderElection", "notificationSinks"}
+    nested = {"conditions", "leaderElection", "notificationSinks", "deviceHealth"}
     top = {k: v for k, v in raw.items() if k not in nested} if isinstance(raw, dict) else raw
     values = fields_of(top, _TOP, "", errors)
     if isinstance(raw, dict):
@@ -330,6 +391,10 @@ def parse_config(raw: Any) -> Config:
         if "leaderElection" in raw:
             values["leader_election"] = LeaderElection(
                 **fields_of(raw["leaderElection"], _LEADER, "leaderElection", errors)
+            )
+        if "deviceHealth" in raw:
+            values["device_health"] = DeviceHealthConfig(
+                **fields_of(raw["deviceHealth"], _DEVICE_HEALTH, "deviceHealth", errors)
             )
     if not errors:
         config = Config(**values)

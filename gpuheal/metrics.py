@@ -66,3 +66,48 @@ class ControllerMetrics:
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=r,
         )
+        # Device-level health (docs/controller.md, "Device-level health").
+        self.device_report_age = Histogram(
+            "gpuheal_device_report_age_seconds",
+            "Age of each device health report, observed when its node is reconciled.",
+            buckets=(1, 10, 30, 60, 300, 900, 3600, 4 * 3600, 86400),
+            registry=r,
+        )
+        self.device_unknown_duration = Histogram(
+            "gpuheal_device_unknown_duration_seconds",
+            "How long each Unknown device has been Unknown, observed at each reconcile.",
+            buckets=(1, 10, 30, 60, 300, 900, 3600, 4 * 3600, 86400),
+            registry=r,
+        )
+        self.devices_unknown = Gauge(
+            "gpuheal_devices_unknown", "Devices reporting Unknown (or a stale Healthy).", registry=r
+        )
+        self.devices_suspect = Gauge(
+            "gpuheal_devices_suspect",
+            "Devices Unknown for longer than the tolerance, marked suspect on their node.",
+            registry=r,
+        )
+        self.devices_quarantined = Gauge(
+            "gpuheal_devices_quarantined", "Devices with an open device GPUFault.", registry=r
+        )
+        self.device_migrations = Counter(
+            "gpuheal_device_migrations_total",
+            "Evictions of pods holding a bad device, by result (evicted, blocked, gone, failed).",
+            ["result"],
+            registry=r,
+        )
+        self.device_releases = Counter(
+            "gpuheal_device_releases_total",
+            "Devices released after canary + observation.",
+            registry=r,
+        )
+        self.device_false_quarantines = Counter(
+            "gpuheal_device_false_quarantines_total",
+            "Released devices that never failed a canary, within falseQuarantineSeconds.",
+            registry=r,
+        )
+        self.contact_support = Counter(
+            "gpuheal_contact_support_total",
+            "Faults flagged contact support: repeated remediations of one node.",
+            registry=r,
+        )

@@ -24,6 +24,13 @@ HANDLED_FAULT_ID = "gpuheal.io/handled-fault-id"
 HANDLED_AT = "gpuheal.io/handled-at"
 LAST_PROCESS_TIME = "gpuheal.io/last-process-time"
 
+# Written by the controller for device-level health (comma-separated resourceIDs).
+QUARANTINED_DEVICES = "gpuheal.io/quarantined-devices"
+SUSPECT_DEVICES = "gpuheal.io/suspect-devices"
+UNKNOWN_DEVICES = "gpuheal.io/unknown-devices"
+# Canary pods the controller runs before it releases a device.
+CANARY_LABEL = "gpuheal.io/canary"
+
 TAINT_KEY = "gpuheal.io/gpu-fault"
 STATE_LABEL = "gpuheal.io/state"
 MANAGED_LABEL = "gpuheal.io/managed"
@@ -49,6 +56,7 @@ class Phase(StrEnum):
     DRAINING = "Draining"
     DRAINED = "Drained"
     RECOVERING = "Recovering"
+    CANARY = "Canary"  # a device's canary pod is running
     RESOLVED = "Resolved"
     FAILED = "Failed"
 
@@ -61,6 +69,7 @@ OPEN_PHASES = frozenset(
         Phase.DRAINING,
         Phase.DRAINED,
         Phase.RECOVERING,
+        Phase.CANARY,
     }
 )
 # Phases in which our taint was placed on the node at some point.
@@ -104,6 +113,24 @@ class NodeView:
         return next((c for c in self.conditions if c.type == type_), None)
 
 
+class DeviceHealth(StrEnum):
+    """Pod status allocatedResourcesStatus[].resources[].health (KEP 4680)."""
+
+    HEALTHY = "Healthy"
+    UNHEALTHY = "Unhealthy"
+    UNKNOWN = "Unknown"
+
+
+@dataclass(frozen=True)
+class DeviceReport:
+    """One device allocated to a pod and its health, as the kubelet reports it."""
+
+    resource: str  # resource name (nvidia.com/gpu) or a DRA claim ("claim:<name>/<request>")
+    device_id: str  # resourceID
+    health: DeviceHealth
+    message: str = ""
+
+
 @dataclass(frozen=True)
 class PodView:
     namespace: str
@@ -115,6 +142,10 @@ class PodView:
     gpu: bool = False  # any container or init container requests a GPU resource
     daemonset: bool = False
     deleting: bool = False
+    canary: bool = False  # one of our canary pods
+    devices: tuple[DeviceReport, ...] = ()
+    # The latest timestamp in the pod's status (conditions, container states), RFC 3339.
+    status_time: str = ""
 
     @property
     def key(self) -> str:
@@ -163,6 +194,16 @@ class FaultRecord:
     evicted_pods: tuple[str, ...] = ()
     actions: tuple[ActionEntry, ...] = ()
     created_at: str = ""
+    # Device scope (empty resource and device for a node-scope record).
+    scope: str = "node"
+    resource: str = ""
+    device: str = ""
+    expiry: str = ""  # a device quarantine's end: a canary is tried after it
+    contact_support: bool = False
+
+    @property
+    def device_scope(self) -> bool:
+        return self.scope == "device"
 
     @property
     def open(self) -> bool:

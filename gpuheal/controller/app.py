@@ -24,7 +24,7 @@ from gpuheal.controller.executor import Caches, Crashpoint, Executor
 from gpuheal.controller.intake import ControllerIntake
 from gpuheal.controller.notify import Notifier
 from gpuheal.controller.reconciler import Reconciler
-from gpuheal.kube.api import KubeApi, NotLeaderError, gpufault_path, node_path
+from gpuheal.kube.api import KubeApi, NotLeaderError, gpufault_path, node_path, pod_path
 from gpuheal.kube.events import EventRecorder
 from gpuheal.kube.informer import Informer
 from gpuheal.kube.leader import LeaderElector
@@ -32,13 +32,15 @@ from gpuheal.kube.projections import (
     FaultJson,
     NodeJson,
     PodJson,
+    canary_view,
     fault_record,
     node_view,
     pod_view_factory,
 )
 from gpuheal.kube.workqueue import WorkQueue
 from gpuheal.metrics import ControllerMetrics
-from gpuheal.model import FaultRecord, NodeView, PodView
+from gpuheal.model import CANARY_LABEL, FaultRecord, NodeView, PodView
+from gpuheal.policy.devices import CanaryView
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +98,18 @@ class Controller:
             watch_timeout_s=config.watch_timeout_seconds,
             inactivity_s=config.watch_inactivity_seconds,
         )
+        # Our canary pods, finished ones included (the pod informer drops those).
+        self.canaries: Informer[PodJson, CanaryView] = Informer(
+            api,
+            pod_path(config.device_health.canary_namespace),
+            PodJson,
+            canary_view,
+            lambda c: c.name,
+            name="canaries",
+            label_selector=f"{CANARY_LABEL}=true",
+            watch_timeout_s=config.watch_timeout_seconds,
+            inactivity_s=config.watch_inactivity_seconds,
+        )
         self.queue = WorkQueue()
         caches = Caches(
             node=self.nodes.get,
@@ -103,6 +117,8 @@ class Controller:
             put_node=lambda v: self.nodes.upsert(v, v.resource_version),
             put_record=lambda v: self.records.upsert(v, v.resource_version),
             put_pod=lambda v: self.pods.upsert(v, v.resource_version),
+            # No version yet: any watch event for the canary replaces this placeholder.
+            put_canary=lambda v: self.canaries.upsert(v, "0"),
         )
         self.recorder = EventRecorder(
             api, identity, counted=lambda result: self.metrics.events.labels(result).inc()
@@ -125,7 +141,10 @@ class Controller:
             executor=self.executor,
             metrics=self.metrics,
             notify=self.notifier.notify,
+            canaries=self.canaries.store,
+            pods_synced=self.pods.synced.is_set,
         )
+        self.canaries.handlers.append(self.reconciler.on_canary)
         self.intake = ControllerIntake(
             self.reconciler,
             self.nodes,
@@ -152,7 +171,11 @@ class Controller:
 
     @property
     def synced(self) -> bool:
-        return all(i.synced.is_set() for i in (self.nodes, self.pods, self.records))
+        return all(i.synced.is_set() for i in self._informers)
+
+    @property
+    def _informers(self) -> tuple[Informer[Any, Any], ...]:
+        return (self.nodes, self.pods, self.records, self.canaries)
 
     @property
     def leading(self) -> bool:
@@ -275,8 +298,7 @@ class Controller:
         url = self.config.dcgm_prometheus_url
         dcgm = asyncio.create_task(self._dcgm(url).run()) if url else None
         informers = [
-            asyncio.create_task(i.run(), name=f"informer-{i.name}")
-            for i in (self.nodes, self.pods, self.records)
+            asyncio.create_task(i.run(), name=f"informer-{i.name}") for i in self._informers
         ]
         election: asyncio.Task[None] | None = None
         try:
@@ -308,7 +330,7 @@ class Controller:
             await runner.cleanup()
 
     async def _wait_synced(self, stop: asyncio.Event) -> None:
-        synced = asyncio.gather(*(i.synced.wait() for i in (self.nodes, self.pods, self.records)))
+        synced = asyncio.gather(*(i.synced.wait() for i in self._informers))
         stopped = asyncio.ensure_future(stop.wait())
         waiting: set[asyncio.Future[Any]] = {synced, stopped}
         await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)

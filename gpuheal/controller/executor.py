@@ -23,14 +23,28 @@ from gpuheal.kube.events import EventRecorder, fault_ref, node_ref
 from gpuheal.kube.projections import decode_fault, decode_node
 from gpuheal.metrics import ControllerMetrics
 from gpuheal.model import (
+    CANARY_LABEL,
     HANDLED_AT,
     HANDLED_FAULT_ID,
     LAST_PROCESS_TIME,
+    QUARANTINED_DEVICES,
     STATE_LABEL,
+    SUSPECT_DEVICES,
     TAINT_KEY,
+    UNKNOWN_DEVICES,
     FaultRecord,
     NodeView,
     PodView,
+)
+from gpuheal.policy.devices import (
+    CanaryView,
+    CreateCanary,
+    CreateDeviceRecord,
+    DeleteCanary,
+    DeviceAction,
+    DevicePlan,
+    DeviceReleased,
+    MarkDevices,
 )
 from gpuheal.policy.plan import (
     EVICTED,
@@ -71,6 +85,7 @@ class Caches:
     put_node: Callable[[NodeView], None]
     put_record: Callable[[FaultRecord], None]
     put_pod: Callable[[PodView], None]
+    put_canary: Callable[[CanaryView], None] = lambda _: None
 
 
 @dataclass
@@ -93,7 +108,7 @@ class Crashpoint:
         self.kind = kind
         self.remaining = int(count or "1")
 
-    def after(self, action: Action) -> None:
+    def after(self, action: Action | DeviceAction) -> None:
         if self.kind and type(action).__name__ == self.kind:
             self.remaining -= 1
             if self.remaining <= 0:
@@ -126,9 +141,9 @@ class Executor:
 
     async def run(
         self,
-        plan: Plan,
+        plan: Plan | DevicePlan,
         state: NodeState,
-        actions: tuple[Action, ...] | None = None,
+        actions: tuple[Action | DeviceAction, ...] | None = None,
         outcome: Outcome | None = None,
     ) -> Outcome:
         """Run `actions` (default: all of the plan's), adding to `outcome` if given."""
@@ -152,8 +167,12 @@ class Executor:
         return outcome
 
     async def _do(  # noqa: PLR0911 -- one dispatch arm per action kind
-        self, action: Action, state: NodeState, outcome: Outcome
+        self, action: Action | DeviceAction, state: NodeState, outcome: Outcome
     ) -> str:
+        if isinstance(
+            action, CreateDeviceRecord | MarkDevices | CreateCanary | DeleteCanary | DeviceReleased
+        ):
+            return await self._do_device(action)
         match action:
             case CreateRecord():
                 return await self._create_record(action)
@@ -175,6 +194,25 @@ class Executor:
             case Emit():
                 self._emit(action, state)
                 return "ok"
+
+    async def _do_device(
+        self,
+        action: CreateDeviceRecord | MarkDevices | CreateCanary | DeleteCanary | DeviceReleased,
+    ) -> str:
+        match action:
+            case CreateDeviceRecord():
+                return await self._create_device_record(action)
+            case MarkDevices():
+                return await self._mark_devices(action)
+            case CreateCanary():
+                return await self._create_canary(action)
+            case DeleteCanary():
+                return await self._delete_canary(action)
+            case DeviceReleased():
+                self.metrics.device_releases.inc()
+                if action.false_quarantine:
+                    self.metrics.device_false_quarantines.inc()
+                return "counted"
 
     # -- records -----------------------------------------------------------
 
@@ -218,6 +256,110 @@ class Executor:
         self.caches.put_record(decode_fault(raw))
         return "created"
 
+    async def _create_device_record(self, action: CreateDeviceRecord) -> str:
+        """The device fault's record: created first, it is the lock (node, resource,
+        resourceID, episode are in its name), as for node faults."""
+        rec = action.record
+        body = {
+            "apiVersion": "gpuheal.io/v1alpha1",
+            "kind": "GPUFault",
+            "metadata": {"name": rec.name, "labels": {"gpuheal.io/node": rec.node}},
+            "spec": {
+                "node": rec.node,
+                "faultID": rec.fault_id,
+                "scope": "device",
+                "device": rec.device,
+                "resourceName": rec.resource,
+                "resourceID": rec.device,
+                "source": rec.source,
+                "reason": rec.reason,
+                "severity": rec.severity.value,
+                "detectedAt": rec.detected_at,
+                "mode": self.config.mode_for(rec.reason).value,
+                "expiry": rec.expiry,
+            },
+        }
+        try:
+            raw = await self.api.create(gpufault_path(), body)
+        except ApiError as err:
+            if err.code != 409:
+                raise
+            self.metrics.duplicates_suppressed.labels("record").inc()
+            self.caches.put_record(decode_fault(await self.api.get(gpufault_path(rec.name))))
+            raise Replan(f"GPUFault {rec.name} already exists") from err
+        self.caches.put_record(decode_fault(raw))
+        self.metrics.faults_detected.labels(rec.source, rec.reason, rec.severity.value).inc()
+        if rec.contact_support:
+            self.metrics.contact_support.inc()
+        status = {
+            "phase": rec.phase.value,
+            "actions": [vars(a) for a in rec.actions],
+            "expiry": rec.expiry,
+            "contactSupport": rec.contact_support,
+        }
+        raw = await self.api.patch(gpufault_path(rec.name, status=True), {"status": status})
+        self.caches.put_record(decode_fault(raw))
+        return "created"
+
+    async def _mark_devices(self, action: MarkDevices) -> str:
+        marks = {
+            QUARANTINED_DEVICES: action.quarantined,
+            SUSPECT_DEVICES: action.suspect,
+            UNKNOWN_DEVICES: action.unknown,
+        }
+        # Merge patch: only our keys; an empty list removes its annotation.
+        annotations = {k: ",".join(v) or None for k, v in marks.items()}
+        raw = await self.api.patch(
+            node_path(action.node), {"metadata": {"annotations": annotations}}
+        )
+        self.caches.put_node(decode_node(raw))
+        return "marked"
+
+    async def _create_canary(self, action: CreateCanary) -> str:
+        cfg = self.config.device_health
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": action.name,
+                "namespace": cfg.canary_namespace,
+                "labels": {CANARY_LABEL: "true"},
+                "annotations": {"gpuheal.io/fault-record": action.record},
+            },
+            "spec": {
+                "nodeName": action.node,  # pinned: the scheduler would keep off a quarantined node
+                "restartPolicy": "Never",
+                "activeDeadlineSeconds": int(cfg.canary_timeout_seconds),
+                "automountServiceAccountToken": False,
+                "tolerations": [{"key": TAINT_KEY, "operator": "Exists"}],
+                "containers": [
+                    {
+                        "name": "canary",
+                        "image": cfg.canary_image,
+                        "command": list(cfg.canary_command),
+                        "resources": {"limits": {action.resource: "1"}},
+                    }
+                ],
+            },
+        }
+        try:
+            await self.api.create(pod_path(cfg.canary_namespace), body)
+        except ApiError as err:
+            if err.code != 409:
+                raise
+            return "present"
+        self.caches.put_canary(CanaryView(action.name, action.node, "Pending"))
+        return "created"
+
+    async def _delete_canary(self, action: DeleteCanary) -> str:
+        try:
+            await self.api.delete(pod_path(self.config.device_health.canary_namespace, action.name))
+        except ApiError as err:
+            if err.code != 404:
+                raise
+            return "gone"
+        return "deleted"
+
     async def _update_record(self, action: UpdateRecord, outcome: Outcome) -> str:
         for _ in range(CONFLICT_RETRIES):
             record = self.caches.record(action.name)
@@ -235,6 +377,8 @@ class Executor:
                 status["evictedPods"] = sorted({*record.evicted_pods, *outcome.evicted})
             if action.recovering_since is not None:
                 status["recoveringSince"] = action.recovering_since or None
+            if action.expiry is not None:
+                status["expiry"] = action.expiry
             body = {"metadata": {"resourceVersion": record.resource_version}, "status": status}
             try:
                 raw = await self.api.patch(gpufault_path(action.name, status=True), body)
@@ -325,11 +469,11 @@ class Executor:
         except ApiError as err:
             if err.code == 404 or (err.code == 409 and "UID" in err.message):
                 outcome.gone.append(pod.key)
-                self.metrics.pods_evicted.labels("gone").inc()
+                self._count_eviction(action, "gone")
                 return "gone"
             if err.code == 429:
                 outcome.blocked.append(pod.key)
-                self.metrics.pods_evicted.labels("blocked").inc()
+                self._count_eviction(action, "blocked")
                 if pod.key not in self._blocked_reported:  # one Event per blocked pod
                     self._blocked_reported.add(pod.key)
                     self.recorder.emit(
@@ -341,12 +485,20 @@ class Executor:
                         warning=True,
                     )
                 return "blocked"
-            self.metrics.pods_evicted.labels("failed").inc()
+            self._count_eviction(action, "failed")
             raise
+        where = f" off bad device {action.device}" if action.device else ""
         self._pod_leaving(
-            pod, outcome, "evicted", f"evicted GPU pod {pod.key} for fault {action.fault_id}"
+            pod, outcome, "evicted", f"evicted GPU pod {pod.key}{where} for fault {action.fault_id}"
         )
+        if action.device:
+            self.metrics.device_migrations.labels("evicted").inc()
         return "evicted"
+
+    def _count_eviction(self, action: Evict, result: str) -> None:
+        self.metrics.pods_evicted.labels(result).inc()
+        if action.device:
+            self.metrics.device_migrations.labels(result).inc()
 
     def _pod_leaving(
         self, pod: PodView, outcome: Outcome, result: str, note: str, *, warning: bool = False
@@ -383,17 +535,17 @@ class Executor:
     # -- audit ---------------------------------------------------------------
 
     def _emit(self, action: Emit, state: NodeState) -> None:
-        record = self.caches.record(action.record)
+        record = self.caches.record(action.record) if action.record else None
         node = node_ref(action.node)
         fault = fault_ref(action.record)
-        verb = action.reason.removeprefix("GPUFault").removeprefix("GPUPod")
+        verb = action.reason.removeprefix("GPUFault").removeprefix("GPUPod").removeprefix("GPU")
         self.recorder.emit(
             node,
             reason=action.reason,
             note=action.note,
             action=verb,
             warning=action.warning,
-            related=fault,
+            related=fault if action.record else None,
         )
         if record is not None:
             self.recorder.emit(

@@ -12,10 +12,11 @@ import datetime as dt
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from gpuheal.config import Config
+from gpuheal.controller.devices import DeviceReports
 from gpuheal.controller.executor import Executor, Outcome, Replan
 from gpuheal.controller.notify import Notice
 from gpuheal.controller.signals import ExternalSignals
@@ -24,6 +25,13 @@ from gpuheal.kube.workqueue import WorkQueue
 from gpuheal.metrics import ControllerMetrics
 from gpuheal.model import FaultRecord, Mode, NodeView, Phase, PodView
 from gpuheal.policy.dedupe import TtlSet
+from gpuheal.policy.devices import (
+    CanaryView,
+    DevicePlan,
+    DeviceState,
+    escalation_signal,
+    plan_devices,
+)
 from gpuheal.policy.plan import (
     Action,
     AddTaint,
@@ -121,6 +129,8 @@ class Reconciler:
         executor: Executor,
         metrics: ControllerMetrics,
         notify: Callable[[Notice], None] = lambda _: None,
+        canaries: Mapping[str, CanaryView] | None = None,
+        pods_synced: Callable[[], bool] = lambda: True,
     ) -> None:
         self.config = config
         self.nodes = nodes
@@ -137,6 +147,11 @@ class Reconciler:
         )
         self.blocked_since: dict[str, dict[str, dt.datetime]] = defaultdict(dict)
         self.external = ExternalSignals(config.external_signal_ttl_seconds)
+        self.canaries: Mapping[str, CanaryView] = canaries if canaries is not None else {}
+        self.device_reports = DeviceReports(pods_synced)
+        # Per node: the eviction rate limit of partial drains, and the device counts.
+        self.device_buckets: dict[str, TokenBucket] = {}
+        self.device_counts: dict[str, tuple[int, int, int]] = {}
         self.active = False  # only the leader enqueues work
         self._breaker_lock = asyncio.Lock()
         nodes.handlers.append(self._on_node)
@@ -154,9 +169,18 @@ class Reconciler:
 
     def _on_pod(self, old: PodView | None, new: PodView | None) -> None:
         self.fleet.on_pod(old, new)
+        self.device_reports.on_pod(old, new)
         changed = new or old
-        # Pods matter only while their node is being drained.
-        if self.active and changed and changed.node and self._has_open_record(changed.node):
+        if not (self.active and changed and changed.node):
+            return
+        # Pods matter while their node is being drained, and when their devices' health changes.
+        devices_changed = (old.devices if old else ()) != (new.devices if new else ())
+        if devices_changed or self._has_open_record(changed.node):
+            self.queue.add(changed.node)
+
+    def on_canary(self, old: CanaryView | None, new: CanaryView | None) -> None:
+        changed = new or old
+        if self.active and changed is not None and changed.node:
             self.queue.add(changed.node)
 
     def _on_record(self, old: FaultRecord | None, new: FaultRecord | None) -> None:
@@ -190,20 +214,43 @@ class Reconciler:
         pods = tuple(
             p for key in self.fleet.pods_by_node.get(node.name, ()) if (p := self.pods.get(key))
         )
-        records = tuple(
-            r
-            for name in self.fleet.records_by_node.get(node.name, ())
-            if (r := self.records.get(name))
-        )
+        records = self._records_of(node.name)
+        # Device faults that escalated stand for one node-level fault of the node plan.
+        escalated = escalation_signal(records) if self.config.device_health.enabled else None
         return NodeState(
             node=node,
             pods=pods,
-            records=records,
+            records=tuple(r for r in records if not r.device_scope),
             gpu_nodes=len(self.fleet.gpu_nodes),
             quarantined=frozenset(self.fleet.quarantined),
             blocked_since=dict(self.blocked_since.get(node.name, {})),
-            external=self.external.active(node.name),
+            external=(*self.external.active(node.name), *((escalated,) if escalated else ())),
         )
+
+    def _records_of(self, node: str) -> tuple[FaultRecord, ...]:
+        return tuple(
+            r for name in self.fleet.records_by_node.get(node, ()) if (r := self.records.get(name))
+        )
+
+    def device_state_of(self, node: NodeView) -> DeviceState:
+        keys = self.fleet.pods_by_node.get(node.name, ())
+        bucket = self._device_bucket(node.name)
+        return DeviceState(
+            node=node,
+            entries=self.device_reports.entries(keys),
+            records=self._records_of(node.name),
+            canaries={k: c for k, c in self.canaries.items() if c.node == node.name},
+            evictions_allowed=int(bucket.tokens),
+        )
+
+    def _device_bucket(self, node: str) -> TokenBucket:
+        cfg = self.config.device_health
+        now = time.monotonic()
+        bucket = self.device_buckets.get(node) or TokenBucket.full(
+            cfg.evictions_per_minute / 60.0, cfg.eviction_burst, now
+        )
+        self.device_buckets[node] = bucket = bucket.refill(now)
+        return bucket
 
     async def reconcile(self, name: str) -> float | None:
         """Returns the seconds after which to look at this node again, or None."""
@@ -215,11 +262,63 @@ class Reconciler:
             self._update_gauges()
 
     async def _reconcile(self, name: str) -> float | None:
+        """Devices first (their records may escalate to the node), then the node."""
         now = dt.datetime.now(dt.UTC)
         node = self.nodes.get(name)
         if node is None:
             await self._close_records_of_deleted_node(name, now)
+            self._forget_devices(name)
             return None
+        devices_again = await self._reconcile_devices(node, now)
+        node = self.nodes.get(name) or node  # our device marks are on it now (write-through)
+        node_again = await self._reconcile_node(node, now)
+        if devices_again is None or node_again is None:
+            return node_again if devices_again is None else devices_again
+        return min(devices_again, node_again)
+
+    async def _reconcile_devices(self, node: NodeView, now: dt.datetime) -> float | None:
+        if not (self.config.device_health.enabled and self.fleet.selected(node)):
+            return None
+        state = self.device_state_of(node)
+        decided = plan_devices(state, self.config, now)
+        self._device_metrics(node.name, decided)
+        if not decided.actions:
+            return decided.requeue_after
+        if decided.evictions:
+            bucket = self.device_buckets[node.name]
+            self.device_buckets[node.name] = replace(
+                bucket, tokens=bucket.tokens - decided.evictions
+            )
+        try:
+            outcome = await self.executor.run(decided, NodeState(node=node))
+        except Replan as why:
+            log.info("replanning devices", extra={"node": node.name, "why": str(why)})
+            return 0.0
+        if outcome.blocked:
+            return self.queue.add_rate_limited(node.name)
+        return decided.requeue_after
+
+    def _device_metrics(self, name: str, decided: DevicePlan) -> None:
+        summary = decided.summary
+        for age in summary.report_ages:
+            self.metrics.device_report_age.observe(age)
+        for waited in summary.unknown_for:
+            self.metrics.device_unknown_duration.observe(waited)
+        self.device_counts[name] = (summary.unknown, summary.suspect, summary.quarantined)
+        self._device_gauges()
+
+    def _device_gauges(self) -> None:
+        counts = self.device_counts.values()
+        self.metrics.devices_unknown.set(sum(c[0] for c in counts))
+        self.metrics.devices_suspect.set(sum(c[1] for c in counts))
+        self.metrics.devices_quarantined.set(sum(c[2] for c in counts))
+
+    def _forget_devices(self, name: str) -> None:
+        self.device_buckets.pop(name, None)
+        if self.device_counts.pop(name, None) is not None:
+            self._device_gauges()
+
+    async def _reconcile_node(self, node: NodeView, now: dt.datetime) -> float | None:
         decision = self._decide(node, now)
         if decision is None:
             return None
@@ -356,6 +455,7 @@ class Reconciler:
         self.executor.config = config
         self.memory.ttl = config.dedupe_ttl_seconds
         self.external.ttl_s = config.external_signal_ttl_seconds
+        self.device_buckets.clear()  # new eviction rates apply from a full bucket
         self.bucket = replace(
             self.bucket, rate=config.rate_limit_per_second, burst=config.rate_limit_burst
         )

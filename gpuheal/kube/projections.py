@@ -12,8 +12,11 @@ import msgspec
 
 from gpuheal.model import (
     ANNOTATION_PREFIX,
+    CANARY_LABEL,
     ActionEntry,
     Condition,
+    DeviceHealth,
+    DeviceReport,
     FaultRecord,
     NodeView,
     Phase,
@@ -21,6 +24,7 @@ from gpuheal.model import (
     Severity,
     Taint,
 )
+from gpuheal.policy.devices import CanaryView
 
 
 class OwnerRef(msgspec.Struct):
@@ -91,8 +95,46 @@ class PodSpec(msgspec.Struct):
     initContainers: list[Container] = []  # noqa: N815
 
 
+class ResourceHealthJson(msgspec.Struct):
+    resourceID: str = ""  # noqa: N815
+    health: str = ""
+    message: str | None = None
+
+
+class ResourceStatusJson(msgspec.Struct):
+    """allocatedResourcesStatus[]: a resource name (or DRA claim) and its devices."""
+
+    name: str = ""
+    resources: list[ResourceHealthJson] | None = None
+
+
+class StateTimes(msgspec.Struct):
+    startedAt: str | None = None  # noqa: N815
+    finishedAt: str | None = None  # noqa: N815
+
+
+class ContainerState(msgspec.Struct):
+    running: StateTimes | None = None
+    terminated: StateTimes | None = None
+
+
+class ContainerStatusJson(msgspec.Struct):
+    state: ContainerState | None = None
+    allocatedResourcesStatus: list[ResourceStatusJson] | None = None  # noqa: N815
+
+
+class PodConditionJson(msgspec.Struct):
+    lastTransitionTime: str | None = None  # noqa: N815
+    lastProbeTime: str | None = None  # noqa: N815
+
+
 class PodStatus(msgspec.Struct):
     phase: str = ""
+    conditions: list[PodConditionJson] | None = None
+    containerStatuses: list[ContainerStatusJson] | None = None  # noqa: N815
+    initContainerStatuses: list[ContainerStatusJson] | None = None  # noqa: N815
+    # Pod-level: devices of DRA claims.
+    allocatedResourcesStatus: list[ResourceStatusJson] | None = None  # noqa: N815
 
 
 class PodJson(msgspec.Struct):
@@ -104,6 +146,10 @@ class PodJson(msgspec.Struct):
 class FaultSpecJson(msgspec.Struct):
     node: str = ""
     faultID: str = ""  # noqa: N815
+    scope: str = "node"
+    resourceName: str = ""  # noqa: N815
+    resourceID: str = ""  # noqa: N815
+    expiry: str = ""
     reason: str = ""
     severity: str = "P0"
     source: str = ""
@@ -122,6 +168,8 @@ class FaultStatusJson(msgspec.Struct):
     recoveringSince: str = ""  # noqa: N815
     evictedPods: list[str] = []  # noqa: N815
     actions: list[ActionJson] = []
+    expiry: str | None = None
+    contactSupport: bool = False  # noqa: N815
 
 
 class FaultJson(msgspec.Struct):
@@ -171,6 +219,7 @@ def pod_view_factory(is_gpu_resource: Callable[[str], bool]) -> Callable[[PodJso
 
     def view(pod: PodJson) -> PodView:
         meta = pod.metadata
+        status = pod.status
         return PodView(
             namespace=meta.namespace,
             name=meta.name,
@@ -181,9 +230,61 @@ def pod_view_factory(is_gpu_resource: Callable[[str], bool]) -> Callable[[PodJso
             gpu=any(requests_gpu(c) for c in (*pod.spec.containers, *pod.spec.initContainers)),
             daemonset=any(o.kind == "DaemonSet" for o in meta.ownerReferences),
             deleting=meta.deletionTimestamp is not None,
+            canary=meta.labels.get(CANARY_LABEL) == "true",
+            devices=_devices(status, is_gpu_resource),
+            status_time=_status_time(status),
         )
 
     return view
+
+
+def _health(value: str) -> DeviceHealth:
+    try:
+        return DeviceHealth(value)
+    except ValueError:
+        return DeviceHealth.UNKNOWN  # an unknown word is not a verdict
+
+
+def _devices(status: PodStatus, is_gpu_resource: Callable[[str], bool]) -> tuple[DeviceReport, ...]:
+    """Every device the kubelet reports for the pod: containers' GPU resources and
+    DRA claims ("claim:<claim>/<request>"), and the pod-level DRA entries."""
+    containers = (*(status.containerStatuses or ()), *(status.initContainerStatuses or ()))
+    lists = [
+        s
+        for c in containers
+        for s in c.allocatedResourcesStatus or ()
+        if is_gpu_resource(s.name) or s.name.startswith("claim:")
+    ]
+    lists += status.allocatedResourcesStatus or ()
+    if not lists:
+        return ()
+    seen = {
+        (s.name, r.resourceID): DeviceReport(
+            s.name, r.resourceID, _health(r.health), r.message or ""
+        )
+        for s in lists
+        for r in s.resources or ()
+        if r.resourceID
+    }
+    return tuple(seen[k] for k in sorted(seen))
+
+
+def _status_time(status: PodStatus) -> str:
+    """The latest timestamp in the pod's status: the age of its device reports starts
+    no earlier than this (RFC 3339 strings of one format sort as times)."""
+    times = [
+        t for c in status.conditions or () for t in (c.lastTransitionTime, c.lastProbeTime) if t
+    ]
+    for container in (*(status.containerStatuses or ()), *(status.initContainerStatuses or ())):
+        state = container.state
+        for part in (state.running, state.terminated) if state else ():
+            if part is not None:
+                times += [t for t in (part.startedAt, part.finishedAt) if t]
+    return max(times, default="")
+
+
+def canary_view(pod: PodJson) -> CanaryView:
+    return CanaryView(name=pod.metadata.name, node=pod.spec.nodeName, phase=pod.status.phase)
 
 
 def _phase(value: str) -> Phase:
@@ -219,6 +320,11 @@ def fault_record(fault: FaultJson) -> FaultRecord:
             for a in status.actions
         ),
         created_at=fault.metadata.creationTimestamp,
+        scope=spec.scope or "node",
+        resource=spec.resourceName,
+        device=spec.resourceID,
+        expiry=status.expiry or spec.expiry,
+        contact_support=status.contactSupport,
     )
 
 

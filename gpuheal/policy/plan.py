@@ -59,6 +59,7 @@ class UpdateRecord:
     entry: ActionEntry
     recovering_since: str | None = None  # None: unchanged, "": clear
     record_evictions: bool = False  # add the pods this plan's Evict actions evicted
+    expiry: str | None = None  # a device quarantine's new end; None: unchanged
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ class RemoveTaint:
 class Evict:
     pod: PodView
     fault_id: str
+    device: str = ""  # set when the pod moves off one bad device (a partial drain)
 
 
 @dataclass(frozen=True)
@@ -396,7 +398,10 @@ def _quarantine_step(fault: _Fault, config: Config, now: dt.datetime) -> tuple[l
 def _drain_step(fault: _Fault, config: Config, now: dt.datetime) -> tuple[list[Action], bool]:
     """Evict the GPU pods; once none is left, mark handled. True while draining."""
     state, signal, record = fault.state, fault.signal, fault.record
-    gpu_pods = [p for p in state.pods if p.gpu and not p.daemonset and not p.terminal]
+    # Our canary pods tolerate the taint on purpose: they test a device before release.
+    gpu_pods = [
+        p for p in state.pods if p.gpu and not p.daemonset and not p.terminal and not p.canary
+    ]
     to_evict = [p for p in gpu_pods if not p.deleting]
     actions: list[Action] = []
     if gpu_pods:

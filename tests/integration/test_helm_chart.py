@@ -55,7 +55,7 @@ def test_the_chart_renders_for_the_default_and_other_values(control_plane: Contr
     default = render(control_plane, "gh", "gpuheal-system")
     assert kinds(default) == {
         "CustomResourceDefinition": 1, "ServiceAccount": 2, "ClusterRole": 2, "ClusterRoleBinding": 2,
-        "Role": 1, "RoleBinding": 1, "ConfigMap": 2, "Secret": 1, "Deployment": 1, "Service": 1,
+        "Role": 2, "RoleBinding": 2, "ConfigMap": 2, "Secret": 1, "Deployment": 1, "Service": 1,
         "PodDisruptionBudget": 1, "ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1,
         "DaemonSet": 1,
     }  # fmt: skip
@@ -63,6 +63,18 @@ def test_the_chart_renders_for_the_default_and_other_values(control_plane: Contr
     assert crd == yaml.safe_load(
         (CHART.parents[1] / "crds" / "gpufaults.gpuheal.io.yaml").read_text()
     )
+    # Canary pods: create/delete pods in the release namespace only, where the config runs them.
+    canary = next(o for o in default if o["metadata"]["name"] == "gh-controller-canary")
+    assert canary["kind"] == "Role" and canary["metadata"]["namespace"] == "gpuheal-system"
+    assert canary["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "delete"]}
+    ]
+    config = next(
+        o for o in default if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "gh-controller"
+    )
+    assert yaml.safe_load(config["data"]["config.yaml"])["deviceHealth"] == {
+        "canaryNamespace": "gpuheal-system"
+    }
     minimal = kinds(render(control_plane, "gh", "ops", DATA / "values-minimal.yaml"))
     assert "DaemonSet" not in minimal and "Secret" not in minimal
     full = render(control_plane, "gh", "ops", DATA / "values-full.yaml")

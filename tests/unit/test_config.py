@@ -44,6 +44,23 @@ def test_a_full_document_is_parsed() -> None:
     assert config.leader_election.namespace == "ops"
 
 
+def test_the_device_health_section_is_parsed() -> None:
+    assert Config().device_health.heartbeat_seconds == 0  # off unless asked for
+    config = parse_config(
+        {
+            "deviceHealth": {
+                "heartbeatSeconds": 120,
+                "canaryCommand": ["dcgmi", "diag", "-r", "1"],
+                "wholeNodeReasons": ["Fallen Off The Bus"],
+            }
+        }
+    )
+    health = config.device_health
+    assert health.heartbeat_seconds == 120
+    assert health.canary_command == ("dcgmi", "diag", "-r", "1")
+    assert health.whole_node_reasons == ("fallen off the bus",)  # matched in any case
+
+
 @pytest.mark.parametrize(
     ("document", "message"),
     [
@@ -57,6 +74,9 @@ def test_a_full_document_is_parsed() -> None:
         ({"leaderElection": {"leaseSeconds": 5}}, "leaderElection: need retryPeriodSeconds"),
         ({"nodeSelector": {"a": 1}}, "nodeSelector: must be a map of strings to strings"),
         ([1, 2], "<root>: must be a map, got list"),
+        ({"deviceHealth": {"minHealthyFraction": 2}}, "deviceHealth.minHealthyFraction: must be"),
+        ({"deviceHealth": {"canaryCommand": "nvidia-smi"}}, "deviceHealth.canaryCommand: must be"),
+        ({"deviceHealth": {"heartbeat": 5}}, "deviceHealth.heartbeat: unknown key"),
     ],
 )
 def test_bad_values_are_refused_naming_the_key(document: object, message: str) -> None:
