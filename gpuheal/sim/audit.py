@@ -70,14 +70,17 @@ def by_verb_and_resource(found: Iterator[Request]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def successful_evictions(found: Iterator[Request]) -> Counter[tuple[str, str]]:
-    """(namespace, pod) -> evictions the server accepted (201). A count above 1 is a
-    pod evicted twice."""
-    return Counter(
-        (r.namespace, r.name)
-        for r in found
-        if r.verb == "create" and r.resource == "pods/eviction" and r.code == 201
-    )
+def evictions(found: Iterator[Request]) -> dict[tuple[str, str], list[int]]:
+    """(namespace, pod) -> the response codes of every eviction request for it, in
+    order. 201: accepted (also for a pod already terminating, so two are a pod
+    evicted twice); 504 or 0: the client went away mid-request (a SIGKILLed
+    controller; the server cancels its context) and the server may or may not
+    have acted."""
+    found_by_pod: dict[tuple[str, str], list[int]] = {}
+    for r in found:
+        if r.verb == "create" and r.resource == "pods/eviction":
+            found_by_pod.setdefault((r.namespace, r.name), []).append(r.code)
+    return found_by_pod
 
 
 def grant_cluster_admin(client: Client, user: str) -> None:
