@@ -61,6 +61,7 @@ class Watcher:
         self.evicted: dict[str, set[str]] = defaultdict(set)
         self.drained: dict[str, float] = {}
         self.changed = asyncio.Condition()
+        self.rewatches = 0
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
@@ -83,13 +84,23 @@ class Watcher:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _watch(self, path: str, params: dict[str, str], handle: Callable[..., None]) -> None:
-        async for line in self.api.watch(path, {**params, "timeoutSeconds": "3600"}, 3600):
-            event = json.loads(line)
-            now = time.perf_counter()
-            if event["type"] in {"ADDED", "MODIFIED", "DELETED"}:
-                handle(event["type"], event["object"], now)
-                async with self.changed:
-                    self.changed.notify_all()
+        """Watch on from the last version seen whenever the server ends the stream (a
+        watcher that falls behind in a storm is closed by the apiserver); a 410 means
+        events were lost, which would make the timings wrong: stop the run."""
+        rv = params["resourceVersion"]
+        while True:
+            watch = {**params, "resourceVersion": rv, "timeoutSeconds": "3600"}
+            async for line in self.api.watch(path, watch, 3600):
+                event = json.loads(line)
+                now = time.perf_counter()
+                if event["type"] == "ERROR":
+                    raise RuntimeError(f"watch of {path} failed: {event['object']}")
+                rv = event["object"]["metadata"].get("resourceVersion", rv)
+                if event["type"] in {"ADDED", "MODIFIED", "DELETED"}:
+                    handle(event["type"], event["object"], now)
+                    async with self.changed:
+                        self.changed.notify_all()
+            self.rewatches += 1
 
     def _node(self, kind: str, node: dict[str, Any], now: float) -> None:
         name = node["metadata"]["name"]
@@ -114,8 +125,14 @@ class Watcher:
                 self.drained.setdefault(node, now)
 
     async def until(self, what: str, done: Callable[[], bool], timeout_s: float = 120) -> None:
+        for task in self._tasks:
+            if task.done():
+                task.result()  # a failed watch fails the run, loudly
         async with self.changed:
-            await asyncio.wait_for(self.changed.wait_for(done), timeout_s)
+            try:
+                await asyncio.wait_for(self.changed.wait_for(done), timeout_s)
+            except TimeoutError:
+                raise TimeoutError(f"waiting for {what}") from None
 
 
 async def report_fault(api: KubeApi, node: str, fault_id: str) -> float:
@@ -249,6 +266,7 @@ async def run(
         if spy is not None:
             stop_profiler(spy)
         results["api_cost"] = await api_cost(cp, api, watcher, nodes[used])
+        results["watch_restarts"] = watcher.rewatches
         controller.stop()
     except BaseException:
         print(f"--- controller log (tail) ---\n{controller.log()[-3000:]}", file=sys.stderr)
@@ -262,7 +280,7 @@ async def run(
 def summarise(raw: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, series in raw.items():
-        if name == "api_cost":
+        if name in {"api_cost", "watch_restarts"}:
             out[name] = series
             continue
         floor = percentiles_ms(series["floor"])
@@ -285,7 +303,7 @@ def plot(raw: dict[str, Any]) -> list[str]:
     plt = pyplot()
     figure, axis = plt.subplots(figsize=(7, 4.5))
     for name, series in raw.items():
-        if name == "api_cost":
+        if name in {"api_cost", "watch_restarts"}:
             continue
         for key, style in (("taint", "-"), ("floor", ":")):
             values = sorted(v * 1000 for v in series[key])
