@@ -67,6 +67,180 @@ def _cmd_agent(args: argparse.Namespace) -> int:
     return run_agent(config, node=args.node, kubeconfig=args.kubeconfig)
 
 
+def _operator(args: argparse.Namespace) -> int:
+    """Build the context of an operator command, run it, and turn the ways it can
+    fail before it starts (no kubeconfig, bad config, API unreachable) into exit codes."""
+    import httpx2  # noqa: PLC0415
+    from lightkube import ApiError  # noqa: PLC0415
+    from lightkube.core.exceptions import ConfigError as KubeConfigError  # noqa: PLC0415
+
+    from gpuheal.config import ConfigError, load_config  # noqa: PLC0415
+    from gpuheal.kube.client import operator_client  # noqa: PLC0415
+    from gpuheal.ops import exitcodes  # noqa: PLC0415
+    from gpuheal.ops.context import Context  # noqa: PLC0415
+
+    prog = f"gpuheal {args.command}"
+    try:
+        config = load_config(args.config)
+    except ConfigError as err:
+        print(f"{prog}: {err}", file=sys.stderr)
+        return exitcodes.USAGE
+    try:
+        client = operator_client(args.kubeconfig, args.context)
+    except (KubeConfigError, OSError) as err:
+        print(f"{prog}: cannot load a kubeconfig: {err}", file=sys.stderr)
+        return exitcodes.USAGE
+    try:
+        code: int = args.operate(Context(client=client, config=config, output=args.output), args)
+    except ApiError as err:
+        print(f"{prog}: the API server refused: {err.status.code} {err}", file=sys.stderr)
+        return exitcodes.ERROR
+    except httpx2.HTTPError as err:
+        print(f"{prog}: cannot reach the API server: {err}", file=sys.stderr)
+        return exitcodes.ERROR
+    return code
+
+
+def _operator_options() -> argparse.ArgumentParser:
+    """kubectl's habits, shared by every operator command."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--kubeconfig",
+        type=Path,
+        help="kubeconfig (default: $KUBECONFIG, then ~/.kube/config, then in-cluster)",
+    )
+    common.add_argument("--context", help="kubeconfig context (default: its current context)")
+    common.add_argument(
+        "-o",
+        "--output",
+        default="table",
+        choices=["table", "json", "yaml"],
+        help="output format (default table)",
+    )
+    common.add_argument(
+        "--config",
+        type=Path,
+        help="the controller's YAML config: pools, health gate, maintenance (default: built-in)",
+    )
+    return common
+
+
+def _add_operator_commands(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> None:
+    from gpuheal.ops import commands as ops  # noqa: PLC0415 -- thin: imports on call
+
+    common = _operator_options()
+    status = commands.add_parser(
+        "status",
+        parents=[common],
+        help="the GPU fleet at a glance: node states, GPUs per pool, faults, breaker budget",
+        description=(
+            "GPU nodes by state (healthy, suspect, quarantined, draining, held, "
+            "maintenance, not ready), GPUs per pool as capacity / allocatable / allocated, "
+            "the open faults and the breaker's remaining budget."
+        ),
+    )
+    status.set_defaults(func=_operator, operate=ops.status)
+
+    maintenance = commands.add_parser(
+        "maintenance",
+        help="take a GPU node out for maintenance and bring it back through the health gate",
+    )
+    steps = maintenance.add_subparsers(dest="step", required=True, metavar="STEP")
+    start = steps.add_parser(
+        "start",
+        parents=[common],
+        help="label, taint and cordon the node, ask GPU workloads to checkpoint, then drain",
+        description=(
+            "Mark NODE in maintenance (label gpuheal.io/state=maintenance, a NoSchedule "
+            "taint, cordon), ask its GPU workloads to checkpoint, wait for them to leave, "
+            "then drain it through the Eviction API, respecting PodDisruptionBudgets. "
+            "DaemonSet pods stay. Prints what blocks the drain. Nodes in maintenance are "
+            "not faults and do not count against the breaker."
+        ),
+    )
+    start.add_argument("node", metavar="NODE")
+    start.add_argument("--reason", required=True, help="why (recorded on the node and in Events)")
+    start.add_argument(
+        "--checkpoint",
+        choices=["annotate", "webhook", "none"],
+        help="how GPU workloads are told to checkpoint (default: config maintenance.checkpoint)",
+    )
+    start.add_argument(
+        "--checkpoint-wait",
+        type=float,
+        metavar="SECONDS",
+        help="how long GPU pods get to leave on their own (default: config)",
+    )
+    start.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help="drain deadline; exit 4 with the blockers when it passes (default: config)",
+    )
+    start.add_argument(
+        "--delete-emptydir-data",
+        action="store_true",
+        help="evict pods with emptyDir volumes (their data is lost)",
+    )
+    start.add_argument(
+        "--force",
+        action="store_true",
+        help="also evict pods no controller manages (they are not recreated)",
+    )
+    start.add_argument(
+        "--no-drain", action="store_true", help="mark, taint and cordon only; do not evict"
+    )
+    start.set_defaults(func=_operator, operate=ops.maintenance_start)
+
+    finish = steps.add_parser(
+        "finish",
+        parents=[common],
+        help="run the health gate; only if it passes, remove our taint and label and uncordon",
+    )
+    finish.add_argument("node", metavar="NODE")
+    finish.set_defaults(func=_operator, operate=ops.maintenance_finish)
+
+    gate = commands.add_parser(
+        "gate",
+        parents=[common],
+        help="run the health gate on a node and change nothing",
+        description=(
+            "The checks a node must pass before it is returned: Ready, GPU count, "
+            "driver version, no new Xid/ECC errors, diagnostics, device-plugin pod. "
+            "Exit 0 when all pass, else 64 + the failing checks' bits."
+        ),
+    )
+    gate.add_argument("node", metavar="NODE")
+    gate.set_defaults(func=_operator, operate=ops.gate)
+
+    doctor = commands.add_parser(
+        "doctor",
+        parents=[common],
+        help="why a GPU node or its workloads are stuck, in plain sentences",
+        description=(
+            "Answers, in order: is NODE registered and Ready; does the scheduler see its "
+            "GPUs; why workloads did not move; what else is affected. Exit 3 when it "
+            "finds a problem."
+        ),
+    )
+    doctor.add_argument("node", metavar="NODE")
+    doctor.set_defaults(func=_operator, operate=ops.doctor)
+
+    audit = commands.add_parser(
+        "audit",
+        parents=[common],
+        help="fleet audit: leaked GPUs, zombie GPU processes, version skew, missing labels",
+        description=(
+            "Per node: allocatable GPUs against live pods' requests (leaks), GPU processes "
+            "of no live pod, GPU nodes with zero allocatable, driver and CUDA skew within "
+            "a pool, GPU nodes missing the expected taint or labels. Exit 3 on findings."
+        ),
+    )
+    audit.set_defaults(func=_operator, operate=ops.audit)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpuheal",
@@ -139,6 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="kubeconfig (default: in-cluster, then $KUBECONFIG, then ~/.kube/config)",
     )
     agent.set_defaults(func=_cmd_agent)
+    _add_operator_commands(commands)
     return parser
 
 

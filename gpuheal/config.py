@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from gpuheal.model import GPU_HEALTHY_CONDITION, Mode, Severity
+from gpuheal.model import GPU_HEALTHY_CONDITION, MAINTENANCE_TAINT_KEY, Mode, Severity
 
 
 class ConfigError(ValueError):
@@ -94,6 +94,60 @@ class DeviceHealthConfig:
 
 
 @dataclass(frozen=True)
+class PoolConfig:
+    """What every node of one GPU pool should look like (the health gate, `audit`)."""
+
+    # GPUs each node should offer; None: the node's expectedGpusLabel, if any.
+    gpus_per_node: int | None = None
+    # The resource those GPUs are offered as (nvidia.com/gpu, or a MIG resource).
+    resource: str = "nvidia.com/gpu"
+    # "": the version most nodes of the pool run.
+    driver_version: str = ""
+    cuda_version: str = ""
+
+
+@dataclass(frozen=True)
+class PoolsConfig:
+    # The node label naming a node's pool; then the fallbacks, in order.
+    label: str = "gpuheal.io/pool"
+    fallback_labels: tuple[str, ...] = ("nvidia.com/gpu.product",)
+    # GPU feature discovery's per-node GPU count.
+    expected_gpus_label: str = "nvidia.com/gpu.count"
+    by_name: Mapping[str, PoolConfig] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HealthGateConfig:
+    """Checks a node passes before it is returned (docs/operations.md)."""
+
+    # The controller's recovery runs the gate before it removes the fault taint.
+    on_recovery: bool = True
+    # The device-plugin pod on the node: found by these labels, in these namespaces
+    # (empty: any). Not required: a node without one passes this check.
+    device_plugin_selector: Mapping[str, str] = field(
+        default_factory=lambda: {"app": "nvidia-device-plugin-daemonset"}
+    )
+    device_plugin_namespaces: tuple[str, ...] = ()
+    device_plugin_required: bool = False
+    # A diagnostics result (gpuheal.io/diagnostics) must be present, passing and fresh.
+    diagnostics_required: bool = False
+    diagnostics_max_age_seconds: float = 86400.0
+
+
+@dataclass(frozen=True)
+class MaintenanceConfig:
+    taint_key: str = MAINTENANCE_TAINT_KEY
+    taint_effect: str = "NoSchedule"
+    # How GPU workloads are told to checkpoint: annotate | webhook | none.
+    checkpoint: str = "annotate"
+    checkpoint_webhook_url: str = ""
+    # How long GPU pods get to leave on their own before the drain.
+    checkpoint_wait_seconds: float = 300.0
+    drain_timeout_seconds: float = 1800.0
+    eviction_retry_seconds: float = 5.0
+
+
+@dataclass(frozen=True)
 class Config:
     # Which nodes are GPU nodes we manage (label equality, all must match).
     node_selector: Mapping[str, str] = field(
@@ -146,6 +200,9 @@ class Config:
     watch_inactivity_seconds: float = 90.0
     leader_election: LeaderElection = field(default_factory=LeaderElection)
     device_health: DeviceHealthConfig = field(default_factory=DeviceHealthConfig)
+    pools: PoolsConfig = field(default_factory=PoolsConfig)
+    health_gate: HealthGateConfig = field(default_factory=HealthGateConfig)
+    maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
 
     def mode_for(self, reason: str) -> Mode:
         return self.mode_by_reason.get(reason, self.mode)
@@ -329,6 +386,59 @@ _DEVICE_HEALTH: dict[str, tuple[str, Any]] = {
 }
 
 
+def _checkpoint(value: Any) -> str:
+    if value not in ("annotate", "webhook", "none"):
+        raise ValueError(f"must be annotate, webhook or none, got {value!r}")
+    return str(value)
+
+
+_POOL: dict[str, tuple[str, Any]] = {
+    "gpusPerNode": ("gpus_per_node", integer(0)),
+    "resource": ("resource", string),
+    "driverVersion": ("driver_version", string),
+    "cudaVersion": ("cuda_version", string),
+}
+
+_POOLS: dict[str, tuple[str, Any]] = {
+    "label": ("label", string),
+    "fallbackLabels": ("fallback_labels", strings),
+    "expectedGpusLabel": ("expected_gpus_label", string),
+    "byName": ("by_name", dict),  # each entry parsed with _POOL in parse_config
+}
+
+_HEALTH_GATE: dict[str, tuple[str, Any]] = {
+    "onRecovery": ("on_recovery", boolean),
+    "devicePluginSelector": ("device_plugin_selector", string_map),
+    "devicePluginNamespaces": ("device_plugin_namespaces", strings),
+    "devicePluginRequired": ("device_plugin_required", boolean),
+    "diagnosticsRequired": ("diagnostics_required", boolean),
+    "diagnosticsMaxAgeSeconds": ("diagnostics_max_age_seconds", number(1)),
+}
+
+_MAINTENANCE: dict[str, tuple[str, Any]] = {
+    "taintKey": ("taint_key", string),
+    "taintEffect": ("taint_effect", effect),
+    "checkpoint": ("checkpoint", _checkpoint),
+    "checkpointWebhookUrl": ("checkpoint_webhook_url", _url),
+    "checkpointWaitSeconds": ("checkpoint_wait_seconds", number(0)),
+    "drainTimeoutSeconds": ("drain_timeout_seconds", number(1)),
+    "evictionRetrySeconds": ("eviction_retry_seconds", number(0.1)),
+}
+
+
+def _pools(raw: Any, errors: list[str]) -> PoolsConfig:
+    values = fields_of(raw, _POOLS, "pools", errors)
+    by_name = values.get("by_name", {})
+    if not isinstance(by_name, dict):
+        errors.append(f"pools.byName: must be a map, got {type(by_name).__name__}")
+        by_name = {}
+    values["by_name"] = {
+        str(name): PoolConfig(**fields_of(pool, _POOL, f"pools.byName.{name}", errors))
+        for name, pool in by_name.items()
+    }
+    return PoolsConfig(**values)
+
+
 def fields_of(
     raw: Any, schema: dict[str, tuple[str, Any]], path: str, errors: list[str]
 ) -> dict[str, Any]:
@@ -378,7 +488,15 @@ def parse_config(raw: Any) -> Config:
     """Validate a decoded YAML document; raise ConfigError naming every bad key."""
     errors: list[str] = []
     raw = {} if raw is None else raw
-    nested = {"conditions", "leaderElection", "notificationSinks", "deviceHealth"}
+    nested = {
+        "conditions",
+        "leaderElection",
+        "notificationSinks",
+        "deviceHealth",
+        "pools",
+        "healthGate",
+        "maintenance",
+    }
     top = {k: v for k, v in raw.items() if k not in nested} if isinstance(raw, dict) else raw
     values = fields_of(top, _TOP, "", errors)
     if isinstance(raw, dict):
@@ -396,6 +514,16 @@ def parse_config(raw: Any) -> Config:
             values["device_health"] = DeviceHealthConfig(
                 **fields_of(raw["deviceHealth"], _DEVICE_HEALTH, "deviceHealth", errors)
             )
+        if "pools" in raw:
+            values["pools"] = _pools(raw["pools"], errors)
+        if "healthGate" in raw:
+            values["health_gate"] = HealthGateConfig(
+                **fields_of(raw["healthGate"], _HEALTH_GATE, "healthGate", errors)
+            )
+        if "maintenance" in raw:
+            values["maintenance"] = MaintenanceConfig(
+                **fields_of(raw["maintenance"], _MAINTENANCE, "maintenance", errors)
+            )
     if not errors:
         config = Config(**values)
         errors.extend(_cross_checks(config))
@@ -408,6 +536,9 @@ def _cross_checks(config: Config) -> list[str]:
     errors = []
     if config.eviction_retry_max_seconds < config.eviction_retry_base_seconds:
         errors.append("evictionRetryMaxSeconds: must be >= evictionRetryBaseSeconds")
+    m = config.maintenance
+    if m.checkpoint == "webhook" and not m.checkpoint_webhook_url:
+        errors.append("maintenance.checkpointWebhookUrl: required when checkpoint is webhook")
     le = config.leader_election
     if not le.retry_period_seconds < le.renew_deadline_seconds < le.lease_seconds:
         errors.append(

@@ -31,8 +31,34 @@ UNKNOWN_DEVICES = "gpuheal.io/unknown-devices"
 # Canary pods the controller runs before it releases a device.
 CANARY_LABEL = "gpuheal.io/canary"
 
+# Facts the agent reports on its Node for the health gate, `status` and `audit`.
+DRIVER_VERSION = "gpuheal.io/driver-version"
+CUDA_VERSION = "gpuheal.io/cuda-version"
+# Error counters since COUNTERS_SINCE (the agent's start: a reboot resets them).
+XID_ERRORS = "gpuheal.io/xid-errors"
+ECC_ERRORS = "gpuheal.io/ecc-errors"  # uncorrectable
+COUNTERS_SINCE = "gpuheal.io/counters-since"
+LAST_GPU_ERROR = "gpuheal.io/last-gpu-error"  # RFC 3339 of the newest Xid or ECC error
+# Compute processes on the GPUs: "pid@podUID,..." ("pid@" when the process is in no pod).
+GPU_PROCESSES = "gpuheal.io/gpu-processes"
+# A diagnostics run (dcgmi diag, nccl-tests) recorded on the node by whoever ran it:
+# JSON {"result": "pass"|"fail", "time": RFC 3339, "tool": str, "detail": str}.
+DIAGNOSTICS = "gpuheal.io/diagnostics"
+
+# Written by `gpuheal maintenance` on the Node; removed by `maintenance finish`.
+MAINTENANCE_TAINT_KEY = "gpuheal.io/maintenance"
+MAINTENANCE_REASON = "gpuheal.io/maintenance-reason"
+MAINTENANCE_SINCE = "gpuheal.io/maintenance-since"
+# The error counters when maintenance began: JSON {"xid": n, "ecc": n, "since": ts}.
+MAINTENANCE_BASELINE = "gpuheal.io/maintenance-baseline"
+# "true" when maintenance cordoned the node (finish uncordons only then).
+MAINTENANCE_CORDONED = "gpuheal.io/maintenance-cordoned"
+# On GPU pods: checkpoint now, the node is going into maintenance (RFC 3339 deadline).
+CHECKPOINT_REQUESTED = "gpuheal.io/checkpoint-requested"
+
 TAINT_KEY = "gpuheal.io/gpu-fault"
 STATE_LABEL = "gpuheal.io/state"
+STATE_MAINTENANCE = "maintenance"
 MANAGED_LABEL = "gpuheal.io/managed"
 GPU_HEALTHY_CONDITION = "GPUHealthy"
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import httpx2
 from lightkube import AsyncClient, Client, KubeConfig
+from lightkube.config.kubeconfig import SingleConfig
+from lightkube.core.exceptions import ConfigError
 
 FIELD_MANAGER = "gpuheal"
 
@@ -24,6 +27,32 @@ def sync_client(
         field_manager=FIELD_MANAGER,
         trust_env=trust_env,
         timeout=httpx2.Timeout(timeout_s),
+    )
+
+
+def operator_config(kubeconfig: Path | None, context: str | None) -> SingleConfig:
+    """kubectl's order, for an operator's shell: --kubeconfig, then the first file of
+    $KUBECONFIG, then ~/.kube/config, then the in-cluster service account; then
+    --context, else the file's current context. lightkube's ConfigError on failure."""
+    path = kubeconfig
+    if path is None and os.environ.get("KUBECONFIG"):
+        path = Path(os.environ["KUBECONFIG"].split(os.pathsep)[0])
+    if path is None and (home := Path("~/.kube/config").expanduser()).exists():
+        path = home
+    loaded = KubeConfig.from_file(path) if path else KubeConfig.from_service_account()
+    config = loaded.get(context_name=context)
+    if config is None:
+        raise ConfigError(f"no context in {path or 'the service account'}; pass --context")
+    return config
+
+
+def operator_client(kubeconfig: Path | None, context: str | None) -> Client:
+    """A blocking client for the operator CLI (see operator_config)."""
+    return Client(
+        config=operator_config(kubeconfig, context),
+        field_manager=FIELD_MANAGER,
+        trust_env=True,  # operators' shells may need their proxy
+        timeout=httpx2.Timeout(30.0),
     )
 
 

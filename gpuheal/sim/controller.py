@@ -14,13 +14,9 @@ from typing import Any
 
 import yaml
 from lightkube import ApiError, Client, codecs
-from lightkube.generic_resource import create_global_resource
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 
 from gpuheal.sim.process import Component, free_port, http_ok, stop_all
-
-# The GPUFault resource for lightkube clients (tests, demo, the warm-up below).
-GPUFault = create_global_resource("gpuheal.io", "v1alpha1", "GPUFault", "gpufaults")
 
 CRD_FILE = Path(__file__).resolve().parents[2] / "deploy" / "crds" / "gpufaults.gpuheal.io.yaml"
 

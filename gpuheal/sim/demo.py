@@ -26,8 +26,9 @@ from typing import Any, TextIO
 from lightkube import Client
 from lightkube.resources.core_v1 import Node, Pod
 
+from gpuheal.kube.resources import GPUFault
 from gpuheal.sim.agent import AgentProcess
-from gpuheal.sim.controller import ControllerProcess, GPUFault, install_crds
+from gpuheal.sim.controller import ControllerProcess, install_crds
 from gpuheal.sim.controlplane import ControlPlane, ControlPlaneConfig
 from gpuheal.sim.gpustate import read_gpu_state, render
 from gpuheal.sim.nodes import create_gpu_nodes, wait_nodes_ready

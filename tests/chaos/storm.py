@@ -10,6 +10,7 @@ from typing import Any
 from lightkube import Client
 from lightkube.resources.core_v1 import Node, Pod
 
+from gpuheal.kube.resources import GPUFault
 from gpuheal.model import (
     FAULT_ID,
     FAULT_REASON,
@@ -20,7 +21,7 @@ from gpuheal.model import (
     Phase,
 )
 from gpuheal.sim import ControlPlane, audit
-from gpuheal.sim.controller import ControllerProcess, GPUFault
+from gpuheal.sim.controller import ControllerProcess
 from gpuheal.sim.nodes import create_gpu_nodes, wait_nodes_ready
 from gpuheal.sim.workloads import apply, create_namespace, gpu_pod
 from tests.chaos.conftest import CONTROLLER_USER

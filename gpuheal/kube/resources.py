@@ -1,0 +1,7 @@
+"""lightkube resource types for our custom resources."""
+
+from __future__ import annotations
+
+from lightkube.generic_resource import create_global_resource
+
+GPUFault = create_global_resource("gpuheal.io", "v1alpha1", "GPUFault", "gpufaults")

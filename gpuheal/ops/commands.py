@@ -1,0 +1,37 @@
+"""The operator commands' entry points, as the CLI calls them.
+
+Each takes the Context and the parsed arguments and returns an exit code
+(ops/exitcodes.py); the work is in the module named after the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the CLI imports this module to build --help: keep it light
+    from gpuheal.ops.context import Context
+
+
+def status(ctx: Context, args: argparse.Namespace) -> int:
+    raise NotImplementedError
+
+
+def maintenance_start(ctx: Context, args: argparse.Namespace) -> int:
+    raise NotImplementedError
+
+
+def maintenance_finish(ctx: Context, args: argparse.Namespace) -> int:
+    raise NotImplementedError
+
+
+def gate(ctx: Context, args: argparse.Namespace) -> int:
+    raise NotImplementedError
+
+
+def doctor(ctx: Context, args: argparse.Namespace) -> int:
+    raise NotImplementedError
+
+
+def audit(ctx: Context, args: argparse.Namespace) -> int:
+    raise NotImplementedError

@@ -1,0 +1,29 @@
+"""What every operator command is given: the client, the config, the output."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from lightkube import Client
+from rich.console import Console
+
+from gpuheal.config import Config
+
+
+def _utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+@dataclass
+class Context:
+    client: Client
+    config: Config
+    output: str = "table"  # table | json | yaml (ops/output.py)
+    # Results go to stdout; progress and warnings to stderr, so -o json stays parseable.
+    out: Console = field(default_factory=lambda: Console(soft_wrap=True))
+    err: Console = field(default_factory=lambda: Console(stderr=True, soft_wrap=True))
+    now: Callable[[], dt.datetime] = _utcnow
+    # Who is acting, for Events and annotations (the kubeconfig user, else "gpuheal-cli").
+    actor: str = "gpuheal-cli"
