@@ -54,7 +54,7 @@ def kinds(objects: list[dict[str, Any]]) -> dict[str, int]:
 def test_the_chart_renders_for_the_default_and_other_values(control_plane: ControlPlane) -> None:
     default = render(control_plane, "gh", "gpuheal-system")
     assert kinds(default) == {
-        "CustomResourceDefinition": 1, "ServiceAccount": 2, "ClusterRole": 2, "ClusterRoleBinding": 2,
+        "CustomResourceDefinition": 1, "ServiceAccount": 2, "ClusterRole": 4, "ClusterRoleBinding": 2,
         "Role": 2, "RoleBinding": 2, "ConfigMap": 2, "Secret": 1, "Deployment": 1, "Service": 1,
         "PodDisruptionBudget": 1, "ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1,
         "DaemonSet": 1,
