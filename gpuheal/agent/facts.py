@@ -78,18 +78,24 @@ def pod_uid(cgroup: str) -> str:
     return ""
 
 
+UNKNOWN_POD = "?"
+
+
 def pod_of_pid(proc_root: Path, pid: int) -> str:
-    """The pod UID of a process, "" when it is in no pod or already gone."""
+    """The pod UID of a process, "" when it is in no pod, "?" when its cgroup
+    cannot be read (it exited, or procRoot is not the host's /proc: without
+    hostPID or the host's /proc mounted, NVML's host PIDs are not visible)."""
     try:
         text = (proc_root / str(pid) / "cgroup").read_text(errors="replace")
     except OSError:
-        return ""
+        return UNKNOWN_POD
     return pod_uid(text)
 
 
 def gpu_processes(pids: Iterable[int], proc_root: Path, cap: int) -> str:
-    """The GPU_PROCESSES value: "pid@podUID,..." sorted by pid, at most `cap`
-    entries (an annotation must stay small: the rest are left out and logged)."""
+    """The GPU_PROCESSES value: "pid@podUID,..." sorted by pid ("pid@" outside any
+    pod, "pid@?" unknown), at most `cap` entries (an annotation must stay small:
+    the rest are left out and logged)."""
     unique = sorted(set(pids))
     if len(unique) > cap:
         log.warning(
@@ -98,16 +104,6 @@ def gpu_processes(pids: Iterable[int], proc_root: Path, cap: int) -> str:
         )
         unique = unique[:cap]
     return ",".join(f"{pid}@{pod_of_pid(proc_root, pid)}" for pid in unique)
-
-
-def parse_processes(value: str) -> list[tuple[int, str]]:
-    """GPU_PROCESSES back into (pid, pod UID) pairs; malformed entries are skipped."""
-    entries = []
-    for item in value.split(","):
-        pid, sep, uid = item.strip().partition("@")
-        if sep and pid.isdigit():
-            entries.append((int(pid), uid))
-    return entries
 
 
 class Counters:

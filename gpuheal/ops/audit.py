@@ -292,6 +292,8 @@ def _processes(node: Node, pods: Sequence[Pod], pool: str, warnings: list[str]) 
     live = {p.metadata.uid for p in pods if pod_live(p) and p.metadata and p.metadata.uid}
     by_uid: dict[str, list[str]] = defaultdict(list)
     for pid, uid in entries:
+        if uid == "?":  # the agent could not tell (the process exited, or no host /proc)
+            continue
         if not uid or uid not in live:
             by_uid[uid].append(str(pid))
     found = []

@@ -274,7 +274,8 @@ def test_leaks_stuck_terminating_pods_not_ready_nodes_and_overallocation() -> No
 
 
 def test_zombie_and_host_gpu_processes() -> None:
-    nodes = [node("a0", annotations={GPU_PROCESSES: "10@live,11@gone,12@gone,13@,14@done"})]
+    processes = "10@live,11@gone,12@gone,13@,14@done,15@?"  # 15: the agent could not tell
+    nodes = [node("a0", annotations={GPU_PROCESSES: processes})]
     pods = [pod("p", "a0", uid="live"), pod("d", "a0", uid="done", phase="Failed")]
     report = audit(snap(nodes, pods), Config(), NOW)
     assert kinds(report) == [
