@@ -141,6 +141,12 @@ def _add_operator_commands(
             "the open faults and the breaker's remaining budget."
         ),
     )
+    status.add_argument(
+        "-l",
+        "--selector",
+        default="",
+        help="only GPU nodes with these labels (k=v,k2!=v2,k3); the breaker counts all",
+    )
     status.set_defaults(func=_operator, operate=ops.status)
 
     maintenance = commands.add_parser(
@@ -237,6 +243,19 @@ def _add_operator_commands(
             "of no live pod, GPU nodes with zero allocatable, driver and CUDA skew within "
             "a pool, GPU nodes missing the expected taint or labels. Exit 3 on findings."
         ),
+    )
+    audit.add_argument(
+        "-l",
+        "--selector",
+        default="",
+        help="only nodes with these labels (k=v,k2!=v2,k3); pools are judged on those nodes",
+    )
+    audit.add_argument(
+        "--stuck-after",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="a GPU pod Terminating this long past its grace period is a leak (default 60)",
     )
     audit.set_defaults(func=_operator, operate=ops.audit)
 

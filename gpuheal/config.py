@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from gpuheal.model import GPU_HEALTHY_CONDITION, MAINTENANCE_TAINT_KEY, Mode, Severity
+from gpuheal.model import GPU_HEALTHY_CONDITION, MAINTENANCE_TAINT_KEY, Mode, Severity, Taint
 
 
 class ConfigError(ValueError):
@@ -104,6 +104,10 @@ class PoolConfig:
     # "": the version most nodes of the pool run.
     driver_version: str = ""
     cuda_version: str = ""
+    # `gpuheal audit`: labels ("*": any value) and taints this pool's nodes must carry,
+    # on top of the fleet-wide ones in PoolsConfig.
+    expected_labels: Mapping[str, str] = field(default_factory=dict)
+    expected_taints: tuple[Taint, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,9 @@ class PoolsConfig:
     # GPU feature discovery's per-node GPU count.
     expected_gpus_label: str = "nvidia.com/gpu.count"
     by_name: Mapping[str, PoolConfig] = field(default_factory=dict)
+    # `gpuheal audit`: labels ("*": any value) and taints every GPU node must carry.
+    expected_labels: Mapping[str, str] = field(default_factory=dict)
+    expected_taints: tuple[Taint, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -392,11 +399,33 @@ def _checkpoint(value: Any) -> str:
     return str(value)
 
 
+_TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+def taint_spec(value: Any) -> Taint:
+    """ "key[=value]:Effect", as kubectl taint writes it."""
+    text = string(value)
+    head, sep, effect_ = text.rpartition(":")
+    key, _, taint_value = head.partition("=")
+    if not sep or not key or effect_ not in _TAINT_EFFECTS:
+        choices = ", ".join(_TAINT_EFFECTS)
+        raise ValueError(f"must be key[=value]:Effect with Effect one of {choices}, got {text!r}")
+    return Taint(key=key, effect=effect_, value=taint_value)
+
+
+def taint_specs(value: Any) -> tuple[Taint, ...]:
+    if not isinstance(value, list):
+        raise ValueError(f"must be a list of key[=value]:Effect, got {value!r}")
+    return tuple(taint_spec(item) for item in value)
+
+
 _POOL: dict[str, tuple[str, Any]] = {
     "gpusPerNode": ("gpus_per_node", integer(0)),
     "resource": ("resource", string),
     "driverVersion": ("driver_version", string),
     "cudaVersion": ("cuda_version", string),
+    "expectedLabels": ("expected_labels", string_map),
+    "expectedTaints": ("expected_taints", taint_specs),
 }
 
 _POOLS: dict[str, tuple[str, Any]] = {
@@ -404,6 +433,8 @@ _POOLS: dict[str, tuple[str, Any]] = {
     "fallbackLabels": ("fallback_labels", strings),
     "expectedGpusLabel": ("expected_gpus_label", string),
     "byName": ("by_name", dict),  # each entry parsed with _POOL in parse_config
+    "expectedLabels": ("expected_labels", string_map),
+    "expectedTaints": ("expected_taints", taint_specs),
 }
 
 _HEALTH_GATE: dict[str, tuple[str, Any]] = {

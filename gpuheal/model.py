@@ -39,7 +39,8 @@ XID_ERRORS = "gpuheal.io/xid-errors"
 ECC_ERRORS = "gpuheal.io/ecc-errors"  # uncorrectable
 COUNTERS_SINCE = "gpuheal.io/counters-since"
 LAST_GPU_ERROR = "gpuheal.io/last-gpu-error"  # RFC 3339 of the newest Xid or ECC error
-# Compute processes on the GPUs: "pid@podUID,..." ("pid@" when the process is in no pod).
+# Compute processes on the GPUs: "pid@podUID,..." ("pid@" when the process is in no pod,
+# "pid@?" when the agent could not tell: the process exited, or the host's /proc is not visible).
 GPU_PROCESSES = "gpuheal.io/gpu-processes"
 # A diagnostics run (dcgmi diag, nccl-tests) recorded on the node by whoever ran it:
 # JSON {"result": "pass"|"fail", "time": RFC 3339, "tool": str, "detail": str}.

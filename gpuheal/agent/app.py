@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from gpuheal.agent.config import AgentConfig
 from gpuheal.agent.debounce import Debounce, Report, step
 from gpuheal.agent.environment import check_environment
+from gpuheal.agent.facts import Counters, gpu_processes
 from gpuheal.agent.findings import Finding, ProbeResult, Verdict, verdict
 from gpuheal.agent.kmsg import (
     GpuAt,
@@ -38,10 +39,13 @@ from gpuheal.agent.reporter import NodeReporter, desired
 from gpuheal.agent.smi import run_smi
 from gpuheal.agent.timeouts import GuardedProbe
 from gpuheal.model import (
+    CUDA_VERSION,
+    DRIVER_VERSION,
     FAULT_DEVICES,
     FAULT_ID,
     FAULT_REASON,
     FAULT_TIME,
+    GPU_PROCESSES,
     STATUS,
     STATUS_FAULTY,
     Severity,
@@ -168,6 +172,10 @@ class Agent:
             config.xid_hold_seconds,
         )
         self.pci_to_uuid: dict[str, str] = {}
+        self.counters = Counters(dt.datetime.now(dt.UTC))
+        self._processes_at: float | None = None  # monotonic time of the last listing
+        self._listed_pids: tuple[int, ...] | None = None
+        self._processes = ""
         self.probes: list[Callable[[], ProbeResult]] = []
         self.nvml: NvmlProbe | None = None
         self.watcher: XidWatcher | None = None
@@ -177,6 +185,7 @@ class Agent:
                 nvml_lib,
                 expected_gpus=self._expected_gpus,
                 thresholds=Thresholds(config.temperature_warning_c, config.temperature_critical_c),
+                processes_due=self._processes_due,
             )
             self.probes.append(
                 GuardedProbe("nvml", self.nvml.run, config.nvml_timeout_seconds, level=True).run
@@ -210,6 +219,7 @@ class Agent:
 
     def _xid(self, xid: int, device: str, recovery_action: int | None = None) -> None:
         self.metrics.xids.labels(str(xid)).inc()
+        self.counters.xid(dt.datetime.now(dt.UTC))
         finding = xid_finding(xid, device, recovery_action, table=self.config.xid_overrides)
         if finding.severity is not Severity.P2:
             self.sticky.add(finding)
@@ -252,6 +262,34 @@ class Agent:
             return self.nvml.devices.by_pci.get(pci, pci)
         return pci
 
+    def _processes_due(self) -> bool:
+        """List the GPU processes this round? At most every processReportSeconds."""
+        every = self.config.process_report_seconds
+        now = time.monotonic()
+        if every <= 0 or (self._processes_at is not None and now - self._processes_at < every):
+            return False
+        self._processes_at = now
+        return True
+
+    def facts(self) -> dict[str, str]:
+        """What the Node should say besides the verdict (agent/facts.py)."""
+        facts = self.counters.facts()
+        nvml = self.nvml
+        if nvml is None:
+            return facts
+        if nvml.versions.driver:
+            facts[DRIVER_VERSION] = nvml.versions.driver
+        if nvml.versions.cuda:
+            facts[CUDA_VERSION] = nvml.versions.cuda
+        if nvml.pids is not None:
+            if nvml.pids != self._listed_pids:
+                self._listed_pids = nvml.pids
+                self._processes = gpu_processes(
+                    nvml.pids, self.config.proc_root, self.config.process_report_max
+                )
+            facts[GPU_PROCESSES] = self._processes
+        return facts
+
     def _expected_gpus(self) -> int | None:
         if self.config.expected_gpus is not None:
             return self.config.expected_gpus
@@ -273,6 +311,8 @@ class Agent:
             if not result.ran:
                 self.metrics.probe_failures.labels(result.probe).inc()
             results.append(result)
+        if self.nvml is not None and self.nvml.ecc_uncorrected is not None:
+            self.counters.ecc_total(self.nvml.ecc_uncorrected, dt.datetime.now(dt.UTC))
         if self.follower is not None or self.watcher is not None:
             results.append(ProbeResult("events", ran=True, findings=self.sticky.current()))
         seen = verdict(results)
@@ -342,7 +382,7 @@ class Agent:
             if not self._adopted:
                 self._adopt(self.reporter.read())
                 self._adopted = True
-            if self.reporter.sync(desired(self.state.reported, seen)):
+            if self.reporter.sync(desired(self.state.reported, seen), self.facts()):
                 self.metrics.reports.inc()
             self._report_failures = 0
         except Exception as err:

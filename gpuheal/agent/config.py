@@ -51,6 +51,13 @@ class AgentConfig:
     # How long an Xid (or other kernel event) keeps a GPU faulty; None: until reboot.
     xid_hold_seconds: float | None = None
     metrics_port: int = 9101
+    # Where the host's /proc is seen (/proc with hostPID; else the host's /proc mounted):
+    # a GPU process's /proc/<pid>/cgroup names its pod.
+    proc_root: Path = Path("/proc")
+    # GPU compute processes are listed at most this often (they change often); 0: never.
+    process_report_seconds: float = 60.0
+    # At most this many processes in the annotation; the rest are left out (and logged).
+    process_report_max: int = 64
 
 
 def _path(value: Any) -> Path:
@@ -114,6 +121,9 @@ _SCHEMA: dict[str, tuple[str, Any]] = {
     "xid": ("xid_overrides", _xid_rows),
     "xidHoldSeconds": ("xid_hold_seconds", number(0)),
     "metricsPort": ("metrics_port", integer(0)),
+    "procRoot": ("proc_root", _path),
+    "processReportSeconds": ("process_report_seconds", number(0)),
+    "processReportMax": ("process_report_max", integer(1)),
 }
 
 

@@ -5,6 +5,7 @@ NVMLError, so the probe code runs unchanged. The spec is read again whenever
 the file changes, so a test injects a fault by rewriting it:
 
     driverVersion: "550.54.15"
+    cudaDriverVersion: 12040   # nvmlSystemGetCudaDriverVersion ("12.4")
     visible: 7                 # optional: fewer devices than listed ("fell off")
     devices:
       - uuid: GPU-0a1b...
@@ -16,6 +17,8 @@ the file changes, so a test injects a fault by rewriting it:
         recoveryAction: 0      # NVML_GPU_RECOVERY_ACTION_*
         lost: false            # every call: NVML_ERROR_GPU_IS_LOST
         hangSeconds: 0         # every call blocks this long (a hung driver)
+        processes:             # compute processes (nvmlDeviceGetComputeRunningProcesses)
+          - {pid: 4242, usedMemoryMiB: 1024}
     xidEvents:                 # delivered once each through the event set
       - {id: 1, device: 0, xid: 79}
     initError: false           # nvmlInit fails (driver not loaded)
@@ -45,6 +48,12 @@ class _Handle:
 @dataclass
 class _PciInfo:
     busId: str  # noqa: N815 -- pynvml's field name
+
+
+@dataclass
+class _ProcessInfo:
+    pid: int
+    usedGpuMemory: int  # noqa: N815 -- bytes, as pynvml's c_nvmlProcessInfo_t
 
 
 @dataclass
@@ -103,6 +112,9 @@ class FakeNvml:
     def nvmlSystemGetDriverVersion(self) -> str:  # noqa: N802
         return str(self._load().get("driverVersion", "550.54.15"))
 
+    def nvmlSystemGetCudaDriverVersion(self) -> int:  # noqa: N802
+        return int(self._load().get("cudaDriverVersion", 12040))
+
     def nvmlDeviceGetCount(self) -> int:  # noqa: N802
         spec = self._load()
         listed = len(spec.get("devices") or [])
@@ -132,6 +144,12 @@ class FakeNvml:
 
     def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: _Handle) -> int:  # noqa: N802
         return int(bool(self._device(handle).get("retiredPagesPending")))
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: _Handle) -> list[_ProcessInfo]:  # noqa: N802
+        return [
+            _ProcessInfo(int(p["pid"]), int(p.get("usedMemoryMiB", 0)) << 20)
+            for p in self._device(handle).get("processes") or []
+        ]
 
     def nvmlDeviceGetTemperature(self, handle: _Handle, sensor: int) -> int:  # noqa: N802
         return int(self._device(handle).get("temperature", 40))

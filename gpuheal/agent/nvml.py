@@ -15,6 +15,7 @@ from typing import Any
 
 import pynvml
 
+from gpuheal.agent.facts import cuda_text
 from gpuheal.agent.findings import Finding, ProbeResult
 from gpuheal.agent.kmsg import normalize_pci
 from gpuheal.model import Severity
@@ -41,6 +42,14 @@ class Devices:
     count: int = 0
 
 
+@dataclass(frozen=True)
+class Versions:
+    """The driver's versions, read once per NVML initialisation (an upgrade reloads it)."""
+
+    driver: str = ""
+    cuda: str = ""  # "12.4"
+
+
 def _code(err: pynvml.NVMLError) -> int:
     return int(getattr(err, "value", -1))
 
@@ -52,11 +61,18 @@ class NvmlProbe:
         *,
         expected_gpus: Callable[[], int | None],
         thresholds: Thresholds,
+        processes_due: Callable[[], bool] = lambda: False,
     ) -> None:
         self.lib = lib
         self.expected_gpus = expected_gpus
         self.thresholds = thresholds
+        # Asked once per round: list the GPUs' compute processes this round?
+        self.processes_due = processes_due
         self.devices = Devices(by_pci={})
+        self.versions = Versions()
+        # Facts of the last completed round, read by the agent after the probe returns.
+        self.ecc_uncorrected: int | None = None  # summed over the devices read
+        self.pids: tuple[int, ...] | None = None  # None: not listed (yet)
         self._initialized = False
 
     def driver_version(self) -> str:
@@ -67,6 +83,15 @@ class NvmlProbe:
         if not self._initialized:
             self.lib.nvmlInit()
             self._initialized = True
+            self.versions = self._read_versions()
+
+    def _read_versions(self) -> Versions:
+        driver = _supported(self.lib.nvmlSystemGetDriverVersion)
+        cuda = _supported(self.lib.nvmlSystemGetCudaDriverVersion)
+        return Versions(
+            driver=_text(driver) if driver is not None else "",
+            cuda=cuda_text(int(cuda)) if cuda else "",
+        )
 
     def run(self) -> ProbeResult:
         try:
@@ -83,21 +108,36 @@ class NvmlProbe:
                 Finding("GpuMissing", Severity.P0, f"{expected} GPUs expected, {count} visible")
             )
         by_pci: dict[str, str] = {}
+        ecc: list[int] = []
+        pids: list[int] | None = [] if self.processes_due() else None
         for index in range(count):
-            findings += self._device(index, by_pci, warnings)
+            findings += self._device(index, by_pci, warnings, ecc, pids)
         self.devices = Devices(by_pci=by_pci, count=count)
+        self.ecc_uncorrected = sum(ecc)
+        if pids is not None:
+            self.pids = tuple(pids)
         return ProbeResult(
             PROBE, level=True, ran=True, findings=tuple(findings), warnings=tuple(warnings)
         )
 
-    def _device(self, index: int, by_pci: dict[str, str], warnings: list[str]) -> list[Finding]:
+    def _device(
+        self,
+        index: int,
+        by_pci: dict[str, str],
+        warnings: list[str],
+        ecc: list[int],
+        pids: list[int] | None,
+    ) -> list[Finding]:
         lib, found = self.lib, []
         uuid = f"index-{index}"
         try:
             handle = lib.nvmlDeviceGetHandleByIndex(index)
             uuid = _text(lib.nvmlDeviceGetUUID(handle))
             by_pci[normalize_pci(_text(lib.nvmlDeviceGetPciInfo(handle).busId))] = uuid
-            found += self._ecc(handle, uuid)
+            if pids is not None:
+                running = _supported(lib.nvmlDeviceGetComputeRunningProcesses, handle) or ()
+                pids.extend(int(p.pid) for p in running)
+            found += self._ecc(handle, uuid, ecc)
             found += self._temperature(handle, uuid, warnings)
             found += self._nvlink(handle, uuid)
             found += self._recovery_action(handle, uuid)
@@ -110,7 +150,7 @@ class NvmlProbe:
                 )
         return found
 
-    def _ecc(self, handle: Any, uuid: str) -> list[Finding]:
+    def _ecc(self, handle: Any, uuid: str, totals: list[int]) -> list[Finding]:
         lib, found = self.lib, []
 
         def fault(reason: str, severity: Severity, what: str) -> None:
@@ -122,6 +162,8 @@ class NvmlProbe:
             pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
             pynvml.NVML_VOLATILE_ECC,
         )
+        if uncorrected is not None:
+            totals.append(int(uncorrected))
         if uncorrected:
             fault(
                 "EccUncorrectable", Severity.P0, f"{uncorrected} uncorrectable volatile ECC errors"

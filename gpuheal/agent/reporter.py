@@ -1,10 +1,12 @@
 """Write the agent's verdict on its own Node: the GPUHealthy condition and the
-fault annotations, in one PATCH of nodes/<name>/status, only when they change."""
+fault annotations, plus the facts of agent/facts.py (versions, error counters,
+GPU processes), in one PATCH of nodes/<name>/status, only when they change."""
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +15,7 @@ from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
 from gpuheal.agent.debounce import Report
+from gpuheal.agent.facts import FACT_KEYS, changed_facts
 from gpuheal.agent.findings import Health, Verdict
 from gpuheal.model import (
     FAULT_DEVICES,
@@ -71,6 +74,7 @@ class NodeReporter:
         self.writes = 0
         self._transition = ""
         self.labels: dict[str, str] = {}
+        self.facts_written: dict[str, str] = {}
 
     def read(self) -> dict[str, str]:
         """The node's gpuheal annotations as they are now (and remember its labels)."""
@@ -78,6 +82,7 @@ class NodeReporter:
         meta = node.metadata
         self.labels = dict((meta.labels if meta else None) or {})
         annotations = dict((meta.annotations if meta else None) or {})
+        self.facts_written = {k: v for k, v in annotations.items() if k in FACT_KEYS}
         conditions = (node.status.conditions if node.status else None) or []
         current = next((c for c in conditions if c.type == GPU_HEALTHY_CONDITION), None)
         if current is not None:
@@ -88,27 +93,37 @@ class NodeReporter:
             )
         return {k: v for k, v in annotations.items() if k in FAULT_KEYS}
 
-    def sync(self, want: Desired) -> bool:
-        """PATCH when `want` differs from what was written last. Raises on API errors."""
-        if want == self.written:
+    def sync(self, want: Desired, facts: Mapping[str, str] | None = None) -> bool:
+        """PATCH when `want` or a fact differs from what was written last (a fact
+        change alone leaves the condition as it is). Raises on API errors."""
+        changed = changed_facts(self.facts_written, facts or {})
+        verdict_changed = want != self.written
+        if not verdict_changed and not changed:
             return False
-        if self.written is None or self.written.status != want.status or not self._transition:
-            self._transition = _now()
-        condition = {
-            "type": GPU_HEALTHY_CONDITION,
-            "status": want.status.value,
-            "reason": want.reason,
-            "message": want.message,
-            "lastHeartbeatTime": _now(),
-            "lastTransitionTime": self._transition,
-        }
-        body: dict[str, Any] = {
-            "metadata": {"annotations": dict(want.annotations)},
-            "status": {"conditions": [condition]},
-        }
+        body: dict[str, Any] = {"metadata": {"annotations": {**changed}}}
+        if verdict_changed:
+            if self.written is None or self.written.status != want.status or not self._transition:
+                self._transition = _now()
+            body["metadata"]["annotations"].update(dict(want.annotations))
+            body["status"] = {
+                "conditions": [
+                    {
+                        "type": GPU_HEALTHY_CONDITION,
+                        "status": want.status.value,
+                        "reason": want.reason,
+                        "message": want.message,
+                        "lastHeartbeatTime": _now(),
+                        "lastTransitionTime": self._transition,
+                    }
+                ]
+            }
         self.client.patch(Node.Status, self.node, body, patch_type=PatchType.STRATEGIC)
         self.written = want
+        self.facts_written.update(changed)
         self.writes += 1
+        if not verdict_changed:
+            log.debug("facts reported", extra={"node": self.node, "facts": sorted(changed)})
+            return True
         log.info(
             "reported",
             extra={

@@ -14,7 +14,9 @@ if TYPE_CHECKING:  # the CLI imports this module to build --help: keep it light
 
 
 def status(ctx: Context, args: argparse.Namespace) -> int:
-    raise NotImplementedError
+    from gpuheal.ops.status import run_status  # noqa: PLC0415
+
+    return run_status(ctx, selector=args.selector)
 
 
 def maintenance_start(ctx: Context, args: argparse.Namespace) -> int:
@@ -34,4 +36,6 @@ def doctor(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def audit(ctx: Context, args: argparse.Namespace) -> int:
-    raise NotImplementedError
+    from gpuheal.ops.audit import run_audit  # noqa: PLC0415
+
+    return run_audit(ctx, selector=args.selector, stuck_after_s=args.stuck_after)

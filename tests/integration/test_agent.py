@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import os
 import signal
 import time
@@ -13,7 +15,20 @@ import pytest
 from lightkube import Client
 from lightkube.resources.core_v1 import Node
 
-from gpuheal.model import FAULT_ID, HANDLED_FAULT_ID, STATUS
+from gpuheal.agent.facts import FACT_KEYS
+from gpuheal.cli import main
+from gpuheal.model import (
+    COUNTERS_SINCE,
+    CUDA_VERSION,
+    DRIVER_VERSION,
+    ECC_ERRORS,
+    FAULT_ID,
+    GPU_PROCESSES,
+    HANDLED_FAULT_ID,
+    LAST_GPU_ERROR,
+    STATUS,
+    XID_ERRORS,
+)
 from gpuheal.sim import ControlPlane
 from gpuheal.sim.agent import AgentProcess
 from tests.helpers import FakeNodes, wait_for
@@ -161,3 +176,60 @@ def test_an_injected_xid_79_is_quarantined_end_to_end(
     wait_for("the node quarantined", lambda: our_taint(kube, bad) is not None, timeout_s=30)
     assert our_taint(kube, bad) == node_annotations(kube, bad)[FAULT_ID]
     assert our_taint(kube, good) is None
+
+
+def test_versions_counters_and_gpu_processes_land_on_the_node(
+    control_plane: ControlPlane,
+    kube: Client,
+    fake_gpu_nodes: FakeNodes,
+    start_agent: StartAgent,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    (node,) = fake_gpu_nodes(1)
+    # The host's /proc as the agent sees it: one process in a pod, one outside any.
+    uid = "0b9d6c1e-2f3a-4b5c-8d7e-6f5a4b3c2d1e"
+    proc = tmp_path / "proc"
+    for pid, cgroup in {
+        4242: f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod"
+        f"{uid.replace('-', '_')}.slice/cri-containerd-{'ab' * 32}.scope\n",
+        4243: "0::/system.slice/dcgm.service\n",
+    }.items():
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "cgroup").write_text(cgroup)
+    agent = start_agent(node, {"procRoot": str(proc), "processReportSeconds": 0.5})
+    agent.set_spec(cudaDriverVersion=12040)
+    agent.set_device(1, processes=[{"pid": 4242, "usedMemoryMiB": 2048}, {"pid": 4243}])
+
+    def facts() -> dict[str, str]:
+        return {k: v for k, v in node_annotations(kube, node).items() if k in FACT_KEYS}
+
+    wait_for("the processes reported", lambda: facts().get(GPU_PROCESSES) == f"4242@{uid},4243@")
+    reported = facts()
+    assert reported[DRIVER_VERSION] == "550.54.15"
+    assert reported[CUDA_VERSION] == "12.4"
+    assert (reported[XID_ERRORS], reported[ECC_ERRORS]) == ("0", "0")
+    assert LAST_GPU_ERROR not in reported
+    since = dt.datetime.fromisoformat(reported[COUNTERS_SINCE])
+    assert abs((dt.datetime.now(dt.UTC) - since).total_seconds()) < 120
+
+    agent.kernel("NVRM: Xid (PCI:0000:1a:00): 79, pid=<unknown>, GPU has fallen off the bus.")
+    agent.set_device(2, eccUncorrectedVolatile=2)
+    wait_for(
+        "the counters reported",
+        lambda: (facts().get(XID_ERRORS), facts().get(ECC_ERRORS)) == ("1", "2"),
+    )
+    assert dt.datetime.fromisoformat(facts()[LAST_GPU_ERROR]) >= since
+
+    # The audit reads the agent's report: the pod UID is of no pod on the node.
+    capsys.readouterr()
+    selector = f"kubernetes.io/hostname={node}"
+    code = main(
+        ["audit", "-o", "json", "--kubeconfig", str(control_plane.kubeconfig), "-l", selector]
+    )
+    findings = json.loads(capsys.readouterr().out)["findings"]
+    assert code == 3
+    assert {f["kind"] for f in findings} == {"zombie-process", "host-process"}
+
+    agent.set_device(1, processes=[])
+    wait_for("the processes gone", lambda: facts().get(GPU_PROCESSES) == "")

@@ -1,0 +1,351 @@
+"""`gpuheal status`: the GPU fleet at a glance.
+
+GPU nodes by state, GPUs per pool (capacity / allocatable / allocated), the
+open faults and the breaker's remaining budget, all from one snapshot (one
+paged list of nodes, pods and GPUFault records; no per-node request), so it
+stays fast on a fleet of thousands of nodes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from lightkube import ApiError
+from lightkube.generic_resource import GenericGlobalResource
+from lightkube.resources.core_v1 import Node
+from rich.text import Text
+
+from gpuheal.config import Config
+from gpuheal.kube.resources import GPUFault
+from gpuheal.model import (
+    OPEN_PHASES,
+    QUARANTINED_DEVICES,
+    STATE_LABEL,
+    STATE_MAINTENANCE,
+    STATUS,
+    STATUS_FAULTY,
+    SUSPECT_DEVICES,
+    TAINT_KEY,
+    UNKNOWN_DEVICES,
+    Phase,
+)
+from gpuheal.ops import exitcodes
+from gpuheal.ops.cluster import (
+    LIST_PAGE,
+    Snapshot,
+    annotations_of,
+    gpu_total,
+    labels_of,
+    name_of,
+    node_ready,
+    pod_gpus,
+    pod_live,
+    snapshot,
+)
+from gpuheal.ops.context import Context
+from gpuheal.ops.output import Notes, Table, render
+from gpuheal.ops.selector import Requirement, SelectorError, parse_selector, selected
+from gpuheal.policy.breaker import quarantine_capacity
+from gpuheal.policy.pools import pool_of
+
+HEALTHY = "healthy"
+SUSPECT = "suspect"
+QUARANTINED = "quarantined"
+DRAINING = "draining"
+HELD = "held"
+MAINTENANCE = "maintenance"
+NOT_READY = "not-ready"
+# The order of the states table: from fine to needs-a-look.
+STATES = (HEALTHY, SUSPECT, QUARANTINED, DRAINING, HELD, MAINTENANCE, NOT_READY)
+
+_QUARANTINE_PHASES = frozenset({Phase.QUARANTINED, Phase.DRAINED, Phase.RECOVERING})
+_SHOWN_NAMES = 5  # node names listed per state in the table view
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One GPUFault record, as status shows it."""
+
+    name: str
+    node: str
+    fault_id: str
+    reason: str
+    severity: str
+    scope: str  # node | device
+    device: str
+    phase: str  # "" before the controller wrote a status
+    created: dt.datetime | None
+
+    @property
+    def open(self) -> bool:
+        # No phase yet: just created, not acted on; counts as open (Detected).
+        return self.phase in OPEN_PHASES or not self.phase
+
+
+def _map(value: object) -> dict[str, Any]:
+    return dict(value) if isinstance(value, dict) else {}
+
+
+def fault_of(record: GenericGlobalResource) -> Fault:
+    spec = _map(getattr(record, "spec", None))
+    status = _map(getattr(record, "status", None))
+    meta = record.metadata
+    created = meta.creationTimestamp if meta else None
+    return Fault(
+        name=(meta.name if meta else None) or "",
+        node=str(spec.get("node") or ""),
+        fault_id=str(spec.get("faultID") or ""),
+        reason=str(spec.get("reason") or ""),
+        severity=str(spec.get("severity") or ""),
+        scope=str(spec.get("scope") or "node"),
+        device=str(spec.get("resourceID") or spec.get("device") or ""),
+        phase=str(status.get("phase") or ""),
+        created=created if isinstance(created, dt.datetime) else None,
+    )
+
+
+def _has_taint(node: Node, key: str) -> bool:
+    taints = (node.spec.taints if node.spec else None) or ()
+    return any(t.key == key for t in taints)
+
+
+def _suspect(node: Node, faults: Sequence[Fault]) -> bool:
+    annotations = annotations_of(node)
+    return bool(
+        faults  # reported, not acted on yet (a P1 being watched), or a device-level record
+        or annotations.get(STATUS) == STATUS_FAULTY
+        or any(annotations.get(k) for k in (SUSPECT_DEVICES, UNKNOWN_DEVICES, QUARANTINED_DEVICES))
+    )
+
+
+def node_state(node: Node, faults: Sequence[Fault]) -> str:
+    """The node's state, the first that applies: not-ready > maintenance > held >
+    draining > quarantined > suspect > healthy. `faults` are the node's open records;
+    only whole-node ones make it held, draining or quarantined."""
+    whole_node = {f.phase for f in faults if f.scope == "node"}
+    rules: tuple[tuple[str, Callable[[], bool]], ...] = (
+        (NOT_READY, lambda: node_ready(node) is not True),
+        (MAINTENANCE, lambda: labels_of(node).get(STATE_LABEL) == STATE_MAINTENANCE),
+        (HELD, lambda: Phase.HELD in whole_node),
+        (DRAINING, lambda: Phase.DRAINING in whole_node),
+        (QUARANTINED, lambda: _has_taint(node, TAINT_KEY) or bool(whole_node & _QUARANTINE_PHASES)),
+        (SUSPECT, lambda: _suspect(node, faults)),
+    )
+    return next((state for state, applies in rules if applies()), HEALTHY)
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    node: str
+    state: str
+    pool: str
+
+
+@dataclass(frozen=True)
+class PoolStatus:
+    pool: str
+    nodes: int
+    capacity: int
+    allocatable: int
+    allocated: int
+
+
+@dataclass(frozen=True)
+class Breaker:
+    capacity: int
+    quarantined: int
+
+    @property
+    def remaining(self) -> int:
+        return max(0, self.capacity - self.quarantined)
+
+
+def age(since: dt.datetime | None, now: dt.datetime) -> str:
+    """kubectl's short age: 45s, 12m, 5h, 3d."""
+    if since is None:
+        return "?"
+    seconds = max(0, int((now - since).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size * (2 if unit != "m" else 1):
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    nodes: tuple[NodeStatus, ...]
+    pools: tuple[PoolStatus, ...]
+    faults: tuple[Fault, ...]  # open records, oldest first
+    breaker: Breaker
+    now: dt.datetime
+
+    def by_state(self) -> dict[str, int]:
+        counts = Counter(n.state for n in self.nodes)
+        return {state: counts.get(state, 0) for state in STATES}
+
+    def data(self) -> dict[str, Any]:
+        return {
+            "nodes": {"total": len(self.nodes), "byState": self.by_state()},
+            "nodeStates": [{"node": n.node, "state": n.state, "pool": n.pool} for n in self.nodes],
+            "pools": [
+                {
+                    "pool": p.pool,
+                    "nodes": p.nodes,
+                    "capacity": p.capacity,
+                    "allocatable": p.allocatable,
+                    "allocated": p.allocated,
+                }
+                for p in self.pools
+            ],
+            "faults": [
+                {
+                    "node": f.node,
+                    "faultId": f.fault_id,
+                    "name": f.name,
+                    "reason": f.reason,
+                    "severity": f.severity,
+                    "scope": f.scope,
+                    "device": f.device,
+                    "phase": f.phase or Phase.DETECTED.value,
+                    "created": f.created.isoformat().replace("+00:00", "Z") if f.created else None,
+                    "ageSeconds": (
+                        int((self.now - f.created).total_seconds()) if f.created else None
+                    ),
+                }
+                for f in self.faults
+            ],
+            "breaker": {
+                "capacity": self.breaker.capacity,
+                "quarantined": self.breaker.quarantined,
+                "remaining": self.breaker.remaining,
+            },
+        }
+
+    def views(self) -> Sequence[Table | Notes]:
+        names: dict[str, list[str]] = defaultdict(list)
+        for n in self.nodes:
+            names[n.state].append(n.node)
+        state_rows = [
+            (state, count, "" if state == HEALTHY else _some(names[state]))
+            for state, count in self.by_state().items()
+        ]
+        pool_rows = [
+            (p.pool, p.nodes, p.capacity, p.allocatable, p.allocated, p.allocatable - p.allocated)
+            for p in self.pools
+        ]
+        fault_rows = [
+            (
+                f.node,
+                f.fault_id + (f" ({f.device})" if f.device else ""),
+                f.reason,
+                f.phase or Phase.DETECTED.value,
+                age(f.created, self.now),
+            )
+            for f in self.faults
+        ]
+        b = self.breaker
+        style = "bad" if b.remaining == 0 else "warn" if b.quarantined else "ok"
+        return (
+            Table(
+                f"GPU nodes by state ({len(self.nodes)})",
+                ("STATE", "NODES", "WHICH"),
+                state_rows,
+                empty="no GPU nodes",
+            ),
+            Table(
+                "GPUs per pool",
+                ("POOL", "NODES", "CAPACITY", "ALLOCATABLE", "ALLOCATED", "FREE"),
+                pool_rows,
+                empty="no GPU nodes",
+            ),
+            Table(
+                "Open faults",
+                ("NODE", "FAULT", "REASON", "PHASE", "AGE"),
+                fault_rows,
+                empty="none",
+            ),
+            Notes(
+                "Breaker",
+                [
+                    (
+                        style,
+                        f"{b.remaining} of {b.capacity} quarantine slots left "
+                        f"({b.quarantined} node(s) carry the {TAINT_KEY} taint)",
+                    )
+                ],
+            ),
+        )
+
+
+def _some(names: list[str]) -> str:
+    shown = ", ".join(sorted(names)[:_SHOWN_NAMES])
+    more = len(names) - _SHOWN_NAMES
+    return f"{shown} (+{more})" if more > 0 else shown
+
+
+def open_faults(records: Iterable[GenericGlobalResource]) -> list[Fault]:
+    faults = [f for f in map(fault_of, records) if f.open]
+    oldest = dt.datetime.min.replace(tzinfo=dt.UTC)
+    return sorted(faults, key=lambda f: (f.created or oldest, f.node, f.name))
+
+
+def fleet_status(
+    snap: Snapshot, config: Config, now: dt.datetime, selector: tuple[Requirement, ...] = ()
+) -> StatusReport:
+    """The whole answer of `gpuheal status`, from a snapshot (pure). `selector`
+    narrows the nodes shown; the breaker is the controller's, over every GPU node."""
+    gpu_nodes = sorted(snap.gpu_nodes(config), key=name_of)
+    # The controller's Fleet counts the same way: our fault taint on a managed node.
+    tainted = sum(_has_taint(n, TAINT_KEY) for n in gpu_nodes)
+    breaker = Breaker(quarantine_capacity(len(gpu_nodes), config), tainted)
+    shown = [n for n in gpu_nodes if selected(labels_of(n), selector)]
+    names = {name_of(n) for n in shown}
+    faults = [f for f in open_faults(snap.faults) if not selector or f.node in names]
+    faults_by_node: dict[str, list[Fault]] = defaultdict(list)
+    for fault in faults:
+        faults_by_node[fault.node].append(fault)
+    nodes: list[NodeStatus] = []
+    pools: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+    for node in shown:
+        name = name_of(node)
+        pool = pool_of(labels_of(node), config)
+        nodes.append(NodeStatus(name, node_state(node, faults_by_node.get(name, ())), pool))
+        status = node.status
+        totals = pools[pool]
+        totals[0] += 1
+        totals[1] += gpu_total(status.capacity if status else None, config)
+        totals[2] += gpu_total(status.allocatable if status else None, config)
+        totals[3] += sum(
+            pod_gpus(p, config) for p in snap.pods_by_node.get(name, ()) if pod_live(p)
+        )
+    return StatusReport(
+        nodes=tuple(nodes),
+        pools=tuple(PoolStatus(pool, *totals) for pool, totals in sorted(pools.items())),
+        faults=tuple(faults),
+        breaker=breaker,
+        now=now,
+    )
+
+
+def run_status(ctx: Context, *, selector: str = "") -> int:
+    """Print the fleet's status; 0 (status informs, it checks nothing), 2 for a bad selector."""
+    try:
+        wanted = parse_selector(selector)
+    except SelectorError as err:
+        ctx.err.print(Text(f"gpuheal status: {err}", style="red"))
+        return exitcodes.USAGE
+    snap = snapshot(ctx.client, faults=False)
+    try:
+        snap.faults = list(ctx.client.list(GPUFault, chunk_size=LIST_PAGE))
+    except ApiError as err:
+        if err.status.code != 404:
+            raise
+        # The controller is not installed (yet): nothing has faulted through it.
+        ctx.err.print(Text("warning: no GPUFault CRD in this cluster: no fault records", "yellow"))
+    report = fleet_status(snap, ctx.config, ctx.now(), wanted)
+    render(report, ctx.output, ctx.out)
+    return exitcodes.OK
