@@ -114,6 +114,8 @@ class PoolsConfig:
     # GPU feature discovery's per-node GPU count.
     expected_gpus_label: str = "nvidia.com/gpu.count"
     by_name: Mapping[str, PoolConfig] = field(default_factory=dict)
+    # Node labels naming a node's rack, first present wins (`gpuheal doctor`'s neighbours).
+    rack_labels: tuple[str, ...] = ("topology.kubernetes.io/rack", "rack")
 
 
 @dataclass(frozen=True)
@@ -404,6 +406,7 @@ _POOLS: dict[str, tuple[str, Any]] = {
     "fallbackLabels": ("fallback_labels", strings),
     "expectedGpusLabel": ("expected_gpus_label", string),
     "byName": ("by_name", dict),  # each entry parsed with _POOL in parse_config
+    "rackLabels": ("rack_labels", strings),
 }
 
 _HEALTH_GATE: dict[str, tuple[str, Any]] = {
