@@ -110,6 +110,8 @@ class Diagnosis:
     node: str
     registered: bool
     answers: tuple[Answer, ...]
+    # What could not be read (no CRD, RBAC): the answers are less complete.
+    unread: tuple[str, ...] = ()
 
     @property
     def healthy(self) -> bool:
@@ -135,6 +137,7 @@ class Diagnosis:
                 }
                 for a in self.answers
             ],
+            "unread": list(self.unread),
         }
 
     def views(self) -> Sequence[Table | Notes]:
@@ -153,7 +156,8 @@ class Diagnosis:
             if self.registered
             else ("bad", f"Node {self.node} is not registered (exit 5).")
         )
-        views.append(Notes(title="Summary", lines=(verdict,)))
+        unread = tuple(("warn", f"Could not read {what}.") for what in self.unread)
+        views.append(Notes(title="Summary", lines=(*unread, verdict)))
         return views
 
 
@@ -166,7 +170,9 @@ def diagnose(facts: Facts, config: Config) -> Diagnosis:
     answers.append(_answer(1, question_gpus(node, facts, config)))
     answers.append(_answer(2, question_workloads(node, facts, config)))
     answers.append(_answer(3, question_affected(node, facts, config)))
-    return Diagnosis(node=facts.name, registered=True, answers=tuple(answers))
+    return Diagnosis(
+        node=facts.name, registered=True, answers=tuple(answers), unread=tuple(facts.unread)
+    )
 
 
 def _answer(index: int, findings: list[Finding]) -> Answer:
@@ -363,7 +369,7 @@ def _gpu_counts(
         ]
     held = [p for p in facts.pods_on_node if pod_live(p) and pod_gpus(p, config) > 0]
     in_use = sum(pod_gpus(p, config) for p in held)
-    use = f"{in_use} in use by {plural(len(held), 'pod')}"
+    use = f"{in_use} in use by {plural(len(held), 'pod')}" if held else "none in use"
     if expected is not None and offered < expected:
         missing = expected - offered
         if present > offered:
@@ -823,11 +829,12 @@ def _group(
         )
     else:
         local = f": the problem is local to {name}" if mine else ""
+        the_others = "The other node" if len(others) == 1 else f"The other {len(others)} nodes"
         findings.append(
             Finding(
                 OK,
                 f"{group}-healthy",
-                f"The other {plural(len(others), 'node')} of {title} serve{local}.",
+                f"{the_others} of {title} {'serves' if len(others) == 1 else 'serve'}{local}.",
             )
         )
     maintenance = [name_of(n) for n in others if in_maintenance(n, config)]

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any, TypeVar
 
+import httpx2
 import msgspec
 from lightkube import ApiError, Client
 from lightkube.generic_resource import GenericGlobalResource
@@ -57,14 +58,23 @@ class _Reads:
         self.client = client
         self.unread: list[str] = []
 
-    def optional(self, what: str, read: Callable[[], Iterable[T]]) -> list[T] | None:
+    def optional(
+        self, what: str, read: Callable[[], Iterable[T]], *, missing: str = "not found"
+    ) -> list[T] | None:
+        why = {403: "forbidden", 404: missing}
         try:
             return list(read())
         except ApiError as err:
             if err.status.code not in _OPTIONAL:
                 raise
-            self.unread.append(f"{what} ({err.status.reason or err.status.code})")
-            return None
+            self.unread.append(f"{what} ({why[err.status.code]})")
+        except httpx2.HTTPStatusError as err:
+            # An API path that does not exist (no CRD) answers 404 in plain text,
+            # which lightkube leaves as an HTTP error rather than an ApiError.
+            if err.response.status_code not in _OPTIONAL:
+                raise
+            self.unread.append(f"{what} ({why[err.response.status_code]})")
+        return None
 
     def per_namespace(
         self, what: str, resource: type[R], namespaces: Iterable[str], **options: Any
@@ -112,6 +122,7 @@ def gather(client: Client, config: Config, name: str, now: dt.datetime) -> Facts
     records = reads.optional(
         "the node's GPUFault records",
         partial(client.list, GPUFault, labels={"gpuheal.io/node": name}, chunk_size=LIST_PAGE),
+        missing="not found: is the GPUFault CRD installed?",
     )
     pdbs = reads.per_namespace(
         "PodDisruptionBudgets", PodDisruptionBudget, (_namespace(p) for p in movable)

@@ -122,7 +122,6 @@ def question_workloads(node: Node, facts: Facts, config: Config) -> list[Finding
         findings += _remaining(movable, blocked, reasons, facts.name, config, held=held)
     findings += _pending(node, facts, config)
     findings += _quotas(facts, config)
-    findings += [Finding(INFO, "unread", f"Could not read {what}.") for what in facts.unread]
     if not any(f.problem for f in findings):
         stay = "" if reasons else ", and nothing has to leave it"
         findings.insert(
@@ -267,37 +266,6 @@ def _remaining(
     ]
 
 
-def _pending(node: Node, facts: Facts, config: Config) -> list[Finding]:
-    every = gpu_pending(facts.pending, config)
-    relevant = [p for p in every if admits(p, node)]
-    findings: list[Finding] = []
-    usage = None if facts.bound_pods is None else usage_by_node(facts.bound_pods, config)
-    for pod in relevant[:PENDING_SHOWN]:
-        findings += pending_causes(pod, facts, config, usage)
-    if len(relevant) > PENDING_SHOWN:
-        findings.append(
-            Finding(
-                WARN,
-                "more-pending",
-                f"{plural(len(relevant) - PENDING_SHOWN, 'more Pending GPU pod')} may use "
-                "this node and are not shown.",
-            )
-        )
-    others = [p for p in every if p not in relevant]
-    if others:
-        findings.append(
-            Finding(
-                INFO,
-                "other-pending",
-                f"{plural(len(others), 'other Pending GPU pod')} in the cluster cannot use "
-                f"this node (their nodeSelector or node affinity exclude it): "
-                f"{listed(pod_key(p) for p in others)}. Run `gpuheal doctor` on a node of "
-                "their pool.",
-            )
-        )
-    return findings
-
-
 @dataclass(frozen=True)
 class _Exclusion:
     """Why the scheduler passes over one candidate node, in our words."""
@@ -336,27 +304,114 @@ def _exclusions(
     return out
 
 
+def _pending(node: Node, facts: Facts, config: Config) -> list[Finding]:
+    every = gpu_pending(facts.pending, config)
+    relevant = [p for p in every if admits(p, node)]
+    findings: list[Finding] = []
+    usage = None if facts.bound_pods is None else usage_by_node(facts.bound_pods, config)
+    for pods in workloads_of(relevant[:PENDING_SHOWN]):
+        findings += pending_causes(pods, facts, config, usage)
+    if len(relevant) > PENDING_SHOWN:
+        findings.append(
+            Finding(
+                WARN,
+                "more-pending",
+                f"{plural(len(relevant) - PENDING_SHOWN, 'more Pending GPU pod')} may use "
+                "this node and are not shown.",
+            )
+        )
+    others = [p for p in every if p not in relevant]
+    if others:
+        findings.append(
+            Finding(
+                INFO,
+                "other-pending",
+                f"{plural(len(others), 'other Pending GPU pod')} in the cluster cannot use "
+                f"this node (their nodeSelector or node affinity exclude it): "
+                f"{listed(pod_key(p) for p in others)}. Run `gpuheal doctor` on a node of "
+                "their pool.",
+            )
+        )
+    return findings
+
+
+def _controller(pod: Pod) -> tuple[str, str, str]:
+    """(kind, name, uid) of the pod's controller; ("", "", "") for a bare pod."""
+    for owner in (pod.metadata.ownerReferences if pod.metadata else None) or ():
+        if owner.controller:
+            return owner.kind, owner.name, owner.uid
+    return "", "", ""
+
+
+def workloads_of(pods: Sequence[Pod]) -> list[list[Pod]]:
+    """Pods grouped by their controller (replicas share one diagnosis), in first-seen order."""
+    groups: dict[str, list[Pod]] = {}
+    for pod in pods:
+        uid = _controller(pod)[2] or (pod.metadata.uid if pod.metadata else None) or pod_key(pod)
+        groups.setdefault(uid, []).append(pod)
+    return list(groups.values())
+
+
+@dataclass(frozen=True)
+class _Subject:
+    """Who a sentence is about: one pod, or the replicas of one workload."""
+
+    text: str
+    one: bool
+
+    def verb(self, singular: str, plural_: str) -> str:
+        return singular if self.one else plural_
+
+    @property
+    def its(self) -> str:
+        return self.verb("its", "their")
+
+    @property
+    def it(self) -> str:
+        return self.verb("it", "they")
+
+
+def _subject(pods: Sequence[Pod]) -> _Subject:
+    first = pods[0]
+    if len(pods) == 1:
+        return _Subject(f"Pod {pod_key(first)}", one=True)
+    kind, name, _ = _controller(first)
+    template_hash = labels_of(first).get("pod-template-hash", "")
+    if kind == "ReplicaSet" and template_hash and name.endswith(f"-{template_hash}"):
+        kind, name = "Deployment", name.removesuffix(f"-{template_hash}")
+    namespace = (first.metadata.namespace if first.metadata else None) or ""
+    names = listed(pod_key(p) for p in pods)
+    return _Subject(f"{len(pods)} pods of {kind} {namespace}/{name} ({names})", one=False)
+
+
 def pending_causes(
-    pod: Pod, facts: Facts, config: Config, usage: dict[str, Usage] | None
+    pods: Sequence[Pod], facts: Facts, config: Config, usage: dict[str, Usage] | None
 ) -> list[Finding]:
-    """One sentence on the pod, then one per cause that keeps it Pending."""
-    key = pod_key(pod)
+    """One sentence on a Pending workload, then one per cause that keeps it Pending.
+
+    Replicas share a template: the first (oldest) pod stands for all of them.
+    """
+    pod = pods[0]
+    who = _subject(pods)
     requests = gpu_requests(pod, config)
     asked = ", ".join(f"{n} {r}" for r, n in requests.items())
-    uid = (pod.metadata.uid if pod.metadata else None) or ""
-    said = facts.scheduler_says.get(uid)
+    said = [
+        facts.scheduler_says[uid]
+        for p in pods
+        if (uid := (p.metadata.uid if p.metadata else None) or "") in facts.scheduler_says
+    ]
     heard = (
-        f"; the scheduler says: {said.rstrip('.')}"
+        f"; the scheduler says: {said[0].rstrip('.')}"
         if said
-        else "; the scheduler has not reported on it"
+        else f"; the scheduler has not reported on {who.verb('it', 'them')}"
     )
     created = pod.metadata.creationTimestamp if pod.metadata else None
     findings = [
         Finding(
             INFO,
             "pending",
-            f"Pod {key} (requests {asked}) has been Pending since "
-            f"{when(created, facts.now)}{heard}.",
+            f"{who.text} (requests {asked}{'' if who.one else ' each'}) "
+            f"{who.verb('has', 'have')} been Pending since {when(created, facts.now)}{heard}.",
         )
     ]
     candidates = [n for n in facts.nodes if admits(pod, n)]
@@ -365,12 +420,12 @@ def pending_causes(
             Finding(
                 BAD,
                 "no-matching-node",
-                f"Pod {key}: its {constraint_text(pod)} matches no node. Fix the selector, "
-                "or label the nodes meant for it.",
+                f"{who.text}: {who.its} {constraint_text(pod)} matches no node. Fix the "
+                "selector, or label the nodes meant for them.",
             )
         )
         return findings
-    too_large = _too_large(key, requests, candidates, config)
+    too_large = _too_large(who, requests, candidates, config)
     if too_large:
         return findings + too_large
     grouped: dict[tuple[str, str], list[str]] = defaultdict(list)
@@ -386,20 +441,21 @@ def pending_causes(
                 taints[ex.what] = ex.taint
     total = len(candidates)
     for (kind, what), names in sorted(grouped.items(), key=_cause_order):
-        share = f"{len(names)} of the {plural(total, 'node')} it may use"
+        share = f"{len(names)} of the {plural(total, 'node')} {who.it} may use"
         findings.append(
             Finding(
                 BAD,
                 kind,
                 _cause_text(
-                    kind, what, key, share=share, names=names, taints=taints, requests=requests
+                    kind, what, who, share=share, names=names, taints=taints, requests=requests
                 ),
             )
         )
     if fits:
         affinity = pod.spec.affinity if pod.spec else None
         rules = (
-            "its pod affinity or anti-affinity may exclude them (doctor does not evaluate those); "
+            f"{who.its} pod affinity or anti-affinity may exclude them (doctor does not "
+            "evaluate those); "
             if affinity is not None and (affinity.podAffinity or affinity.podAntiAffinity)
             else ""
         )
@@ -407,10 +463,10 @@ def pending_causes(
             Finding(
                 WARN,
                 "pending-unexplained",
-                f"{plural(len(fits), 'node')} Pod {key} may use accept it by labels, taints"
-                f"{'' if usage is None else ' and free GPUs'} ({listed(fits)}): {rules}the "
-                "scheduler's message says what else it lacks (CPU, memory, volumes, ports), "
-                "or it has not retried yet.",
+                f"{plural(len(fits), 'node')} ({listed(fits)}) accept {who.text} by labels, "
+                f"taints{'' if usage is None else ' and free GPUs'}: {rules}the scheduler's "
+                f"message says what else {who.it} {who.verb('lacks', 'lack')} (CPU, memory, "
+                "volumes, ports), or it has not retried yet.",
             )
         )
     return findings
@@ -433,22 +489,23 @@ def _cause_order(item: tuple[tuple[str, str], list[str]]) -> tuple[int, str]:
 
 
 def _too_large(
-    key: str, requests: dict[str, int], candidates: Sequence[Node], config: Config
+    who: _Subject, requests: dict[str, int], candidates: Sequence[Node], config: Config
 ) -> list[Finding]:
     findings = []
     for resource, wanted in requests.items():
         largest = max(node_allocatable(n, config).get(resource, 0) for n in candidates)
         if wanted <= largest:
             continue
+        each = "" if who.one else " each"
         if largest == 0:
             findings.append(
                 Finding(
                     BAD,
                     "no-gpus-offered",
-                    f"Pod {key} requests {wanted} {resource}, but none of the "
-                    f"{plural(len(candidates), 'node')} it may use offers any "
-                    f"({listed(name_of(n) for n in candidates)}): see `gpuheal doctor` on "
-                    "one of them for why their GPUs are not allocatable.",
+                    f"{who.text} {who.verb('requests', 'request')} {wanted} {resource}{each}, "
+                    f"but none of the {plural(len(candidates), 'node')} {who.it} may use "
+                    f"offers any ({listed(name_of(n) for n in candidates)}): see `gpuheal "
+                    "doctor` on one of them for why their GPUs are not allocatable.",
                 )
             )
         else:
@@ -456,10 +513,10 @@ def _too_large(
                 Finding(
                     BAD,
                     "request-too-large",
-                    f"Pod {key} requests {wanted} {resource} but the largest node it may use "
-                    f"offers {largest}: a pod cannot span nodes. Split the job into pods of at "
-                    f"most {largest} GPUs (a multi-node launcher), or target a pool with "
-                    "bigger nodes.",
+                    f"{who.text} {who.verb('requests', 'request')} {wanted} {resource}{each} "
+                    f"but the largest node {who.it} may use offers {largest}: a pod cannot "
+                    f"span nodes. Split the job into pods of at most {largest} GPUs (a "
+                    "multi-node launcher), or target a pool with bigger nodes.",
                 )
             )
     return findings
@@ -468,7 +525,7 @@ def _too_large(
 def _cause_text(
     kind: str,
     what: str,
-    key: str,
+    who: _Subject,
     *,
     share: str,
     names: Sequence[str],
@@ -478,39 +535,41 @@ def _cause_text(
     nodes = listed(names)
     one = len(names) == 1
     are, have, carry = ("is", "has", "carries") if one else ("are", "have", "carry")
+    waits = who.verb("waits", "wait")
     match kind:
         case "missing-toleration":
             return (
-                f"Pod {key} does not tolerate taint {what}, which {share} {carry} ({nodes}): "
-                f"add the toleration {toleration_text(taints[what])} to its pod template if "
-                "it is meant to run there."
+                f"{who.text} {who.verb('does', 'do')} not tolerate taint {what}, which {share} "
+                f"{carry} ({nodes}): add the toleration {toleration_text(taints[what])} to "
+                f"{who.its} pod template if {who.it} {who.verb('is', 'are')} meant to run there."
             )
         case "candidates-quarantined":
             return (
                 f"{share.capitalize()} {are} quarantined by gpuheal for GPU faults ({nodes}): "
-                f"Pod {key} waits for them to recover or for room elsewhere."
+                f"{who.text} {waits} for them to recover or for room elsewhere."
             )
         case "candidates-in-maintenance":
             return (
-                f"{share.capitalize()} {are} in maintenance ({nodes}): Pod {key} waits for "
+                f"{share.capitalize()} {are} in maintenance ({nodes}): {who.text} {waits} for "
                 "`gpuheal maintenance finish` on them, or for room elsewhere."
             )
         case "candidates-cordoned":
             return (
-                f"{share.capitalize()} {are} cordoned ({nodes}): `kubectl uncordon` those that "
-                f"are fit, or Pod {key} waits."
+                f"{share.capitalize()} {are} cordoned ({nodes}): `kubectl uncordon` the fit "
+                f"ones, or {who.text} {waits}."
             )
         case "candidates-not-ready":
             return (
-                f"{share.capitalize()} {are} not Ready ({nodes}): Pod {key} cannot start there "
-                "until their kubelets report Ready."
+                f"{share.capitalize()} {are} not Ready ({nodes}): {who.text} cannot start "
+                "there until their kubelets report Ready."
             )
         case _:
             asked = ", ".join(f"{n} {r}" for r, n in requests.items())
             return (
-                f"{share.capitalize()} {have} fewer free GPUs than Pod {key} requests ({asked}; "
-                f"{nodes}): it waits for running GPU pods to finish. Add nodes to its pool or "
-                "lower the request."
+                f"{share.capitalize()} {have} fewer free GPUs than {who.text} "
+                f"{who.verb('requests', 'request')} ({asked}{'' if who.one else ' each'}; "
+                f"{nodes}): {who.it} {waits} for running GPU pods to finish. Add nodes to "
+                "the pool or lower the request."
             )
 
 

@@ -30,6 +30,7 @@ from gpuheal.ops import exitcodes
 from gpuheal.ops.diagnosis import Diagnosis, diagnose, rack_of
 from gpuheal.ops.doctor import latest_messages
 from gpuheal.ops.findings import Facts, duration, listed
+from gpuheal.ops.movement import pending_causes
 from gpuheal.ops.output import render
 from gpuheal.ops.scheduling import (
     admits,
@@ -403,6 +404,39 @@ def test_a_missing_toleration_is_named_with_the_toleration_to_add() -> None:
     assert diagnosis.exit_code == exitcodes.FINDINGS
 
 
+def test_replicas_of_one_workload_share_one_diagnosis() -> None:
+    nodes = [node("n1", taints=[GPU_TAINT])]
+    owner = {
+        "ownerReferences": [
+            {
+                "apiVersion": "apps/v1",
+                "kind": "ReplicaSet",
+                "name": "trainer-5d8f",
+                "uid": "rs-1",
+                "controller": True,
+            }
+        ]
+    }
+    replicas = [
+        pending(f"trainer-5d8f-{i}", labels={"pod-template-hash": "5d8f"}, meta=owner) for i in "ab"
+    ]
+    diagnosis = diagnose(
+        facts(nodes[0], nodes=nodes, pending=replicas, bound_pods=[], faults=[]), CONFIG
+    )
+    causes = [f for a in diagnosis.answers for f in a.findings if f.kind == "missing-toleration"]
+    assert len(causes) == 1
+    assert causes[0].text.startswith(
+        "2 pods of Deployment ml/trainer (ml/trainer-5d8f-a, ml/trainer-5d8f-b) do not tolerate"
+    )
+    assert "to their pod template" in causes[0].text
+
+
+def test_what_could_not_be_read_is_said() -> None:
+    diagnosis = diagnose(facts(node(), faults=None, unread=["Events in ml (forbidden)"]), CONFIG)
+    assert diagnosis.data()["unread"] == ["Events in ml (forbidden)"]
+    assert "Could not read Events in ml (forbidden)." in table(diagnosis)
+
+
 def test_a_request_larger_than_any_node() -> None:
     nodes = [node("n1"), node("n2")]
     waiting = pending("big", gpus=16, node_selector={"gpuheal.io/pool": "h100"})
@@ -441,6 +475,13 @@ def test_pending_pods_that_cannot_use_the_node_are_context_only() -> None:
     diagnosis = diagnose(facts(target, pending=[elsewhere], faults=[]), CONFIG)
     assert kinds(diagnosis, "workloads")["other-pending"] == "info"
     assert diagnosis.exit_code == exitcodes.OK
+
+
+def test_a_selector_no_node_matches_is_named() -> None:
+    lost = pending("lost", node_selector={"gpuheal.io/pool": "a10"})
+    found = pending_causes([lost], facts(node(), nodes=[node()]), CONFIG, usage=None)
+    assert [f.kind for f in found] == ["pending", "no-matching-node"]
+    assert "nodeSelector gpuheal.io/pool=a10 matches no node" in found[1].text
 
 
 def test_required_node_affinity_is_honoured() -> None:
