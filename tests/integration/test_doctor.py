@@ -11,8 +11,11 @@ from typing import Any
 import pytest
 from lightkube import Client
 from lightkube.resources.core_v1 import Node
+from lightkube.types import PatchType
 
 from gpuheal.cli import main
+from gpuheal.kube.resources import GPUFault
+from gpuheal.model import TAINT_KEY, fault_record_name
 from gpuheal.ops import exitcodes
 from gpuheal.sim import ControlPlane
 from gpuheal.sim.workloads import (
@@ -207,3 +210,49 @@ def test_a_pdb_holds_the_pods_of_a_cordoned_node(
         report, "pdb-blocks"
     )
     assert kinds(report, "ready")["cordoned"] == "warn"
+
+
+def test_our_fault_taint_is_explained_by_its_record(
+    control_plane: ControlPlane,
+    capsys: pytest.CaptureFixture[str],
+    kube: Client,
+    crds: None,
+    fake_gpu_nodes: FakeNodes,
+    namespace: str,
+) -> None:
+    (node,) = fake_gpu_nodes(1, labels={POOL_LABEL: namespace})
+    taint(kube, node, {"key": TAINT_KEY, "value": "f-1", "effect": "NoSchedule"})
+    code, report, table = diagnose(control_plane, capsys, node)
+    assert code == exitcodes.FINDINGS and report["unread"] == []
+    assert kinds(report, "gpus")["stale-fault-taint"] == "bad"
+    assert f"kubectl taint node {node} {TAINT_KEY}-" in table
+
+    name = fault_record_name(node, "f-1")
+    spec = {
+        "node": node,
+        "faultID": "f-1",
+        "scope": "node",
+        "source": "test",
+        "reason": "XidCritical79",
+        "severity": "P0",
+    }
+    kube.create(
+        GPUFault.from_dict(
+            {
+                "apiVersion": "gpuheal.io/v1alpha1",
+                "kind": "GPUFault",
+                "metadata": {"name": name, "labels": {"gpuheal.io/node": node}},
+                "spec": spec,
+            }
+        )
+    )
+    try:
+        kube.patch(
+            GPUFault.Status, name, {"status": {"phase": "Quarantined"}}, patch_type=PatchType.MERGE
+        )
+        code, report, table = diagnose(control_plane, capsys, node)
+        assert kinds(report, "gpus")["quarantined"] == "bad"
+        assert "fault f-1 (XidCritical79, phase Quarantined)" in table
+        assert f"kubectl get gpufault {name}" in table
+    finally:
+        kube.delete(GPUFault, name)

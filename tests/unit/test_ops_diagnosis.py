@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar, cast
 
 import pytest
+import yaml
 from lightkube.models.core_v1 import Taint, Toleration
 from lightkube.models.meta_v1 import LabelSelector, LabelSelectorRequirement
 from lightkube.resources.core_v1 import Event, Node, Pod, ResourceQuota
@@ -684,3 +685,26 @@ def test_text_helpers() -> None:
     ]
     assert listed(["a", "b"]) == "a, b"
     assert listed([str(i) for i in range(8)]) == "0, 1, 2, 3, 4 and 3 more"
+
+
+def test_yaml_output_carries_the_same_data() -> None:
+    diagnosis = diagnose(facts(node(allocatable=0), faults=[]), CONFIG)
+    out = io.StringIO()
+    render(diagnosis, "yaml", Console(file=out, width=200))
+    assert yaml.safe_load(out.getvalue()) == diagnosis.data()
+
+
+def test_malformed_annotations_are_read_as_unknown_not_a_crash() -> None:
+    target = node(
+        labels={STATE_LABEL: "maintenance"},
+        annotations={
+            MAINTENANCE_SINCE: "last tuesday",
+            STATUS: "faulty",
+            "gpuheal.io/fault-time": "?",
+        },
+        taints=[{"key": "gpuheal.io/maintenance", "effect": "NoSchedule"}],
+    )
+    diagnosis = diagnose(facts(target, faults=[]), CONFIG)
+    assert "in maintenance since an unknown time" in text_of(diagnosis, "in-maintenance")
+    assert "since an unknown time" in text_of(diagnosis, "gpu-fault-reported")
+    assert kinds(diagnosis, "gpus")["maintenance-taint"] == "info"  # age unknown: not overdue
