@@ -1,9 +1,11 @@
 """`gpuheal doctor`'s reasoning: the runbook's four questions, answered from Facts.
 
 1. Is the node registered and Ready?
-2. Does the scheduler see its GPUs?
+2. Does the scheduler see its GPUs? (ops/visibility.py)
 3. Why did workloads not move? (ops/movement.py)
-4. What else is affected: the same pool, driver, rack?
+4. What else is affected: the same pool, driver, rack? (ops/neighbours.py)
+
+This module asks them in order, answers the first itself, and is the Report.
 
 Pure: a function of the objects the doctor read (ops/findings.Facts) and the
 config. Each answer is a list of Findings, plain sentences that say what is
@@ -12,40 +14,22 @@ wrong and what to do, never a dump of the objects.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lightkube.models.core_v1 import NodeCondition, Taint
-from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.core_v1 import Node
 
 from gpuheal.config import Config
 from gpuheal.model import (
-    FAULT_DEVICES,
-    FAULT_ID,
-    FAULT_REASON,
-    FAULT_TIME,
-    GPU_HEALTHY_CONDITION,
     MAINTENANCE_CORDONED,
     MAINTENANCE_REASON,
     MAINTENANCE_SINCE,
-    QUARANTINED_DEVICES,
     STATE_LABEL,
     STATE_MAINTENANCE,
-    STATUS,
-    STATUS_FAULTY,
-    TAINT_KEY,
 )
 from gpuheal.ops import exitcodes
-from gpuheal.ops.cluster import (
-    annotations_of,
-    gpu_node,
-    labels_of,
-    name_of,
-    node_ready,
-    pod_gpus,
-    pod_live,
-)
+from gpuheal.ops.cluster import annotations_of, labels_of
 from gpuheal.ops.findings import (
     BAD,
     INFO,
@@ -53,31 +37,17 @@ from gpuheal.ops.findings import (
     WARN,
     Facts,
     Finding,
-    duration,
-    listed,
+    condition_of,
+    conditions_of,
     parse_time,
     plural,
-    pod_key,
+    said,
     when,
 )
 from gpuheal.ops.movement import question_workloads
+from gpuheal.ops.neighbours import question_affected
 from gpuheal.ops.output import Notes, Table
-from gpuheal.ops.scheduling import (
-    UNSCHEDULABLE_TAINT,
-    node_allocatable,
-    node_capacity,
-    taint_text,
-    taints_of,
-    toleration_text,
-)
-from gpuheal.policy.pools import (
-    NO_POOL,
-    driver_version,
-    expected_driver,
-    expected_gpus,
-    pool_config,
-    pool_of,
-)
+from gpuheal.ops.visibility import question_gpus
 
 QUESTIONS = (
     ("ready", "Is the node registered and Ready?"),
@@ -85,13 +55,7 @@ QUESTIONS = (
     ("workloads", "Why did workloads not move?"),
     ("affected", "What else is affected?"),
 )
-# A maintenance older than this many drain timeouts was probably forgotten.
-MAINTENANCE_OVERDUE_FACTOR = 4
-# Restarts of the device-plugin pod worth a warning.
-DEVICE_PLUGIN_RESTARTS = 3
 _PRESSURE = ("MemoryPressure", "DiskPressure", "PIDPressure", "NetworkUnavailable")
-# GPU feature discovery's labels that workloads select on.
-GFD_PRODUCT = "nvidia.com/gpu.product"
 _STYLE = {OK: "ok", INFO: "", WARN: "warn", BAD: "bad"}
 
 
@@ -183,20 +147,6 @@ def _answer(index: int, findings: list[Finding]) -> Answer:
 # -- 1. Is the node registered and Ready? ------------------------------------------------
 
 
-def _conditions(node: Node) -> list[NodeCondition]:
-    return list((node.status.conditions if node.status else None) or ())
-
-
-def _condition(node: Node, type_: str) -> NodeCondition | None:
-    return next((c for c in _conditions(node) if c.type == type_), None)
-
-
-def _said(condition: NodeCondition) -> str:
-    """The condition's reason and message, as one clause."""
-    parts = [p for p in (condition.reason, condition.message) if p]
-    return ": ".join(parts) if parts else "no reason given"
-
-
 def question_ready(facts: Facts, config: Config) -> list[Finding]:
     node, name, now = facts.node, facts.name, facts.now
     if node is None:
@@ -209,7 +159,7 @@ def question_ready(facts: Facts, config: Config) -> list[Finding]:
             )
         ]
     findings = []
-    ready = _condition(node, "Ready")
+    ready = condition_of(node, "Ready")
     if ready is None:
         findings.append(
             Finding(
@@ -228,7 +178,7 @@ def question_ready(facts: Facts, config: Config) -> list[Finding]:
                 BAD,
                 "not-ready",
                 f"Node {name} is NotReady since {when(ready.lastTransitionTime, now)} "
-                f"({_said(ready)}): its kubelet reports a problem. Check it on the host "
+                f"({said(ready)}): its kubelet reports a problem. Check it on the host "
                 "(journalctl -u kubelet): the container runtime, the network plugin, the disk.",
             )
         )
@@ -238,18 +188,18 @@ def question_ready(facts: Facts, config: Config) -> list[Finding]:
                 BAD,
                 "not-ready",
                 f"Node {name}'s status is Unknown since {when(ready.lastTransitionTime, now)} "
-                f"({_said(ready)}): its kubelet stopped reporting. The host may be down, hung "
+                f"({said(ready)}): its kubelet stopped reporting. The host may be down, hung "
                 "or cut off from the API server: check its power and network, then the kubelet.",
             )
         )
-    for condition in _conditions(node):
+    for condition in conditions_of(node):
         if condition.type in _PRESSURE and condition.status == "True":
             findings.append(
                 Finding(
                     WARN,
                     "node-pressure",
                     f"Node {name} reports {condition.type} since "
-                    f"{when(condition.lastTransitionTime, now)} ({_said(condition)}): the "
+                    f"{when(condition.lastTransitionTime, now)} ({said(condition)}): the "
                     "kubelet refuses new pods and may evict running ones until it clears.",
                 )
             )
@@ -292,581 +242,5 @@ def _schedulable(node: Node, facts: Facts, config: Config) -> list[Finding]:
             "cordoned",
             f"Node {name} is cordoned (spec.unschedulable), not by gpuheal: no new pods land "
             f"on it. Whoever cordoned it runs `kubectl uncordon {name}` once it is fit.",
-        )
-    ]
-
-
-# -- 2. Does the scheduler see its GPUs? -------------------------------------------------
-
-
-def question_gpus(node: Node, facts: Facts, config: Config) -> list[Finding]:
-    labels = labels_of(node)
-    capacity, allocatable = node_capacity(node, config), node_allocatable(node, config)
-    expected = expected_gpus(labels, config)
-    if not gpu_node(node, config) and not sum(capacity.values()) and not expected:
-        selector = ", ".join(f"{k}={v}" for k, v in config.node_selector.items())
-        return [
-            Finding(
-                WARN,
-                "not-gpu-node",
-                f"Node {facts.name} offers no GPU resource and does not carry {selector}: "
-                "it is not a GPU node. If it should be, check its driver, the NVIDIA device "
-                "plugin and GPU feature discovery.",
-            ),
-            *_taints(node, facts, config),
-        ]
-    findings = _gpu_counts(
-        node, facts, config, capacity=capacity, allocatable=allocatable, expected=expected
-    )
-    findings += _agent_report(node, facts)
-    findings += _device_plugin(facts, config, sum(allocatable.values()))
-    findings += _labels(node, facts, config)
-    findings += _taints(node, facts, config)
-    return findings
-
-
-def _gpu_counts(
-    node: Node,
-    facts: Facts,
-    config: Config,
-    *,
-    capacity: dict[str, int],
-    allocatable: dict[str, int],
-    expected: int | None,
-) -> list[Finding]:
-    labels = labels_of(node)
-    pool = pool_of(labels, config)
-    offered, present = sum(allocatable.values()), sum(capacity.values())
-    if pool_config(pool, config).gpus_per_node is not None:
-        source = f"gpusPerNode of pool {pool}"
-    else:
-        source = f"label {config.pools.expected_gpus_label}"
-    names = sorted(set(capacity) | set(allocatable))
-    resource = names[0] if len(names) == 1 else pool_config(pool, config).resource
-    detail = "; ".join(
-        f"{r}: {allocatable.get(r, 0)} allocatable of {capacity.get(r, 0)} capacity" for r in names
-    )
-    if offered == 0:
-        should = expected if expected else present
-        if present:
-            cause = (
-                f"capacity is {present}, so the device plugin registered the GPUs but reports "
-                "none healthy. Check `nvidia-smi` on the host and the device-plugin pod's log"
-            )
-        else:
-            cause = (
-                "the device plugin has not registered the GPUs. Check that the device-plugin "
-                "pod runs on the node and that the driver loads (`nvidia-smi` on the host)"
-            )
-        offer = f"should offer {should}" if should else "is labelled a GPU node"
-        return [
-            Finding(
-                BAD,
-                "zero-allocatable",
-                f"allocatable {resource} is 0 while the node {offer}: {cause}. Until then "
-                "no GPU pod can be scheduled here.",
-            )
-        ]
-    held = [p for p in facts.pods_on_node if pod_live(p) and pod_gpus(p, config) > 0]
-    in_use = sum(pod_gpus(p, config) for p in held)
-    use = f"{in_use} in use by {plural(len(held), 'pod')}" if held else "none in use"
-    if expected is not None and offered < expected:
-        missing = expected - offered
-        if present > offered:
-            why = (
-                f"capacity is {present}, so the device plugin reports {present - offered} "
-                "unhealthy: check `nvidia-smi` and the kernel log (Xid) on the host"
-            )
-        else:
-            why = (
-                "the device plugin does not see them: a GPU may have fallen off the bus "
-                "(`nvidia-smi`, `dmesg | grep -i xid` on the host)"
-            )
-        return [
-            Finding(
-                BAD,
-                "gpus-missing",
-                f"The node offers {offered} allocatable GPUs but should offer {expected} "
-                f"({source}): {missing} missing; {why}. ({detail})",
-            )
-        ]
-    if expected is not None and offered > expected:
-        return [
-            Finding(
-                WARN,
-                "gpus-unexpected",
-                f"The node offers {offered} allocatable GPUs, more than the {expected} expected "
-                f"({source}): correct the pool's gpusPerNode or the label. ({detail}; {use})",
-            )
-        ]
-    as_expected = f", as expected ({source})" if expected is not None else ""
-    return [
-        Finding(
-            OK,
-            "gpus-visible",
-            f"The scheduler sees {offered} allocatable GPUs{as_expected}; {use}. ({detail})",
-        )
-    ]
-
-
-def _agent_report(node: Node, facts: Facts) -> list[Finding]:
-    annotations = annotations_of(node)
-    findings = []
-    if annotations.get(STATUS) == STATUS_FAULTY:
-        devices = annotations.get(FAULT_DEVICES)
-        on = f" on {devices}" if devices else ""
-        findings.append(
-            Finding(
-                BAD,
-                "gpu-fault-reported",
-                f"The gpuheal agent reports a GPU fault{on}: "
-                f"{annotations.get(FAULT_REASON) or 'no reason given'} (fault "
-                f"{annotations.get(FAULT_ID) or '?'}, since "
-                f"{when(parse_time(annotations.get(FAULT_TIME)), facts.now)}).",
-            )
-        )
-    health = _condition(node, GPU_HEALTHY_CONDITION)
-    if health is not None and health.status == "False" and not findings:
-        findings.append(
-            Finding(
-                BAD,
-                "gpu-unhealthy",
-                f"Condition {GPU_HEALTHY_CONDITION} is False since "
-                f"{when(health.lastTransitionTime, facts.now)} ({_said(health)}).",
-            )
-        )
-    elif health is not None and health.status == "Unknown":
-        findings.append(
-            Finding(
-                WARN,
-                "gpu-health-unknown",
-                f"Condition {GPU_HEALTHY_CONDITION} is Unknown since "
-                f"{when(health.lastTransitionTime, facts.now)} ({_said(health)}): the agent's "
-                "probes could not run; check the gpuheal agent pod on the node.",
-            )
-        )
-    quarantined = annotations.get(QUARANTINED_DEVICES)
-    if quarantined:
-        findings.append(
-            Finding(
-                WARN,
-                "devices-quarantined",
-                f"gpuheal quarantined GPU devices {quarantined}: pods holding them were moved, "
-                "the rest of the node still serves.",
-            )
-        )
-    return findings
-
-
-def _device_plugin(facts: Facts, config: Config, offered: int) -> list[Finding]:
-    gate = config.health_gate
-    selector = ", ".join(f"{k}={v}" for k, v in sorted(gate.device_plugin_selector.items()))
-    pods = [
-        p
-        for p in facts.pods_on_node
-        if pod_live(p)
-        and (not gate.device_plugin_namespaces or _namespace(p) in gate.device_plugin_namespaces)
-        and gate.device_plugin_selector
-        and all(labels_of(p).get(k) == v for k, v in gate.device_plugin_selector.items())
-    ]
-    if not pods:
-        if gate.device_plugin_required or offered == 0:
-            return [
-                Finding(
-                    BAD,
-                    "device-plugin-missing",
-                    f"No device-plugin pod ({selector}) runs on the node: without it the "
-                    "kubelet offers no GPUs. Check the DaemonSet's nodeSelector and "
-                    "tolerations against this node's labels and taints "
-                    f"(`kubectl get ds -A -l {selector.replace(' ', '')}`).",
-                )
-            ]
-        return [
-            Finding(
-                INFO,
-                "device-plugin-not-found",
-                f"No device-plugin pod labelled {selector} was found on the node; the GPUs are "
-                "registered, so it may run under other labels (healthGate.devicePluginSelector).",
-            )
-        ]
-    findings = []
-    for pod in pods:
-        statuses = list((pod.status.containerStatuses if pod.status else None) or ())
-        restarts = sum(s.restartCount for s in statuses)
-        ready = all(s.ready for s in statuses) and bool(statuses)
-        if not ready:
-            waiting = [
-                s.state.waiting.reason
-                for s in statuses
-                if s.state and s.state.waiting and s.state.waiting.reason
-            ]
-            state = ", ".join(waiting) or (pod.status.phase if pod.status else None) or "unknown"
-            findings.append(
-                Finding(
-                    BAD,
-                    "device-plugin-not-ready",
-                    f"The device-plugin pod {pod_key(pod)} is not Ready ({state}): the GPUs it "
-                    f"serves can vanish from allocatable. Read its log: `kubectl -n "
-                    f"{_namespace(pod)} logs {name_of(pod)}`.",
-                )
-            )
-        elif restarts >= DEVICE_PLUGIN_RESTARTS:
-            last = [
-                s.lastState.terminated.reason
-                for s in statuses
-                if s.lastState and s.lastState.terminated and s.lastState.terminated.reason
-            ]
-            why = f" (last: {', '.join(last)})" if last else ""
-            findings.append(
-                Finding(
-                    WARN,
-                    "device-plugin-restarting",
-                    f"The device-plugin pod {pod_key(pod)} has restarted {restarts} times{why}: "
-                    f"`kubectl -n {_namespace(pod)} logs {name_of(pod)} --previous`.",
-                )
-            )
-        else:
-            findings.append(
-                Finding(OK, "device-plugin-ready", f"Device-plugin pod {pod_key(pod)} is Ready.")
-            )
-    return findings
-
-
-def _namespace(pod: Pod) -> str:
-    return (pod.metadata.namespace if pod.metadata else None) or ""
-
-
-def _labels(node: Node, facts: Facts, config: Config) -> list[Finding]:
-    labels = labels_of(node)
-    name = facts.name
-    findings = []
-    for key, value in sorted(config.node_selector.items()):
-        if labels.get(key) != value:
-            now = f" (it is {labels[key]!r})" if key in labels else ""
-            findings.append(
-                Finding(
-                    WARN,
-                    "missing-label",
-                    f"Label {key}={value} is missing{now}: gpuheal does not manage this node, "
-                    f"and workloads that select {key}={value} do not land here. GPU feature "
-                    f"discovery sets it, or `kubectl label node {name} {key}={value}`.",
-                )
-            )
-    gfd = [k for k in (GFD_PRODUCT, config.pools.expected_gpus_label) if k not in labels]
-    if gfd:
-        findings.append(
-            Finding(
-                WARN,
-                "missing-label",
-                f"GPU feature discovery's {plural(len(gfd), 'label')} {', '.join(gfd)} "
-                f"{'is' if len(gfd) == 1 else 'are'} missing: workloads that select a GPU "
-                "model do not land here, and the expected GPU count is unknown. Check the "
-                "gpu-feature-discovery pod on the node.",
-            )
-        )
-    pool = pool_of(labels, config)
-    if pool == NO_POOL:
-        keys = ", ".join((config.pools.label, *config.pools.fallback_labels))
-        findings.append(
-            Finding(
-                WARN,
-                "no-pool",
-                f"The node belongs to no pool (none of the labels {keys}): its pool's GPU "
-                "count and driver cannot be checked.",
-            )
-        )
-    elif config.pools.label not in labels:
-        findings.append(
-            Finding(
-                INFO,
-                "pool",
-                f"Pool {pool}, from a fallback label ({config.pools.label} is not set).",
-            )
-        )
-    if not findings:
-        findings.append(
-            Finding(
-                OK,
-                "labels",
-                f"The labels the scheduler and gpuheal rely on are set (pool {pool}, "
-                f"{labels.get(GFD_PRODUCT)}, {labels.get(config.pools.expected_gpus_label)} "
-                "GPUs).",
-            )
-        )
-    return findings
-
-
-def _taints(node: Node, facts: Facts, config: Config) -> list[Finding]:
-    name, now = facts.name, facts.now
-    in_maintenance = labels_of(node).get(STATE_LABEL) == STATE_MAINTENANCE
-    findings = []
-    taints = [t for t in taints_of(node) if t.key != UNSCHEDULABLE_TAINT]  # the cordon: Q1
-    for taint in taints:
-        text = taint_text(taint)
-        if taint.key == TAINT_KEY:
-            findings.append(_fault_taint(taint, facts))
-        elif taint.key == config.maintenance.taint_key:
-            since = parse_time(annotations_of(node).get(MAINTENANCE_SINCE))
-            overdue = MAINTENANCE_OVERDUE_FACTOR * config.maintenance.drain_timeout_seconds
-            if not in_maintenance:
-                findings.append(
-                    Finding(
-                        BAD,
-                        "stale-maintenance-taint",
-                        f"Taint {text}: a maintenance taint was left behind, the node is not "
-                        f"labelled {STATE_LABEL}={STATE_MAINTENANCE}. Run `gpuheal maintenance "
-                        f"finish {name}`: it checks the node and removes the taint.",
-                    )
-                )
-            elif since is not None and (now - since).total_seconds() > overdue:
-                findings.append(
-                    Finding(
-                        WARN,
-                        "maintenance-overdue",
-                        f"Taint {text}: the node has been in maintenance for "
-                        f"{duration((now - since).total_seconds())}, more than "
-                        f"{MAINTENANCE_OVERDUE_FACTOR} times the drain timeout: forgotten? Run "
-                        f"`gpuheal maintenance finish {name}`.",
-                    )
-                )
-            else:
-                findings.append(
-                    Finding(
-                        INFO,
-                        "maintenance-taint",
-                        f"Taint {text}: set by `gpuheal maintenance start`; `gpuheal "
-                        f"maintenance finish {name}` removes it.",
-                    )
-                )
-        elif taint.key.startswith("node.kubernetes.io/"):
-            findings.append(
-                Finding(
-                    INFO,
-                    "system-taint",
-                    f"Taint {text}: set by Kubernetes for a node condition; it goes when the "
-                    "condition clears.",
-                )
-            )
-        else:
-            findings.append(
-                Finding(
-                    INFO,
-                    "taint",
-                    f"Taint {text}: not gpuheal's; only pods with the toleration "
-                    f"{toleration_text(taint)} land here.",
-                )
-            )
-    keys = {t.key for t in taints}
-    cordoned = bool(node.spec and node.spec.unschedulable)
-    if in_maintenance and config.maintenance.taint_key not in keys and not cordoned:
-        findings.append(
-            Finding(
-                WARN,
-                "maintenance-incomplete",
-                f"The node is labelled {STATE_LABEL}={STATE_MAINTENANCE} but has neither the "
-                f"{config.maintenance.taint_key} taint nor a cordon: new pods can land on it. "
-                f"Re-run `gpuheal maintenance start {name} --reason ...` or finish it.",
-            )
-        )
-    if not taints:
-        findings.append(Finding(OK, "no-taints", "The node has no taints."))
-    return findings
-
-
-def _fault_taint(taint: Taint, facts: Facts) -> Finding:
-    text, name = taint_text(taint), facts.name
-    if facts.faults is None:
-        return Finding(
-            BAD,
-            "quarantined",
-            f"Taint {text}: the gpuheal controller quarantined the node for fault "
-            f"{taint.value or '?'} (its GPUFault records could not be read).",
-        )
-    open_ = [r for r in facts.faults if r.open and not r.device_scope]
-    record = next((r for r in open_ if r.fault_id == taint.value), None) or next(iter(open_), None)
-    if record is None:
-        return Finding(
-            BAD,
-            "stale-fault-taint",
-            f"Taint {text}: gpuheal's fault taint, but no open GPUFault record exists for "
-            f"the node: it was left behind. If the GPUs are fine, remove it with `kubectl "
-            f"taint node {name} {taint.key}-`.",
-        )
-    return Finding(
-        BAD,
-        "quarantined",
-        f"Taint {text}: the gpuheal controller quarantined the node for fault "
-        f"{record.fault_id} ({record.reason or 'no reason'}, phase {record.phase.value}) since "
-        f"{when(parse_time(record.detected_at or record.created_at), facts.now)}; see `kubectl "
-        f"get gpufault {record.name}`. The controller returns the node itself once the fault "
-        "clears and the health gate passes.",
-    )
-
-
-# -- 4. What else is affected? ------------------------------------------------------------
-
-
-def rack_of(labels: dict[str, str], config: Config) -> str:
-    """The node's rack: the first rack label present; "" when none."""
-    return next((labels[k] for k in config.pools.rack_labels if labels.get(k)), "")
-
-
-def node_troubles(node: Node, config: Config) -> list[str]:
-    """What keeps a node from serving GPUs, as short words ([] when it serves)."""
-    troubles = []
-    if node_ready(node) is not True:
-        troubles.append("NotReady")
-    if any(t.key == TAINT_KEY for t in taints_of(node)):
-        troubles.append("quarantined")
-    if gpu_node(node, config) and sum(node_allocatable(node, config).values()) == 0:
-        troubles.append("zero allocatable")
-    return troubles
-
-
-def in_maintenance(node: Node, config: Config) -> bool:
-    return labels_of(node).get(STATE_LABEL) == STATE_MAINTENANCE or any(
-        t.key == config.maintenance.taint_key for t in taints_of(node)
-    )
-
-
-_HINTS = {
-    "pool": "a driver or image rollout, a firmware update, the pool's network",
-    "driver": "the driver version itself",
-    "rack": "the rack's switch or power",
-}
-
-
-def question_affected(node: Node, facts: Facts, config: Config) -> list[Finding]:
-    labels, annotations = labels_of(node), annotations_of(node)
-    pool = pool_of(labels, config)
-    driver = driver_version(labels, annotations)
-    rack = rack_of(labels, config)
-    findings: list[Finding] = []
-    groups: list[tuple[str, str, str, Callable[[Node], bool]]] = []
-    if pool != NO_POOL:
-        groups.append(
-            ("pool", f"pool {pool}", pool, lambda n: pool_of(labels_of(n), config) == pool)
-        )
-    if driver:
-        groups.append(
-            (
-                "driver",
-                f"driver {driver}",
-                driver,
-                lambda n: driver_version(labels_of(n), annotations_of(n)) == driver,
-            )
-        )
-    else:
-        findings.append(
-            Finding(
-                INFO,
-                "driver-unknown",
-                "The node's driver version is unknown (no agent report, no GPU feature "
-                "discovery label): nodes on the same driver cannot be found.",
-            )
-        )
-    if rack:
-        groups.append(
-            ("rack", f"rack {rack}", rack, lambda n: rack_of(labels_of(n), config) == rack)
-        )
-    else:
-        findings.append(
-            Finding(
-                INFO,
-                "rack-unknown",
-                f"The node has no rack label ({', '.join(config.pools.rack_labels)}): its "
-                "rack neighbours cannot be found.",
-            )
-        )
-    mine = node_troubles(node, config)
-    for group, title, _, member in groups:
-        members = [n for n in facts.nodes if member(n) or name_of(n) == facts.name]
-        findings += _group(
-            group, title=title, members=members, name=facts.name, mine=mine, config=config
-        )
-    if pool != NO_POOL:
-        findings += _driver_drift(node, pool, facts, config)
-    return findings
-
-
-def _group(
-    group: str,
-    *,
-    title: str,
-    members: Sequence[Node],
-    name: str,
-    mine: Sequence[str],
-    config: Config,
-) -> list[Finding]:
-    others = [n for n in members if name_of(n) != name]
-    if not others:
-        return [Finding(INFO, f"{group}-alone", f"The node is the only one of {title}.")]
-    troubled = {name_of(n): node_troubles(n, config) for n in members}
-    troubled = {k: v for k, v in troubled.items() if v}
-    findings = []
-    other_troubled = [k for k in troubled if k != name]
-    if other_troubled:
-        by_trouble: dict[str, list[str]] = {}
-        for node_name, troubles in sorted(troubled.items()):
-            for trouble in troubles:
-                by_trouble.setdefault(trouble, []).append(node_name)
-        states = "; ".join(
-            f"{len(names)} {trouble} ({listed(names)})" for trouble, names in by_trouble.items()
-        )
-        serve = "does not serve" if len(troubled) == 1 else "do not serve"
-        advice = (
-            f"Suspect a shared cause ({_HINTS[group]})."
-            if len(troubled) > 1
-            else f"Look at it on its own: `gpuheal doctor {other_troubled[0]}`."
-        )
-        findings.append(
-            Finding(
-                WARN,
-                f"{group}-degraded",
-                f"{len(troubled)} of the {plural(len(members), 'node')} of {title} {serve} "
-                f"GPUs: {states}. {advice}",
-            )
-        )
-    else:
-        local = f": the problem is local to {name}" if mine else ""
-        the_others = "The other node" if len(others) == 1 else f"The other {len(others)} nodes"
-        findings.append(
-            Finding(
-                OK,
-                f"{group}-healthy",
-                f"{the_others} of {title} {'serves' if len(others) == 1 else 'serve'}{local}.",
-            )
-        )
-    maintenance = [name_of(n) for n in others if in_maintenance(n, config)]
-    if maintenance:
-        findings.append(
-            Finding(
-                INFO,
-                f"{group}-maintenance",
-                f"{plural(len(maintenance), 'other node')} of {title} "
-                f"{'is' if len(maintenance) == 1 else 'are'} in maintenance "
-                f"({listed(maintenance)}).",
-            )
-        )
-    return findings
-
-
-def _driver_drift(node: Node, pool: str, facts: Facts, config: Config) -> list[Finding]:
-    driver = driver_version(labels_of(node), annotations_of(node))
-    peers = [n for n in facts.nodes if pool_of(labels_of(n), config) == pool]
-    versions = [driver_version(labels_of(n), annotations_of(n)) for n in peers]
-    expected = expected_driver(pool, versions, config)
-    if not driver or not expected or driver == expected:
-        return []
-    if pool_config(pool, config).driver_version:
-        basis = "configured for the pool"
-    else:
-        basis = f"{versions.count(expected)} of its {len(peers)} nodes"
-    return [
-        Finding(
-            WARN,
-            "driver-drift",
-            f"The node runs driver {driver} while pool {pool} runs {expected} ({basis}): "
-            "align it before the node returns; the health gate refuses a drifted driver.",
         )
     ]

@@ -6,7 +6,7 @@ node's GPUFault records, PodDisruptionBudgets and ResourceQuotas of the
 namespaces involved, the scheduler's FailedScheduling Events of the Pending
 pods shown, and the pods bound elsewhere when free GPUs matter. Optional reads
 that are refused (no CRD, RBAC) become an "could not read" line, not a failure.
-The reasoning is in ops/diagnosis.py and ops/movement.py.
+The reasoning is in ops/diagnosis.py and the modules it names.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import datetime as dt
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from lightkube.models.core_v1 import NodeCondition
 from lightkube.resources.core_v1 import Node, Pod, ResourceQuota
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 
@@ -108,3 +109,17 @@ def plural(count: int, word: str, many: str = "") -> str:
 def pod_key(pod: Pod) -> str:
     meta = pod.metadata
     return f"{(meta.namespace if meta else '') or ''}/{(meta.name if meta else '') or ''}"
+
+
+def conditions_of(node: Node) -> list[NodeCondition]:
+    return list((node.status.conditions if node.status else None) or ())
+
+
+def condition_of(node: Node, type_: str) -> NodeCondition | None:
+    return next((c for c in conditions_of(node) if c.type == type_), None)
+
+
+def said(condition: NodeCondition) -> str:
+    """The condition's reason and message, as one clause."""
+    parts = [p for p in (condition.reason, condition.message) if p]
+    return ": ".join(parts) if parts else "no reason given"

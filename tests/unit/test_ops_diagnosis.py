@@ -28,10 +28,11 @@ from gpuheal.model import (
     Phase,
 )
 from gpuheal.ops import exitcodes
-from gpuheal.ops.diagnosis import Diagnosis, diagnose, rack_of
+from gpuheal.ops.diagnosis import Diagnosis, diagnose
 from gpuheal.ops.doctor import latest_messages
 from gpuheal.ops.findings import Facts, duration, listed
 from gpuheal.ops.movement import pending_causes
+from gpuheal.ops.neighbours import rack_of
 from gpuheal.ops.output import render
 from gpuheal.ops.scheduling import (
     admits,
