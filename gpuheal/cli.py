@@ -227,8 +227,10 @@ def _add_operator_commands(
         help="why a GPU node or its workloads are stuck, in plain sentences",
         description=(
             "Answers, in order: is NODE registered and Ready; does the scheduler see its "
-            "GPUs; why workloads did not move; what else is affected. Exit 3 when it "
-            "finds a problem."
+            "GPUs; why workloads did not move (Pending GPU pods that may use it, pods that "
+            "should leave it); what else is affected (the same pool, driver, rack). Reads "
+            "only. Exit 0 when nothing is wrong, 3 when it finds a problem, 5 when NODE "
+            "is not registered."
         ),
     )
     doctor.add_argument("node", metavar="NODE")

@@ -121,6 +121,8 @@ class PoolsConfig:
     # `gpuheal audit`: labels ("*": any value) and taints every GPU node must carry.
     expected_labels: Mapping[str, str] = field(default_factory=dict)
     expected_taints: tuple[Taint, ...] = ()
+    # Node labels naming a node's rack, first present wins (`gpuheal doctor`'s neighbours).
+    rack_labels: tuple[str, ...] = ("topology.kubernetes.io/rack", "rack")
 
 
 @dataclass(frozen=True)
@@ -435,6 +437,7 @@ _POOLS: dict[str, tuple[str, Any]] = {
     "byName": ("by_name", dict),  # each entry parsed with _POOL in parse_config
     "expectedLabels": ("expected_labels", string_map),
     "expectedTaints": ("expected_taints", taint_specs),
+    "rackLabels": ("rack_labels", strings),
 }
 
 _HEALTH_GATE: dict[str, tuple[str, Any]] = {

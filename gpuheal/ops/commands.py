@@ -32,7 +32,9 @@ def gate(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def doctor(ctx: Context, args: argparse.Namespace) -> int:
-    raise NotImplementedError
+    from gpuheal.ops import doctor  # noqa: PLC0415 -- imports on call
+
+    return doctor.run(ctx, args.node)
 
 
 def audit(ctx: Context, args: argparse.Namespace) -> int:
