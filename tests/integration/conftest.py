@@ -12,9 +12,10 @@ import pytest
 from lightkube import ApiError, Client
 from lightkube.resources.core_v1 import Event, Node, Pod
 
+from gpuheal.kube.resources import GPUFault
 from gpuheal.model import FAULT_ID, FAULT_REASON, FAULT_TIME, HANDLED_FAULT_ID, STATUS
 from gpuheal.sim import ControlPlane
-from gpuheal.sim.controller import ControllerProcess, GPUFault, install_crds
+from gpuheal.sim.controller import ControllerProcess, install_crds
 from gpuheal.sim.workloads import create_namespace
 from tests.helpers import unique
 
