@@ -10,6 +10,7 @@ finalizer, the flag to pass.
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -59,6 +60,19 @@ def finalizer_blocker(pod: Pod) -> str:
     if meta.deletionTimestamp is None or not meta.finalizers:
         return ""
     return f"being deleted, held by finalizer {', '.join(meta.finalizers)}"
+
+
+# Past its deletion deadline by this much, a terminating pod is worth a word.
+OVERDUE_S = 30.0
+
+
+def overdue(pod: Pod, now: dt.datetime) -> str:
+    """A terminating pod well past its grace period: its kubelet is likely not there
+    to finish it ("" while it is on its way out)."""
+    deadline = pod.metadata.deletionTimestamp if pod.metadata else None
+    if deadline is None or (now - deadline).total_seconds() < OVERDUE_S:
+        return ""
+    return "terminating past its grace period: is the node's kubelet running?"
 
 
 def selects(selector: LabelSelector | None, labels: Mapping[str, str]) -> bool:
@@ -159,7 +173,7 @@ class _Drain:
     def _blocker(self, pod: Pod, key: str, now: float) -> str:
         meta = pod.metadata or ObjectMeta()
         if meta.deletionTimestamp is not None:
-            return finalizer_blocker(pod)  # else: terminating, on its way out
+            return finalizer_blocker(pod) or overdue(pod, self.ctx.now())
         why = held_back(
             pod,
             delete_emptydir_data=self.options.delete_emptydir_data,

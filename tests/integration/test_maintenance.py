@@ -4,6 +4,7 @@ health gate refusing and then passing, and the controller leaving maintenance al
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import subprocess
@@ -12,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import yaml
@@ -296,7 +297,7 @@ def test_a_pdb_that_never_allows_times_out_with_the_blocker_in_json_and_table(
     )
 
     code, out, err = cli(
-        "maintenance", "start", target, "--reason", "bios", "--checkpoint-wait", "0",
+        "maintenance", "start", target, "--reason", "bios", "--checkpoint-wait", "1",
         "--timeout", "3", "-o", "json",
     )  # fmt: skip
     assert code == 4, err
@@ -499,3 +500,67 @@ def test_the_controllers_recovery_waits_for_the_gate(
     wait_for("the node returned", lambda: our_taint(kube, node) is None, timeout_s=30)
     (record,) = faults_of(kube, node)
     assert record.status["phase"] == "Resolved"
+
+
+class _Hook(http.server.BaseHTTPRequestHandler):
+    received: ClassVar[list[dict[str, Any]]] = []
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length", "0"))
+        self.received.append(json.loads(self.rfile.read(length)))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_checkpoint_webhook_is_called_with_the_gpu_pods_and_a_failing_one_only_warns(
+    kube: Client,
+    control_plane: ControlPlane,
+    namespace: str,
+    fake_gpu_nodes: FakeNodes,
+    pool: dict[str, str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    (target,) = fake_gpu_nodes(1, labels=pool)
+    apply(kube, gpu_deployment("infer", namespace, replicas=1, node_selector=pool))
+    (running,) = wait_pods_running(kube, namespace, count=1, labels={"app": "infer"})
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Hook.received.clear()
+
+    def start(url: str) -> tuple[int, str, str]:
+        path = tmp_path / "webhook.yaml"
+        config = controller_config(pool, pools={"label": POOL_LABEL})
+        config["maintenance"] = {"checkpoint": "webhook", "checkpointWebhookUrl": url}
+        path.write_text(yaml.safe_dump(config))
+        capsys.readouterr()
+        code = main(
+            ["maintenance", "start", target, "--reason", "fw", "--checkpoint-wait", "1",
+             "--no-drain", "-o", "json", "--kubeconfig", str(control_plane.kubeconfig),
+             "--config", str(path)]
+        )  # fmt: skip
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    try:
+        code, out, err = start(f"http://127.0.0.1:{server.server_port}/checkpoint")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert code == 0, err
+    (call,) = _Hook.received
+    assert call["node"] == target and call["reason"] == "fw" and call["deadline"]
+    assert running.metadata is not None
+    assert call["pods"] == [
+        {"namespace": namespace, "name": running.metadata.name, "uid": running.metadata.uid}
+    ]
+    assert json.loads(out)["checkpoint"]["webhook"] == "ok"
+
+    # Nobody listening: a warning, then the wait and the rest as usual.
+    code, out, err = start(f"http://127.0.0.1:{server.server_port}/checkpoint")
+    assert code == 0
+    assert "checkpoint webhook" in err and "waiting for the GPU pods anyway" in err
+    assert json.loads(out)["checkpoint"]["webhook"].startswith("checkpoint webhook")

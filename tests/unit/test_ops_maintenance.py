@@ -25,6 +25,7 @@ from gpuheal.model import (
 from gpuheal.ops.drain import (
     finalizer_blocker,
     held_back,
+    overdue,
     pdb_blocker,
     selects,
     skip_reason,
@@ -263,3 +264,10 @@ def test_label_selectors() -> None:
         budget = pdb("x", {"matchExpressions": [expr]})
         assert budget.spec is not None
         assert selects(budget.spec.selector, labels) is expected, operator
+
+
+def test_a_pod_terminating_long_past_its_grace_period_is_named() -> None:
+    deleting = pod(metadata={"deletionTimestamp": "2026-11-29T12:00:00Z"})
+    assert overdue(deleting, NOW + dt.timedelta(seconds=5)) == ""
+    assert "grace period" in overdue(deleting, NOW + dt.timedelta(minutes=5))
+    assert overdue(pod(), NOW) == ""
