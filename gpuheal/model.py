@@ -132,6 +132,9 @@ class NodeView:
     conditions: tuple[Condition, ...] = ()
     gpus: int = 0
     addresses: tuple[str, ...] = ()  # status.addresses (InternalIP, Hostname, ...)
+    # status.allocatable of the extended resources (nvidia.com/gpu, MIG profiles, ...),
+    # sorted by name: the health gate's GPU count.
+    allocatable: tuple[tuple[str, int], ...] = ()
 
     def taint(self, key: str = TAINT_KEY) -> Taint | None:
         return next((t for t in self.taints if t.key == key), None)
@@ -173,6 +176,9 @@ class PodView:
     devices: tuple[DeviceReport, ...] = ()
     # The latest timestamp in the pod's status (conditions, container states), RFC 3339.
     status_time: str = ""
+    ready: bool = False  # the pod's Ready condition is True
+    # Matches healthGate.devicePluginSelector (and namespaces): the node's device plugin.
+    device_plugin: bool = False
 
     @property
     def key(self) -> str:

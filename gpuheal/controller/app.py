@@ -33,6 +33,7 @@ from gpuheal.kube.projections import (
     NodeJson,
     PodJson,
     canary_view,
+    device_plugin_matcher,
     fault_record,
     node_view,
     pod_view_factory,
@@ -81,7 +82,13 @@ class Controller:
             api,
             "/api/v1/pods",
             PodJson,
-            pod_view_factory(config.is_gpu_resource),
+            pod_view_factory(
+                config.is_gpu_resource,
+                device_plugin_matcher(
+                    config.health_gate.device_plugin_selector,
+                    config.health_gate.device_plugin_namespaces,
+                ),
+            ),
             lambda p: p.key,
             name="pods",
             field_selector=POD_FIELD_SELECTOR,

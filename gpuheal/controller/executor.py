@@ -410,13 +410,15 @@ class Executor:
             ]
             if add is not None:
                 taints.append({"key": TAINT_KEY, "value": add.fault_id, "effect": add.effect})
-            body = {
-                "metadata": {
-                    "resourceVersion": node.resource_version,
-                    "labels": {STATE_LABEL: STATE_QUARANTINED if add else None},
-                },
-                "spec": {"taints": taints},
-            }
+            metadata: dict[str, Any] = {"resourceVersion": node.resource_version}
+            label = node.labels.get(STATE_LABEL)
+            # Our label says "quarantined" and goes with our taint; any other state
+            # (a person's "maintenance") is not ours to set or remove.
+            if add is not None and label in (None, STATE_QUARANTINED):
+                metadata["labels"] = {STATE_LABEL: STATE_QUARANTINED}
+            elif add is None and label == STATE_QUARANTINED:
+                metadata["labels"] = {STATE_LABEL: None}
+            body = {"metadata": metadata, "spec": {"taints": taints}}
             try:
                 raw = await self.api.patch(node_path(name), body)
             except ApiError as err:

@@ -11,7 +11,7 @@ import asyncio
 import datetime as dt
 import logging
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
@@ -23,7 +23,15 @@ from gpuheal.controller.signals import ExternalSignals
 from gpuheal.kube.informer import Store
 from gpuheal.kube.workqueue import WorkQueue
 from gpuheal.metrics import ControllerMetrics
-from gpuheal.model import FaultRecord, Mode, NodeView, Phase, PodView
+from gpuheal.model import (
+    STATE_LABEL,
+    STATE_MAINTENANCE,
+    FaultRecord,
+    Mode,
+    NodeView,
+    Phase,
+    PodView,
+)
 from gpuheal.policy.dedupe import TtlSet
 from gpuheal.policy.devices import (
     CanaryView,
@@ -44,6 +52,7 @@ from gpuheal.policy.plan import (
     plan,
     plan_node_gone,
 )
+from gpuheal.policy.pools import driver_version, pool_of
 from gpuheal.policy.ratelimit import TokenBucket
 
 log = logging.getLogger(__name__)
@@ -59,6 +68,10 @@ class Fleet:
         self.pods_by_node: dict[str, set[str]] = defaultdict(set)
         self.records_by_node: dict[str, set[str]] = defaultdict(set)
         self.held: set[str] = set()  # record names in phase Held
+        # Driver versions per pool, for the health gate: node -> (pool, version),
+        # and per pool the count of each version.
+        self.driver_of: dict[str, tuple[str, str]] = {}
+        self.pool_drivers: dict[str, Counter[str]] = defaultdict(Counter)
 
     def selected(self, node: NodeView) -> bool:
         selector = self.config.node_selector
@@ -71,15 +84,44 @@ class Fleet:
             if old is not None:
                 self.gpu_nodes.discard(old.name)
                 self.quarantined.discard(old.name)
+                self._note_driver(old.name, None)
             return
         if self.selected(new):
             self.gpu_nodes.add(new.name)
         else:
             self.gpu_nodes.discard(new.name)
+        # Only the fault taint counts for the breaker: a node in maintenance carries
+        # the maintenance taint, which is a person's decision, not a fault.
         if new.taint() is not None and new.name in self.gpu_nodes:
             self.quarantined.add(new.name)
         else:
             self.quarantined.discard(new.name)
+        version = driver_version(new.labels, new.annotations)
+        selected = new.name in self.gpu_nodes and version
+        self._note_driver(
+            new.name, (pool_of(new.labels, self.config), version) if selected else None
+        )
+
+    def _note_driver(self, node: str, entry: tuple[str, str] | None) -> None:
+        old = self.driver_of.pop(node, None)
+        if old is not None:
+            counts = self.pool_drivers[old[0]]
+            counts[old[1]] -= 1
+            if counts[old[1]] <= 0:
+                del counts[old[1]]
+            if not counts:
+                del self.pool_drivers[old[0]]
+        if entry is not None:
+            self.driver_of[node] = entry
+            self.pool_drivers[entry[0]][entry[1]] += 1
+
+    def drivers_besides(self, node: NodeView) -> dict[str, int]:
+        """Driver versions of the other nodes of the node's pool: version -> nodes."""
+        counts = Counter(self.pool_drivers.get(pool_of(node.labels, self.config), {}))
+        own = self.driver_of.get(node.name)
+        if own is not None:
+            counts[own[1]] -= 1
+        return {version: n for version, n in counts.items() if n > 0}
 
     def on_pod(self, old: PodView | None, new: PodView | None) -> None:
         if old is not None and old.node and (new is None or new.node != old.node):
@@ -225,6 +267,7 @@ class Reconciler:
             quarantined=frozenset(self.fleet.quarantined),
             blocked_since=dict(self.blocked_since.get(node.name, {})),
             external=(*self.external.active(node.name), *((escalated,) if escalated else ())),
+            pool_drivers=self.fleet.drivers_besides(node),
         )
 
     def _records_of(self, node: str) -> tuple[FaultRecord, ...]:
@@ -279,6 +322,8 @@ class Reconciler:
     async def _reconcile_devices(self, node: NodeView, now: dt.datetime) -> float | None:
         if not (self.config.device_health.enabled and self.fleet.selected(node)):
             return None
+        if node.labels.get(STATE_LABEL) == STATE_MAINTENANCE:
+            return None  # devices misbehave while people work on them: not faults
         state = self.device_state_of(node)
         decided = plan_devices(state, self.config, now)
         self._device_metrics(node.name, decided)

@@ -6,7 +6,7 @@ fields cost nothing to retain; the views (model.py) are what the caches hold.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 
 import msgspec
 
@@ -71,6 +71,7 @@ class AddressJson(msgspec.Struct):
 class NodeStatus(msgspec.Struct):
     conditions: list[ConditionJson] = []
     capacity: dict[str, str] = {}
+    allocatable: dict[str, str] = {}
     addresses: list[AddressJson] = []
 
 
@@ -124,6 +125,8 @@ class ContainerStatusJson(msgspec.Struct):
 
 
 class PodConditionJson(msgspec.Struct):
+    type: str = ""
+    status: str = ""
     lastTransitionTime: str | None = None  # noqa: N815
     lastProbeTime: str | None = None  # noqa: N815
 
@@ -209,10 +212,31 @@ def node_view(node: NodeJson, gpu_resource: str = "nvidia.com/gpu") -> NodeView:
         ),
         gpus=_quantity(node.status.capacity.get(gpu_resource, "0")),
         addresses=tuple(a.address for a in node.status.addresses if a.address),
+        # Extended resources only (a domain in the name): a handful, not cpu/memory/pods.
+        allocatable=tuple(
+            sorted((k, _quantity(v)) for k, v in node.status.allocatable.items() if "/" in k)
+        ),
     )
 
 
-def pod_view_factory(is_gpu_resource: Callable[[str], bool]) -> Callable[[PodJson], PodView]:
+def device_plugin_matcher(
+    selector: Mapping[str, str], namespaces: Collection[str] = ()
+) -> Callable[[str, Mapping[str, str]], bool]:
+    """Is a pod (namespace, labels) the node's GPU device plugin (healthGate config)?"""
+    wanted = dict(selector)
+
+    def matches(namespace: str, labels: Mapping[str, str]) -> bool:
+        if not wanted or (namespaces and namespace not in namespaces):
+            return False
+        return all(labels.get(k) == v for k, v in wanted.items())
+
+    return matches
+
+
+def pod_view_factory(
+    is_gpu_resource: Callable[[str], bool],
+    is_device_plugin: Callable[[str, Mapping[str, str]], bool] = lambda _ns, _labels: False,
+) -> Callable[[PodJson], PodView]:
     def requests_gpu(container: Container) -> bool:
         wanted = {**container.resources.requests, **container.resources.limits}
         return any(is_gpu_resource(n) and q not in ("0", "") for n, q in wanted.items())
@@ -233,6 +257,8 @@ def pod_view_factory(is_gpu_resource: Callable[[str], bool]) -> Callable[[PodJso
             canary=meta.labels.get(CANARY_LABEL) == "true",
             devices=_devices(status, is_gpu_resource),
             status_time=_status_time(status),
+            ready=any(c.type == "Ready" and c.status == "True" for c in status.conditions or ()),
+            device_plugin=is_device_plugin(meta.namespace, meta.labels),
         )
 
     return view

@@ -20,15 +20,21 @@ def status(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def maintenance_start(ctx: Context, args: argparse.Namespace) -> int:
-    raise NotImplementedError
+    from gpuheal.ops.maintenance import start  # noqa: PLC0415 -- keeps --help fast
+
+    return start(ctx, args)
 
 
 def maintenance_finish(ctx: Context, args: argparse.Namespace) -> int:
-    raise NotImplementedError
+    from gpuheal.ops.maintenance import finish  # noqa: PLC0415
+
+    return finish(ctx, args)
 
 
 def gate(ctx: Context, args: argparse.Namespace) -> int:
-    raise NotImplementedError
+    from gpuheal.ops.gate import run_gate  # noqa: PLC0415
+
+    return run_gate(ctx, args.node)
 
 
 def doctor(ctx: Context, args: argparse.Namespace) -> int:

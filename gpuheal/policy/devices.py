@@ -47,6 +47,7 @@ from gpuheal.model import (
     Severity,
     fault_record_name,
 )
+from gpuheal.policy.gate import GATE_FAILED
 from gpuheal.policy.plan import (
     DETECTED,
     RECOVERED,
@@ -67,7 +68,6 @@ DEVICE_UNKNOWN = "GPUDeviceUnknown"
 DEVICE_SUSPECT = "GPUDeviceSuspect"
 DEVICE_CANARY = "GPUDeviceCanary"
 DEVICE_ESCALATED = "GPUDeviceEscalated"
-GATE_FAILED = "GPUHealthGateFailed"
 CONTACT_SUPPORT = "GPUContactSupport"
 
 # The node lifecycle controller's taints for a node it cannot hear from.

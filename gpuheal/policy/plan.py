@@ -18,6 +18,8 @@ from gpuheal.model import (
     HANDLED_FAULT_ID,
     LAST_PROCESS_TIME,
     MANAGED_LABEL,
+    STATE_LABEL,
+    STATE_MAINTENANCE,
     TAINTED_PHASES,
     ActionEntry,
     FaultRecord,
@@ -30,6 +32,7 @@ from gpuheal.model import (
     fault_record_name,
 )
 from gpuheal.policy.breaker import breaker_allows
+from gpuheal.policy.gate import GATE_FAILED, GateResult, evaluate, facts_from_views
 from gpuheal.policy.signals import fault_signal
 
 # Event reasons (DESIGN.md).
@@ -132,6 +135,9 @@ class NodeState:
     blocked_since: Mapping[str, dt.datetime] = field(default_factory=dict)
     # Signals about this node from outside it: alerts, DCGM metrics, manual requests.
     external: tuple[FaultSignal, ...] = ()
+    # Driver versions of the other GPU nodes of this node's pool (version -> nodes),
+    # for the health gate's driver check.
+    pool_drivers: Mapping[str, int] = field(default_factory=dict)
 
 
 def iso(moment: dt.datetime) -> str:
@@ -158,6 +164,10 @@ def plan(state: NodeState, config: Config, now: dt.datetime) -> Plan:
     node = state.node
     if node.labels.get(MANAGED_LABEL) == "false":
         return Plan(suppressed="opt-out")
+    if node.labels.get(STATE_LABEL) == STATE_MAINTENANCE:
+        # A person took the node out (`gpuheal maintenance`): what it reports meanwhile
+        # is the work being done, not a fault. `maintenance finish` gates its return.
+        return Plan(suppressed="maintenance")
     signal = current_signal(state, config)
     if signal is None:
         return _recover(state, config, now)
@@ -448,6 +458,7 @@ def _recover(state: NodeState, config: Config, now: dt.datetime) -> Plan:
     actions: list[Action] = []
     requeue: float | None = None
     untainted = False
+    gate: GateResult | None = None
     for record in (r for r in state.records if r.open):
         if record.phase not in TAINTED_PHASES:
             actions += [
@@ -476,6 +487,14 @@ def _recover(state: NodeState, config: Config, now: dt.datetime) -> Plan:
             requeue = _soonest(requeue, remaining)
             continue
         taint = node.taint()
+        if taint is not None and config.health_gate.on_recovery:
+            # The same gate as `gpuheal maintenance finish`: the taint stays until it passes.
+            facts = facts_from_views(node, state.pods, state.pool_drivers)
+            gate = evaluate(facts, config, now, since)
+            if not gate.passed:
+                actions += _gate_failed(record, gate, now)
+                requeue = _soonest(requeue, config.hold_retry_seconds)
+                continue
         if taint is not None and not untainted:
             actions.append(RemoveTaint(node.name))
             untainted = True
@@ -490,6 +509,43 @@ def _recover(state: NodeState, config: Config, now: dt.datetime) -> Plan:
             ),
         ]
     return Plan(actions=tuple(actions), requeue_after=requeue)
+
+
+GATE_FAILED_ACTION = "gate-failed"
+
+
+def gate_failed_checks(detail: str) -> frozenset[str]:
+    """The failing checks a "gate-failed" entry names: its detail starts with them."""
+    names, _, _ = detail.partition(": ")
+    return frozenset(n.strip() for n in names.split(",") if n.strip())
+
+
+def _gate_failed(record: FaultRecord, gate: GateResult, now: dt.datetime) -> list[Action]:
+    """Record and announce a failed gate, once per set of failing checks: the record
+    is looked at again every holdRetrySeconds and must not fill with the same news."""
+    failing = tuple(c.name for c in gate.failing)
+    # The news since recovery last began: a new recovery reports its gate afresh.
+    last = next(
+        (a for a in reversed(record.actions) if a.action in (GATE_FAILED_ACTION, "recovering")),
+        None,
+    )
+    if (
+        last is not None
+        and last.action == GATE_FAILED_ACTION
+        and gate_failed_checks(last.detail) == frozenset(failing)
+    ):
+        return []
+    detail = f"{', '.join(failing)}: {gate.summary()}"
+    return [
+        UpdateRecord(record.name, record.phase, _entry(now, GATE_FAILED_ACTION, "failed", detail)),
+        Emit(
+            GATE_FAILED,
+            f"fault {record.fault_id}: health gate failed, node stays tainted; {gate.summary()}",
+            record.node,
+            record.name,
+            warning=True,
+        ),
+    ]
 
 
 def _soonest(current: float | None, candidate: float) -> float:

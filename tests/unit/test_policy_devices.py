@@ -29,7 +29,6 @@ from gpuheal.policy.devices import (
     DEVICE_ESCALATED,
     DEVICE_SUSPECT,
     DEVICE_UNKNOWN,
-    GATE_FAILED,
     CanaryView,
     CreateCanary,
     CreateDeviceRecord,
@@ -42,6 +41,7 @@ from gpuheal.policy.devices import (
     escalation_signal,
     plan_devices,
 )
+from gpuheal.policy.gate import GATE_FAILED
 from gpuheal.policy.plan import Emit, Evict, UpdateRecord, iso
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, 0, tzinfo=dt.UTC)

@@ -54,11 +54,22 @@ def faulty(name: str = "n1", fault_id: str = "f1", **annotations: str) -> NodeVi
         annotations={STATUS: "faulty", FAULT_ID: fault_id, FAULT_REASON: "XidCritical79"}
         | annotations,
         gpus=8,
+        conditions=(READY,),
     )
 
 
+# Ready, as a live node is: the health gate checks it before a node is returned.
+READY = Condition("Ready", "True")
+
+
 def healthy(name: str = "n1", **annotations: str) -> NodeView:
-    return NodeView(name=name, resource_version="1", annotations=dict(annotations), gpus=8)
+    return NodeView(
+        name=name,
+        resource_version="1",
+        annotations=dict(annotations),
+        gpus=8,
+        conditions=(READY,),
+    )
 
 
 def tainted(node: NodeView, fault_id: str = "f1") -> NodeView:

@@ -23,6 +23,7 @@ from gpuheal.model import (
     LAST_PROCESS_TIME,
     STATUS,
     TAINT_KEY,
+    Condition,
     FaultRecord,
     NodeView,
     Phase,
@@ -69,7 +70,8 @@ class World:
 
 
 def new_world() -> World:
-    nodes = {n: NodeView(name=n, resource_version="1", gpus=8) for n in NODES}
+    ready = (Condition("Ready", "True"),)  # the health gate returns only Ready nodes
+    nodes = {n: NodeView(name=n, resource_version="1", gpus=8, conditions=ready) for n in NODES}
     world = World(nodes=nodes)
     for n in NODES:
         for i in range(2):

@@ -1,0 +1,215 @@
+"""`gpuheal gate NODE`: gather a node's health-gate facts from the cluster, judge them
+with gpuheal.policy.gate (the controller's recovery uses the same checks), print them.
+
+Also the Node Events the operator commands write (the gate's failure, maintenance
+start and finish): best effort, like the controller's, never a reason to fail.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import secrets
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx2
+from lightkube import ApiError, Client
+from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.events_v1 import Event
+from rich.text import Text
+
+from gpuheal.config import Config
+from gpuheal.kube.projections import device_plugin_matcher
+from gpuheal.model import MAINTENANCE_SINCE
+from gpuheal.ops import exitcodes
+from gpuheal.ops.cluster import (
+    LIST_PAGE,
+    annotations_of,
+    gpu_node,
+    labels_of,
+    name_of,
+    node_ready,
+    pod_live,
+    quantity,
+)
+from gpuheal.ops.context import Context
+from gpuheal.ops.output import Notes, Table, render
+from gpuheal.policy.gate import DevicePluginPod, GateFacts, GateResult, Result, evaluate
+from gpuheal.policy.pools import driver_version, pool_of
+
+EVENT_NAMESPACE = "default"  # cluster-scoped objects' Events live here (as the controller's)
+REPORTING_CONTROLLER = "gpuheal.io/cli"
+
+
+def get_node(client: Client, name: str) -> Node | None:
+    try:
+        return client.get(Node, name)
+    except ApiError as err:
+        if err.status.code == 404:
+            return None
+        raise
+
+
+def pods_on(client: Client, node: str) -> list[Pod]:
+    return list(
+        client.list(Pod, namespace="*", fields={"spec.nodeName": node}, chunk_size=LIST_PAGE)
+    )
+
+
+def pod_ready(pod: Pod) -> bool:
+    conditions = (pod.status.conditions if pod.status else None) or ()
+    return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+
+def gather(client: Client, config: Config, node: Node) -> GateFacts:
+    """The node's facts: itself, its device-plugin pods, its pool's other nodes' drivers."""
+    name = name_of(node)
+    labels = labels_of(node)
+    pool = pool_of(labels, config)
+    peers: Counter[str] = Counter()
+    for other in client.list(Node, chunk_size=LIST_PAGE):
+        if name_of(other) == name or not gpu_node(other, config):
+            continue
+        other_labels = labels_of(other)
+        if pool_of(other_labels, config) == pool:
+            version = driver_version(other_labels, annotations_of(other))
+            if version:
+                peers[version] += 1
+    gate = config.health_gate
+    is_plugin = device_plugin_matcher(gate.device_plugin_selector, gate.device_plugin_namespaces)
+    plugins = tuple(
+        DevicePluginPod(f"{p.metadata.namespace}/{p.metadata.name}", pod_ready(p))
+        for p in pods_on(client, name)
+        if p.metadata is not None
+        and pod_live(p)
+        and is_plugin(p.metadata.namespace or "", labels_of(p))
+    )
+    allocatable = (node.status.allocatable if node.status else None) or {}
+    return GateFacts(
+        node=name,
+        ready=node_ready(node),
+        labels=labels,
+        annotations=annotations_of(node),
+        allocatable={k: quantity(v) for k, v in allocatable.items() if "/" in k},
+        pool_drivers=dict(peers),
+        device_plugin_pods=plugins,
+    )
+
+
+def parse_since(value: str) -> dt.datetime | None:
+    if not value:
+        return None
+    try:
+        parsed = dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        return (parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)).astimezone(dt.UTC)
+    except (ValueError, OverflowError):
+        return None
+
+
+def maintenance_since(node: Node, ctx: Context) -> dt.datetime | None:
+    """When the node's maintenance began (the gate's `since`); warns if unreadable."""
+    raw = annotations_of(node).get(MAINTENANCE_SINCE, "")
+    since = parse_since(raw)
+    if raw and since is None:
+        ctx.err.print(
+            Text(
+                f"warning: {MAINTENANCE_SINCE} is not an RFC 3339 time ({raw[:64]!r}); "
+                "the gate judges error counters without a start time",
+                style="yellow",
+            )
+        )
+    return since
+
+
+def gate_exit_code(result: GateResult) -> int:
+    return exitcodes.OK if result.passed else exitcodes.GATE_FAILED | result.bits
+
+
+_STYLE = {Result.PASS: "ok", Result.FAIL: "bad", Result.SKIPPED: ""}
+
+
+@dataclass(frozen=True)
+class GateReport:
+    result: GateResult
+    since: dt.datetime | None = None
+    # What `maintenance finish` did after the gate ("" for the read-only `gate`).
+    outcome: str = ""
+    finished: bool | None = None
+
+    def data(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "node": self.result.node,
+            "passed": self.result.passed,
+            "exitCode": gate_exit_code(self.result),
+            "since": _stamp(self.since) if self.since else None,
+            "checks": [
+                {"name": c.name, "result": c.result.value, "reason": c.reason, "bit": c.bit}
+                for c in self.result.checks
+            ],
+        }
+        if self.finished is not None:
+            out["finished"] = self.finished
+            out["outcome"] = self.outcome
+        return out
+
+    def views(self) -> Sequence[Table | Notes]:
+        table = Table(
+            title=f"Health gate: {self.result.node}",
+            columns=("CHECK", "RESULT", "WHY"),
+            rows=[(c.name, c.result.value, c.reason) for c in self.result.checks],
+        )
+        if self.result.passed:
+            verdict = ("ok", "passed")
+        else:
+            names = ", ".join(c.name for c in self.result.failing)
+            verdict = ("bad", f"failed: {names} (exit {gate_exit_code(self.result)})")
+        lines = [verdict]
+        if self.outcome:
+            lines.append(("ok" if self.finished else "warn", self.outcome))
+        return (table, Notes("", lines))
+
+
+def _stamp(moment: dt.datetime) -> str:
+    return moment.astimezone(dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def emit_node_event(
+    ctx: Context, node: str, *, reason: str, note: str, action: str, warning: bool = False
+) -> None:
+    """One events.k8s.io/v1 Event on the Node; a failure is a warning, not an error."""
+    now = ctx.now().astimezone(dt.UTC)
+    # lightkube writes a whole second without its fraction, which a MicroTime refuses.
+    now = now.replace(microsecond=now.microsecond or 1)
+    body = {
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        "metadata": {"name": f"{node}.{secrets.token_hex(8)}", "namespace": EVENT_NAMESPACE},
+        "eventTime": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "reportingController": REPORTING_CONTROLLER,
+        "reportingInstance": ctx.actor[:128] or "gpuheal-cli",
+        "action": action,
+        "reason": reason,
+        "type": "Warning" if warning else "Normal",
+        "note": note[:1024],
+        "regarding": {"kind": "Node", "name": node, "apiVersion": "v1", "namespace": ""},
+    }
+    try:
+        event = Event.from_dict(body)
+        assert isinstance(event, Event)  # noqa: S101 -- from_dict is typed loosely
+        ctx.client.create(event, namespace=EVENT_NAMESPACE)
+    except (ApiError, httpx2.HTTPError) as err:
+        ctx.err.print(Text(f"warning: Event {reason} not recorded: {err}", style="yellow"))
+
+
+def run_gate(ctx: Context, name: str) -> int:
+    """Read-only: print the checks, exit 0 or 64 | the failing checks' bits."""
+    node = get_node(ctx.client, name)
+    if node is None:
+        ctx.err.print(Text(f"gpuheal gate: node {name} not found", style="bold red"))
+        return exitcodes.NOT_FOUND
+    since = maintenance_since(node, ctx)
+    result = evaluate(gather(ctx.client, ctx.config, node), ctx.config, ctx.now(), since)
+    render(GateReport(result, since), ctx.output, ctx.out)
+    return gate_exit_code(result)

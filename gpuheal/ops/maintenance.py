@@ -1,0 +1,492 @@
+"""`gpuheal maintenance start | finish NODE`: take a GPU node out and bring it back.
+
+start: one resourceVersion-guarded write marks the node (state label, taint,
+cordon, reason, start time, the agent's error counters as a baseline), GPU
+workloads are asked to checkpoint and given time to leave, then the node is
+drained (drain.py). finish: the health gate with since = the start; only if it
+passes, one guarded write removes what start added (and uncordons only if start
+cordoned). Both are safe to run again after an interruption.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx2
+from lightkube import ApiError
+from lightkube.resources.core_v1 import Node, Pod
+from lightkube.types import PatchType
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
+
+from gpuheal.config import Config
+from gpuheal.model import (
+    CHECKPOINT_REQUESTED,
+    COUNTERS_SINCE,
+    ECC_ERRORS,
+    MAINTENANCE_BASELINE,
+    MAINTENANCE_CORDONED,
+    MAINTENANCE_REASON,
+    MAINTENANCE_SINCE,
+    STATE_LABEL,
+    STATE_MAINTENANCE,
+    XID_ERRORS,
+)
+from gpuheal.ops import exitcodes
+from gpuheal.ops.cluster import annotations_of, labels_of, pod_gpus, pod_live
+from gpuheal.ops.context import Context
+from gpuheal.ops.drain import DrainOptions, DrainResult, drain, pod_key, skip_reason
+from gpuheal.ops.gate import (
+    GateReport,
+    emit_node_event,
+    gate_exit_code,
+    gather,
+    get_node,
+    maintenance_since,
+    pods_on,
+)
+from gpuheal.ops.output import Notes, Table, render
+from gpuheal.policy.gate import GATE_FAILED, evaluate
+
+STARTED = "GPUMaintenanceStarted"
+FINISHED = "GPUMaintenanceFinished"
+CONFLICT_RETRIES = 5
+WEBHOOK_TIMEOUT_S = 5.0
+MAINTENANCE_ANNOTATIONS = (
+    MAINTENANCE_REASON,
+    MAINTENANCE_SINCE,
+    MAINTENANCE_BASELINE,
+    MAINTENANCE_CORDONED,
+)
+
+
+def stamp(moment: dt.datetime) -> str:
+    return moment.astimezone(dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+_LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_EDGE = "._-"
+
+
+def taint_value(reason: str) -> str:
+    """The reason as a valid taint value (a label value: 63 characters of
+    [A-Za-z0-9._-], alphanumeric at both ends), or "" when nothing is left."""
+    value = _LABEL_UNSAFE.sub("-", reason).strip(_EDGE)
+    return value[:63].strip(_EDGE)
+
+
+def baseline(annotations: Mapping[str, str]) -> tuple[str | None, str]:
+    """The agent's error counters now, as MAINTENANCE_BASELINE's JSON; (None, why)
+    when the agent reports none or they are unreadable."""
+    if XID_ERRORS not in annotations and ECC_ERRORS not in annotations:
+        return None, "the agent reports no error counters"
+    try:
+        xid = int(annotations.get(XID_ERRORS, "0"))
+        ecc = int(annotations.get(ECC_ERRORS, "0"))
+    except ValueError:
+        return None, f"unreadable {XID_ERRORS}/{ECC_ERRORS}"
+    since = annotations.get(COUNTERS_SINCE, "")
+    return json.dumps({"xid": xid, "ecc": ecc, "since": since}, separators=(",", ":")), ""
+
+
+def _taints(node: Node) -> list[dict[str, Any]]:
+    out = []
+    for t in (node.spec.taints if node.spec else None) or ():
+        taint: dict[str, Any] = {"key": t.key, "effect": t.effect}
+        if t.value:
+            taint["value"] = t.value
+        if t.timeAdded:
+            taint["timeAdded"] = t.timeAdded
+        out.append(taint)
+    return out
+
+
+def start_patch(
+    node: Node, reason: str, config: Config, now: dt.datetime
+) -> tuple[dict[str, Any], list[str]]:
+    """The one write that puts the node in maintenance (resourceVersion-guarded), and
+    warnings. Already in maintenance: its start, baseline and reason stay."""
+    labels, annotations = labels_of(node), annotations_of(node)
+    warnings: list[str] = []
+    resumed = labels.get(STATE_LABEL) == STATE_MAINTENANCE and MAINTENANCE_SINCE in annotations
+    cordoned = bool(node.spec and node.spec.unschedulable)
+    notes: dict[str, str | None] = {}
+    if not resumed:
+        notes[MAINTENANCE_REASON] = reason
+        notes[MAINTENANCE_SINCE] = stamp(now)
+        counters, why = baseline(annotations)
+        notes[MAINTENANCE_BASELINE] = counters
+        if counters is None and why.startswith("unreadable"):
+            warnings.append(f"no error-counter baseline recorded: {why}")
+        # Cordoned by someone else before us: theirs to undo, not finish's.
+        notes[MAINTENANCE_CORDONED] = None if cordoned else "true"
+    elif not cordoned:
+        notes[MAINTENANCE_CORDONED] = "true"  # uncordoned meanwhile: we cordon it again
+    key, effect = config.maintenance.taint_key, config.maintenance.taint_effect
+    taints = [t for t in _taints(node) if t["key"] != key]
+    value = taint_value(annotations.get(MAINTENANCE_REASON, reason) if resumed else reason)
+    taints.append({"key": key, "effect": effect, **({"value": value} if value else {})})
+    patch = {
+        "metadata": {
+            "resourceVersion": node.metadata.resourceVersion if node.metadata else None,
+            "labels": {STATE_LABEL: STATE_MAINTENANCE},
+            "annotations": notes,
+        },
+        "spec": {"taints": taints, "unschedulable": True},
+    }
+    return patch, warnings
+
+
+def leftovers(node: Node, config: Config) -> list[str]:
+    """What maintenance left on a node (its label, taint, annotations)."""
+    found = []
+    if labels_of(node).get(STATE_LABEL) == STATE_MAINTENANCE:
+        found.append(f"label {STATE_LABEL}={STATE_MAINTENANCE}")
+    if any(t["key"] == config.maintenance.taint_key for t in _taints(node)):
+        found.append(f"taint {config.maintenance.taint_key}")
+    annotations = annotations_of(node)
+    found += [f"annotation {k}" for k in MAINTENANCE_ANNOTATIONS if k in annotations]
+    return found
+
+
+def finish_patch(node: Node, config: Config) -> tuple[dict[str, Any], bool]:
+    """The one write that returns the node; True if it uncordons."""
+    annotations = annotations_of(node)
+    uncordon = annotations.get(MAINTENANCE_CORDONED) == "true"
+    metadata: dict[str, Any] = {
+        "resourceVersion": node.metadata.resourceVersion if node.metadata else None,
+        "annotations": dict.fromkeys(MAINTENANCE_ANNOTATIONS),
+    }
+    if labels_of(node).get(STATE_LABEL) == STATE_MAINTENANCE:
+        metadata["labels"] = {STATE_LABEL: None}
+    spec: dict[str, Any] = {
+        "taints": [t for t in _taints(node) if t["key"] != config.maintenance.taint_key]
+    }
+    if uncordon:
+        spec["unschedulable"] = False
+    return {"metadata": metadata, "spec": spec}, uncordon
+
+
+class WriteError(Exception):
+    """The node could not be written (deleted meanwhile, endless conflicts)."""
+
+
+def _guarded_write(
+    ctx: Context, name: str, node: Node, build: Callable[[Node], dict[str, Any]]
+) -> Node:
+    """Patch under optimistic concurrency: on 409 read the node again and rebuild."""
+    for _ in range(CONFLICT_RETRIES):
+        try:
+            return ctx.client.patch(Node, name, build(node), patch_type=PatchType.MERGE)
+        except ApiError as err:
+            if err.status.code != 409:
+                raise
+        fresh = get_node(ctx.client, name)
+        if fresh is None:
+            raise WriteError(f"node {name} was deleted")
+        node = fresh
+    raise WriteError(f"node {name} kept changing: {CONFLICT_RETRIES} writes in a row conflicted")
+
+
+# -- checkpoint --------------------------------------------------------------------------
+
+
+def gpu_pods(ctx: Context, node: str) -> list[Pod]:
+    """The node's GPU workloads (what is asked to checkpoint and waited for)."""
+    return [
+        p
+        for p in pods_on(ctx.client, node)
+        if pod_gpus(p, ctx.config) > 0 and not skip_reason(p) and pod_live(p)
+    ]
+
+
+@dataclass
+class CheckpointResult:
+    mode: str
+    deadline: str = ""
+    asked: list[str] = field(default_factory=list)
+    gone: list[str] = field(default_factory=list)
+    webhook: str = ""  # "ok" | what went wrong
+
+
+def request_checkpoint(
+    ctx: Context, node: str, reason: str, mode: str, wait_s: float
+) -> CheckpointResult:
+    pods = gpu_pods(ctx, node)
+    result = CheckpointResult(mode=mode, asked=[pod_key(p) for p in pods])
+    if mode == "none" or not pods:
+        return result
+    result.deadline = stamp(ctx.now() + dt.timedelta(seconds=wait_s))
+    if mode == "annotate":
+        for pod in pods:
+            meta = pod.metadata
+            assert meta is not None and meta.name  # noqa: S101 -- listed pods have names
+            patch = {"metadata": {"annotations": {CHECKPOINT_REQUESTED: result.deadline}}}
+            try:
+                ctx.client.patch(Pod, meta.name, patch, namespace=meta.namespace)
+            except ApiError as err:
+                if err.status.code != 404:  # gone meanwhile: nothing to ask
+                    raise
+    else:
+        result.webhook = _call_webhook(ctx, node, reason, result.deadline, pods)
+    return result
+
+
+def _call_webhook(ctx: Context, node: str, reason: str, deadline: str, pods: Sequence[Pod]) -> str:
+    url = ctx.config.maintenance.checkpoint_webhook_url
+    body = {
+        "node": node,
+        "reason": reason,
+        "deadline": deadline,
+        "pods": [
+            {"namespace": p.metadata.namespace, "name": p.metadata.name, "uid": p.metadata.uid}
+            for p in pods
+            if p.metadata is not None
+        ],
+    }
+    try:
+        response = httpx2.post(url, json=body, timeout=WEBHOOK_TIMEOUT_S)
+        response.raise_for_status()
+    except httpx2.HTTPError as err:
+        why = f"checkpoint webhook {url} failed: {err}"
+        ctx.err.print(Text(f"warning: {why}; waiting for the GPU pods anyway", style="yellow"))
+        return why
+    return "ok"
+
+
+def wait_gpu_pods_gone(
+    ctx: Context,
+    node: str,
+    result: CheckpointResult,
+    wait_s: float,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Give the GPU pods up to `wait_s` to leave on their own, with a progress bar."""
+    total = len(result.asked)
+    if result.mode == "none" or total == 0 or wait_s <= 0:
+        return
+    deadline = clock() + wait_s
+    with Progress(
+        TextColumn("GPU pods gone"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=ctx.err,
+        transient=True,
+        disable=not ctx.err.is_terminal,
+    ) as progress:
+        task = progress.add_task("checkpoint", total=total)
+        while True:
+            left = {pod_key(p) for p in gpu_pods(ctx, node)}
+            result.gone = [k for k in result.asked if k not in left]
+            progress.update(task, completed=len(result.gone))
+            remaining = deadline - clock()
+            if not left & set(result.asked) or remaining <= 0:
+                return
+            sleep(min(1.0, remaining))
+
+
+# -- start -----------------------------------------------------------------------------
+
+
+@dataclass
+class StartReport:
+    node: str
+    reason: str
+    since: str
+    resumed: bool
+    cordoned_by_us: bool
+    checkpoint: CheckpointResult
+    drain: DrainResult | None  # None: --no-drain
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def result(self) -> str:
+        if self.drain is None:
+            return "marked"
+        return "drained" if self.drain.done else "timed-out"
+
+    def data(self) -> dict[str, Any]:
+        d = self.drain
+        return {
+            "node": self.node,
+            "reason": self.reason,
+            "since": self.since,
+            "resumed": self.resumed,
+            "cordonedByUs": self.cordoned_by_us,
+            "result": self.result,
+            "checkpoint": {
+                "mode": self.checkpoint.mode,
+                "deadline": self.checkpoint.deadline or None,
+                "asked": self.checkpoint.asked,
+                "gone": self.checkpoint.gone,
+                "webhook": self.checkpoint.webhook or None,
+            },
+            "drained": d.done if d else None,
+            "evicted": d.evicted if d else [],
+            "skipped": [{"pod": k, "why": v} for k, v in sorted(d.skipped.items())] if d else [],
+            "blockers": [{"pod": k, "reason": v} for k, v in sorted(d.blockers.items())]
+            if d
+            else [],
+            "blockersSeen": [{"pod": k, "reason": v} for k, v in sorted(d.seen.items())]
+            if d
+            else [],
+            "warnings": self.warnings,
+        }
+
+    def views(self) -> Sequence[Table | Notes]:
+        lines: list[tuple[str, str]] = [
+            ("", f"reason: {self.reason}"),
+            ("", f"in maintenance since {self.since}" + (" (resumed)" if self.resumed else "")),
+        ]
+        lines += [("warn", w) for w in self.warnings]
+        cp = self.checkpoint
+        if cp.mode != "none" and cp.asked:
+            lines.append(
+                ("", f"checkpoint ({cp.mode}): {len(cp.gone)}/{len(cp.asked)} GPU pods left")
+            )
+        d = self.drain
+        if d is None:
+            lines.append(("warn", "not drained (--no-drain)"))
+            return (Notes(f"Maintenance: {self.node}", lines),)
+        if d.done:
+            lines.append(("ok", f"drained: {len(d.evicted)} pod(s) evicted"))
+        else:
+            lines.append(("bad", f"drain deadline passed: {len(d.blockers)} pod(s) still there"))
+        views: list[Table | Notes] = [Notes(f"Maintenance: {self.node}", lines)]
+        views.append(Table("Evicted", ("POD",), [(p,) for p in d.evicted]))
+        views.append(
+            Table("Left in place", ("POD", "WHY"), sorted(d.skipped.items()), empty="nothing")
+        )
+        shown = d.blockers if not d.done else d.seen
+        title = "Blocking the drain" if not d.done else "Blocked the drain for a while"
+        views.append(Table(title, ("POD", "WHAT BLOCKS"), sorted(shown.items())))
+        return views
+
+
+def start(ctx: Context, args: argparse.Namespace) -> int:
+    name: str = args.node
+    config = ctx.config.maintenance
+    node = get_node(ctx.client, name)
+    if node is None:
+        ctx.err.print(Text(f"gpuheal maintenance start: node {name} not found", style="bold red"))
+        return exitcodes.NOT_FOUND
+    resumed = labels_of(node).get(
+        STATE_LABEL
+    ) == STATE_MAINTENANCE and MAINTENANCE_SINCE in annotations_of(node)
+    warnings: list[str] = []
+
+    def build(current: Node) -> dict[str, Any]:
+        patch, found = start_patch(current, args.reason, ctx.config, ctx.now())
+        warnings[:] = found
+        return patch
+
+    try:
+        node = _guarded_write(ctx, name, node, build)
+    except WriteError as err:
+        ctx.err.print(Text(f"gpuheal maintenance start: {err}", style="bold red"))
+        return exitcodes.ERROR
+    for warning in warnings:
+        ctx.err.print(Text(f"warning: {warning}", style="yellow"))
+    annotations = annotations_of(node)
+    reason = annotations.get(MAINTENANCE_REASON, args.reason)
+    if not resumed:
+        emit_node_event(
+            ctx, name, reason=STARTED, note=f"maintenance started: {reason}", action="Maintenance"
+        )
+    mode = args.checkpoint or config.checkpoint
+    if mode == "webhook" and not config.checkpoint_webhook_url:
+        warnings.append("checkpoint webhook: maintenance.checkpointWebhookUrl is not set")
+        mode = "none"
+    wait_s = (
+        config.checkpoint_wait_seconds if args.checkpoint_wait is None else args.checkpoint_wait
+    )
+    checkpoint = request_checkpoint(ctx, name, reason, mode, wait_s)
+    wait_gpu_pods_gone(ctx, name, checkpoint, wait_s)
+    drained = None
+    if not args.no_drain:
+        options = DrainOptions(
+            delete_emptydir_data=args.delete_emptydir_data,
+            force=args.force,
+            timeout_s=config.drain_timeout_seconds if args.timeout is None else args.timeout,
+            retry_s=config.eviction_retry_seconds,
+        )
+        drained = drain(ctx, name, options)
+    report = StartReport(
+        node=name,
+        reason=reason,
+        since=annotations.get(MAINTENANCE_SINCE, ""),
+        resumed=resumed,
+        cordoned_by_us=annotations.get(MAINTENANCE_CORDONED) == "true",
+        checkpoint=checkpoint,
+        drain=drained,
+        warnings=warnings,
+    )
+    render(report, ctx.output, ctx.out)
+    if drained is not None and not drained.done:
+        return exitcodes.TIMED_OUT
+    return exitcodes.OK
+
+
+# -- finish ----------------------------------------------------------------------------
+
+
+def finish(ctx: Context, args: argparse.Namespace) -> int:
+    name: str = args.node
+    node = get_node(ctx.client, name)
+    if node is None:
+        ctx.err.print(Text(f"gpuheal maintenance finish: node {name} not found", style="bold red"))
+        return exitcodes.NOT_FOUND
+    left = leftovers(node, ctx.config)
+    if not left:
+        ctx.err.print(
+            Text(
+                f"gpuheal maintenance finish: node {name} is not in maintenance; nothing to finish"
+            )
+        )
+        return exitcodes.USAGE
+    since = maintenance_since(node, ctx)
+    result = evaluate(gather(ctx.client, ctx.config, node), ctx.config, ctx.now(), since)
+    if not result.passed:
+        emit_node_event(
+            ctx,
+            name,
+            reason=GATE_FAILED,
+            note=f"maintenance finish refused, node stays out: {result.summary()}",
+            action="Gate",
+            warning=True,
+        )
+        outcome = "nothing changed: the node stays in maintenance"
+        render(GateReport(result, since, outcome, finished=False), ctx.output, ctx.out)
+        return gate_exit_code(result)
+    uncordoned = False
+
+    def build(current: Node) -> dict[str, Any]:
+        nonlocal uncordoned
+        patch, uncordoned = finish_patch(current, ctx.config)
+        return patch
+
+    try:
+        written = _guarded_write(ctx, name, node, build)
+    except WriteError as err:
+        ctx.err.print(Text(f"gpuheal maintenance finish: {err}", style="bold red"))
+        return exitcodes.ERROR
+    outcome = f"returned to service: removed {', '.join(left)}"
+    if uncordoned:
+        outcome += "; uncordoned"
+    elif written.spec is not None and written.spec.unschedulable:
+        outcome += "; left cordoned (it was cordoned before maintenance began)"
+    emit_node_event(
+        ctx, name, reason=FINISHED, note=f"maintenance finished: {outcome}", action="Maintenance"
+    )
+    render(GateReport(result, since, outcome, finished=True), ctx.output, ctx.out)
+    return exitcodes.OK

@@ -1,0 +1,385 @@
+"""The health gate: may this node go back into service? Facts + config + time -> checks.
+
+Both `gpuheal maintenance finish` and the controller's recovery ask it before
+they give a node back, so a node is returned by the same rules whoever returns
+it. Each check passes, fails or is skipped (nothing to check against) with one
+sentence saying why; a failed gate exits 64 + the failing checks' bits.
+
+Every fact comes from annotations and labels that others write (the agent, a
+diagnostics job, GPU feature discovery): a malformed value fails its check with
+a sentence naming the annotation, and never raises.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from gpuheal.config import Config
+from gpuheal.model import (
+    COUNTERS_SINCE,
+    DIAGNOSTICS,
+    ECC_ERRORS,
+    LAST_GPU_ERROR,
+    MAINTENANCE_BASELINE,
+    XID_ERRORS,
+    NodeView,
+    PodView,
+)
+from gpuheal.policy.pools import (
+    NO_POOL,
+    driver_version,
+    expected_driver,
+    expected_gpus,
+    pool_config,
+    pool_of,
+)
+
+# The Event reason of a failed gate (controller recovery, device canaries, maintenance finish).
+GATE_FAILED = "GPUHealthGateFailed"
+
+READY = "ready"
+GPU_COUNT = "gpu-count"
+DRIVER = "driver"
+GPU_ERRORS = "gpu-errors"
+DIAGNOSTICS_CHECK = "diagnostics"
+DEVICE_PLUGIN = "device-plugin"
+
+# One bit per check, in the order they run: a failed gate exits 64 | these.
+CHECK_BITS: Mapping[str, int] = {
+    READY: 1,
+    GPU_COUNT: 2,
+    DRIVER: 4,
+    GPU_ERRORS: 8,
+    DIAGNOSTICS_CHECK: 16,
+    DEVICE_PLUGIN: 32,
+}
+
+
+class Result(StrEnum):
+    PASS = "pass"  # noqa: S105 -- a check's result, not a password
+    FAIL = "fail"
+    SKIPPED = "skipped"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    result: Result
+    reason: str
+
+    @property
+    def bit(self) -> int:
+        return CHECK_BITS[self.name]
+
+
+@dataclass(frozen=True)
+class GateResult:
+    node: str
+    checks: tuple[Check, ...]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failing
+
+    @property
+    def failing(self) -> tuple[Check, ...]:
+        return tuple(c for c in self.checks if c.result is Result.FAIL)
+
+    @property
+    def bits(self) -> int:
+        return bits_of(c.name for c in self.failing)
+
+    def summary(self) -> str:
+        """One line naming each failing check and why (for Events and records)."""
+        if self.passed:
+            return "all checks pass"
+        return "; ".join(f"{c.name}: {c.reason}" for c in self.failing)
+
+
+def bits_of(names: Iterable[str]) -> int:
+    total = 0
+    for name in names:
+        total |= CHECK_BITS[name]
+    return total
+
+
+def checks_of(bits: int) -> tuple[str, ...]:
+    """The failing checks an exit code's low bits name (exit code minus 64)."""
+    return tuple(name for name, bit in CHECK_BITS.items() if bits & bit)
+
+
+@dataclass(frozen=True)
+class DevicePluginPod:
+    name: str
+    ready: bool
+
+
+@dataclass(frozen=True)
+class GateFacts:
+    """What the gate looks at, gathered by the CLI (from the API) or the controller
+    (from its caches)."""
+
+    node: str
+    ready: bool | None  # the Ready condition: None when Unknown or absent
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    allocatable: Mapping[str, int] = field(default_factory=dict)
+    # Driver versions of the other nodes of this node's pool: version -> nodes.
+    pool_drivers: Mapping[str, int] = field(default_factory=dict)
+    # Pods on the node matching healthGate.devicePluginSelector (and namespaces).
+    device_plugin_pods: tuple[DevicePluginPod, ...] = ()
+
+
+def facts_from_views(
+    node: NodeView, pods: Sequence[PodView], pool_drivers: Mapping[str, int]
+) -> GateFacts:
+    """The controller's facts: its cached projections of the node and its pods."""
+    condition = node.condition("Ready")
+    ready = {"True": True, "False": False}.get(condition.status) if condition else None
+    return GateFacts(
+        node=node.name,
+        ready=ready,
+        labels=node.labels,
+        annotations=node.annotations,
+        allocatable=dict(node.allocatable),
+        pool_drivers=dict(pool_drivers),
+        device_plugin_pods=tuple(
+            DevicePluginPod(p.key, p.ready) for p in pods if p.device_plugin and not p.terminal
+        ),
+    )
+
+
+def evaluate(
+    facts: GateFacts, config: Config, now: dt.datetime, since: dt.datetime | None
+) -> GateResult:
+    """Every check, in order. `since`: when maintenance (or recovery) began; errors and
+    diagnostics older than it say nothing about the node now."""
+    return GateResult(
+        node=facts.node,
+        checks=(
+            _ready(facts),
+            _gpu_count(facts, config),
+            _driver(facts, config),
+            _gpu_errors(facts, since),
+            _diagnostics(facts, config, now, since),
+            _device_plugin(facts, config),
+        ),
+    )
+
+
+def _ready(facts: GateFacts) -> Check:
+    if facts.ready is True:
+        return Check(READY, Result.PASS, "the node is Ready")
+    if facts.ready is False:
+        return Check(READY, Result.FAIL, "the node's Ready condition is False")
+    return Check(READY, Result.FAIL, "the node's Ready condition is Unknown or missing")
+
+
+def _gpu_count(facts: GateFacts, config: Config) -> Check:
+    pool = pool_of(facts.labels, config)
+    resource = pool_config(pool, config).resource
+    expected = expected_gpus(facts.labels, config)
+    if expected is None:
+        return Check(
+            GPU_COUNT,
+            Result.SKIPPED,
+            f"no expected GPU count: set pools.byName.<pool>.gpusPerNode or the node label "
+            f"{config.pools.expected_gpus_label}",
+        )
+    have = facts.allocatable.get(resource, 0)
+    if have == expected:
+        return Check(GPU_COUNT, Result.PASS, f"{have} {resource} allocatable, as expected")
+    return Check(
+        GPU_COUNT,
+        Result.FAIL,
+        f"{have} {resource} allocatable, expected {expected}",
+    )
+
+
+def _driver(facts: GateFacts, config: Config) -> Check:
+    pool = pool_of(facts.labels, config)
+    expected = expected_driver(pool, Counter(facts.pool_drivers).elements(), config)
+    have = driver_version(facts.labels, facts.annotations)
+    where = "unpooled nodes" if pool == NO_POOL else f"pool {pool}"
+    if not expected:
+        if have:
+            return Check(
+                DRIVER, Result.SKIPPED, f"driver {have}; no version known for {where} to compare"
+            )
+        return Check(DRIVER, Result.SKIPPED, "no driver version known for the node or its pool")
+    if not have:
+        return Check(
+            DRIVER,
+            Result.FAIL,
+            f"the node reports no driver version; {where} runs {expected}",
+        )
+    if have != expected:
+        return Check(DRIVER, Result.FAIL, f"driver {have}, but {where} runs {expected}")
+    return Check(DRIVER, Result.PASS, f"driver {have}, as {where}")
+
+
+# -- gpu-errors -----------------------------------------------------------------------
+
+
+class MalformedError(ValueError):
+    pass
+
+
+def _time(value: str, key: str) -> dt.datetime:
+    try:
+        parsed = dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        # In UTC, so that comparing and printing it cannot overflow later.
+        return (parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)).astimezone(dt.UTC)
+    except (ValueError, OverflowError):
+        raise MalformedError(f"{key} is not an RFC 3339 time: {value[:64]!r}") from None
+
+
+def _count(value: str, key: str) -> int:
+    try:
+        count = int(value.strip())
+    except ValueError:
+        raise MalformedError(f"{key} is not a count: {value[:64]!r}") from None
+    if count < 0:
+        raise MalformedError(f"{key} is negative: {value[:64]!r}")
+    return count
+
+
+@dataclass(frozen=True)
+class Baseline:
+    xid: int
+    ecc: int
+    since: str
+
+
+def parse_baseline(value: str) -> Baseline:
+    """MAINTENANCE_BASELINE's JSON {"xid", "ecc", "since"}; MalformedError (a ValueError)."""
+    try:
+        raw = json.loads(value)
+    except ValueError:
+        raise MalformedError(f"{MAINTENANCE_BASELINE} is not JSON: {value[:64]!r}") from None
+    if not isinstance(raw, dict):
+        raise MalformedError(f"{MAINTENANCE_BASELINE} is not a JSON object")
+    xid, ecc, since = raw.get("xid", 0), raw.get("ecc", 0), raw.get("since", "")
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in (xid, ecc)):
+        raise MalformedError(f"{MAINTENANCE_BASELINE} has no whole xid/ecc counts: {value[:64]!r}")
+    if not isinstance(since, str):
+        raise MalformedError(f"{MAINTENANCE_BASELINE} has a non-string since")
+    return Baseline(xid=xid, ecc=ecc, since=since)
+
+
+def _gpu_errors(facts: GateFacts, since: dt.datetime | None) -> Check:
+    annotations = facts.annotations
+    if not any(k in annotations for k in (XID_ERRORS, ECC_ERRORS, COUNTERS_SINCE, LAST_GPU_ERROR)):
+        return Check(GPU_ERRORS, Result.SKIPPED, "the agent reports no error counters on this node")
+    try:
+        trouble = _new_errors(annotations, since)
+    except MalformedError as err:
+        return Check(GPU_ERRORS, Result.FAIL, f"cannot tell: {err}")
+    if trouble:
+        return Check(GPU_ERRORS, Result.FAIL, trouble)
+    after = f" since {_iso(since)}" if since is not None else ""
+    return Check(GPU_ERRORS, Result.PASS, f"no Xid or uncorrectable ECC error{after}")
+
+
+def _new_errors(annotations: Mapping[str, str], since: dt.datetime | None) -> str:
+    """Why the agent's reports show an error after `since` ("" when they do not)."""
+    last_raw = annotations.get(LAST_GPU_ERROR, "")
+    last = _time(last_raw, LAST_GPU_ERROR) if last_raw.strip() else None
+    xid = _count(annotations.get(XID_ERRORS, "0"), XID_ERRORS)
+    ecc = _count(annotations.get(ECC_ERRORS, "0"), ECC_ERRORS)
+    counted_raw = annotations.get(COUNTERS_SINCE, "")
+    counted = _time(counted_raw, COUNTERS_SINCE) if counted_raw.strip() else None
+    counts = f"{xid} Xid and {ecc} uncorrectable ECC errors"
+    if since is None:
+        # No start to tell new errors from old: only a clean count passes.
+        return f"{counts} reported and no start time to tell new from old" if xid or ecc else ""
+    when = _iso(since)
+    if last is not None and last > since:
+        return f"a GPU error at {_iso(last)}, after {when}"
+    if counted is None or counted > since:
+        # No start of counting, or the counters restarted (agent restart, reboot)
+        # after `since`: everything they count may be new.
+        span = f"since {_iso(counted)}, after {when}" if counted else f"without {COUNTERS_SINCE}"
+        return f"{counts} reported {span}" if xid or ecc else ""
+    if MAINTENANCE_BASELINE not in annotations:
+        return ""  # counters from before `since`, no baseline: the last error's time decides
+    base = parse_baseline(annotations[MAINTENANCE_BASELINE])
+    new_xid, new_ecc = max(xid - base.xid, 0), max(ecc - base.ecc, 0)
+    if new_xid or new_ecc:
+        return (
+            f"{new_xid} new Xid and {new_ecc} new uncorrectable ECC errors since {when} "
+            f"(counters {xid}/{ecc}, {base.xid}/{base.ecc} at the start)"
+        )
+    return ""
+
+
+# -- diagnostics ----------------------------------------------------------------------
+
+
+def _diagnostics(
+    facts: GateFacts, config: Config, now: dt.datetime, since: dt.datetime | None
+) -> Check:
+    gate = config.health_gate
+    value = facts.annotations.get(DIAGNOSTICS)
+    required = "healthGate.diagnosticsRequired" if gate.diagnostics_required else "not required"
+    if value is None:
+        result = Result.FAIL if gate.diagnostics_required else Result.SKIPPED
+        return Check(DIAGNOSTICS_CHECK, result, f"no diagnostics result recorded; {required}")
+    try:
+        outcome, at, tool = _parse_diagnostics(value)
+    except MalformedError as err:
+        return Check(DIAGNOSTICS_CHECK, Result.FAIL, str(err))
+    what = f"{tool or 'diagnostics'} {outcome} at {_iso(at)}"
+    if outcome != "pass":
+        return Check(DIAGNOSTICS_CHECK, Result.FAIL, f"{what}: not passing")
+    stale = ""
+    if (now - at).total_seconds() > gate.diagnostics_max_age_seconds:
+        stale = f"older than {gate.diagnostics_max_age_seconds:g}s"
+    elif since is not None and at < since:
+        stale = f"from before {_iso(since)}"
+    if not stale:
+        return Check(DIAGNOSTICS_CHECK, Result.PASS, what)
+    # An old result says nothing about the node now: it counts only when required.
+    result = Result.FAIL if gate.diagnostics_required else Result.SKIPPED
+    return Check(DIAGNOSTICS_CHECK, result, f"{what}: {stale}; {required}")
+
+
+def _parse_diagnostics(value: str) -> tuple[str, dt.datetime, str]:
+    try:
+        raw = json.loads(value)
+    except ValueError:
+        raise MalformedError(f"{DIAGNOSTICS} is not JSON: {value[:64]!r}") from None
+    if not isinstance(raw, dict):
+        raise MalformedError(f"{DIAGNOSTICS} is not a JSON object")
+    result, at, tool = raw.get("result"), raw.get("time"), raw.get("tool", "")
+    if not isinstance(result, str) or not result:
+        raise MalformedError(f"{DIAGNOSTICS} has no result")
+    if not isinstance(at, str):
+        raise MalformedError(f"{DIAGNOSTICS} has no time")
+    return result[:64], _time(at, f"{DIAGNOSTICS} time"), tool[:64] if isinstance(tool, str) else ""
+
+
+def _device_plugin(facts: GateFacts, config: Config) -> Check:
+    pods = facts.device_plugin_pods
+    ready = [p.name for p in pods if p.ready]
+    if ready:
+        return Check(DEVICE_PLUGIN, Result.PASS, f"device-plugin pod {ready[0]} is Ready")
+    if pods:
+        return Check(DEVICE_PLUGIN, Result.FAIL, f"device-plugin pod {pods[0].name} is not Ready")
+    selector = ",".join(f"{k}={v}" for k, v in config.health_gate.device_plugin_selector.items())
+    if config.health_gate.device_plugin_required:
+        return Check(
+            DEVICE_PLUGIN,
+            Result.FAIL,
+            f"no device-plugin pod ({selector}) on the node; healthGate.devicePluginRequired",
+        )
+    return Check(DEVICE_PLUGIN, Result.SKIPPED, f"no device-plugin pod ({selector}); not required")
+
+
+def _iso(moment: dt.datetime) -> str:
+    return moment.astimezone(dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")

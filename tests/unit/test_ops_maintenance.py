@@ -1,0 +1,273 @@
+"""Maintenance's writes and the drain's verdicts, as functions of API objects."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.policy_v1 import PodDisruptionBudget
+
+from gpuheal.config import Config
+from gpuheal.model import (
+    COUNTERS_SINCE,
+    ECC_ERRORS,
+    MAINTENANCE_BASELINE,
+    MAINTENANCE_CORDONED,
+    MAINTENANCE_REASON,
+    MAINTENANCE_SINCE,
+    STATE_LABEL,
+    XID_ERRORS,
+)
+from gpuheal.ops.drain import (
+    finalizer_blocker,
+    held_back,
+    overdue,
+    pdb_blocker,
+    selects,
+    skip_reason,
+)
+from gpuheal.ops.maintenance import (
+    baseline,
+    finish_patch,
+    leftovers,
+    start_patch,
+    taint_value,
+)
+
+NOW = dt.datetime(2026, 11, 29, 12, 0, 0, tzinfo=dt.UTC)
+CONFIG = Config()
+
+
+def node(
+    *,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    taints: list[dict[str, str]] | None = None,
+    unschedulable: bool = False,
+) -> Node:
+    obj = Node.from_dict(
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": "n1",
+                "resourceVersion": "42",
+                "labels": labels or {},
+                "annotations": annotations or {},
+            },
+            "spec": {"taints": taints or [], "unschedulable": unschedulable},
+        }
+    )
+    assert isinstance(obj, Node)
+    return obj
+
+
+def pod(**spec: Any) -> Pod:
+    meta = spec.pop("metadata", {})
+    obj = Pod.from_dict(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "ml", "labels": {"app": "train"}, **meta},
+            "spec": {"containers": [{"name": "c", "image": "i"}], **spec},
+            "status": {"phase": "Running"},
+        }
+    )
+    assert isinstance(obj, Pod)
+    return obj
+
+
+def owned_by(kind: str) -> dict[str, Any]:
+    owner = {"apiVersion": "apps/v1", "kind": kind, "name": "o", "uid": "u", "controller": True}
+    return {"ownerReferences": [owner]}
+
+
+OWNED = owned_by("ReplicaSet")
+
+
+def test_the_reason_becomes_a_valid_taint_value() -> None:
+    assert taint_value("driver upgrade to 550.54") == "driver-upgrade-to-550.54"
+    assert taint_value("  ~~~  ") == ""
+    assert taint_value("x" * 100) == "x" * 63
+
+
+@given(st.text(max_size=120))
+def test_taint_values_are_always_label_values(reason: str) -> None:
+    value = taint_value(reason)
+    assert len(value) <= 63
+    assert all(c.isascii() and (c.isalnum() or c in "._-") for c in value)
+    assert value == "" or (value[0].isalnum() and value[-1].isalnum())
+
+
+def test_start_marks_cordons_and_records_the_baseline() -> None:
+    counters = {XID_ERRORS: "3", ECC_ERRORS: "1", COUNTERS_SINCE: "2026-11-01T00:00:00Z"}
+    patch, warnings = start_patch(node(annotations=counters), "bios update", CONFIG, NOW)
+    meta, spec = patch["metadata"], patch["spec"]
+    assert meta["resourceVersion"] == "42" and warnings == []
+    assert meta["labels"] == {STATE_LABEL: "maintenance"}
+    notes = meta["annotations"]
+    assert notes[MAINTENANCE_REASON] == "bios update"
+    assert notes[MAINTENANCE_SINCE] == "2026-11-29T12:00:00Z"
+    assert notes[MAINTENANCE_CORDONED] == "true"
+    assert json.loads(notes[MAINTENANCE_BASELINE]) == {
+        "xid": 3,
+        "ecc": 1,
+        "since": "2026-11-01T00:00:00Z",
+    }
+    assert spec == {
+        "taints": [
+            {"key": "gpuheal.io/maintenance", "effect": "NoSchedule", "value": "bios-update"}
+        ],
+        "unschedulable": True,
+    }
+
+
+def test_start_keeps_other_taints_and_someone_elses_cordon() -> None:
+    theirs = {"key": "example.com/x", "effect": "NoExecute", "value": "v"}
+    patch, _ = start_patch(node(taints=[theirs], unschedulable=True), "r", CONFIG, NOW)
+    assert patch["metadata"]["annotations"][MAINTENANCE_CORDONED] is None
+    assert theirs in patch["spec"]["taints"] and len(patch["spec"]["taints"]) == 2
+
+
+def test_start_again_keeps_the_original_start_baseline_and_reason() -> None:
+    marked = node(
+        labels={STATE_LABEL: "maintenance"},
+        annotations={MAINTENANCE_SINCE: "2026-11-29T10:00:00Z", MAINTENANCE_REASON: "first"},
+        unschedulable=True,
+    )
+    patch, _ = start_patch(marked, "second", CONFIG, NOW)
+    assert patch["metadata"]["annotations"] == {}
+    assert patch["spec"]["taints"][0]["value"] == "first"
+
+
+def test_unreadable_counters_give_no_baseline_and_a_warning() -> None:
+    assert baseline({}) == (None, "the agent reports no error counters")
+    patch, warnings = start_patch(node(annotations={XID_ERRORS: "many"}), "r", CONFIG, NOW)
+    assert patch["metadata"]["annotations"][MAINTENANCE_BASELINE] is None
+    assert warnings and XID_ERRORS in warnings[0]
+
+
+def test_finish_removes_only_what_start_added() -> None:
+    theirs = {"key": "example.com/x", "effect": "NoSchedule"}
+    marked = node(
+        labels={STATE_LABEL: "maintenance", "keep": "me"},
+        annotations={MAINTENANCE_SINCE: "t", MAINTENANCE_CORDONED: "true", "other": "x"},
+        taints=[theirs, {"key": "gpuheal.io/maintenance", "effect": "NoSchedule"}],
+        unschedulable=True,
+    )
+    assert leftovers(marked, CONFIG) == [
+        f"label {STATE_LABEL}=maintenance",
+        "taint gpuheal.io/maintenance",
+        f"annotation {MAINTENANCE_SINCE}",
+        f"annotation {MAINTENANCE_CORDONED}",
+    ]
+    patch, uncordon = finish_patch(marked, CONFIG)
+    assert uncordon and patch["spec"] == {"taints": [theirs], "unschedulable": False}
+    assert patch["metadata"]["labels"] == {STATE_LABEL: None}
+    assert set(patch["metadata"]["annotations"]) == {
+        MAINTENANCE_REASON,
+        MAINTENANCE_SINCE,
+        MAINTENANCE_BASELINE,
+        MAINTENANCE_CORDONED,
+    }
+    assert all(v is None for v in patch["metadata"]["annotations"].values())
+
+
+def test_finish_never_touches_a_quarantined_label_nor_someone_elses_cordon() -> None:
+    quarantined = node(labels={STATE_LABEL: "quarantined"}, unschedulable=True)
+    patch, uncordon = finish_patch(quarantined, CONFIG)
+    assert not uncordon and "unschedulable" not in patch["spec"]
+    assert "labels" not in patch["metadata"]
+    assert leftovers(quarantined, CONFIG) == []
+
+
+def test_what_the_drain_leaves_alone() -> None:
+    assert skip_reason(pod(metadata=owned_by("DaemonSet"))) == "DaemonSet pod"
+    mirror = {"annotations": {"kubernetes.io/config.mirror": "x"}}
+    assert skip_reason(pod(metadata=mirror)) == "static (mirror) pod"
+    assert skip_reason(pod(metadata=OWNED)) == ""
+
+
+def test_what_needs_a_flag() -> None:
+    scratch = pod(metadata=OWNED, volumes=[{"name": "tmp", "emptyDir": {}}])
+    assert held_back(scratch, delete_emptydir_data=False, force=False) == (
+        "local storage: emptyDir volume tmp (pass --delete-emptydir-data)"
+    )
+    assert held_back(scratch, delete_emptydir_data=True, force=False) == ""
+    bare = pod()
+    assert held_back(bare, delete_emptydir_data=False, force=False) == (
+        "not managed by a controller (pass --force)"
+    )
+    assert held_back(bare, delete_emptydir_data=False, force=True) == ""
+
+
+def test_a_finalizer_holding_a_deleted_pod_is_named() -> None:
+    meta = {"deletionTimestamp": "2026-11-29T12:00:00Z", "finalizers": ["example.com/cleanup"]}
+    assert finalizer_blocker(pod(metadata=meta)) == (
+        "being deleted, held by finalizer example.com/cleanup"
+    )
+    assert finalizer_blocker(pod()) == ""
+
+
+def pdb(name: str, selector: dict[str, Any] | None, allowed: int = 0) -> PodDisruptionBudget:
+    obj = PodDisruptionBudget.from_dict(
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": name, "namespace": "ml"},
+            "spec": {"selector": selector} if selector is not None else {},
+            "status": {
+                "disruptionsAllowed": allowed,
+                "currentHealthy": 2,
+                "desiredHealthy": 2,
+                "expectedPods": 2,
+            },
+        }
+    )
+    assert isinstance(obj, PodDisruptionBudget)
+    return obj
+
+
+def test_a_refused_eviction_names_the_budgets_that_select_the_pod() -> None:
+    budgets = [
+        pdb("train", {"matchLabels": {"app": "train"}}),
+        pdb("serve", {"matchLabels": {"app": "serve"}}),
+        pdb(
+            "by-expr",
+            {"matchExpressions": [{"key": "app", "operator": "In", "values": ["train"]}]},
+        ),
+    ]
+    assert pdb_blocker(budgets, pod(), "429") == (
+        "PodDisruptionBudget ml/train allows 0 disruptions: 2 healthy, 2 required; "
+        "PodDisruptionBudget ml/by-expr allows 0 disruptions: 2 healthy, 2 required"
+    )
+    assert pdb_blocker([], pod(), "Too many requests") == "eviction refused: Too many requests"
+
+
+def test_label_selectors() -> None:
+    labels = {"app": "train", "tier": "gpu"}
+    assert not selects(None, labels)
+    sel = pdb("x", {}).spec.selector  # type: ignore[union-attr]
+    assert sel is not None and selects(sel, labels)  # empty: every pod
+    cases = {
+        ("In", ("train",)): True,
+        ("NotIn", ("train",)): False,
+        ("Exists", ()): True,
+        ("DoesNotExist", ()): False,
+    }
+    for (operator, values), expected in cases.items():
+        expr = {"key": "app", "operator": operator, "values": list(values)}
+        budget = pdb("x", {"matchExpressions": [expr]})
+        assert budget.spec is not None
+        assert selects(budget.spec.selector, labels) is expected, operator
+
+
+def test_a_pod_terminating_long_past_its_grace_period_is_named() -> None:
+    deleting = pod(metadata={"deletionTimestamp": "2026-11-29T12:00:00Z"})
+    assert overdue(deleting, NOW + dt.timedelta(seconds=5)) == ""
+    assert "grace period" in overdue(deleting, NOW + dt.timedelta(minutes=5))
+    assert overdue(pod(), NOW) == ""
