@@ -1,7 +1,9 @@
 """The Helm chart on the real control plane: it renders, applies with
 server-side apply, and its RBAC is exactly enough — the controller runs with the
 chart's ServiceAccount token through a whole fault cycle and is refused what it
-must not do; the agent may patch only the node its token is bound to."""
+must not do; the agent may patch only the node its token is bound to; the
+operator roles run the CLI (a maintenance round trip; status, audit, doctor,
+gate read-only) and the view role cannot change a node."""
 
 from __future__ import annotations
 
@@ -15,9 +17,12 @@ import yaml
 from lightkube import ApiError, Client, codecs
 from lightkube.models.authentication_v1 import BoundObjectReference, TokenRequestSpec
 from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.models.rbac_v1 import RoleRef, Subject
 from lightkube.resources.core_v1 import Namespace, Node, Pod, Secret, ServiceAccount
+from lightkube.resources.rbac_authorization_v1 import ClusterRoleBinding
 from lightkube.types import PatchType
 
+from gpuheal.cli import main
 from gpuheal.kube.client import sync_client
 from gpuheal.sim import ControlPlane
 from gpuheal.sim.controller import ControllerProcess
@@ -216,3 +221,70 @@ def test_the_agent_may_patch_only_the_node_its_token_is_bound_to(
     assert "gpuheal.io/fault-id" not in (kube.get(Node, other).metadata.annotations or {})  # type: ignore[union-attr]
     assert forbidden(lambda: as_agent.patch(Node, own, {"spec": {"taints": []}}))  # never taints
     assert forbidden(lambda: list(as_agent.list(Pod, namespace="default")))
+
+
+def bind(kube: Client, role: str, account: str, namespace: str) -> str:
+    """Bind a ClusterRole to a ServiceAccount; returns the binding's name."""
+    name = unique("bind")
+    kube.create(
+        ClusterRoleBinding(
+            metadata=ObjectMeta(name=name),
+            roleRef=RoleRef(apiGroup="rbac.authorization.k8s.io", kind="ClusterRole", name=role),
+            subjects=[Subject(kind="ServiceAccount", name=account, namespace=namespace)],
+        )
+    )
+    return name
+
+
+def cli(capsys: pytest.CaptureFixture[str], kubeconfig: Path, *argv: str) -> tuple[int, str]:
+    code = main([*argv, "--kubeconfig", str(kubeconfig)])
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def test_the_operator_roles_are_enough_for_the_cli_and_no_more(
+    kube: Client,
+    control_plane: ControlPlane,
+    tmp_path: Path,
+    namespace: str,
+    pool: dict[str, str],
+    fake_gpu_nodes: FakeNodes,
+    release: tuple[str, str, list[dict[str, Any]]],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    name, system, _ = release
+    node, other = fake_gpu_nodes(2, labels=pool)
+    apply(kube, gpu_pod("job-0", namespace, node_name=node))
+    wait_pods_running(kube, namespace, count=1)
+    bindings = []
+    for account, role in (("ops", f"{name}-operator"), ("viewer", f"{name}-operator-view")):
+        kube.create(ServiceAccount(metadata=ObjectMeta(name=account)), namespace=system)
+        bindings.append(bind(kube, role, account, system))
+    try:
+        ops, _ = as_token(control_plane, tmp_path, token_for(kube, system, "ops"), "ops")
+        viewer, as_viewer = as_token(
+            control_plane, tmp_path, token_for(kube, system, "viewer"), "viewer"
+        )
+        # A new binding takes effect within moments.
+        wait_for("the binding", lambda: cli(capsys, viewer, "status")[0] == 0, timeout_s=30)
+
+        # The maintenance role: the whole round trip, with no refusal anywhere.
+        code, out = cli(capsys, ops, "maintenance", "start", node, "--reason", "rbac",
+                        "--checkpoint-wait", "0", "--timeout", "60", "--force")  # fmt: skip
+        assert code == 0, out
+        assert "not recorded" not in out and "403" not in out  # the Event was written too
+        code, out = cli(capsys, ops, "maintenance", "finish", node)
+        assert code == 0, out
+        assert "not recorded" not in out and "403" not in out
+        # The read-only role: every read-only command works; it cannot change a node.
+        for argv in (("status",), ("audit",), ("doctor", other), ("gate", other)):
+            code, out = cli(capsys, viewer, *argv)
+            assert code in (0, 3), (argv, out)  # 3: findings, never a refusal
+            assert "403" not in out and "unread" not in out.lower(), (argv, out)
+        code, out = cli(capsys, viewer, "maintenance", "start", other, "--reason", "no")
+        assert code == 1 and "403" in out, out
+        assert forbidden(lambda: as_viewer.patch(Node, other, {"spec": {"unschedulable": True}}))
+        assert forbidden(lambda: list(as_viewer.list(Secret, namespace=system)))
+    finally:
+        for binding in bindings:
+            kube.delete(ClusterRoleBinding, binding)
