@@ -14,6 +14,8 @@ import contextlib
 import datetime as dt
 import json
 import re
+import shlex
+import subprocess
 import sys
 import tempfile
 import time
@@ -217,6 +219,7 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
                 client, controller, agents, options, say=say, kubeconfig=cp.kubeconfig
             )
             _summary(client, controller, faults, say)
+            _operator_view(cp.kubeconfig, names[-1], say)
             if options.keep:
                 say(
                     f"\nThe cluster, the controller and the agents keep running. Try:\n"
@@ -349,3 +352,23 @@ def _summary(
     )
     say("")
     say(render(read_gpu_state(client)))
+
+
+def _operator_view(kubeconfig: Path, node: str, say: Callable[[str], None]) -> None:
+    """The operator CLI on the same cluster: the fleet, then a maintenance round trip."""
+    say("\n== The operator's view (docs/operations.md)")
+    for argv in (
+        ["status"],
+        ["maintenance", "start", node, "--reason", "demo: driver upgrade",
+         "--checkpoint-wait", "0", "--timeout", "60"],
+        ["maintenance", "finish", node],
+    ):  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "gpuheal.cli", *argv, "--kubeconfig", str(kubeconfig)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        say(f"$ gpuheal {shlex.join(argv)}    # exit {done.returncode}")
+        say(done.stdout.rstrip())
