@@ -24,7 +24,8 @@ from gpuheal.controller.executor import Caches, Crashpoint, Executor
 from gpuheal.controller.intake import ControllerIntake
 from gpuheal.controller.notify import Notifier
 from gpuheal.controller.reconciler import Reconciler
-from gpuheal.kube.api import KubeApi, NotLeaderError, gpufault_path, node_path, pod_path
+from gpuheal.controller.worker import work
+from gpuheal.kube.api import KubeApi, gpufault_path, node_path, pod_path
 from gpuheal.kube.events import EventRecorder
 from gpuheal.kube.informer import Informer
 from gpuheal.kube.leader import LeaderElector
@@ -192,7 +193,14 @@ class Controller:
         self.metrics.leader.set(1)
         self.reconciler.active = True
         self._workers = [
-            asyncio.create_task(self._worker(i), name=f"worker-{i}")
+            asyncio.create_task(
+                work(
+                    self.queue,
+                    self.reconciler.reconcile,
+                    not_leader_retry_s=self.config.leader_election.retry_period_seconds,
+                ),
+                name=f"worker-{i}",
+            )
             for i in range(self.config.workers)
         ]
         # Level-triggered start: look at every node once, whatever happened before we led.
@@ -207,24 +215,6 @@ class Controller:
         for task in workers:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-
-    async def _worker(self, index: int) -> None:
-        while True:
-            key = await self.queue.get()
-            try:
-                again = await self.reconciler.reconcile(key)
-            except NotLeaderError:
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                delay = self.queue.add_rate_limited(key)
-                log.exception("reconcile failed", extra={"node": key, "retry_s": delay})
-            else:
-                if again is not None:
-                    self.queue.add_after(key, again)
-            finally:
-                self.queue.done(key)
 
     def http_api(self) -> Api:
         intake = self.intake

@@ -15,6 +15,7 @@ import json
 import logging
 import secrets
 import shutil
+import signal
 import ssl
 import tempfile
 import time
@@ -163,6 +164,17 @@ class ControlPlane:
         apiserver = self.components[KUBE_APISERVER]
         apiserver.start()
         apiserver.wait_ready(self._apiserver_ready, time.monotonic() + self.config.start_timeout_s)
+
+    def stall_apiserver(self, stalled_s: float) -> None:
+        """A slow API server, not a dead one: SIGSTOP, then SIGCONT after `stalled_s`.
+        Connections stay open and requests hang instead of failing fast, as under
+        an overloaded apiserver or etcd."""
+        apiserver = self.components[KUBE_APISERVER]
+        apiserver.signal(signal.SIGSTOP)
+        try:
+            time.sleep(stalled_s)
+        finally:
+            apiserver.signal(signal.SIGCONT)
 
     def restart_apiserver(self, down_s: float = 0.0) -> None:
         self.stop_apiserver()

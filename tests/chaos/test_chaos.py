@@ -108,3 +108,20 @@ def test_apiserver_restart_mid_storm_keeps_exactly_once(storm: Storm) -> None:
 
     run_round(storm, "apirestart", restart)
     assert storm.controllers.live(), "the controller died with the API server"
+
+
+@pytest.mark.timeout(600)
+def test_apiserver_stall_past_the_renew_deadline_mid_storm_keeps_every_fault_handled(
+    storm: Storm,
+) -> None:
+    """Requests hang for longer than the lease's renew deadline, then all succeed:
+    writes refused meanwhile (not the leader, for a moment) must be retried, and the
+    replica that keeps its lease must keep working."""
+    storm.controllers.start()
+
+    def stall() -> None:
+        time.sleep(1.0)
+        storm.cp.stall_apiserver(4.0)
+
+    run_round(storm, "apistall", stall)
+    assert storm.controllers.live(), "the controller died with the stalled API server"
