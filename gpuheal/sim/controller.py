@@ -16,6 +16,7 @@ import yaml
 from lightkube import ApiError, Client, codecs
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 
+from gpuheal.kube.resources import GPUFault
 from gpuheal.sim.process import Component, free_port, http_ok, stop_all
 
 CRD_FILE = Path(__file__).resolve().parents[2] / "deploy" / "crds" / "gpufaults.gpuheal.io.yaml"
@@ -56,7 +57,7 @@ def _warm_up(client: Client) -> None:
             "severity": "P2",
         },
     }
-    client.create(codecs.from_dict(probe), dry_run=True)
+    client.create(GPUFault.from_dict(probe), dry_run=True)
 
 
 class ControllerProcess:
