@@ -219,7 +219,7 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
                 client, controller, agents, options, say=say, kubeconfig=cp.kubeconfig
             )
             _summary(client, controller, faults, say)
-            _operator_view(cp.kubeconfig, names[-1], say)
+            _operator_view(cp.kubeconfig, controller.config_path, names[-1], say)
             if options.keep:
                 say(
                     f"\nThe cluster, the controller and the agents keep running. Try:\n"
@@ -354,8 +354,9 @@ def _summary(
     say(render(read_gpu_state(client)))
 
 
-def _operator_view(kubeconfig: Path, node: str, say: Callable[[str], None]) -> None:
-    """The operator CLI on the same cluster: the fleet, then a maintenance round trip."""
+def _operator_view(kubeconfig: Path, config: Path, node: str, say: Callable[[str], None]) -> None:
+    """The operator CLI on the same cluster, with the controller's config (its breaker,
+    its node selector): the fleet, then a maintenance round trip."""
     say("\n== The operator's view (docs/operations.md)")
     for argv in (
         ["status"],
@@ -363,8 +364,9 @@ def _operator_view(kubeconfig: Path, node: str, say: Callable[[str], None]) -> N
          "--checkpoint-wait", "0", "--timeout", "60"],
         ["maintenance", "finish", node],
     ):  # fmt: skip
+        where = ["--kubeconfig", str(kubeconfig), "--config", str(config)]
         done = subprocess.run(
-            [sys.executable, "-m", "gpuheal.cli", *argv, "--kubeconfig", str(kubeconfig)],
+            [sys.executable, "-m", "gpuheal.cli", *argv, *where],
             capture_output=True,
             text=True,
             timeout=120,
