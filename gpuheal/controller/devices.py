@@ -18,8 +18,8 @@ import datetime as dt
 from collections.abc import Callable, Iterable
 
 from gpuheal.model import PodView
+from gpuheal.policy.clock import parse_time
 from gpuheal.policy.devices import DeviceEntry
-from gpuheal.policy.plan import parse_time
 
 
 def _utcnow() -> dt.datetime:

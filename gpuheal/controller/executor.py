@@ -36,6 +36,7 @@ from gpuheal.model import (
     NodeView,
     PodView,
 )
+from gpuheal.policy.clock import iso, parse_time
 from gpuheal.policy.devices import (
     CanaryView,
     CreateCanary,
@@ -61,8 +62,6 @@ from gpuheal.policy.plan import (
     Plan,
     RemoveTaint,
     UpdateRecord,
-    iso,
-    parse_time,
 )
 
 log = logging.getLogger(__name__)

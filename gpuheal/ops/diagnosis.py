@@ -39,7 +39,6 @@ from gpuheal.ops.findings import (
     Finding,
     condition_of,
     conditions_of,
-    parse_time,
     plural,
     said,
     when,
@@ -48,6 +47,7 @@ from gpuheal.ops.movement import question_workloads
 from gpuheal.ops.neighbours import question_affected
 from gpuheal.ops.output import Notes, Table
 from gpuheal.ops.visibility import question_gpus
+from gpuheal.policy.clock import parse_time
 
 QUESTIONS = (
     ("ready", "Is the node registered and Ready?"),

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from lightkube import ApiError
-from lightkube.models.meta_v1 import DeleteOptions, LabelSelector, ObjectMeta, Preconditions
+from lightkube.models.meta_v1 import DeleteOptions, ObjectMeta, Preconditions
 from lightkube.resources.core_v1 import Pod
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -24,12 +24,9 @@ from rich.text import Text
 
 from gpuheal.ops.cluster import is_mirror_pod, labels_of, owner_kind, pod_live
 from gpuheal.ops.context import Context
+from gpuheal.ops.findings import pod_key
 from gpuheal.ops.gate import pods_on
-
-
-def pod_key(pod: Pod) -> str:
-    meta = pod.metadata or ObjectMeta()
-    return f"{meta.namespace}/{meta.name}"
+from gpuheal.ops.scheduling import selector_matches
 
 
 def skip_reason(pod: Pod) -> str:
@@ -75,32 +72,6 @@ def overdue(pod: Pod, now: dt.datetime) -> str:
     return "terminating past its grace period: is the node's kubelet running?"
 
 
-def selects(selector: LabelSelector | None, labels: Mapping[str, str]) -> bool:
-    """A label selector's verdict on a pod's labels (an empty selector selects all,
-    a missing one none, as for PodDisruptionBudgets in policy/v1)."""
-    if selector is None:
-        return False
-    if any(labels.get(k) != v for k, v in (selector.matchLabels or {}).items()):
-        return False
-    return all(
-        _matches(e.operator, labels.get(e.key), e.values or [])
-        for e in selector.matchExpressions or ()
-    )
-
-
-def _matches(operator: str, have: str | None, values: Sequence[str]) -> bool:
-    match operator:
-        case "In":
-            return have in values
-        case "NotIn":
-            return have not in values
-        case "Exists":
-            return have is not None
-        case "DoesNotExist":
-            return have is None
-    return False  # an operator this code does not know selects nothing
-
-
 def describe_pdb(pdb: PodDisruptionBudget) -> str:
     meta = pdb.metadata or ObjectMeta()
     status = pdb.status
@@ -117,7 +88,9 @@ def pdb_blocker(pdbs: Sequence[PodDisruptionBudget], pod: Pod, refusal: str) -> 
     """The budgets that refused the pod's eviction, by name and numbers."""
     labels = labels_of(pod)
     matching = [
-        describe_pdb(p) for p in pdbs if p.spec is not None and selects(p.spec.selector, labels)
+        describe_pdb(p)
+        for p in pdbs
+        if p.spec is not None and selector_matches(p.spec.selector, labels)
     ]
     return "; ".join(matching) or f"eviction refused: {refusal}"
 

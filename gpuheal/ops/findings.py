@@ -59,17 +59,6 @@ class Facts:
     unread: Sequence[str] = ()
 
 
-def parse_time(value: str | None) -> dt.datetime | None:
-    """An RFC 3339 timestamp from an annotation or a record; None when absent or malformed."""
-    if not value:
-        return None
-    try:
-        parsed = dt.datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
-
-
 def duration(seconds: float) -> str:
     """A short human duration: 45s, 12m, 3h12m, 2d4h."""
     seconds = max(0, int(seconds))

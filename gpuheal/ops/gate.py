@@ -36,6 +36,7 @@ from gpuheal.ops.cluster import (
 )
 from gpuheal.ops.context import Context
 from gpuheal.ops.output import Notes, Table, render
+from gpuheal.policy.clock import parse_time
 from gpuheal.policy.gate import DevicePluginPod, GateFacts, GateResult, Result, evaluate
 from gpuheal.policy.pools import driver_version, pool_of
 
@@ -98,20 +99,10 @@ def gather(client: Client, config: Config, node: Node) -> GateFacts:
     )
 
 
-def parse_since(value: str) -> dt.datetime | None:
-    if not value:
-        return None
-    try:
-        parsed = dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-        return (parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)).astimezone(dt.UTC)
-    except (ValueError, OverflowError):
-        return None
-
-
 def maintenance_since(node: Node, ctx: Context) -> dt.datetime | None:
     """When the node's maintenance began (the gate's `since`); warns if unreadable."""
     raw = annotations_of(node).get(MAINTENANCE_SINCE, "")
-    since = parse_since(raw)
+    since = parse_time(raw)
     if raw and since is None:
         ctx.err.print(
             Text(

@@ -42,7 +42,8 @@ from gpuheal.model import (
 from gpuheal.ops import exitcodes
 from gpuheal.ops.cluster import annotations_of, labels_of, pod_gpus, pod_live
 from gpuheal.ops.context import Context
-from gpuheal.ops.drain import DrainOptions, DrainResult, drain, pod_key, skip_reason
+from gpuheal.ops.drain import DrainOptions, DrainResult, drain, skip_reason
+from gpuheal.ops.findings import pod_key
 from gpuheal.ops.gate import (
     GateReport,
     emit_node_event,

@@ -35,7 +35,6 @@ from gpuheal.ops.findings import (
     Finding,
     condition_of,
     duration,
-    parse_time,
     plural,
     pod_key,
     said,
@@ -49,6 +48,7 @@ from gpuheal.ops.scheduling import (
     taints_of,
     toleration_text,
 )
+from gpuheal.policy.clock import parse_time
 from gpuheal.policy.pools import NO_POOL, expected_gpus, pool_config, pool_of
 
 # A maintenance older than this many drain timeouts was probably forgotten.

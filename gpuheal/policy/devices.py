@@ -47,16 +47,9 @@ from gpuheal.model import (
     Severity,
     fault_record_name,
 )
+from gpuheal.policy.clock import iso, parse_time
 from gpuheal.policy.gate import GATE_FAILED
-from gpuheal.policy.plan import (
-    DETECTED,
-    RECOVERED,
-    Emit,
-    Evict,
-    UpdateRecord,
-    iso,
-    parse_time,
-)
+from gpuheal.policy.plan import DETECTED, RECOVERED, Emit, Evict, UpdateRecord
 
 SOURCE = "pod-status"
 ESCALATION_SOURCE = "device-health"

@@ -30,6 +30,7 @@ from gpuheal.model import (
     NodeView,
     PodView,
 )
+from gpuheal.policy.clock import parse_time
 from gpuheal.policy.pools import (
     NO_POOL,
     driver_version,
@@ -231,12 +232,10 @@ class MalformedError(ValueError):
 
 
 def _time(value: str, key: str) -> dt.datetime:
-    try:
-        parsed = dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-        # In UTC, so that comparing and printing it cannot overflow later.
-        return (parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)).astimezone(dt.UTC)
-    except (ValueError, OverflowError):
-        raise MalformedError(f"{key} is not an RFC 3339 time: {value[:64]!r}") from None
+    parsed = parse_time(value)
+    if parsed is None:
+        raise MalformedError(f"{key} is not an RFC 3339 time: {value[:64]!r}")
+    return parsed
 
 
 def _count(value: str, key: str) -> int:

@@ -32,6 +32,7 @@ from gpuheal.model import (
     fault_record_name,
 )
 from gpuheal.policy.breaker import breaker_allows
+from gpuheal.policy.clock import iso, parse_time
 from gpuheal.policy.gate import GATE_FAILED, GateResult, evaluate, facts_from_views
 from gpuheal.policy.signals import fault_signal
 
@@ -138,22 +139,6 @@ class NodeState:
     # Driver versions of the other GPU nodes of this node's pool (version -> nodes),
     # for the health gate's driver check.
     pool_drivers: Mapping[str, int] = field(default_factory=dict)
-
-
-def iso(moment: dt.datetime) -> str:
-    """RFC 3339 in UTC with milliseconds: windows of a few seconds must not lose one."""
-    return moment.astimezone(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def parse_time(value: str) -> dt.datetime | None:
-    """RFC 3339 or None; a bad timestamp is treated as absent, never as now."""
-    if not value:
-        return None
-    try:
-        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
 
 
 def _entry(now: dt.datetime, action: str, result: str = "ok", detail: str = "") -> ActionEntry:

@@ -27,7 +27,6 @@ from gpuheal.ops.drain import (
     held_back,
     overdue,
     pdb_blocker,
-    selects,
     skip_reason,
 )
 from gpuheal.ops.maintenance import (
@@ -37,6 +36,7 @@ from gpuheal.ops.maintenance import (
     start_patch,
     taint_value,
 )
+from gpuheal.ops.scheduling import selector_matches
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, 0, tzinfo=dt.UTC)
 CONFIG = Config()
@@ -250,9 +250,9 @@ def test_a_refused_eviction_names_the_budgets_that_select_the_pod() -> None:
 
 def test_label_selectors() -> None:
     labels = {"app": "train", "tier": "gpu"}
-    assert not selects(None, labels)
+    assert not selector_matches(None, labels)
     sel = pdb("x", {}).spec.selector  # type: ignore[union-attr]
-    assert sel is not None and selects(sel, labels)  # empty: every pod
+    assert sel is not None and selector_matches(sel, labels)  # empty: every pod
     cases = {
         ("In", ("train",)): True,
         ("NotIn", ("train",)): False,
@@ -263,7 +263,7 @@ def test_label_selectors() -> None:
         expr = {"key": "app", "operator": operator, "values": list(values)}
         budget = pdb("x", {"matchExpressions": [expr]})
         assert budget.spec is not None
-        assert selects(budget.spec.selector, labels) is expected, operator
+        assert selector_matches(budget.spec.selector, labels) is expected, operator
 
 
 def test_a_pod_terminating_long_past_its_grace_period_is_named() -> None:

@@ -24,6 +24,7 @@ from gpuheal.model import (
     PodView,
     Taint,
 )
+from gpuheal.policy.clock import iso
 from gpuheal.policy.devices import (
     CONTACT_SUPPORT,
     DEVICE_ESCALATED,
@@ -42,7 +43,7 @@ from gpuheal.policy.devices import (
     plan_devices,
 )
 from gpuheal.policy.gate import GATE_FAILED
-from gpuheal.policy.plan import Emit, Evict, UpdateRecord, iso
+from gpuheal.policy.plan import Emit, Evict, UpdateRecord
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, 0, tzinfo=dt.UTC)
 GPU = "nvidia.com/gpu"

@@ -28,8 +28,9 @@ from gpuheal.model import (
     Taint,
     fault_record_name,
 )
+from gpuheal.policy.clock import iso
 from gpuheal.policy.gate import GATE_FAILED
-from gpuheal.policy.plan import Emit, NodeState, RemoveTaint, UpdateRecord, iso, plan
+from gpuheal.policy.plan import Emit, NodeState, RemoveTaint, UpdateRecord, plan
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, 0, tzinfo=dt.UTC)
 CONFIG = Config(breaker_max_nodes=100, breaker_max_percent=100, recovery_window_seconds=60)

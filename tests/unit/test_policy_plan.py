@@ -27,6 +27,7 @@ from gpuheal.model import (
     fault_record_name,
 )
 from gpuheal.policy.breaker import quarantine_capacity
+from gpuheal.policy.clock import iso
 from gpuheal.policy.plan import (
     AddTaint,
     CreateRecord,
@@ -37,7 +38,6 @@ from gpuheal.policy.plan import (
     NodeState,
     RemoveTaint,
     UpdateRecord,
-    iso,
     plan,
 )
 from gpuheal.policy.signals import fault_signal

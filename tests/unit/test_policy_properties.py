@@ -31,6 +31,7 @@ from gpuheal.model import (
     Taint,
 )
 from gpuheal.policy.breaker import quarantine_capacity
+from gpuheal.policy.clock import iso
 from gpuheal.policy.plan import (
     QUARANTINED,
     AddTaint,
@@ -42,7 +43,6 @@ from gpuheal.policy.plan import (
     NodeState,
     RemoveTaint,
     UpdateRecord,
-    iso,
     plan,
 )
 
