@@ -21,7 +21,7 @@ import sys
 import time
 from typing import Any
 
-from common import build_fleet, emit
+from common import build_fleet, emit, wait_settled
 from lightkube.resources.core_v1 import Node
 
 from gpuheal.model import DRIVER_VERSION, STATE_LABEL, STATE_MAINTENANCE
@@ -67,6 +67,7 @@ def main() -> int:
         install_crds(client)
         create_namespace(client, "work")
         names = build_fleet(cp, "cli", args.nodes, labels=POOL)
+        wait_settled(cp)  # kwok done marking pods Running: it shares the cores
         seed(cp, names)
         common = ["--kubeconfig", str(cp.kubeconfig), "-o", "json"]
         commands = {

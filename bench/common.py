@@ -8,6 +8,7 @@ and of the plots in docs/img/).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -15,12 +16,14 @@ import signal
 import ssl
 import subprocess
 import sys
+import time
 import urllib.request
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpuheal.kube.api import KubeApi
 from gpuheal.sim import ControlPlane
 from gpuheal.sim.bulk import create_all
 from gpuheal.sim.controlplane import ADMIN
@@ -156,3 +159,30 @@ def pyplot() -> Any:
 
     PLOTS.mkdir(parents=True, exist_ok=True)
     return plt
+
+
+def pods_not_running(cp: ControlPlane) -> int:
+    """How many pods kwok has not marked Running yet (one cheap count query)."""
+
+    async def count() -> int:
+        api = KubeApi.from_kubeconfig(cp.kubeconfig)
+        try:
+            raw = await api.get(
+                "/api/v1/pods",
+                params={"fieldSelector": "status.phase!=Running", "limit": "1"},
+            )
+        finally:
+            await api.close()
+        page = json.loads(raw)
+        return len(page["items"]) + int(page["metadata"].get("remainingItemCount") or 0)
+
+    return asyncio.run(count())
+
+
+def wait_settled(cp: ControlPlane, timeout_s: float = 900) -> float:
+    started = time.monotonic()
+    while pods_not_running(cp):
+        if time.monotonic() - started > timeout_s:
+            raise TimeoutError("kwok did not mark every pod Running in time")
+        time.sleep(2)
+    return time.monotonic() - started

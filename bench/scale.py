@@ -18,8 +18,6 @@ a `gpuheal controller` is started cold and measured:
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import signal
 import sys
 import tempfile
@@ -37,42 +35,15 @@ from common import (
     pyplot,
     rss_mib,
     stop_profiler,
+    wait_settled,
 )
 
-from gpuheal.kube.api import KubeApi
 from gpuheal.sim import ControlPlane, ControlPlaneConfig, audit
 from gpuheal.sim.controller import ControllerProcess, install_crds
 from gpuheal.sim.controlplane import KWOK
 from gpuheal.sim.workloads import create_namespace
 
 USER = "gpuheal-controller"
-
-
-def pods_not_running(cp: ControlPlane) -> int:
-    """How many pods kwok has not marked Running yet (one cheap count query)."""
-
-    async def count() -> int:
-        api = KubeApi.from_kubeconfig(cp.kubeconfig)
-        try:
-            raw = await api.get(
-                "/api/v1/pods",
-                params={"fieldSelector": "status.phase!=Running", "limit": "1"},
-            )
-        finally:
-            await api.close()
-        page = json.loads(raw)
-        return len(page["items"]) + int(page["metadata"].get("remainingItemCount") or 0)
-
-    return asyncio.run(count())
-
-
-def wait_settled(cp: ControlPlane, timeout_s: float = 900) -> float:
-    started = time.monotonic()
-    while pods_not_running(cp):
-        if time.monotonic() - started > timeout_s:
-            raise TimeoutError("kwok did not mark every pod Running in time")
-        time.sleep(2)
-    return time.monotonic() - started
 
 
 def measure(
