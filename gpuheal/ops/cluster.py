@@ -9,16 +9,19 @@ gpuheal.policy.pools, so all commands and the controller agree.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+import msgspec
 from lightkube import Client
 from lightkube.generic_resource import GenericGlobalResource
 from lightkube.models.core_v1 import Container
 from lightkube.resources.core_v1 import Node, Pod
 
 from gpuheal.config import Config
+from gpuheal.kube.projections import FaultJson, fault_record
 from gpuheal.kube.resources import GPUFault
+from gpuheal.model import FaultRecord
 
 LIST_PAGE = 500
 
@@ -101,6 +104,18 @@ def annotations_of(obj: Node | Pod) -> dict[str, str]:
 
 def name_of(obj: Node | Pod | GenericGlobalResource) -> str:
     return (obj.metadata.name if obj.metadata else None) or ""
+
+
+def fault_records(records: Iterable[GenericGlobalResource]) -> list[FaultRecord]:
+    """GPUFault objects as the controller sees them (kube/projections.py);
+    a malformed one is skipped, never a crash."""
+    out = []
+    for record in records:
+        try:
+            out.append(fault_record(msgspec.convert(dict(record), FaultJson)))
+        except msgspec.ValidationError:
+            continue
+    return out
 
 
 @dataclass

@@ -17,18 +17,14 @@ from functools import partial
 from typing import Any, TypeVar
 
 import httpx2
-import msgspec
 from lightkube import ApiError, Client
-from lightkube.generic_resource import GenericGlobalResource
 from lightkube.operators import not_equal, not_in
 from lightkube.resources.core_v1 import Event, Node, Pod, ResourceQuota
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 
 from gpuheal.config import Config
-from gpuheal.kube.projections import FaultJson, fault_record
 from gpuheal.kube.resources import GPUFault
-from gpuheal.model import FaultRecord
-from gpuheal.ops.cluster import LIST_PAGE, pod_gpus
+from gpuheal.ops.cluster import LIST_PAGE, fault_records, pod_gpus
 from gpuheal.ops.context import Context
 from gpuheal.ops.diagnosis import Diagnosis, diagnose
 from gpuheal.ops.findings import Facts
@@ -146,7 +142,7 @@ def gather(client: Client, config: Config, name: str, now: dt.datetime) -> Facts
         pods_on_node=on_node,
         pending=pending,
         bound_pods=bound,
-        faults=None if records is None else faults_of(records, name),
+        faults=None if records is None else [f for f in fault_records(records) if f.node == name],
         pdbs=pdbs,
         quotas=quotas,
         scheduler_says=latest_messages(events),
@@ -156,19 +152,6 @@ def gather(client: Client, config: Config, name: str, now: dt.datetime) -> Facts
 
 def _namespace(pod: Pod) -> str:
     return (pod.metadata.namespace if pod.metadata else None) or ""
-
-
-def faults_of(records: Iterable[GenericGlobalResource], node: str) -> list[FaultRecord]:
-    """The node's GPUFault records as FaultRecords; malformed ones are skipped."""
-    out = []
-    for record in records:
-        try:
-            fault = fault_record(msgspec.convert(dict(record), FaultJson))
-        except msgspec.ValidationError:
-            continue
-        if fault.node == node:
-            out.append(fault)
-    return out
 
 
 def _event_time(event: Event) -> dt.datetime:

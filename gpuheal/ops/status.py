@@ -22,7 +22,6 @@ from rich.text import Text
 from gpuheal.config import Config
 from gpuheal.kube.resources import GPUFault
 from gpuheal.model import (
-    OPEN_PHASES,
     QUARANTINED_DEVICES,
     STATE_LABEL,
     STATE_MAINTENANCE,
@@ -31,6 +30,7 @@ from gpuheal.model import (
     SUSPECT_DEVICES,
     TAINT_KEY,
     UNKNOWN_DEVICES,
+    FaultRecord,
     Phase,
 )
 from gpuheal.ops import exitcodes
@@ -38,6 +38,7 @@ from gpuheal.ops.cluster import (
     LIST_PAGE,
     Snapshot,
     annotations_of,
+    fault_records,
     gpu_total,
     labels_of,
     name_of,
@@ -50,6 +51,7 @@ from gpuheal.ops.context import Context
 from gpuheal.ops.output import Notes, Table, render
 from gpuheal.ops.selector import Requirement, SelectorError, parse_selector, selected
 from gpuheal.policy.breaker import quarantine_capacity
+from gpuheal.policy.clock import parse_time
 from gpuheal.policy.pools import pool_of
 
 HEALTHY = "healthy"
@@ -66,54 +68,12 @@ _QUARANTINE_PHASES = frozenset({Phase.QUARANTINED, Phase.DRAINED, Phase.RECOVERI
 _SHOWN_NAMES = 5  # node names listed per state in the table view
 
 
-@dataclass(frozen=True)
-class Fault:
-    """One GPUFault record, as status shows it."""
-
-    name: str
-    node: str
-    fault_id: str
-    reason: str
-    severity: str
-    scope: str  # node | device
-    device: str
-    phase: str  # "" before the controller wrote a status
-    created: dt.datetime | None
-
-    @property
-    def open(self) -> bool:
-        # No phase yet: just created, not acted on; counts as open (Detected).
-        return self.phase in OPEN_PHASES or not self.phase
-
-
-def _map(value: object) -> dict[str, Any]:
-    return dict(value) if isinstance(value, dict) else {}
-
-
-def fault_of(record: GenericGlobalResource) -> Fault:
-    spec = _map(getattr(record, "spec", None))
-    status = _map(getattr(record, "status", None))
-    meta = record.metadata
-    created = meta.creationTimestamp if meta else None
-    return Fault(
-        name=(meta.name if meta else None) or "",
-        node=str(spec.get("node") or ""),
-        fault_id=str(spec.get("faultID") or ""),
-        reason=str(spec.get("reason") or ""),
-        severity=str(spec.get("severity") or ""),
-        scope=str(spec.get("scope") or "node"),
-        device=str(spec.get("resourceID") or spec.get("device") or ""),
-        phase=str(status.get("phase") or ""),
-        created=created if isinstance(created, dt.datetime) else None,
-    )
-
-
 def _has_taint(node: Node, key: str) -> bool:
     taints = (node.spec.taints if node.spec else None) or ()
     return any(t.key == key for t in taints)
 
 
-def _suspect(node: Node, faults: Sequence[Fault]) -> bool:
+def _suspect(node: Node, faults: Sequence[FaultRecord]) -> bool:
     annotations = annotations_of(node)
     return bool(
         faults  # reported, not acted on yet (a P1 being watched), or a device-level record
@@ -122,7 +82,7 @@ def _suspect(node: Node, faults: Sequence[Fault]) -> bool:
     )
 
 
-def node_state(node: Node, faults: Sequence[Fault]) -> str:
+def node_state(node: Node, faults: Sequence[FaultRecord]) -> str:
     """The node's state, the first that applies: not-ready > maintenance > held >
     draining > quarantined > suspect > healthy. `faults` are the node's open records;
     only whole-node ones make it held, draining or quarantined."""
@@ -179,7 +139,7 @@ def age(since: dt.datetime | None, now: dt.datetime) -> str:
 class StatusReport:
     nodes: tuple[NodeStatus, ...]
     pools: tuple[PoolStatus, ...]
-    faults: tuple[Fault, ...]  # open records, oldest first
+    faults: tuple[FaultRecord, ...]  # open records, oldest first
     breaker: Breaker
     now: dt.datetime
 
@@ -207,13 +167,15 @@ class StatusReport:
                     "faultId": f.fault_id,
                     "name": f.name,
                     "reason": f.reason,
-                    "severity": f.severity,
+                    "severity": f.severity.value,
                     "scope": f.scope,
                     "device": f.device,
-                    "phase": f.phase or Phase.DETECTED.value,
-                    "created": f.created.isoformat().replace("+00:00", "Z") if f.created else None,
+                    "phase": f.phase.value,
+                    "created": f.created_at or None,
                     "ageSeconds": (
-                        int((self.now - f.created).total_seconds()) if f.created else None
+                        int((self.now - created).total_seconds())
+                        if (created := parse_time(f.created_at))
+                        else None
                     ),
                 }
                 for f in self.faults
@@ -242,8 +204,8 @@ class StatusReport:
                 f.node,
                 f.fault_id + (f" ({f.device})" if f.device else ""),
                 f.reason,
-                f.phase or Phase.DETECTED.value,
-                age(f.created, self.now),
+                f.phase.value,
+                age(parse_time(f.created_at), self.now),
             )
             for f in self.faults
         ]
@@ -287,10 +249,10 @@ def _some(names: list[str]) -> str:
     return f"{shown} (+{more})" if more > 0 else shown
 
 
-def open_faults(records: Iterable[GenericGlobalResource]) -> list[Fault]:
-    faults = [f for f in map(fault_of, records) if f.open]
+def open_faults(records: Iterable[GenericGlobalResource]) -> list[FaultRecord]:
+    faults = [f for f in fault_records(records) if f.open]
     oldest = dt.datetime.min.replace(tzinfo=dt.UTC)
-    return sorted(faults, key=lambda f: (f.created or oldest, f.node, f.name))
+    return sorted(faults, key=lambda f: (parse_time(f.created_at) or oldest, f.node, f.name))
 
 
 def fleet_status(
@@ -305,7 +267,7 @@ def fleet_status(
     shown = [n for n in gpu_nodes if selected(labels_of(n), selector)]
     names = {name_of(n) for n in shown}
     faults = [f for f in open_faults(snap.faults) if not selector or f.node in names]
-    faults_by_node: dict[str, list[Fault]] = defaultdict(list)
+    faults_by_node: dict[str, list[FaultRecord]] = defaultdict(list)
     for fault in faults:
         faults_by_node[fault.node].append(fault)
     nodes: list[NodeStatus] = []

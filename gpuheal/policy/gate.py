@@ -228,7 +228,7 @@ def _driver(facts: GateFacts, config: Config) -> Check:
 
 
 class MalformedError(ValueError):
-    pass
+    """An agent or operator annotation the gate cannot read; its check fails."""
 
 
 def _time(value: str, key: str) -> dt.datetime:
