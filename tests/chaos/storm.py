@@ -22,8 +22,10 @@ from gpuheal.model import (
 )
 from gpuheal.sim import ControlPlane, audit
 from gpuheal.sim.controller import ControllerProcess
+from gpuheal.sim.controlplane import KWOK
 from gpuheal.sim.nodes import create_gpu_nodes, wait_nodes_ready
-from gpuheal.sim.workloads import apply, create_namespace, gpu_pod
+from gpuheal.sim.process import log_tail
+from gpuheal.sim.workloads import apply, create_namespace, gpu_pod, wait_pods_running
 from tests.chaos.conftest import CONTROLLER_USER
 from tests.helpers import unique, wait_for
 
@@ -106,6 +108,12 @@ class Storm:
                     self.kube, gpu_pod(name, self.namespace, node_name=node, labels={"round": tag})
                 )
                 made.add((self.namespace, name))
+        # Faults strike running workloads; and a round must not start while the
+        # simulated kubelet (kwok) is still finding its feet, e.g. after the agent
+        # test's API outage, or a stuck round would be blamed on the controller.
+        wait_pods_running(
+            self.kube, self.namespace, count=len(made), labels={"round": tag}, timeout_s=120
+        )
         return made
 
     def fault_id(self, tag: str, node: str) -> str:
@@ -149,12 +157,64 @@ class Storm:
         ]
 
     def wait_remediated(self, tag: str, timeout_s: float = 240) -> None:
-        wait_for(
-            f"every fault of {tag} handled",
-            lambda: not self.unhandled(tag),
-            timeout_s=timeout_s,
-        )
-        wait_for(f"the pods of {tag} gone", lambda: self.pods_left(tag) == 0, timeout_s=60)
+        try:
+            wait_for(
+                f"every fault of {tag} handled",
+                lambda: not self.unhandled(tag),
+                timeout_s=timeout_s,
+            )
+            wait_for(f"the pods of {tag} gone", lambda: self.pods_left(tag) == 0, timeout_s=60)
+        except AssertionError as err:
+            # A timeout alone says nothing of why; the state of what is stuck does.
+            raise AssertionError(f"{err}\n{self.explain(tag)}") from None
+
+    def explain(self, tag: str, shown: int = 8) -> str:
+        """Where the round is stuck: the unhandled nodes with their taint, records and
+        pods left, and what each live replica says of itself."""
+        stuck = self.unhandled(tag)
+        lines = [f"{len(stuck)} of {len(self.nodes)} nodes unhandled: {stuck[:shown]}"]
+        pods: list[Any] = list(self.kube.list(Pod, namespace=self.namespace, labels={"round": tag}))
+        records = self._records()
+        for name in stuck[:shown]:
+            node: Any = self.kube.get(Node, name)
+            annotations = node.metadata.annotations or {}
+            taints = [f"{t.key}={t.value}:{t.effect}" for t in (node.spec.taints or [])]
+            lines.append(
+                f"- {name}: fault {annotations.get(FAULT_ID)} handled "
+                f"{annotations.get(HANDLED_FAULT_ID)} taints {taints} "
+                f"unschedulable {node.spec.unschedulable}"
+            )
+            for record in records:
+                spec, status = record.spec or {}, record.status or {}
+                if spec.get("node") == name:
+                    steps = [
+                        f"{a.get('action')}:{a.get('result')}" for a in status.get("actions", [])
+                    ]
+                    lines.append(
+                        f"  record {record.metadata.name} {status.get('phase')} {steps[-6:]}"
+                    )
+            for pod in pods:
+                if pod.spec.nodeName == name:
+                    lines.append(
+                        f"  pod {pod.metadata.name} phase {pod.status.phase} "
+                        f"deleting since {pod.metadata.deletionTimestamp} "
+                        f"finalizers {pod.metadata.finalizers}"
+                    )
+        lines.append(f"{len(pods)} pods of {tag} left in all")
+        for replica in self.controllers.live():
+            try:
+                metrics = [
+                    line
+                    for line in replica.metrics().splitlines()
+                    if line.startswith(("gpuheal_leader", "gpuheal_queue_depth"))
+                ]
+            except OSError as err:
+                metrics = [f"metrics unreadable: {err}"]
+            lines.append(f"replica {replica.identity}: {metrics}")
+        kwok = self.cp.components.get(KWOK)
+        if kwok is not None:  # kwok finishes the evicted pods' deletion
+            lines.append(f"kwok exit code {kwok.exit_code()}; log tail:\n{log_tail(kwok.log_path)}")
+        return "\n".join(lines)
 
     def wait_recovered(self, timeout_s: float = 120) -> None:
         wait_for("no taint left", lambda: not self.tainted(), timeout_s=timeout_s)
