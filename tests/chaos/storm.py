@@ -4,6 +4,7 @@ and the exactly-once checks, for the chaos tests."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 from pathlib import Path
 from typing import Any
 
@@ -211,9 +212,19 @@ class Storm:
             except OSError as err:
                 metrics = [f"metrics unreadable: {err}"]
             lines.append(f"replica {replica.identity}: {metrics}")
+        for replica in self.controllers.started:
+            # Leadership changes and everything not routine, in order, from every replica.
+            notable = [
+                line
+                for line in replica.log().splitlines()
+                if '"level": "info"' not in line or "leader" in line or "lease" in line
+            ]
+            lines.append(f"replica {replica.identity} notable log lines:")
+            lines += [f"  {line[:300]}" for line in notable[-12:]]
         kwok = self.cp.components.get(KWOK)
         if kwok is not None:  # kwok finishes the evicted pods' deletion
-            lines.append(f"kwok exit code {kwok.exit_code()}; log tail:\n{log_tail(kwok.log_path)}")
+            lines.append(f"kwok exit code {kwok.exit_code()}; log tail:")
+            lines += [f"  {_brief(line)}" for line in log_tail(kwok.log_path, 15).splitlines()]
         return "\n".join(lines)
 
     def wait_recovered(self, timeout_s: float = 120) -> None:
@@ -262,3 +273,13 @@ class Storm:
         """The record is resolved right after the untaint (its own write, a few ms
         later), so this waits rather than asserting at the moment the taint is gone."""
         wait_for(f"every record of {tag} Resolved", lambda: not self.open_records(tag), timeout_s)
+
+
+def _brief(line: str) -> str:
+    """One kwok log line, short: time, level, message, object, error."""
+    try:
+        entry = json.loads(line)
+    except ValueError:
+        return line[:300]
+    fields = [entry.get(k) for k in ("time", "level", "msg", "pod", "node", "err")]
+    return " ".join(str(f)[:160] for f in fields if f)
