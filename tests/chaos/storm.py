@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from lightkube import Client
 from lightkube.resources.core_v1 import Node, Pod
 
@@ -77,7 +78,7 @@ class Replicas:
         for replica in self.live():
             replica.stop()
         for replica in self.started:
-            print(f"--- {replica.identity} log (tail) ---\n{replica.log()[-2000:]}")
+            print(f"--- {replica.identity} log (tail) ---\n{replica.log()[-1000:]}")
 
 
 class Storm:
@@ -167,7 +168,8 @@ class Storm:
             wait_for(f"the pods of {tag} gone", lambda: self.pods_left(tag) == 0, timeout_s=60)
         except AssertionError as err:
             # A timeout alone says nothing of why; the state of what is stuck does.
-            raise AssertionError(f"{err}\n{self.explain(tag)}") from None
+            # No traceback: CI shows the end of the output, and this is what matters.
+            pytest.fail(f"{err}\n{self.explain(tag)}", pytrace=False)
 
     def explain(self, tag: str, shown: int = 8) -> str:
         """Where the round is stuck: the unhandled nodes with their taint, records and
