@@ -57,8 +57,12 @@ def test_broken_flag_fails_fast_naming_component_and_log(
     cp.stop()
 
 
+# The child handles Ctrl-C as on a terminal even when the test runs as a background
+# job (a shell without job control starts those with SIGINT ignored, and Python
+# then installs no KeyboardInterrupt handler).
 CHILD = """
-import json, sys, time
+import json, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from gpuheal.sim import ControlPlane, ControlPlaneConfig
 cp = ControlPlane(ControlPlaneConfig(scheduler=False, controller_manager=False, kwok=False))
 cp.start()
