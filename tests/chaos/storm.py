@@ -12,6 +12,7 @@ import pytest
 from lightkube import Client
 from lightkube.resources.core_v1 import Node, Pod
 
+from gpuheal.kube.leader import log as leader_log
 from gpuheal.kube.resources import GPUFault
 from gpuheal.model import (
     FAULT_ID,
@@ -216,11 +217,7 @@ class Storm:
             lines.append(f"replica {replica.identity}: {metrics}")
         for replica in self.controllers.started:
             # Leadership changes and everything not routine, in order, from every replica.
-            notable = [
-                line
-                for line in replica.log().splitlines()
-                if '"level": "info"' not in line or "leader" in line or "lease" in line
-            ]
+            notable = [line for line in replica.log().splitlines() if _notable(line)]
             lines.append(f"replica {replica.identity} notable log lines:")
             lines += [f"  {line[:300]}" for line in notable[-12:]]
         kwok = self.cp.components.get(KWOK)
@@ -285,3 +282,12 @@ def _brief(line: str) -> str:
         return line[:300]
     fields = [entry.get(k) for k in ("time", "level", "msg", "pod", "node", "err")]
     return " ".join(str(f)[:160] for f in fields if f)
+
+
+def _notable(line: str) -> bool:
+    """A controller log line worth showing: anything but routine info, and leadership."""
+    try:
+        entry: dict[str, Any] = json.loads(line)
+    except ValueError:
+        return True  # not ours: a traceback or a crash message
+    return bool(entry.get("level") != "info" or entry.get("logger") == leader_log.name)
