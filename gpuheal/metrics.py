@@ -15,6 +15,14 @@ class ControllerMetrics:
             ["source", "reason", "severity"],
             registry=r,
         )
+        self.inputs_altered = Counter(
+            "gpuheal_fault_inputs_normalized_total",
+            "Faults whose reported values could not be written as they were (too long, "
+            "control characters, not a time): acted on with normalized values, by source "
+            "and field.",
+            ["source", "field"],
+            registry=r,
+        )
         self.remediations = Counter(
             "gpuheal_remediations_total",
             "Remediation actions taken, by action and result.",

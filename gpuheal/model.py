@@ -58,6 +58,8 @@ MAINTENANCE_CORDONED = "gpuheal.io/maintenance-cordoned"
 CHECKPOINT_REQUESTED = "gpuheal.io/checkpoint-requested"
 
 TAINT_KEY = "gpuheal.io/gpu-fault"
+# On each GPUFault: its node, as a label value (gpuheal.values.node_label).
+NODE_LABEL = "gpuheal.io/node"
 STATE_LABEL = "gpuheal.io/state"
 STATE_MAINTENANCE = "maintenance"
 MANAGED_LABEL = "gpuheal.io/managed"
@@ -200,6 +202,10 @@ class FaultSignal:
     severity: Severity = Severity.P0
     detected_at: str = ""
     devices: tuple[str, ...] = ()
+    # What the source reported that could not be carried as is (the fields, e.g.
+    # "fault-id"): the fault is acted on under the normalized values and this is
+    # said once, when its record is created.
+    altered: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,8 @@ FIELD_MAX = 256
 TIME_MAX = 64  # spec.detectedAt, expiry
 DEVICES_MAX = 64  # spec.devices maxItems
 DETAIL_MAX = 1024  # status.actions[].detail
-# events.k8s.io/v1: note at most 1 KiB (bytes), reason and action 128 characters.
+# events.k8s.io/v1: note at most 1 KiB, reason, action and reportingInstance 128
+# (bytes, all: Go counts a string's length in bytes).
 EVENT_NOTE_MAX_BYTES = 1024
 EVENT_WORD_MAX = 128
 

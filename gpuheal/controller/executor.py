@@ -17,22 +17,24 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gpuheal import values
 from gpuheal.config import Config
+from gpuheal.kube import writes
 from gpuheal.kube.api import ApiError, KubeApi, gpufault_path, node_path, pod_path
 from gpuheal.kube.events import EventRecorder, fault_ref, node_ref
 from gpuheal.kube.projections import decode_fault, decode_node
 from gpuheal.metrics import ControllerMetrics
 from gpuheal.model import (
     CANARY_LABEL,
-    HANDLED_AT,
-    HANDLED_FAULT_ID,
-    LAST_PROCESS_TIME,
+    FAULT_TIME,
     QUARANTINED_DEVICES,
     STATE_LABEL,
     SUSPECT_DEVICES,
     TAINT_KEY,
     UNKNOWN_DEVICES,
+    ActionEntry,
     FaultRecord,
+    FaultSignal,
     NodeView,
     PodView,
 )
@@ -217,23 +219,7 @@ class Executor:
 
     async def _create_record(self, action: CreateRecord) -> str:
         sig = action.signal
-        body = {
-            "apiVersion": "gpuheal.io/v1alpha1",
-            "kind": "GPUFault",
-            "metadata": {"name": action.name, "labels": {"gpuheal.io/node": sig.node}},
-            "spec": {
-                "node": sig.node,
-                "faultID": sig.fault_id,
-                "scope": "node",
-                "device": "",
-                "devices": list(sig.devices),
-                "source": sig.source,
-                "reason": sig.reason,
-                "severity": sig.severity.value,
-                "detectedAt": sig.detected_at,
-                "mode": action.mode.value,
-            },
-        }
+        body = writes.fault_record(action.name, sig, action.mode)
         try:
             raw = await self.api.create(gpufault_path(), body)
         except ApiError as err:
@@ -245,39 +231,32 @@ class Executor:
             raise Replan(f"GPUFault {action.name} already exists") from err
         record = decode_fault(raw)
         self.caches.put_record(record)
-        self.metrics.faults_detected.labels(sig.source, sig.reason, sig.severity.value).inc()
+        self.metrics.faults_detected.labels(record.source, record.reason, sig.severity.value).inc()
+        if sig.altered:
+            self._input_altered(sig)
         now = iso(dt.datetime.now(dt.UTC))
-        status = {
-            "phase": action.phase.value,
-            "actions": [{"time": now, "action": "detect", "result": "ok", "detail": sig.source}],
-        }
-        raw = await self.api.patch(gpufault_path(action.name, status=True), {"status": status})
+        entry = ActionEntry(time=now, action="detect", result="ok", detail=sig.source)
+        raw = await self.api.patch(
+            gpufault_path(action.name, status=True), writes.record_status(action.phase, [entry])
+        )
         self.caches.put_record(decode_fault(raw))
         return "created"
+
+    def _input_altered(self, sig: FaultSignal) -> None:
+        """Said once per fault (its record is created once): the source reported
+        what the API server cannot carry, and the fault goes on normalized."""
+        for name in sig.altered:
+            self.metrics.inputs_altered.labels(sig.source.split("/", 1)[0], name).inc()
+        log.warning(
+            "fault input normalized",
+            extra={"node": sig.node, "fault_id": sig.fault_id, "fields": list(sig.altered)},
+        )
 
     async def _create_device_record(self, action: CreateDeviceRecord) -> str:
         """The device fault's record: created first, it is the lock (node, resource,
         resourceID, episode are in its name), as for node faults."""
         rec = action.record
-        body = {
-            "apiVersion": "gpuheal.io/v1alpha1",
-            "kind": "GPUFault",
-            "metadata": {"name": rec.name, "labels": {"gpuheal.io/node": rec.node}},
-            "spec": {
-                "node": rec.node,
-                "faultID": rec.fault_id,
-                "scope": "device",
-                "device": rec.device,
-                "resourceName": rec.resource,
-                "resourceID": rec.device,
-                "source": rec.source,
-                "reason": rec.reason,
-                "severity": rec.severity.value,
-                "detectedAt": rec.detected_at,
-                "mode": self.config.mode_for(rec.reason).value,
-                "expiry": rec.expiry,
-            },
-        }
+        body = writes.device_record(rec, self.config.mode_for(rec.reason))
         try:
             raw = await self.api.create(gpufault_path(), body)
         except ApiError as err:
@@ -290,13 +269,10 @@ class Executor:
         self.metrics.faults_detected.labels(rec.source, rec.reason, rec.severity.value).inc()
         if rec.contact_support:
             self.metrics.contact_support.inc()
-        status = {
-            "phase": rec.phase.value,
-            "actions": [vars(a) for a in rec.actions],
-            "expiry": rec.expiry,
-            "contactSupport": rec.contact_support,
-        }
-        raw = await self.api.patch(gpufault_path(rec.name, status=True), {"status": status})
+        status = writes.record_status(
+            rec.phase, list(rec.actions), expiry=rec.expiry, contactSupport=rec.contact_support
+        )
+        raw = await self.api.patch(gpufault_path(rec.name, status=True), status)
         self.caches.put_record(decode_fault(raw))
         return "created"
 
@@ -395,29 +371,27 @@ class Executor:
     async def _set_taint(self, name: str, add: AddTaint | None, state: NodeState) -> str:
         """Add (or with None remove) our taint, under optimistic concurrency."""
         node = self.caches.node(name) or state.node
+        wanted = values.taint_value(add.fault_id) if add is not None else None
         for _ in range(CONFLICT_RETRIES):
             ours = node.taint()
-            if add is not None and ours is not None and ours.value == add.fault_id:
+            if add is not None and ours is not None and ours.value == wanted:
                 return "present"
             if add is None and ours is None:
                 return "absent"
-            taints = [
-                {"key": t.key, "effect": t.effect, "value": t.value}
-                | ({"timeAdded": t.time_added} if t.time_added else {})
-                for t in node.taints
-                if t.key != TAINT_KEY
-            ]
-            if add is not None:
-                taints.append({"key": TAINT_KEY, "value": add.fault_id, "effect": add.effect})
-            metadata: dict[str, Any] = {"resourceVersion": node.resource_version}
             label = node.labels.get(STATE_LABEL)
             # Our label says "quarantined" and goes with our taint; any other state
             # (a person's "maintenance") is not ours to set or remove.
+            state_label: str | None = None
             if add is not None and label in (None, STATE_QUARANTINED):
-                metadata["labels"] = {STATE_LABEL: STATE_QUARANTINED}
+                state_label = STATE_QUARANTINED
             elif add is None and label == STATE_QUARANTINED:
-                metadata["labels"] = {STATE_LABEL: None}
-            body = {"metadata": metadata, "spec": {"taints": taints}}
+                state_label = ""
+            body = writes.taint_patch(
+                node,
+                add.fault_id if add is not None else None,
+                add.effect if add is not None else "",
+                state=state_label,
+            )
             try:
                 raw = await self.api.patch(node_path(name), body)
             except ApiError as err:
@@ -435,22 +409,13 @@ class Executor:
         raise Replan(f"node {name}: conflicts did not settle")
 
     def _observe_time_to_quarantine(self, node: NodeView) -> None:
-        reported = parse_time(node.annotations.get("gpuheal.io/fault-time", ""))
+        reported = parse_time(node.annotations.get(FAULT_TIME, ""))
         if reported is not None:
             elapsed = (dt.datetime.now(dt.UTC) - reported).total_seconds()
             self.metrics.time_to_quarantine.observe(max(0.0, elapsed))
 
     async def _mark_handled(self, action: MarkHandled) -> str:
-        now = iso(dt.datetime.now(dt.UTC))
-        body = {
-            "metadata": {
-                "annotations": {
-                    HANDLED_FAULT_ID: action.fault_id,
-                    HANDLED_AT: now,
-                    LAST_PROCESS_TIME: now,
-                }
-            }
-        }
+        body = writes.handled_patch(action.fault_id, iso(dt.datetime.now(dt.UTC)))
         raw = await self.api.patch(node_path(action.node), body)
         self.caches.put_node(decode_node(raw))
         return "marked"

@@ -15,6 +15,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
+from gpuheal import values
 from gpuheal.config import Config
 from gpuheal.controller.devices import DeviceReports
 from gpuheal.controller.executor import Executor, Outcome, Replan
@@ -449,7 +450,7 @@ class Reconciler:
             return False
         taint = node.taint()
         observe = self.config.mode_for(reason) is Mode.OBSERVE
-        return observe or (taint is not None and taint.value == fault_id)
+        return observe or (taint is not None and taint.value == values.taint_value(fault_id))
 
     async def _close_records_of_deleted_node(self, name: str, now: dt.datetime) -> None:
         records = tuple(

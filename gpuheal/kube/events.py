@@ -16,6 +16,7 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gpuheal import values
 from gpuheal.kube.api import GPUFAULT_GROUP, GPUFAULT_VERSION, KubeApi
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,41 @@ def fault_ref(name: str, uid: str = "") -> ObjectRef:
     return ObjectRef("GPUFault", name, f"{GPUFAULT_GROUP}/{GPUFAULT_VERSION}", uid)
 
 
+def event_body(
+    regarding: ObjectRef,
+    *,
+    reason: str,
+    note: str,
+    action: str,
+    warning: bool,
+    related: ObjectRef | None,
+    instance: str,
+    now: dt.datetime,
+) -> dict[str, object]:
+    """One events.k8s.io/v1 Event, valid whatever the note quotes (fault ids,
+    reasons and node names come from outside: gpuheal.values keeps them in bounds)."""
+    body: dict[str, object] = {
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        # Named like client-go's: <object>.<unique suffix>, within 253 characters.
+        "metadata": {
+            "name": values.object_name(regarding.name, secrets.token_hex(8)),
+            "namespace": EVENT_NAMESPACE,
+        },
+        "eventTime": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "reportingController": REPORTING_CONTROLLER,
+        "reportingInstance": values.utf8_text(instance, values.EVENT_WORD_MAX),
+        "action": values.utf8_text(action, values.EVENT_WORD_MAX),
+        "reason": values.utf8_text(reason, values.EVENT_WORD_MAX),
+        "type": "Warning" if warning else "Normal",
+        "note": values.utf8_text(note, values.EVENT_NOTE_MAX_BYTES),
+        "regarding": {**regarding.json(), "namespace": ""},
+    }
+    if related is not None:
+        body["related"] = related.json()
+    return body
+
+
 class EventRecorder:
     def __init__(
         self,
@@ -74,26 +110,16 @@ class EventRecorder:
         related: ObjectRef | None = None,
     ) -> None:
         """Queue one Event; returns at once. Needs a running event loop."""
-        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        body: dict[str, object] = {
-            "apiVersion": "events.k8s.io/v1",
-            "kind": "Event",
-            # Named like client-go's: <object>.<unique suffix>.
-            "metadata": {
-                "name": f"{regarding.name}.{secrets.token_hex(8)}",
-                "namespace": EVENT_NAMESPACE,
-            },
-            "eventTime": now,
-            "reportingController": REPORTING_CONTROLLER,
-            "reportingInstance": self.instance,
-            "action": action,
-            "reason": reason,
-            "type": "Warning" if warning else "Normal",
-            "note": note[:1024],
-            "regarding": {**regarding.json(), "namespace": ""},
-        }
-        if related is not None:
-            body["related"] = related.json()
+        body = event_body(
+            regarding,
+            reason=reason,
+            note=note,
+            action=action,
+            warning=warning,
+            related=related,
+            instance=self.instance,
+            now=dt.datetime.now(dt.UTC),
+        )
         if not self._tasks:
             self._tasks = [asyncio.create_task(self._send()) for _ in range(self.senders)]
         try:

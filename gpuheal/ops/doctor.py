@@ -24,12 +24,14 @@ from lightkube.resources.policy_v1 import PodDisruptionBudget
 
 from gpuheal.config import Config
 from gpuheal.kube.resources import GPUFault
+from gpuheal.model import NODE_LABEL
 from gpuheal.ops.cluster import LIST_PAGE, fault_records, pod_gpus
 from gpuheal.ops.context import Context
 from gpuheal.ops.diagnosis import Diagnosis, diagnose
 from gpuheal.ops.findings import Facts
 from gpuheal.ops.movement import PENDING_SHOWN, evictable, relevant_pending
 from gpuheal.ops.output import render
+from gpuheal.values import node_label
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -117,7 +119,7 @@ def gather(client: Client, config: Config, name: str, now: dt.datetime) -> Facts
         )
     records = reads.optional(
         "the node's GPUFault records",
-        partial(client.list, GPUFault, labels={"gpuheal.io/node": name}, chunk_size=LIST_PAGE),
+        partial(client.list, GPUFault, labels={NODE_LABEL: node_label(name)}, chunk_size=LIST_PAGE),
         missing="not found: is the GPUFault CRD installed?",
     )
     pdbs = reads.per_namespace(

@@ -50,6 +50,7 @@ from gpuheal.ops.scheduling import (
 )
 from gpuheal.policy.clock import parse_time
 from gpuheal.policy.pools import NO_POOL, expected_gpus, pool_config, pool_of
+from gpuheal.values import taint_value
 
 # A maintenance older than this many drain timeouts was probably forgotten.
 MAINTENANCE_OVERDUE_FACTOR = 4
@@ -443,7 +444,9 @@ def _fault_taint(taint: Taint, facts: Facts) -> Finding:
             f"{taint.value or '?'} (its GPUFault records could not be read).",
         )
     open_ = [r for r in facts.faults if r.open and not r.device_scope]
-    record = next((r for r in open_ if r.fault_id == taint.value), None) or next(iter(open_), None)
+    record = next((r for r in open_ if taint_value(r.fault_id) == taint.value), None) or next(
+        iter(open_), None
+    )
     if record is None:
         return Finding(
             BAD,

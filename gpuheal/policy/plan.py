@@ -13,6 +13,7 @@ import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from gpuheal import values
 from gpuheal.config import Config
 from gpuheal.model import (
     HANDLED_FAULT_ID,
@@ -43,6 +44,7 @@ HELD = "GPUFaultHeld"
 EVICTED = "GPUPodEvicted"
 EVICTION_BLOCKED = "GPUPodEvictionBlocked"
 RECOVERED = "GPUFaultRecovered"
+INPUT_NORMALIZED = "GPUFaultInputNormalized"
 
 # Values of the gpuheal.io/state label.
 STATE_QUARANTINED = "quarantined"
@@ -142,7 +144,9 @@ class NodeState:
 
 
 def _entry(now: dt.datetime, action: str, result: str = "ok", detail: str = "") -> ActionEntry:
-    return ActionEntry(time=iso(now), action=action, result=result, detail=detail)
+    return ActionEntry(
+        time=iso(now), action=action, result=result, detail=values.text(detail, values.DETAIL_MAX)
+    )
 
 
 def plan(state: NodeState, config: Config, now: dt.datetime) -> Plan:
@@ -269,26 +273,41 @@ def _first_sight(
         node.name,
         name,
     )
+    # The Events follow the record they point to.
+    announced = (detected, _altered(signal, name)) if signal.altered else (detected,)
     if watching and mode is not Mode.OBSERVE:
         # P1: notify now, act only if it is still there after the observation window.
-        actions += [CreateRecord(name, signal, Phase.DETECTED, mode), detected]
+        actions += [CreateRecord(name, signal, Phase.DETECTED, mode), *announced]
         return _with(base, actions, requeue_after=config.p1_escalation_seconds)
     if mode is Mode.OBSERVE:
         actions += [
             CreateRecord(name, signal, Phase.DETECTED, mode),
-            detected,
+            *announced,
             MarkHandled(node.name, signal.fault_id),
         ]
         return _with(base, actions)
     if not _may_quarantine(fault.state, config):
         actions += [
             CreateRecord(name, signal, Phase.HELD, mode),
-            detected,
+            *announced,
             Emit(HELD, _held_note(fault.state, config), node.name, name, warning=True),
         ]
         return _with(base, actions, requeue_after=config.hold_retry_seconds)
-    actions += [CreateRecord(name, signal, Phase.DETECTED, mode), detected]
+    actions += [CreateRecord(name, signal, Phase.DETECTED, mode), *announced]
     return None
+
+
+def _altered(signal: FaultSignal, record: str) -> Emit:
+    """Said once, with the record: what the source reported could not be carried as is."""
+    fields = ", ".join(signal.altered)
+    return Emit(
+        INPUT_NORMALIZED,
+        f"{signal.source} reported {fields} that cannot be written as is (too long, control "
+        f"characters or not a time); acting on fault {signal.fault_id} with normalized values",
+        signal.node,
+        record,
+        warning=True,
+    )
 
 
 def _may_quarantine(state: NodeState, config: Config) -> bool:
@@ -370,7 +389,7 @@ def _quarantine_step(fault: _Fault, config: Config, now: dt.datetime) -> tuple[l
                 record.name,
             ),
         ]
-    elif taint.value != signal.fault_id:
+    elif taint.value != values.taint_value(signal.fault_id):
         # Our taint from an earlier fault of this node: carry it over to this one.
         actions.append(AddTaint(node.name, signal.fault_id, taint.effect))
         if record.phase not in TAINTED_PHASES:

@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from gpuheal import values
 from gpuheal.sim.process import Component, http_ok, stop_all
 
 _PORT = re.compile(r'"metrics_port": (\d+)')
@@ -49,7 +50,8 @@ class AgentProcess:
         gpus: int = 8,
     ) -> None:
         self.node = node
-        self.dir = workdir / f"agent-{node}"
+        # A file name is at most 255 bytes; a node name, 253 characters.
+        self.dir = workdir / f"agent-{values.label_value(node)}"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.spec_path = self.dir / "nvml-spec.yaml"
         self.kmsg_path = self.dir / "kmsg"
@@ -78,7 +80,7 @@ class AgentProcess:
             "--node", node, "--config", str(self.config_path), "--kubeconfig", str(kubeconfig),
         ]  # fmt: skip
         self.log_path = self.dir / "agent.log"
-        self.component = Component(f"agent-{node}", argv, self.log_path)
+        self.component = Component(f"agent-{values.label_value(node)}", argv, self.log_path)
         self.port = 0
 
     def write_spec(self) -> None:

@@ -29,6 +29,7 @@ from lightkube import Client
 from lightkube.resources.core_v1 import Node, Pod
 
 from gpuheal.kube.resources import GPUFault
+from gpuheal.model import NODE_LABEL
 from gpuheal.sim.agent import AgentProcess
 from gpuheal.sim.controller import ControllerProcess, install_crds
 from gpuheal.sim.controlplane import ControlPlane, ControlPlaneConfig
@@ -36,6 +37,7 @@ from gpuheal.sim.gpustate import read_gpu_state, render
 from gpuheal.sim.nodes import create_gpu_nodes, wait_nodes_ready
 from gpuheal.sim.process import stop_all
 from gpuheal.sim.workloads import apply, create_namespace, gpu_deployment, wait_pods_running
+from gpuheal.values import node_label
 
 DEMO_NAMESPACE = "ml-training"
 DEMO_DEPLOYMENT = "llm-finetune"
@@ -334,7 +336,7 @@ def _summary(
     columns = "time to quarantine  GPU pods moved  GPUFault records"
     say(f"{'fault'.ljust(width)}  {'node'.ljust(12)}  {columns}")
     for fault in faults:
-        records = len(list(client.list(GPUFault, labels={"gpuheal.io/node": fault.node})))
+        records = len(list(client.list(GPUFault, labels={NODE_LABEL: node_label(fault.node)})))
         took = f"{fault.quarantined * 1000:.0f} ms" if fault.quarantined is not None else "-"
         say(
             f"{fault.label.ljust(width)}  {fault.node.ljust(12)}  {took.rjust(18)}  "

@@ -42,7 +42,9 @@ def gpu_node(
         "metadata": {
             "name": name,
             "labels": {
-                "kubernetes.io/hostname": name,
+                # The kubelet's hostname label is a label value (63 characters): a long
+                # FQDN node name carries its short host name there.
+                "kubernetes.io/hostname": name.split(".", 1)[0][:63],
                 "kubernetes.io/os": "linux",
                 "kubernetes.io/arch": "amd64",
                 "node.kubernetes.io/instance-type": "gpu-8x",

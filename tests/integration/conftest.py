@@ -13,10 +13,11 @@ from lightkube import ApiError, Client
 from lightkube.resources.core_v1 import Event, Node, Pod
 
 from gpuheal.kube.resources import GPUFault
-from gpuheal.model import FAULT_ID, FAULT_REASON, FAULT_TIME, HANDLED_FAULT_ID, STATUS
+from gpuheal.model import FAULT_ID, FAULT_REASON, FAULT_TIME, HANDLED_FAULT_ID, NODE_LABEL, STATUS
 from gpuheal.sim import ControlPlane
 from gpuheal.sim.controller import ControllerProcess, install_crds
 from gpuheal.sim.workloads import create_namespace
+from gpuheal.values import node_label
 from tests.helpers import unique
 
 StartController = Callable[..., ControllerProcess]
@@ -116,7 +117,8 @@ def events_for(kube: Client, name: str, reason: str) -> list[Event]:
 
 
 def faults_of(kube: Client, node: str) -> list[Any]:
-    return list(kube.list(GPUFault, labels={"gpuheal.io/node": node}))
+    listed = kube.list(GPUFault, labels={NODE_LABEL: node_label(node)})
+    return [r for r in listed if r.spec and r.spec.get("node") == node]
 
 
 def handled_fault(kube: Client, node: str) -> str | None:

@@ -1,0 +1,121 @@
+"""The whole chain on the node names real fleets have: an EKS name outside
+us-east-1 (43 characters) and an on-prem FQDN at the 253-character limit.
+
+The real agent reads an Xid 79 from its kernel log on such a node; the
+controller quarantines it, evicts its GPU pods once and returns it after a
+reboot. Before gpuheal.values, the agent's fault id (the node name and 24
+characters) went unchanged into the taint value, the API server refused it
+(63 bytes at most) and the node was never quarantined.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lightkube import Client
+from lightkube.resources.core_v1 import Node
+
+from gpuheal import values
+from gpuheal.kube.resources import GPUFault
+from gpuheal.model import FAULT_ID, HANDLED_FAULT_ID
+from gpuheal.sim import ControlPlane
+from gpuheal.sim.agent import AgentProcess
+from gpuheal.sim.nodes import create_gpu_nodes, delete_nodes, wait_nodes_ready
+from gpuheal.sim.workloads import apply, gpu_pod, wait_pods_running
+from tests.corpus import EKS_NODE, unique_eks_node, unique_fqdn
+from tests.helpers import wait_for
+from tests.integration.conftest import (
+    StartController,
+    controller_config,
+    events_for,
+    faults_of,
+    our_taint,
+    pods_on,
+)
+
+pytestmark = pytest.mark.timeout(240)
+
+XID_79 = "NVRM: Xid (PCI:0000:18:00): 79, pid=2843, name=python3, GPU has fallen off the bus."
+
+
+@pytest.fixture
+def agents(control_plane: ControlPlane, tmp_path: Path) -> Iterator[list[AgentProcess]]:
+    started: list[AgentProcess] = []
+    yield started
+    for agent in started:
+        agent.stop()
+        print(f"--- agent {agent.node} log (tail) ---\n{agent.log()[-3000:]}")
+
+
+def node_annotations(kube: Client, node: str) -> dict[str, str]:
+    meta = kube.get(Node, node).metadata
+    return dict((meta.annotations if meta else None) or {})
+
+
+def phase(record: Any) -> str:
+    return str((record.status or {}).get("phase", ""))
+
+
+@pytest.mark.parametrize("shape", ["eks", "fqdn-253"])
+def test_an_xid_79_on_a_real_shaped_node_is_quarantined_evicted_once_and_recovered(
+    shape: str,
+    control_plane: ControlPlane,
+    kube: Client,
+    namespace: str,
+    pool: dict[str, str],
+    tmp_path: Path,
+    agents: list[AgentProcess],
+    start_controller: StartController,
+) -> None:
+    bad = EKS_NODE if shape == "eks" else unique_fqdn(253)
+    good = unique_eks_node()
+    create_gpu_nodes(kube, [bad, good], labels=pool)
+    try:
+        wait_nodes_ready(kube, [bad, good])
+        for i in range(2):
+            apply(kube, gpu_pod(f"train-{i}", namespace, node_name=bad))
+        wait_pods_running(kube, namespace, count=2)
+        start_controller(controller_config(pool))
+        for node in (bad, good):
+            agents.append(AgentProcess(tmp_path, control_plane.kubeconfig, node).start())
+        agent = agents[0]
+
+        agent.kernel(XID_79)
+        wait_for("the node quarantined", lambda: our_taint(kube, bad) is not None, timeout_s=30)
+        reported = node_annotations(kube, bad)[FAULT_ID]
+        # The agent's id is the node name and 24 characters: past the record's 256 on
+        # the long name, where the fault goes on under its normalized id, said once.
+        carried = values.fault_id(reported)
+        assert (carried == reported) == (len(reported) <= values.FIELD_MAX)
+        taint = our_taint(kube, bad)
+        assert taint == values.taint_value(carried) and taint is not None and len(taint) <= 63
+        wait_for("GPU pods evicted", lambda: not pods_on(kube, namespace, bad), timeout_s=60)
+        wait_for("handled", lambda: node_annotations(kube, bad).get(HANDLED_FAULT_ID) == carried)
+        (record,) = faults_of(kube, bad)
+        assert record.spec["faultID"] == carried and record.spec["node"] == bad
+        normalized = events_for(kube, bad, "GPUFaultInputNormalized")
+        assert len(normalized) == (0 if carried == reported else 1)
+        assert sorted((record.status or {}).get("evictedPods", [])) == [
+            f"{namespace}/train-0",
+            f"{namespace}/train-1",
+        ]
+        assert len(events_for(kube, bad, "GPUPodEvicted")) == 2
+        assert len(events_for(kube, bad, "GPUFaultQuarantined")) == 1
+        assert our_taint(kube, good) is None
+
+        # The repair a person (or a reboot daemon) does: the node comes back with a fresh
+        # kernel log; the agent reports it healthy and the controller returns it.
+        agent.stop()
+        agent.reboot()
+        agent.start()
+        wait_for("the node returned", lambda: our_taint(kube, bad) is None, timeout_s=90)
+        name = record.metadata.name
+        wait_for("record Resolved", lambda: phase(kube.get(GPUFault, name)) == "Resolved")
+        assert len(faults_of(kube, bad)) == 1
+        assert len(events_for(kube, bad, "GPUPodEvicted")) == 2
+        assert len(events_for(kube, bad, "GPUFaultRecovered")) == 1
+    finally:
+        delete_nodes(kube, [bad, good])
