@@ -14,6 +14,7 @@ from lightkube.resources.core_v1 import Namespace
 from gpuheal.sim import ControlPlane, ControlPlaneConfig
 from gpuheal.sim.nodes import create_gpu_nodes, delete_nodes, wait_nodes_ready
 from gpuheal.sim.workloads import create_namespace
+from tests.corpus import eks_node_names
 from tests.helpers import FakeNodes, unique
 
 _TIERS = ("unit", "integration", "e2e", "chaos")
@@ -56,12 +57,12 @@ def namespace(kube: Client) -> Iterator[str]:
 @pytest.fixture
 def fake_gpu_nodes(kube: Client) -> Iterator[FakeNodes]:
     """Factory: `fake_gpu_nodes(count, **labels_and_options)` creates Ready fake
-    GPU nodes with unique names and deletes them after the test."""
+    GPU nodes with unique names and deletes them after the test. The names are
+    EKS's (ip-10-a-b-c.us-west-2.compute.internal), as real fleets have them."""
     created: list[str] = []
 
     def make(count: int, **options: object) -> list[str]:
-        prefix = unique("gpu")
-        names = [f"{prefix}-{i}" for i in range(count)]
+        names = eks_node_names(count)
         created.extend(create_gpu_nodes(kube, names, **options))  # type: ignore[arg-type]
         wait_nodes_ready(kube, names)
         return names

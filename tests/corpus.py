@@ -9,6 +9,8 @@ real fingerprints. Tests take their values from here, not from tidy
 
 from __future__ import annotations
 
+import itertools
+import os
 import uuid
 from typing import Any
 
@@ -69,11 +71,23 @@ PCI_BUS_IDS = tuple(
 )
 
 
+# Tests on one control plane must not share node names: each call takes the next
+# /24 of 10.0.0.0/8 (from a random start), unique within a test session.
+_SUBNETS = itertools.count(int.from_bytes(os.urandom(3)))
+
+
+def eks_node_names(count: int, region: str = "us-west-2") -> list[str]:
+    """`count` (<= 254) fresh EKS-style names in one subnet, as a node group has them:
+    ip-10-a-b-1.us-west-2.compute.internal, ip-10-a-b-2..."""
+    if not 0 < count <= 254:
+        raise ValueError(f"one subnet holds 1..254 nodes, not {count}")
+    a, b = divmod(next(_SUBNETS) % 65536, 256)
+    return [f"ip-10-{a}-{b}-{host}.{region}.compute.internal" for host in range(1, count + 1)]
+
+
 def unique_eks_node() -> str:
-    """A fresh EKS-style name (a random private IP, 10.0.0.0/8): tests on one
-    control plane must not share node names."""
-    a, b, c = uuid.uuid4().bytes[:3]
-    return f"ip-10-{a}-{b}-{c}.us-west-2.compute.internal"
+    """A fresh EKS-style node name."""
+    return eks_node_names(1)[0]
 
 
 def unique_fqdn(length: int = 253) -> str:

@@ -13,10 +13,15 @@ from typing import Any
 from lightkube import ApiError, Client, codecs
 from lightkube.resources.core_v1 import Node
 
+from gpuheal import values
 from gpuheal.sim.controlplane import FAKE_NODE_ANNOTATION, FAKE_NODE_VALUE
 
 GPU_RESOURCE = "nvidia.com/gpu"
 DEFAULT_GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
+
+
+def hostname_label(name: str) -> str:
+    return name if values.is_label_value(name) else name.split(".", 1)[0][:63]
 
 
 def gpu_node(
@@ -42,9 +47,9 @@ def gpu_node(
         "metadata": {
             "name": name,
             "labels": {
-                # The kubelet's hostname label is a label value (63 characters): a long
-                # FQDN node name carries its short host name there.
-                "kubernetes.io/hostname": name.split(".", 1)[0][:63],
+                # As EKS sets it: the node name, unless that is no label value (an
+                # FQDN past 63 characters), where the kubelet's short host name stands.
+                "kubernetes.io/hostname": hostname_label(name),
                 "kubernetes.io/os": "linux",
                 "kubernetes.io/arch": "amd64",
                 "node.kubernetes.io/instance-type": "gpu-8x",

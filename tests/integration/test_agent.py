@@ -15,6 +15,7 @@ import pytest
 from lightkube import Client
 from lightkube.resources.core_v1 import Node
 
+from gpuheal import values
 from gpuheal.agent.facts import FACT_KEYS
 from gpuheal.cli import main
 from gpuheal.model import (
@@ -174,7 +175,8 @@ def test_an_injected_xid_79_is_quarantined_end_to_end(
         "NVRM: Xid (PCI:0000:1c:00): 79, pid=2843, name=python3, GPU has fallen off the bus."
     )
     wait_for("the node quarantined", lambda: our_taint(kube, bad) is not None, timeout_s=30)
-    assert our_taint(kube, bad) == node_annotations(kube, bad)[FAULT_ID]
+    reported = node_annotations(kube, bad)[FAULT_ID]
+    assert our_taint(kube, bad) == values.taint_value(values.fault_id(reported))
     assert our_taint(kube, good) is None
 
 

@@ -20,12 +20,19 @@ from lightkube.resources.core_v1 import Node
 
 from gpuheal import values
 from gpuheal.kube.resources import GPUFault
-from gpuheal.model import FAULT_ID, HANDLED_FAULT_ID
+from gpuheal.model import (
+    FAULT_DEVICES,
+    FAULT_ID,
+    FAULT_REASON,
+    FAULT_TIME,
+    HANDLED_FAULT_ID,
+    STATUS,
+)
 from gpuheal.sim import ControlPlane
 from gpuheal.sim.agent import AgentProcess
 from gpuheal.sim.nodes import create_gpu_nodes, delete_nodes, wait_nodes_ready
 from gpuheal.sim.workloads import apply, gpu_pod, wait_pods_running
-from tests.corpus import EKS_NODE, unique_eks_node, unique_fqdn
+from tests.corpus import EKS_NODE, GPU_UUIDS, unique_eks_node, unique_fqdn
 from tests.helpers import wait_for
 from tests.integration.conftest import (
     StartController,
@@ -119,3 +126,46 @@ def test_an_xid_79_on_a_real_shaped_node_is_quarantined_evicted_once_and_recover
         assert len(events_for(kube, bad, "GPUFaultRecovered")) == 1
     finally:
         delete_nodes(kube, [bad, good])
+
+
+def test_an_annotation_that_cannot_be_written_as_is_is_acted_on_and_said_once(
+    kube: Client,
+    namespace: str,
+    pool: dict[str, str],
+    start_controller: StartController,
+) -> None:
+    """What `kubectl annotate` can put on a node and no taint, label or record can
+    carry as is: the fault is quarantined under its normalized id, and the
+    normalization is said once (one Event, one count per field), however often
+    the annotation is written again."""
+    node = unique_fqdn(253)
+    create_gpu_nodes(kube, [node], labels=pool)
+    try:
+        wait_nodes_ready(kube, [node])
+        controller = start_controller(controller_config(pool))
+        odd = {
+            STATUS: "faulty",
+            FAULT_ID: "xid 79 on GPU-5b2f4a8e-9c1d-3f7a-b0e2-4d6c8a1f3e95\n" * 8,
+            FAULT_REASON: "GPU has fallen off the bus. " * 12,
+            FAULT_DEVICES: ",".join(GPU_UUIDS * 13),  # 104 devices
+        }
+        for attempt in range(20):
+            kube.patch(Node, node, {"metadata": {"annotations": odd | {FAULT_TIME: f"t{attempt}"}}})
+        wait_for("the node quarantined", lambda: our_taint(kube, node) is not None, timeout_s=30)
+        carried = values.fault_id(odd[FAULT_ID])
+        assert our_taint(kube, node) == values.taint_value(carried)
+        (record,) = faults_of(kube, node)
+        spec = record.spec
+        assert spec["faultID"] == carried and len(spec["devices"]) == values.DEVICES_MAX
+        assert spec["reason"] == values.text(odd[FAULT_REASON]) and spec["detectedAt"] == ""
+        events = events_for(kube, node, "GPUFaultInputNormalized")
+        assert len(events) == 1, [e.message for e in events]
+        metrics = controller.metrics()
+        for field in ("fault-id", "fault-reason", "fault-time", "fault-devices"):
+            line = (
+                "gpuheal_fault_inputs_normalized_total"
+                f'{{field="{field}",source="node-annotation"}} 1.0'
+            )
+            assert line in metrics, field
+    finally:
+        delete_nodes(kube, [node])
