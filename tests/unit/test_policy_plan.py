@@ -41,12 +41,18 @@ from gpuheal.policy.plan import (
     plan,
 )
 from gpuheal.policy.signals import fault_signal
+from gpuheal.values import taint_value
+from tests.corpus import EKS_NODES
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, 0, tzinfo=dt.UTC)
+# As the agent reports them on an EKS node: the fault id is the node name and 24
+# characters, past a taint value's 63 (the controller writes taint_value(F1)).
+N1 = EKS_NODES[0]
+F1 = f"{N1}-20261129T115959Z-4f1c2a"
 CONFIG = Config(breaker_max_nodes=100, breaker_max_percent=100)
 
 
-def faulty(name: str = "n1", fault_id: str = "f1", **annotations: str) -> NodeView:
+def faulty(name: str = N1, fault_id: str = F1, **annotations: str) -> NodeView:
     return NodeView(
         name=name,
         resource_version="1",
@@ -62,7 +68,7 @@ def faulty(name: str = "n1", fault_id: str = "f1", **annotations: str) -> NodeVi
 READY = Condition("Ready", "True")
 
 
-def healthy(name: str = "n1", **annotations: str) -> NodeView:
+def healthy(name: str = N1, **annotations: str) -> NodeView:
     return NodeView(
         name=name,
         resource_version="1",
@@ -72,17 +78,17 @@ def healthy(name: str = "n1", **annotations: str) -> NodeView:
     )
 
 
-def tainted(node: NodeView, fault_id: str = "f1") -> NodeView:
-    return replace(node, taints=(Taint(TAINT_KEY, "NoSchedule", fault_id),))
+def tainted(node: NodeView, fault_id: str = F1) -> NodeView:
+    return replace(node, taints=(Taint(TAINT_KEY, "NoSchedule", taint_value(fault_id)),))
 
 
-def gpu_pod(name: str, node: str = "n1") -> PodView:
+def gpu_pod(name: str, node: str = N1) -> PodView:
     return PodView(
         namespace="ml", name=name, uid=f"uid-{name}", node=node, phase="Running", gpu=True
     )
 
 
-def record(phase: Phase, node: str = "n1", fault_id: str = "f1", **kw: object) -> FaultRecord:
+def record(phase: Phase, node: str = N1, fault_id: str = F1, **kw: object) -> FaultRecord:
     return FaultRecord(
         name=fault_record_name(node, fault_id),
         node=node,
@@ -99,7 +105,7 @@ def kinds(p: object) -> list[str]:
 def test_signal_from_the_agent_annotations() -> None:
     sig = fault_signal(faulty(**{"gpuheal.io/fault-devices": "GPU-a, GPU-b"}), CONFIG)
     assert sig is not None
-    assert (sig.fault_id, sig.reason, sig.devices) == ("f1", "XidCritical79", ("GPU-a", "GPU-b"))
+    assert (sig.fault_id, sig.reason, sig.devices) == (F1, "XidCritical79", ("GPU-a", "GPU-b"))
     assert fault_signal(healthy(), CONFIG) is None
     # "faulty" without a fault id is not a usable report.
     assert fault_signal(healthy(**{STATUS: "faulty"}), CONFIG) is None
@@ -158,13 +164,13 @@ def test_drained_node_is_marked_handled_before_its_record_says_drained() -> None
 
 
 def test_handled_fault_without_record_is_a_duplicate() -> None:
-    p = plan(NodeState(faulty(**{HANDLED_FAULT_ID: "f1"})), CONFIG, NOW)
+    p = plan(NodeState(faulty(**{HANDLED_FAULT_ID: F1})), CONFIG, NOW)
     assert p.actions == () and p.suppressed == "handled"
 
 
 def test_fresh_fault_inside_the_cooldown_waits_for_it() -> None:
     last = iso(NOW - dt.timedelta(seconds=100))
-    node = faulty(fault_id="f2", **{HANDLED_FAULT_ID: "f1", LAST_PROCESS_TIME: last})
+    node = faulty(fault_id="f2", **{HANDLED_FAULT_ID: F1, LAST_PROCESS_TIME: last})
     p = plan(NodeState(node), replace(CONFIG, cooldown_seconds=600), NOW)
     assert p.suppressed == "cooldown" and p.actions == ()
     assert p.requeue_after is not None and abs(p.requeue_after - 500) < 1e-6
@@ -215,7 +221,7 @@ def test_a_manual_untaint_is_respected_and_noted_once() -> None:
     assert kinds(p) == ["UpdateRecord", "MarkHandled"]
     noted = record(Phase.DRAINED, actions=(ActionEntry("t", "manual-untaint", "respected"),))
     again = plan(
-        NodeState(faulty(**{HANDLED_FAULT_ID: "f1"}), records=(noted,), gpu_nodes=10), CONFIG, NOW
+        NodeState(faulty(**{HANDLED_FAULT_ID: F1}), records=(noted,), gpu_nodes=10), CONFIG, NOW
     )
     assert again.actions == ()
 
@@ -273,8 +279,8 @@ def test_a_blocked_eviction_becomes_a_delete_after_the_timeout_but_never_when_pr
 
 
 def test_a_new_fault_supersedes_the_open_record_of_the_old_one() -> None:
-    old = record(Phase.DRAINED, fault_id="f1")
-    node = tainted(faulty(fault_id="f2", **{HANDLED_FAULT_ID: "f1"}), "f1")
+    old = record(Phase.DRAINED, fault_id=F1)
+    node = tainted(faulty(fault_id="f2", **{HANDLED_FAULT_ID: F1}), F1)
     p = plan(NodeState(node, records=(old,), gpu_nodes=10), CONFIG, NOW)
     first = p.actions[0]
     assert isinstance(first, UpdateRecord) and first.name == old.name
@@ -283,7 +289,7 @@ def test_a_new_fault_supersedes_the_open_record_of_the_old_one() -> None:
     assert create.signal.fault_id == "f2"
     carry = next(a for a in p.actions if isinstance(a, AddTaint))
     assert carry.fault_id == "f2"
-    assert MarkHandled("n1", "f2") in p.actions
+    assert MarkHandled(N1, "f2") in p.actions
 
 
 def test_fault_record_names_are_deterministic_valid_and_distinct() -> None:
@@ -302,14 +308,14 @@ def test_a_resolved_fault_reported_again_with_the_same_id_is_not_remediated_agai
 
 
 def _external(severity: Severity, fault_id: str = "am-1") -> FaultSignal:
-    return FaultSignal("n1", fault_id, "DcgmXid79", "alertmanager", severity)
+    return FaultSignal(N1, fault_id, "DcgmXid79", "alertmanager", severity)
 
 
 def test_an_external_signal_drives_the_same_policy_and_the_nodes_own_report_wins() -> None:
     p = plan(NodeState(healthy(), external=(_external(Severity.P0),), gpu_nodes=10), CONFIG, NOW)
     assert "AddTaint" in kinds(p) and p.fault_id == "am-1"
     own = plan(NodeState(faulty(), external=(_external(Severity.P0),), gpu_nodes=10), CONFIG, NOW)
-    assert own.fault_id == "f1"
+    assert own.fault_id == F1
 
 
 def test_p2_is_recorded_only() -> None:

@@ -46,7 +46,12 @@ from gpuheal.policy.plan import (
     plan,
 )
 
-NODES = ("n0", "n1", "n2", "n3", "n4")
+# Real-shaped: fault ids built from them pass a taint value's 63 characters (and
+# the 253-character FQDN's, the record's 256), as an EKS agent's do.
+from gpuheal.values import taint_value
+from tests.corpus import AKS_NODE, EKS_NODES, FQDN_253
+
+NODES = (*EKS_NODES, AKS_NODE, FQDN_253)
 CONFIG = Config(
     breaker_max_nodes=2,
     breaker_max_percent=100,
@@ -99,7 +104,9 @@ def apply(world: World, action: object) -> bool:
         case AddTaint(node=n, fault_id=fid, effect=effect):
             view = world.nodes[n]
             others = tuple(t for t in view.taints if t.key != TAINT_KEY)
-            world.nodes[n] = replace(view, taints=(*others, Taint(TAINT_KEY, effect, fid)))
+            world.nodes[n] = replace(
+                view, taints=(*others, Taint(TAINT_KEY, effect, taint_value(fid)))
+            )
         case RemoveTaint(node=n):
             view = world.nodes[n]
             world.nodes[n] = replace(
