@@ -56,13 +56,19 @@ def is_subdomain(value: str) -> bool:
     return 0 < len(value) <= NAME_MAX and _SUBDOMAIN.match(value) is not None
 
 
+def label_text(value: str, max_chars: int = LABEL_VALUE_MAX) -> str:
+    """Text for people as a label value: unsafe runs become `-`, cut to `max_chars`,
+    alphanumeric at both ends; "" when nothing is left. Not an identity: two texts
+    may give one value (use label_value for that)."""
+    return _LABEL_UNSAFE.sub("-", value).strip("-_.")[:max_chars].strip("-_.")
+
+
 def label_value(value: str) -> str:
     """`value` itself when it is a valid label value, else a readable prefix and a
     digest of the whole: distinct inputs stay distinct, and the result is valid."""
     if is_label_value(value):
         return value
-    room = LABEL_VALUE_MAX - DIGEST_CHARS - 1
-    prefix = _LABEL_UNSAFE.sub("-", value)[:room].strip("-_.")
+    prefix = label_text(value, LABEL_VALUE_MAX - DIGEST_CHARS - 1)
     return f"{prefix}-{digest(value)}" if prefix else digest(value)
 
 

@@ -57,6 +57,7 @@ def event_body(
     related: ObjectRef | None,
     instance: str,
     now: dt.datetime,
+    controller: str = REPORTING_CONTROLLER,
 ) -> dict[str, object]:
     """One events.k8s.io/v1 Event, valid whatever the note quotes (fault ids,
     reasons and node names come from outside: gpuheal.values keeps them in bounds)."""
@@ -69,7 +70,7 @@ def event_body(
             "namespace": EVENT_NAMESPACE,
         },
         "eventTime": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-        "reportingController": REPORTING_CONTROLLER,
+        "reportingController": controller,
         "reportingInstance": values.utf8_text(instance, values.EVENT_WORD_MAX),
         "action": values.utf8_text(action, values.EVENT_WORD_MAX),
         "reason": values.utf8_text(reason, values.EVENT_WORD_MAX),

@@ -8,7 +8,6 @@ start and finish): best effort, like the controller's, never a reason to fail.
 from __future__ import annotations
 
 import datetime as dt
-import secrets
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from lightkube.resources.events_v1 import Event
 from rich.text import Text
 
 from gpuheal.config import Config
+from gpuheal.kube.events import EVENT_NAMESPACE, event_body, node_ref
 from gpuheal.kube.projections import device_plugin_matcher
 from gpuheal.model import MAINTENANCE_SINCE
 from gpuheal.ops import exitcodes
@@ -40,7 +40,6 @@ from gpuheal.policy.clock import parse_time
 from gpuheal.policy.gate import DevicePluginPod, GateFacts, GateResult, Result, evaluate
 from gpuheal.policy.pools import driver_version, pool_of
 
-EVENT_NAMESPACE = "default"  # cluster-scoped objects' Events live here (as the controller's)
 REPORTING_CONTROLLER = "gpuheal.io/cli"
 
 
@@ -173,19 +172,17 @@ def emit_node_event(
     now = ctx.now().astimezone(dt.UTC)
     # lightkube writes a whole second without its fraction, which a MicroTime refuses.
     now = now.replace(microsecond=now.microsecond or 1)
-    body = {
-        "apiVersion": "events.k8s.io/v1",
-        "kind": "Event",
-        "metadata": {"name": f"{node}.{secrets.token_hex(8)}", "namespace": EVENT_NAMESPACE},
-        "eventTime": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-        "reportingController": REPORTING_CONTROLLER,
-        "reportingInstance": ctx.actor[:128] or "gpuheal-cli",
-        "action": action,
-        "reason": reason,
-        "type": "Warning" if warning else "Normal",
-        "note": note[:1024],
-        "regarding": {"kind": "Node", "name": node, "apiVersion": "v1", "namespace": ""},
-    }
+    body = event_body(
+        node_ref(node),
+        reason=reason,
+        note=note,
+        action=action,
+        warning=warning,
+        related=None,
+        instance=ctx.actor or "gpuheal-cli",
+        now=now,
+        controller=REPORTING_CONTROLLER,
+    )
     try:
         event = Event.from_dict(body)
         assert isinstance(event, Event)  # noqa: S101 -- from_dict is typed loosely

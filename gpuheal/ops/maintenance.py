@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -55,6 +54,7 @@ from gpuheal.ops.gate import (
 )
 from gpuheal.ops.output import Notes, Table, render
 from gpuheal.policy.gate import GATE_FAILED, evaluate
+from gpuheal.values import label_text
 
 STARTED = "GPUMaintenanceStarted"
 FINISHED = "GPUMaintenanceFinished"
@@ -70,17 +70,6 @@ MAINTENANCE_ANNOTATIONS = (
 
 def stamp(moment: dt.datetime) -> str:
     return moment.astimezone(dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-_LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-_EDGE = "._-"
-
-
-def taint_value(reason: str) -> str:
-    """The reason as a valid taint value (a label value: 63 characters of
-    [A-Za-z0-9._-], alphanumeric at both ends), or "" when nothing is left."""
-    value = _LABEL_UNSAFE.sub("-", reason).strip(_EDGE)
-    return value[:63].strip(_EDGE)
 
 
 def baseline(annotations: Mapping[str, str]) -> tuple[str | None, str]:
@@ -132,7 +121,8 @@ def start_patch(
         notes[MAINTENANCE_CORDONED] = "true"  # uncordoned meanwhile: we cordon it again
     key, effect = config.maintenance.taint_key, config.maintenance.taint_effect
     taints = [t for t in _taints(node) if t["key"] != key]
-    value = taint_value(annotations.get(MAINTENANCE_REASON, reason) if resumed else reason)
+    # The maintenance taint's value says why, for people: readable, not an identity.
+    value = label_text(annotations.get(MAINTENANCE_REASON, reason) if resumed else reason)
     taints.append({"key": key, "effect": effect, **({"value": value} if value else {})})
     patch = {
         "metadata": {

@@ -34,9 +34,9 @@ from gpuheal.ops.maintenance import (
     finish_patch,
     leftovers,
     start_patch,
-    taint_value,
 )
 from gpuheal.ops.scheduling import selector_matches
+from gpuheal.values import label_text
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, 0, tzinfo=dt.UTC)
 CONFIG = Config()
@@ -89,15 +89,15 @@ def owned_by(kind: str) -> dict[str, Any]:
 OWNED = owned_by("ReplicaSet")
 
 
-def test_the_reason_becomes_a_valid_taint_value() -> None:
-    assert taint_value("driver upgrade to 550.54") == "driver-upgrade-to-550.54"
-    assert taint_value("  ~~~  ") == ""
-    assert taint_value("x" * 100) == "x" * 63
+def test_the_reason_becomes_a_readable_taint_value() -> None:
+    assert label_text("driver upgrade to 550.54") == "driver-upgrade-to-550.54"
+    assert label_text("  ~~~  ") == ""
+    assert label_text("x" * 100) == "x" * 63
 
 
 @given(st.text(max_size=120))
 def test_taint_values_are_always_label_values(reason: str) -> None:
-    value = taint_value(reason)
+    value = label_text(reason)
     assert len(value) <= 63
     assert all(c.isascii() and (c.isalnum() or c in "._-") for c in value)
     assert value == "" or (value[0].isalnum() and value[-1].isalnum())
