@@ -30,6 +30,7 @@ from gpuheal.sim.nodes import create_gpu_nodes, wait_nodes_ready
 from gpuheal.sim.process import log_tail
 from gpuheal.sim.workloads import apply, create_namespace, gpu_pod, wait_pods_running
 from tests.chaos.conftest import CONTROLLER_USER
+from tests.corpus import eks_node_names
 from tests.helpers import unique, wait_for
 
 
@@ -91,10 +92,8 @@ class Storm:
         self.pool = {"gpuheal.chaos/pool": unique("pool")}
         self.namespace = unique("chaos")
         self.pods_per_node = pods_per_node
-        prefix = unique("cgpu")
-        self.nodes = create_gpu_nodes(
-            kube, [f"{prefix}-{i:03d}" for i in range(nodes)], labels=self.pool
-        )
+        # A node group's names, as EKS gives them (ip-10-a-b-c.us-west-2.compute.internal).
+        self.nodes = create_gpu_nodes(kube, eks_node_names(nodes), labels=self.pool)
         wait_nodes_ready(kube, self.nodes)
         create_namespace(kube, self.namespace)
         self.controllers = Replicas(cp, workdir, self.pool)
