@@ -49,11 +49,11 @@ def digest(text: str, chars: int = DIGEST_CHARS) -> str:
 
 
 def is_label_value(value: str) -> bool:
-    return len(value) <= LABEL_VALUE_MAX and _LABEL_VALUE.match(value) is not None
+    return len(value) <= LABEL_VALUE_MAX and _LABEL_VALUE.fullmatch(value) is not None
 
 
 def is_subdomain(value: str) -> bool:
-    return 0 < len(value) <= NAME_MAX and _SUBDOMAIN.match(value) is not None
+    return 0 < len(value) <= NAME_MAX and _SUBDOMAIN.fullmatch(value) is not None
 
 
 def label_text(value: str, max_chars: int = LABEL_VALUE_MAX) -> str:

@@ -3,16 +3,25 @@
 A firing alert becomes a signal about one node; its fault id comes from the
 alert's fingerprint and startsAt, so Alertmanager's repeats of one alert are
 one fault, and the same alert firing again later is a new one.
+
+A body that is not a webhook is refused whole (400): its sender is not
+Alertmanager, or a broken one. One alert of the right shape whose values
+cannot be carried is skipped with the field named, and the rest of its group
+is taken: Alertmanager retries a refused body forever, so one odd alert must
+not hold back the others.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import msgspec
 
+from gpuheal import values
+from gpuheal.api.fields import TIME_RULE, rfc3339, shown
 from gpuheal.model import FaultSignal, Severity
 
 SOURCE = "alertmanager"
@@ -78,18 +87,36 @@ class Outcome:
     fault_id: str = ""
     status: str = ""  # firing | resolved
     skipped: str = ""  # why nothing will be done, if so
+    invalid: bool = False  # skipped for a value that cannot be carried
     signal: FaultSignal | None = None
 
 
+_FINGERPRINT = re.compile(r"[0-9A-Za-z]+", re.ASCII)
+
+
 def alert_fault_id(alert: Alert) -> str:
-    fingerprint = (
-        alert.fingerprint
-        or hashlib.sha256(
-            "\x00".join(f"{k}={v}" for k, v in sorted(alert.labels.items())).encode()
+    """`am-<fingerprint>-<startsAt>`: at most 34 characters of `[0-9A-Za-z-]`,
+    whatever the alert carries, so it is a valid taint value as is."""
+    fingerprint = alert.fingerprint
+    if not _FINGERPRINT.fullmatch(fingerprint):
+        labels = "\x00".join(f"{k}={v}" for k, v in sorted(alert.labels.items()))
+        fingerprint = hashlib.sha256(
+            (fingerprint or labels).encode("utf-8", "surrogatepass")
         ).hexdigest()
+    started = rfc3339(alert.startsAt)
+    # UTC digits, so one instant written with two offsets is one fault.
+    stamp = (
+        started.replace(tzinfo=None).isoformat(timespec="seconds") if started else alert.startsAt
     )
-    started = "".join(ch for ch in alert.startsAt if ch.isdigit())[:14]
-    return f"am-{fingerprint[:16]}-{started}"
+    digits = "".join(ch for ch in stamp if "0" <= ch <= "9")[:14] or "0"
+    return f"am-{fingerprint[:16]}-{digits}"
+
+
+def invalid(alert: Alert, index: int) -> str:
+    """Why the alert's values cannot be carried ("" when they can)."""
+    if rfc3339(alert.startsAt) is None:
+        return f"$.alerts[{index}].startsAt: want {TIME_RULE}, got {shown(alert.startsAt)}"
+    return ""
 
 
 def interpret(
@@ -101,8 +128,15 @@ def interpret(
     """One outcome per alert. `find_node(label, value)` resolves a label value to a
     managed node's name, or None (unknown, or outside the node selector)."""
     outcomes = []
-    for alert in hook.alerts:
-        name = alert.labels.get("alertname", "") or alert.fingerprint or "alert"
+    for index, alert in enumerate(hook.alerts):
+        name = values.text(alert.labels.get("alertname", "") or alert.fingerprint) or "alert"
+        fault_id = alert_fault_id(alert)
+        problem = invalid(alert, index)
+        if problem:
+            outcomes.append(
+                Outcome(name, fault_id=fault_id, status=alert.status, skipped=problem, invalid=True)
+            )
+            continue
         node = next(
             (
                 n
@@ -111,16 +145,24 @@ def interpret(
             ),
             None,
         )
-        fault_id = alert_fault_id(alert)
         if node is None:
             wanted = ", ".join(
-                f"{label}={alert.labels[label]}" for label in node_labels if label in alert.labels
+                f"{label}={values.text(alert.labels[label], values.NAME_MAX)}"
+                for label in node_labels
+                if label in alert.labels
             )
             why = f"no managed node matches {wanted}" if wanted else "no node label on the alert"
             outcomes.append(Outcome(name, fault_id=fault_id, status=alert.status, skipped=why))
             continue
         severity = _SEVERITIES.get(alert.labels.get("severity", "").lower(), Severity.P1)
-        reason = alert.labels.get("gpuheal_reason") or alert.labels.get("alertname") or "Alert"
+        # Label values have no length limit: the reason is cut to the record's.
+        reason = (
+            values.text(alert.labels.get("gpuheal_reason", ""))
+            or values.text(alert.labels.get("alertname", ""))
+            or "Alert"
+        )
+        # dcgm-exporter's GPU UUID; any other value is kept under a bounded identity.
+        device = (alert.labels.get("UUID") or alert.labels.get("uuid") or "").strip()
         signal = FaultSignal(
             node=node,
             fault_id=fault_id,
@@ -128,7 +170,7 @@ def interpret(
             source=SOURCE,
             severity=severity,
             detected_at=alert.startsAt,
-            devices=tuple(d for d in (alert.labels.get("UUID") or alert.labels.get("uuid"),) if d),
+            devices=(values.fault_id(device),) if device else (),
         )
         outcomes.append(Outcome(name, node, fault_id, alert.status, signal=signal))
     return outcomes

@@ -32,7 +32,16 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
+from gpuheal import values
 from gpuheal.api.alerts import PayloadError, decode_webhook, interpret
+from gpuheal.api.fields import (
+    IDENTIFIER_RULE,
+    NODE_RULE,
+    TEXT_RULE,
+    is_identifier,
+    is_text,
+    shown,
+)
 from gpuheal.model import FaultSignal, Severity
 from gpuheal.policy.ratelimit import TokenBucket
 
@@ -113,7 +122,8 @@ class Api:
         )  # fmt: skip
         self.alerts = Counter(
             "gpuheal_alerts_total",
-            "Alerts received, by what became of them (accepted, duplicate, resolved, skipped).",
+            "Alerts received, by what became of them"
+            " (accepted, duplicate, resolved, skipped, invalid).",
             ["result"],
             registry=registry,
         )
@@ -183,6 +193,14 @@ class Api:
         outcomes = interpret(
             hook, node_labels=self.settings.node_labels, find_node=self.intake.find_node
         )
+        invalid = [o.skipped for o in outcomes if o.invalid]
+        if invalid:
+            # One line per body, however many of its alerts are odd: a rule that
+            # makes them keeps making them, at every repeat.
+            log.warning(
+                "alerts skipped: values that cannot be carried",
+                extra={"count": len(invalid), "first": invalid[0], "receiver": hook.receiver},
+            )
         for outcome in outcomes:
             entry = {"alert": outcome.alert, "node": outcome.node, "faultId": outcome.fault_id}
             if outcome.skipped:
@@ -195,7 +213,8 @@ class Api:
             else:
                 result = "duplicates"
             body[result].append(entry)
-            self.alerts.labels(result.rstrip("s") if result == "duplicates" else result).inc()
+            counted = "invalid" if outcome.invalid else result
+            self.alerts.labels(counted.rstrip("s") if result == "duplicates" else counted).inc()
         return web.json_response(body)
 
     async def post_process(self, request: web.Request) -> web.Response:
@@ -203,6 +222,7 @@ class Api:
             return _problem(503, "not the leader; retry", **{"Retry-After": "2"})
         try:
             wanted = msgspec.json.decode(await request.read(), type=ManualRequest)
+            _check_manual(wanted)
             severity = _manual_severity(wanted)
         except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as err:
             return _problem(400, f"invalid request: {err}")
@@ -219,7 +239,8 @@ class Api:
             count = self.intake.resolve(wanted.node, wanted.faultID or None, "manual")
             return web.json_response({"node": wanted.node, "cleared": count})
         now = dt.datetime.now(dt.UTC)
-        fault_id = wanted.faultID or f"manual-{wanted.node}-{now:%Y%m%dT%H%M%SZ}"
+        # Fault ids are per node: the node's name (up to 253 characters) is not in it.
+        fault_id = wanted.faultID or f"manual-{now:%Y%m%dT%H%M%SZ}"
         signal = FaultSignal(
             node=wanted.node,
             fault_id=fault_id,
@@ -245,6 +266,16 @@ class Api:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+def _check_manual(wanted: ManualRequest) -> None:
+    """Values the record cannot carry are refused here, not by the API server later."""
+    if not values.is_subdomain(wanted.node):
+        raise ValueError(f"$.node: want {NODE_RULE}, got {shown(wanted.node)}")
+    if wanted.faultID and not is_identifier(wanted.faultID):
+        raise ValueError(f"$.faultID: want {IDENTIFIER_RULE}, got {shown(wanted.faultID)}")
+    if not is_text(wanted.reason):
+        raise ValueError(f"$.reason: want {TEXT_RULE}, got {shown(wanted.reason)}")
+
+
 def _manual_severity(wanted: ManualRequest) -> Severity:
     if wanted.action not in ("quarantine", "clear"):
         raise ValueError(f"$.action: want quarantine or clear, got {wanted.action!r}")
@@ -259,8 +290,11 @@ def _authorized(request: web.Request, token: bytes | None) -> bool:
         return False
     header = request.headers.get("Authorization", "")
     scheme, _, presented = header.partition(" ")
+    # aiohttp decodes header bytes that are not UTF-8 as surrogates: surrogateescape
+    # gives back the bytes as sent, to compare like any other wrong token.
+    offered = presented.strip().encode("utf-8", "surrogateescape")
     # Constant time over the token; the scheme check leaks nothing secret.
-    return scheme.lower() == "bearer" and hmac.compare_digest(presented.strip().encode(), token)
+    return scheme.lower() == "bearer" and hmac.compare_digest(offered, token)
 
 
 async def serve(app: web.Application, host: str, port: int) -> web.AppRunner:

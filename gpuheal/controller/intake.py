@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpuheal.controller.addresses import NodeFinder
 from gpuheal.controller.reconciler import Reconciler
 from gpuheal.kube.informer import Store
 from gpuheal.model import MANAGED_LABEL, FaultRecord, FaultSignal, NodeView
@@ -24,6 +25,7 @@ class ControllerIntake:
         self.records = records
         self._synced = synced
         self._leading = leading
+        self.finder = NodeFinder(nodes, self._managed, known=list(reconciler.fleet.gpu_nodes))
 
     def synced(self) -> bool:
         return bool(self._synced())
@@ -39,15 +41,7 @@ class ControllerIntake:
         )
 
     def find_node(self, label: str, value: str) -> str | None:
-        if label == "instance":
-            # host:port of a scrape target -> the node with that address (or name).
-            host = value.rsplit(":", 1)[0] if value.count(":") == 1 else value.strip("[]")
-            for name in list(self.reconciler.fleet.gpu_nodes):
-                node = self.nodes.get(name)
-                if node is not None and (host == name or host in node.addresses):
-                    return name if self._managed(node) else None
-            return None
-        return value if self._managed(self.nodes.get(value)) else None
+        return self.finder.find(label, value)
 
     def node_status(self, name: str) -> str:
         node = self.nodes.get(name)

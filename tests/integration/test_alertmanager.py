@@ -4,6 +4,7 @@ repeat interval) posting to the controller, which quarantines exactly once."""
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 from lightkube import Client
 
 from gpuheal.sim.monitoring import FakeDcgmExporter, Monitoring
+from tests.corpus import GPU_UUIDS, dcgm_labels
 from tests.helpers import FakeNodes, wait_for
 from tests.integration.conftest import (
     StartController,
@@ -33,6 +35,11 @@ XID_RULE = {
 }
 
 
+def series(node: str, gpu: int = 0) -> dict[str, str]:
+    """A per-GPU series as dcgm-exporter exposes it (Prometheus adds instance and job)."""
+    return {k: v for k, v in dcgm_labels(node, gpu).items() if k not in ("instance", "job")}
+
+
 def test_an_alert_from_real_prometheus_and_alertmanager_quarantines_once(
     kube: Client,
     tmp_path: Path,
@@ -46,10 +53,8 @@ def test_an_alert_from_real_prometheus_and_alertmanager_quarantines_once(
     controller = start_controller(controller_config(pool, apiTokenFile=str(token_file)))
     controller.wait_leading()
     exporter = FakeDcgmExporter().start()
-    for name in (node, healthy):
-        exporter.set(
-            "DCGM_FI_DEV_XID_ERRORS", {"gpu": "0", "UUID": f"GPU-{name}", "Hostname": name}, 0
-        )
+    for name, gpu in ((node, 3), (healthy, 0)):
+        exporter.set("DCGM_FI_DEV_XID_ERRORS", series(name, gpu), 0)
     monitoring = Monitoring(
         tmp_path / "monitoring",
         targets=[f"127.0.0.1:{exporter.port}"],
@@ -59,9 +64,7 @@ def test_an_alert_from_real_prometheus_and_alertmanager_quarantines_once(
         repeat_interval="2s",
     ).start()
     try:
-        exporter.set(
-            "DCGM_FI_DEV_XID_ERRORS", {"gpu": "0", "UUID": f"GPU-{node}", "Hostname": node}, 79
-        )
+        exporter.set("DCGM_FI_DEV_XID_ERRORS", series(node, 3), 79)
         started = time.monotonic()
         wait_for("the quarantine", lambda: our_taint(kube, node) is not None, timeout_s=60)
         print(
@@ -76,9 +79,7 @@ def test_an_alert_from_real_prometheus_and_alertmanager_quarantines_once(
             timeout_s=60,
         )
         # The GPU recovers: the resolved notification changes nothing either.
-        exporter.set(
-            "DCGM_FI_DEV_XID_ERRORS", {"gpu": "0", "UUID": f"GPU-{node}", "Hostname": node}, 0
-        )
+        exporter.set("DCGM_FI_DEV_XID_ERRORS", series(node, 3), 0)
         wait_for(
             "the resolved notification",
             lambda: 'gpuheal_alerts_total{result="resolved"}' in metrics(),
@@ -90,8 +91,12 @@ def test_an_alert_from_real_prometheus_and_alertmanager_quarantines_once(
         exporter.stop()
     (record,) = faults_of(kube, node)
     assert record.spec["source"] == "alertmanager" and record.spec["reason"] == "DcgmXidError"
+    assert record.spec["devices"] == [GPU_UUIDS[3]]
+    # Alertmanager's own fingerprint and startsAt: a short id, valid as a taint value as is.
+    assert re.fullmatch(r"am-[0-9a-f]{16}-[0-9]{14}", record.spec["faultID"])
     assert len(events_for(kube, node, "GPUFaultQuarantined")) == 1
     assert 'gpuheal_alerts_total{result="accepted"} 1.0' in controller.metrics()
+    assert 'gpuheal_alerts_total{result="invalid"}' not in controller.metrics()
     assert (
         'gpuheal_remediations_total{action="AddTaint",result="tainted"} 1.0' in controller.metrics()
     )

@@ -5,19 +5,25 @@ from __future__ import annotations
 
 import http.server
 import json
+import socket
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from lightkube import Client
+from lightkube import Client, codecs
+from lightkube.resources.core_v1 import Node
 
 from gpuheal.sim.controller import ControllerProcess
+from gpuheal.sim.nodes import delete_nodes, gpu_node, wait_nodes_ready
+from tests.corpus import GPU_UUIDS, dcgm_labels, unique_eks_node, unique_fqdn
+from tests.corpus import alert as alert_of
+from tests.corpus import webhook as webhook_of
 from tests.helpers import FakeNodes, wait_for
 from tests.integration.conftest import StartController, controller_config, faults_of, our_taint
 
@@ -68,6 +74,10 @@ def alert(
 
 def webhook(*alerts: dict[str, Any]) -> dict[str, Any]:
     return {"version": "4", "status": "firing", "receiver": "gpuheal", "alerts": list(alerts)}
+
+
+# What an Xid alerting rule adds to dcgm-exporter's series labels.
+XID_RULE_LABELS = {"alertname": "GPUXidError", "severity": "critical"}
 
 
 def test_posts_need_the_token_and_bad_input_is_refused_precisely(
@@ -258,3 +268,217 @@ def test_sighup_switches_from_observe_to_full_without_a_restart(
     controller.hangup()
     wait_for("the refusal", lambda: "config reload refused" in controller.log())
     assert call(controller, "/api/v1/faults")[0] == 200
+
+
+# -- values the API cannot carry, and names as real fleets have them ---------------
+
+
+@pytest.fixture
+def named_nodes(kube: Client) -> Iterator[Callable[..., str]]:
+    """Factory: a Ready fake GPU node with this name (any valid node name) and, if
+    given, these InternalIPs; deleted after the test."""
+    created: list[str] = []
+
+    def make(name: str, labels: dict[str, str], internal_ips: tuple[str, ...] = ()) -> str:
+        host = name.split(".", 1)[0][:63]  # the kubelet's hostname label: 63 characters
+        manifest = gpu_node(name, labels={**labels, "kubernetes.io/hostname": host})
+        if internal_ips:
+            # Hostname too: kwok's node-initialize stage rewrites the list when either is missing.
+            manifest["status"]["addresses"] = [
+                *({"type": "InternalIP", "address": ip} for ip in internal_ips),
+                {"type": "Hostname", "address": host},
+            ]
+        kube.create(codecs.from_dict(manifest))
+        created.append(name)
+        wait_nodes_ready(kube, [name])
+        return name
+
+    yield make
+    delete_nodes(kube, created)
+
+
+def post_raw(controller: ControllerProcess, path: str, head: bytes, body: bytes) -> bytes:
+    """One request from raw bytes (headers no HTTP client would send); the raw response."""
+    request = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n".encode()
+        + head
+        + b"\r\n\r\n"
+        + body
+    )
+    with socket.create_connection(("127.0.0.1", controller.port), timeout=10) as conn:
+        conn.sendall(request)
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    return answer
+
+
+def test_a_token_that_is_not_utf8_is_refused_like_any_wrong_token(
+    api_config: dict[str, Any],
+    fake_gpu_nodes: FakeNodes,
+    pool: dict[str, str],
+    start_controller: StartController,
+) -> None:
+    (node,) = fake_gpu_nodes(1, labels=pool)
+    controller = start_controller(api_config).wait_leading()
+    body = json.dumps({"node": node}).encode()
+    for header in (
+        b"Authorization: Bearer \xff\xfe" + TOKEN.encode(),
+        b"Authorization: Bearer " + TOKEN.encode() + b"\xc3(",
+        b"Authorization: B\xe9arer " + TOKEN.encode(),
+        b"Authorization: Bearer s3cr\xe9t-token-for-tests",
+    ):
+        answer = post_raw(controller, "/api/v1/process", header, body)
+        assert answer.startswith(b"HTTP/1.1 401 "), answer[:200]
+        assert answer.endswith(b'{"error": "unauthorized"}'), answer[-200:]
+    assert call(controller, "/api/v1/process", {"node": node})[0] == 202  # the right token works
+    assert "Traceback" not in controller.log()
+
+
+# Each bad manual request, the field its 400 must name. Values the GPUFault record
+# (or a person reading it back) cannot carry.
+BAD_MANUAL_REQUESTS: list[tuple[dict[str, Any], str]] = [
+    ({"faultID": "f" * 300}, "$.faultID"),
+    ({"faultID": "f" * 257}, "$.faultID"),
+    ({"faultID": "xid 79 on gpu 3"}, "$.faultID"),
+    ({"faultID": "xid79\tgpu3"}, "$.faultID"),
+    ({"faultID": "xid79\ngpu3"}, "$.faultID"),
+    ({"faultID": "xid79\x00"}, "$.faultID"),
+    ({"faultID": "xid79\u200bgpu3"}, "$.faultID"),
+    ({"faultID": "xid79\u00a0gpu3"}, "$.faultID"),
+    ({"faultID": " xid79"}, "$.faultID"),
+    ({"faultID": "xid79\u2028"}, "$.faultID"),
+    ({"faultID": "\x1b[31mred"}, "$.faultID"),
+    ({"faultID": "xid79", "action": "clear", "reason": "r" * 300}, "$.reason"),
+    ({"reason": "r" * 300}, "$.reason"),
+    ({"reason": "fan\nfailure"}, "$.reason"),
+    ({"reason": ""}, "$.reason"),
+    ({"reason": " padded "}, "$.reason"),
+    ({"reason": "bell\x07"}, "$.reason"),
+    ({"node": "n" * 300}, "$.node"),
+    ({"node": ""}, "$.node"),
+    ({"node": "Not_A_Node"}, "$.node"),
+    ({"node": "ip-10-0-12-34.us-west-2.compute.internal\n"}, "$.node"),
+    ({"action": "clear", "faultID": "bad id"}, "$.faultID"),
+]
+
+
+def test_values_the_record_cannot_carry_get_400_naming_the_field_and_change_nothing(
+    kube: Client,
+    api_config: dict[str, Any],
+    pool: dict[str, str],
+    named_nodes: Callable[..., str],
+    start_controller: StartController,
+) -> None:
+    node = named_nodes(unique_eks_node(), pool)
+    controller = start_controller(api_config).wait_leading()
+    misbehaved = []
+    for change, field in BAD_MANUAL_REQUESTS:
+        code, answer = call(controller, "/api/v1/process", {"node": node, **change})
+        if code != 400 or not str(answer.get("error", "")).startswith(f"invalid request: {field}:"):
+            misbehaved.append((change, code, answer))
+    print(f"{len(BAD_MANUAL_REQUESTS)} bad manual requests, {len(misbehaved)} misbehaved")
+    assert misbehaved == []
+    # At the limits, and in any script: carried as given.
+    code, answer = call(
+        controller, "/api/v1/process", {"node": node, "faultID": "温度-故障/7", "reason": "r" * 256}
+    )
+    assert code == 202 and answer["faultId"] == "温度-故障/7"
+    wait_for("the quarantine", lambda: our_taint(kube, node) is not None)
+    (record,) = faults_of(kube, node)
+    assert record.spec["faultID"] == "温度-故障/7" and record.spec["reason"] == "r" * 256
+    assert "Traceback" not in controller.log()
+
+
+def test_an_alert_that_cannot_be_carried_is_skipped_and_the_rest_of_its_group_is_taken(
+    kube: Client,
+    api_config: dict[str, Any],
+    pool: dict[str, str],
+    named_nodes: Callable[..., str],
+    start_controller: StartController,
+) -> None:
+    faulty, other = (named_nodes(unique_eks_node(), pool) for _ in range(2))
+    controller = start_controller({**api_config, "apiMaxBodyBytes": 1 << 20}).wait_leading()
+    long_reason = "DcgmXidError" + "-retired-pages" * 30  # a label value: no length limit
+    body = webhook_of([
+        alert_of(
+            dcgm_labels(faulty, 3) | XID_RULE_LABELS | {"gpuheal_reason": long_reason},
+            fingerprint="3f9c2a1b7d0e4c55",
+        ),
+        alert_of(
+            dcgm_labels(other) | XID_RULE_LABELS,
+            starts_at="2026-12-01T02:30:12." + "1" * 80 + "Z",
+            fingerprint="0a1b2c3d4e5f6a7b",
+        ),
+        alert_of(dcgm_labels(other, 1) | XID_RULE_LABELS, starts_at="yesterday"),
+    ])  # fmt: skip
+    code, answer = call(controller, "/api/v1/alerts", body)
+    assert code == 200, answer  # not 400: Alertmanager would retry the whole group forever
+    assert [a["node"] for a in answer["accepted"]] == [faulty]
+    assert [a["reason"].split(":", 1)[0] for a in answer["skipped"]] == [
+        "$.alerts[1].startsAt",
+        "$.alerts[2].startsAt",
+    ]
+    wait_for("the quarantine", lambda: our_taint(kube, faulty) is not None)
+    (record,) = faults_of(kube, faulty)
+    assert record.spec["reason"] == long_reason[:255] + "…"
+    assert record.spec["devices"] == [GPU_UUIDS[3]]
+    metrics = controller.metrics()
+    assert 'gpuheal_alerts_total{result="invalid"} 2.0' in metrics
+    assert 'gpuheal_alerts_total{result="accepted"} 1.0' in metrics
+    assert controller.log().count("alerts skipped: values that cannot be carried") == 1
+    time.sleep(1)
+    assert faults_of(kube, other) == [] and our_taint(kube, other) is None
+
+
+def test_an_alert_naming_its_node_by_an_ipv6_scrape_target_quarantines_that_node(
+    kube: Client,
+    api_config: dict[str, Any],
+    pool: dict[str, str],
+    named_nodes: Callable[..., str],
+    start_controller: StartController,
+) -> None:
+    """dcgm-exporter on the host network of a dual-stack node, scraped over IPv6:
+    only `instance` names the node."""
+    v6 = named_nodes(unique_eks_node(), pool, ("10.0.12.34", "fd00::5"))
+    v4 = named_nodes(unique_eks_node(), pool, ("10.0.12.35",))
+    assert "fd00::5" in {a.address for a in kube.get(Node, v6).status.addresses}  # type: ignore[union-attr]
+    controller = start_controller(api_config).wait_leading()
+    labels = [
+        {k: v for k, v in dcgm_labels(node).items() if k != "Hostname"}
+        | XID_RULE_LABELS
+        | {"instance": instance}
+        for node, instance in ((v6, "[fd00::5]:9400"), (v4, "10.0.12.35:9400"))
+    ]
+    body = webhook_of([alert_of(labels[0]), alert_of(labels[1], fingerprint="77e1c9d32b4f6e80")])
+    code, answer = call(controller, "/api/v1/alerts", body)
+    assert code == 200 and sorted(a["node"] for a in answer["accepted"]) == sorted([v6, v4])
+    wait_for("both quarantined", lambda: our_taint(kube, v6) and our_taint(kube, v4))
+
+
+def test_a_node_with_a_253_character_name_is_quarantined_through_the_api(
+    kube: Client,
+    api_config: dict[str, Any],
+    pool: dict[str, str],
+    named_nodes: Callable[..., str],
+    start_controller: StartController,
+) -> None:
+    by_hand, by_alert = (named_nodes(unique_fqdn(253), pool) for _ in range(2))
+    assert len(by_hand) == len(by_alert) == 253
+    controller = start_controller(api_config).wait_leading()
+    code, answer = call(controller, "/api/v1/process", {"node": by_hand, "reason": "BadFan"})
+    assert code == 202 and answer["node"] == by_hand
+    assert len(answer["faultId"]) <= 63  # a fault id we make fits a taint value as is
+    body = webhook_of([alert_of(dcgm_labels(by_alert) | XID_RULE_LABELS)])
+    code, answer = call(controller, "/api/v1/alerts", body)
+    assert code == 200 and [a["node"] for a in answer["accepted"]] == [by_alert]
+    wait_for("both quarantined", lambda: our_taint(kube, by_hand) and our_taint(kube, by_alert))
+    code, listed = call(controller, f"/api/v1/faults?node={by_hand}")
+    assert code == 200 and [f["node"] for f in listed["faults"]] == [by_hand]
+    assert call(controller, "/api/v1/process", {"node": by_hand, "action": "clear"})[1] == {
+        "node": by_hand,
+        "cleared": 1,
+    }
+    wait_for("recovery", lambda: our_taint(kube, by_hand) is None)
+    assert "Traceback" not in controller.log()

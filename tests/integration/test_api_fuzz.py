@@ -15,6 +15,7 @@ from schemathesis.checks import not_a_server_error
 from gpuheal.sim import ControlPlane
 from gpuheal.sim.controller import ControllerProcess
 from gpuheal.sim.nodes import create_gpu_nodes, delete_nodes
+from tests.corpus import unique_eks_node
 from tests.helpers import unique
 from tests.integration.conftest import controller_config
 
@@ -28,9 +29,7 @@ def fuzzed(
 ) -> Iterator[ControllerProcess]:
     workdir = tmp_path_factory.mktemp("fuzz")
     pool = {"gpuheal.test/pool": unique("fuzz")}
-    nodes = create_gpu_nodes(
-        kube, [f"{pool['gpuheal.test/pool']}-{i}" for i in range(2)], labels=pool
-    )
+    nodes = create_gpu_nodes(kube, [unique_eks_node() for _ in range(2)], labels=pool)
     token = workdir / "token"
     token.write_text(TOKEN)
     config = controller_config(

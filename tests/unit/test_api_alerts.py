@@ -5,11 +5,16 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from gpuheal import values
+from gpuheal.api import fields
 from gpuheal.api.alerts import PayloadError, alert_fault_id, decode_webhook, interpret
 from gpuheal.controller.dcgm import Query, queries, signal_for
 from gpuheal.controller.dcgm import interpret as interpret_dcgm
 from gpuheal.model import Severity
+from tests.corpus import EKS_NODE, GPU_UUIDS, NODE_NAMES, alert, dcgm_labels, webhook
 
 
 def payload(*alerts: dict[str, object], version: str = "4") -> bytes:
@@ -104,3 +109,125 @@ def test_a_dcgm_xid_is_classified_by_the_xid_catalogue() -> None:
         "XidCritical79",
         Severity.P0,
     )
+
+
+# -- values an alert carries: bounded whatever the alert says ------------------
+
+
+def xid_labels(node: str, gpu: int = 0) -> dict[str, str]:
+    """An Xid alert's labels: the series' (dcgm-exporter's) and the rule's."""
+    return dcgm_labels(node, gpu) | {"alertname": "GPUXidError", "severity": "critical"}
+
+
+# Any text JSON can carry (utf-8: no lone surrogates), and shapes seen in the wild.
+ODD_TEXT = st.text(alphabet=st.characters(codec="utf-8"), max_size=400) | st.sampled_from(
+    ["", " ", "a b", "x" * 300, "\x00\n\t", "\u200b", "\u0662\u0660\u0662\u0666"]
+)
+
+
+@given(fingerprint=ODD_TEXT, starts_at=ODD_TEXT, labels=st.dictionaries(ODD_TEXT, ODD_TEXT))
+@settings(max_examples=300, deadline=None)
+def test_an_alert_fault_id_is_a_short_label_value_whatever_the_alert_carries(
+    fingerprint: str, starts_at: str, labels: dict[str, str]
+) -> None:
+    body = alert(labels, fingerprint=fingerprint, starts_at=starts_at)
+    fault_id = alert_fault_id(decode_webhook(json.dumps(webhook([body])).encode()).alerts[0])
+    assert len(fault_id) <= 34 and values.is_label_value(fault_id), fault_id
+
+
+def test_one_instant_written_with_two_offsets_is_one_fault() -> None:
+    utc, india = (
+        decode_webhook(json.dumps(webhook([alert({}, starts_at=t)])).encode()).alerts[0]
+        for t in ("2026-12-01T02:30:12.345678901Z", "2026-12-01T08:00:12.345+05:30")
+    )
+    assert alert_fault_id(utc) == alert_fault_id(india) == "am-c3e2a0b7d18f4e95-20261201023012"
+
+
+@pytest.mark.parametrize(
+    "starts_at",
+    ["2026-12-01T02:30:12.345678901Z", "2026-12-01T08:00:12+05:30", "0001-01-01T00:00:00Z"],
+)
+def test_rfc3339_times_as_go_writes_them_are_carried(starts_at: str) -> None:
+    hook = decode_webhook(
+        json.dumps(webhook([alert(xid_labels(EKS_NODE), starts_at=starts_at)])).encode()
+    )
+    (outcome,) = interpret(hook, node_labels=("Hostname",), find_node=lambda _, v: v)
+    assert outcome.signal is not None and outcome.signal.detected_at == starts_at
+
+
+BAD_STARTS_AT = [
+    "2026-12-01T02:30:12." + "1" * 80 + "Z",  # 100 characters: over the record's 64
+    "2026-12-01",  # a date, not a date-time
+    "20261201T023012Z",  # ISO 8601 basic format, not RFC 3339
+    "2026-12-01T02:30:12",  # no offset
+    "2026-13-01T02:30:12Z",  # no 13th month
+    "9999-12-31T23:59:59-01:00",  # past year 9999 in UTC
+    "\u0662\u0660\u0662\u0666-12-01T02:30:12Z",  # digits, but not ASCII ones
+    "yesterday",
+    "",
+    "x" * 100_000,
+]
+
+
+def test_an_alert_whose_start_cannot_be_carried_is_skipped_naming_it_and_its_group_is_taken() -> (
+    None
+):
+    """Alertmanager retries a refused body forever: one odd alert is skipped, with
+    the field named; the others in its group are taken."""
+    good = [alert(xid_labels(node), fingerprint=f"{i:016x}") for i, node in enumerate(NODE_NAMES)]
+    bad = [
+        alert(xid_labels(EKS_NODE), starts_at=t, fingerprint=f"{i:016x}")
+        for i, t in enumerate(BAD_STARTS_AT, start=100)
+    ]
+    hook = decode_webhook(json.dumps(webhook(good + bad)).encode())
+    outcomes = interpret(hook, node_labels=("Hostname",), find_node=lambda _, v: v)
+    assert [o.node for o in outcomes[: len(good)]] == list(NODE_NAMES)
+    assert all(o.signal is not None and not o.skipped for o in outcomes[: len(good)])
+    for index, outcome in enumerate(outcomes[len(good) :], start=len(good)):
+        assert outcome.signal is None and outcome.invalid, hook.alerts[index].startsAt[:80]
+        assert outcome.skipped.startswith(f"$.alerts[{index}].startsAt: want an RFC 3339")
+        assert len(outcome.skipped) < 300  # the value is quoted cut, not whole
+
+
+def test_label_values_are_cut_to_what_the_record_carries() -> None:
+    """Label values have no length limit; the record's reason and devices do."""
+    long_reason, long_uuid = "GpuFellOffTheBus" * 20, "GPU-" + "a" * 400
+    labels = xid_labels(EKS_NODE) | {"gpuheal_reason": long_reason, "UUID": long_uuid}
+    hook = decode_webhook(
+        json.dumps(webhook([alert(labels), alert(xid_labels(EKS_NODE, 3))])).encode()
+    )
+    long, real = (
+        o.signal for o in interpret(hook, node_labels=("Hostname",), find_node=lambda _, v: v)
+    )
+    assert long is not None and real is not None
+    assert len(long.reason) == values.FIELD_MAX and long.reason.startswith("GpuFellOffTheBus")
+    (device,) = long.devices
+    assert len(device) <= values.FIELD_MAX and device.startswith("GPU-aaaa")
+    assert real.devices == (GPU_UUIDS[3],) and real.reason == "GPUXidError"
+    blank = decode_webhook(
+        json.dumps(webhook([alert(xid_labels(EKS_NODE) | {"gpuheal_reason": " \n"})])).encode()
+    )
+    (outcome,) = interpret(blank, node_labels=("Hostname",), find_node=lambda _, v: v)
+    assert outcome.signal is not None and outcome.signal.reason == "GPUXidError"
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [
+        (GPU_UUIDS[0], True),
+        ("xid79-1733022000", True),
+        ("温度-故障/7", True),
+        ("f" * values.FIELD_MAX, True),
+        ("f" * (values.FIELD_MAX + 1), False),
+        ("", False),
+        ("has space", False),
+        ("tab\there", False),
+        ("nul\x00", False),
+        ("zero\u200bwidth", False),
+        ("no\u00a0break", False),
+        ("line\u2028sep", False),
+        ("private\ue000use", False),
+    ],
+)
+def test_a_fault_id_from_a_person_is_printable_without_whitespace(value: str, ok: bool) -> None:
+    assert fields.is_identifier(value) is ok

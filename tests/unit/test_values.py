@@ -65,3 +65,9 @@ def test_texts_fit_their_limits(raw: str) -> None:
     assert len(values.text(raw)) <= values.FIELD_MAX
     assert len(values.utf8_text(raw, 1024).encode()) <= 1024
     assert 0 < len(values.fault_id(raw)) <= values.FIELD_MAX
+
+
+def test_a_trailing_newline_is_not_part_of_a_valid_label_value_or_name() -> None:
+    # Python's `$` also matches before a final "\n": the API server's check does not.
+    assert not values.is_label_value("xid79\n") and not values.is_subdomain(f"{EKS_NODE}\n")
+    assert values.is_label_value(values.taint_value("xid79\n"))
