@@ -231,7 +231,13 @@ class Controller:
         config = self.config
         token = None
         if config.api_token_file is not None:
-            token = config.api_token_file.read_bytes().strip() or None
+            try:
+                token = config.api_token_file.read_bytes().strip() or None
+            except OSError as err:  # checked at load: gone since, moments ago
+                log.error(
+                    "apiTokenFile unreadable",
+                    extra={"path": str(config.api_token_file), "error": err.strerror},
+                )
         if token is None:
             log.warning("no API token: every POST to the API is refused (set apiTokenFile)")
         settings = ApiSettings(
@@ -257,7 +263,7 @@ class Controller:
     def reload(self, path: Path) -> bool:
         """Re-read the config file; a bad one is refused and the running config kept."""
         try:
-            config = load_config(path)
+            config = load_config(path, check_files=True)
         except ConfigError as err:
             log.error(
                 "config reload refused; keeping the running config", extra={"error": str(err)}
