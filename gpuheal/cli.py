@@ -38,7 +38,7 @@ def _cmd_controller(args: argparse.Namespace) -> int:
     from gpuheal.controller.run import run_controller  # noqa: PLC0415
 
     try:
-        config = load_config(args.config)
+        config = load_config(args.config, check_files=True)
     except ConfigError as err:
         print(f"gpuheal controller: {err}", file=sys.stderr)
         return 2

@@ -3,11 +3,14 @@
 Every problem is reported with the dotted path of the bad key
 (`breaker.maxPercent: must be a number between 0 and 100, got 250`), and the
 controller refuses to start. Unknown keys are errors too: a typo must not
-silently fall back to a default.
+silently fall back to a default. Every number is finite (YAML's `.nan` and
+`.inf`, and `1e400`, are refused) and within a sane bound: a counter, a size or
+a duration past any plausible setting is a typo, not a request.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -231,24 +234,38 @@ def boolean(value: Any) -> bool:
     return value
 
 
-def number(low: float, high: float | None = None) -> Any:
+# Upper bounds for durations (seconds): a delay or timeout, and a window of history.
+MAX_DELAY_S = 30 * 86400.0
+MAX_WINDOW_S = 365 * 86400.0
+MAX_WORKERS = 64
+MAX_NODES = 1_000_000  # more than any cluster holds
+MAX_RATE = 1_000_000.0  # per second (per minute for device evictions): "unlimited"
+MAX_BURST = 1_000_000
+MAX_BODY_BYTES = 64 << 20
+MAX_CELSIUS = 200
+MAX_COUNT = 1000  # faults, rounds: "after this many" thresholds
+MAX_GPUS = 1024  # per node, MIG instances included
+
+
+def number(low: float, high: float) -> Any:
     def parse(value: Any) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ValueError(f"must be a number, got {value!r}")
-        if value < low or (high is not None and value > high):
-            bound = f"between {low:g} and {high:g}" if high is not None else f">= {low:g}"
-            raise ValueError(f"must be {bound}, got {value!r}")
+        if not math.isfinite(value):
+            raise ValueError(f"must be a finite number, got {value!r}")
+        if not low <= value <= high:
+            raise ValueError(f"must be between {low:g} and {high:g}, got {value!r}")
         return float(value)
 
     return parse
 
 
-def integer(low: int) -> Any:
+def integer(low: int, high: int) -> Any:
     def parse(value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"must be an integer, got {value!r}")
-        if value < low:
-            raise ValueError(f"must be >= {low}, got {value}")
+        if not low <= value <= high:
+            raise ValueError(f"must be between {low} and {high}, got {value}")
         return value
 
     return parse
@@ -320,32 +337,35 @@ _TOP: dict[str, tuple[str, Any]] = {
     "taintEffect": ("taint_effect", effect),
     "gpuResources": ("gpu_resources", strings),
     "protectedNamespaces": ("protected_namespaces", strings),
-    "evictionRetryBaseSeconds": ("eviction_retry_base_seconds", number(0.01)),
-    "evictionRetryMaxSeconds": ("eviction_retry_max_seconds", number(0.01)),
-    "evictionDeleteAfterSeconds": ("eviction_delete_after_seconds", optional(number(0))),
-    "rateLimitPerSecond": ("rate_limit_per_second", number(0.001)),
-    "rateLimitBurst": ("rate_limit_burst", integer(1)),
-    "breakerMaxNodes": ("breaker_max_nodes", integer(0)),
+    "evictionRetryBaseSeconds": ("eviction_retry_base_seconds", number(0.01, 3600)),
+    "evictionRetryMaxSeconds": ("eviction_retry_max_seconds", number(0.01, 86400)),
+    "evictionDeleteAfterSeconds": (
+        "eviction_delete_after_seconds",
+        optional(number(0, MAX_DELAY_S)),
+    ),
+    "rateLimitPerSecond": ("rate_limit_per_second", number(0.001, MAX_RATE)),
+    "rateLimitBurst": ("rate_limit_burst", integer(1, MAX_BURST)),
+    "breakerMaxNodes": ("breaker_max_nodes", integer(0, MAX_NODES)),
     "breakerMaxPercent": ("breaker_max_percent", number(0, 100)),
-    "recoveryWindowSeconds": ("recovery_window_seconds", number(0)),
-    "cooldownSeconds": ("cooldown_seconds", number(0)),
-    "dedupeTtlSeconds": ("dedupe_ttl_seconds", number(0)),
-    "holdRetrySeconds": ("hold_retry_seconds", number(0.01)),
-    "workers": ("workers", integer(1)),
-    "p1EscalationSeconds": ("p1_escalation_seconds", number(0)),
-    "externalSignalTtlSeconds": ("external_signal_ttl_seconds", number(1)),
+    "recoveryWindowSeconds": ("recovery_window_seconds", number(0, MAX_DELAY_S)),
+    "cooldownSeconds": ("cooldown_seconds", number(0, MAX_DELAY_S)),
+    "dedupeTtlSeconds": ("dedupe_ttl_seconds", number(0, MAX_DELAY_S)),
+    "holdRetrySeconds": ("hold_retry_seconds", number(0.01, 3600)),
+    "workers": ("workers", integer(1, MAX_WORKERS)),
+    "p1EscalationSeconds": ("p1_escalation_seconds", number(0, MAX_DELAY_S)),
+    "externalSignalTtlSeconds": ("external_signal_ttl_seconds", number(1, MAX_DELAY_S)),
     "resolvedAlertClears": ("resolved_alert_clears", boolean),
     "alertNodeLabels": ("alert_node_labels", strings),
     "apiTokenFile": ("api_token_file", lambda v: Path(string(v))),
     "dcgmPrometheusUrl": ("dcgm_prometheus_url", _url),
-    "dcgmIntervalSeconds": ("dcgm_interval_seconds", number(0.5)),
-    "dcgmTemperatureWarningC": ("dcgm_temperature_warning_c", integer(0)),
-    "dcgmTemperatureCriticalC": ("dcgm_temperature_critical_c", integer(0)),
-    "apiMaxBodyBytes": ("api_max_body_bytes", integer(1024)),
-    "apiClientRatePerSecond": ("api_client_rate_per_second", number(0.01)),
-    "apiClientBurst": ("api_client_burst", integer(1)),
-    "watchTimeoutSeconds": ("watch_timeout_seconds", integer(1)),
-    "watchInactivitySeconds": ("watch_inactivity_seconds", number(1)),
+    "dcgmIntervalSeconds": ("dcgm_interval_seconds", number(0.5, 3600)),
+    "dcgmTemperatureWarningC": ("dcgm_temperature_warning_c", integer(0, MAX_CELSIUS)),
+    "dcgmTemperatureCriticalC": ("dcgm_temperature_critical_c", integer(0, MAX_CELSIUS)),
+    "apiMaxBodyBytes": ("api_max_body_bytes", integer(1024, MAX_BODY_BYTES)),
+    "apiClientRatePerSecond": ("api_client_rate_per_second", number(0.01, MAX_RATE)),
+    "apiClientBurst": ("api_client_burst", integer(1, MAX_BURST)),
+    "watchTimeoutSeconds": ("watch_timeout_seconds", integer(1, 3600)),
+    "watchInactivitySeconds": ("watch_inactivity_seconds", number(1, 3600)),
 }
 
 _CONDITION: dict[str, tuple[str, Any]] = {
@@ -366,32 +386,35 @@ _LEADER: dict[str, tuple[str, Any]] = {
     "enabled": ("enabled", boolean),
     "namespace": ("namespace", string),
     "name": ("name", string),
-    "leaseSeconds": ("lease_seconds", number(1)),
-    "renewDeadlineSeconds": ("renew_deadline_seconds", number(0.5)),
-    "retryPeriodSeconds": ("retry_period_seconds", number(0.1)),
+    "leaseSeconds": ("lease_seconds", number(1, 3600)),
+    "renewDeadlineSeconds": ("renew_deadline_seconds", number(0.5, 3600)),
+    "retryPeriodSeconds": ("retry_period_seconds", number(0.1, 3600)),
 }
 
 
 _DEVICE_HEALTH: dict[str, tuple[str, Any]] = {
     "enabled": ("enabled", boolean),
-    "heartbeatSeconds": ("heartbeat_seconds", number(0)),
-    "unknownToleranceSeconds": ("unknown_tolerance_seconds", number(0)),
-    "quarantineSeconds": ("quarantine_seconds", number(0)),
+    "heartbeatSeconds": ("heartbeat_seconds", number(0, MAX_DELAY_S)),
+    "unknownToleranceSeconds": ("unknown_tolerance_seconds", number(0, MAX_DELAY_S)),
+    "quarantineSeconds": ("quarantine_seconds", number(0, MAX_DELAY_S)),
     "minHealthyFraction": ("min_healthy_fraction", number(0, 1)),
-    "escalateAfterFaults": ("escalate_after_faults", integer(1)),
-    "escalationWindowSeconds": ("escalation_window_seconds", number(0)),
-    "repeatWindowSeconds": ("repeat_window_seconds", number(0)),
+    "escalateAfterFaults": ("escalate_after_faults", integer(1, MAX_COUNT)),
+    "escalationWindowSeconds": ("escalation_window_seconds", number(0, MAX_WINDOW_S)),
+    "repeatWindowSeconds": ("repeat_window_seconds", number(0, MAX_WINDOW_S)),
     "wholeNodeReasons": ("whole_node_reasons", lambda v: tuple(r.lower() for r in strings(v))),
-    "evictionsPerMinute": ("evictions_per_minute", number(0.01)),
-    "evictionBurst": ("eviction_burst", integer(1)),
+    "evictionsPerMinute": ("evictions_per_minute", number(0.01, MAX_RATE)),
+    "evictionBurst": ("eviction_burst", integer(1, MAX_BURST)),
     "canaryImage": ("canary_image", string),
     "canaryCommand": ("canary_command", strings),
     "canaryNamespace": ("canary_namespace", string),
-    "canaryTimeoutSeconds": ("canary_timeout_seconds", number(1)),
-    "observationSeconds": ("observation_seconds", number(0)),
-    "falseQuarantineSeconds": ("false_quarantine_seconds", number(0)),
-    "contactSupportAfter": ("contact_support_after", integer(1)),
-    "contactSupportWindowSeconds": ("contact_support_window_seconds", number(0)),
+    "canaryTimeoutSeconds": ("canary_timeout_seconds", number(1, 86400)),
+    "observationSeconds": ("observation_seconds", number(0, MAX_DELAY_S)),
+    "falseQuarantineSeconds": ("false_quarantine_seconds", number(0, MAX_WINDOW_S)),
+    "contactSupportAfter": ("contact_support_after", integer(1, MAX_COUNT)),
+    "contactSupportWindowSeconds": (
+        "contact_support_window_seconds",
+        number(0, MAX_WINDOW_S),
+    ),
 }
 
 
@@ -422,7 +445,7 @@ def taint_specs(value: Any) -> tuple[Taint, ...]:
 
 
 _POOL: dict[str, tuple[str, Any]] = {
-    "gpusPerNode": ("gpus_per_node", integer(0)),
+    "gpusPerNode": ("gpus_per_node", integer(0, MAX_GPUS)),
     "resource": ("resource", string),
     "driverVersion": ("driver_version", string),
     "cudaVersion": ("cuda_version", string),
@@ -434,7 +457,7 @@ _POOLS: dict[str, tuple[str, Any]] = {
     "label": ("label", string),
     "fallbackLabels": ("fallback_labels", strings),
     "expectedGpusLabel": ("expected_gpus_label", string),
-    "byName": ("by_name", dict),  # each entry parsed with _POOL in parse_config
+    "byName": ("by_name", lambda v: _map(v, "pool name to pool")),  # entries: _POOL
     "expectedLabels": ("expected_labels", string_map),
     "expectedTaints": ("expected_taints", taint_specs),
     "rackLabels": ("rack_labels", strings),
@@ -446,7 +469,7 @@ _HEALTH_GATE: dict[str, tuple[str, Any]] = {
     "devicePluginNamespaces": ("device_plugin_namespaces", strings),
     "devicePluginRequired": ("device_plugin_required", boolean),
     "diagnosticsRequired": ("diagnostics_required", boolean),
-    "diagnosticsMaxAgeSeconds": ("diagnostics_max_age_seconds", number(1)),
+    "diagnosticsMaxAgeSeconds": ("diagnostics_max_age_seconds", number(1, MAX_DELAY_S)),
 }
 
 _MAINTENANCE: dict[str, tuple[str, Any]] = {
@@ -454,18 +477,21 @@ _MAINTENANCE: dict[str, tuple[str, Any]] = {
     "taintEffect": ("taint_effect", effect),
     "checkpoint": ("checkpoint", _checkpoint),
     "checkpointWebhookUrl": ("checkpoint_webhook_url", _url),
-    "checkpointWaitSeconds": ("checkpoint_wait_seconds", number(0)),
-    "drainTimeoutSeconds": ("drain_timeout_seconds", number(1)),
-    "evictionRetrySeconds": ("eviction_retry_seconds", number(0.1)),
+    "checkpointWaitSeconds": ("checkpoint_wait_seconds", number(0, MAX_DELAY_S)),
+    "drainTimeoutSeconds": ("drain_timeout_seconds", number(1, MAX_DELAY_S)),
+    "evictionRetrySeconds": ("eviction_retry_seconds", number(0.1, 3600)),
 }
+
+
+def _map(value: Any, what: str) -> dict[Any, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(f"must be a map of {what}, got {type(value).__name__}")
+    return value
 
 
 def _pools(raw: Any, errors: list[str]) -> PoolsConfig:
     values = fields_of(raw, _POOLS, "pools", errors)
     by_name = values.get("by_name", {})
-    if not isinstance(by_name, dict):
-        errors.append(f"pools.byName: must be a map, got {type(by_name).__name__}")
-        by_name = {}
     values["by_name"] = {
         str(name): PoolConfig(**fields_of(pool, _POOL, f"pools.byName.{name}", errors))
         for name, pool in by_name.items()
@@ -593,6 +619,25 @@ def load_yaml(path: Path) -> Any:
         raise ConfigError(f"config file {path} is not valid YAML: {err}") from err
 
 
-def load_config(path: Path | None) -> Config:
-    """Read and validate the YAML file at `path`; None gives the defaults."""
-    return Config() if path is None else parse_config(load_yaml(path))
+def load_config(path: Path | None, *, check_files: bool = False) -> Config:
+    """Read and validate the YAML file at `path`; None gives the defaults.
+
+    `check_files`: also read the files the config names that the controller
+    reads (`apiTokenFile`), as its start and reload do; the operator commands
+    share the document but not the files."""
+    config = Config() if path is None else parse_config(load_yaml(path))
+    if check_files:
+        errors = _file_checks(config)
+        if errors:
+            raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))
+    return config
+
+
+def _file_checks(config: Config) -> list[str]:
+    errors = []
+    if config.api_token_file is not None:
+        try:
+            config.api_token_file.read_bytes()
+        except OSError as err:
+            errors.append(f"apiTokenFile: cannot read {config.api_token_file}: {err.strerror}")
+    return errors

@@ -47,6 +47,12 @@ class ControllerMetrics:
             ["result"],
             registry=r,
         )
+        self.informer_decode_errors = Counter(
+            "gpuheal_informer_decode_errors_total",
+            "Objects an informer skipped because it could not decode them, once per version.",
+            ["informer"],
+            registry=r,
+        )
         self.quarantined_nodes = Gauge(
             "gpuheal_quarantined_nodes", "GPU nodes carrying the gpuheal taint.", registry=r
         )

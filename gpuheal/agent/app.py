@@ -8,8 +8,8 @@ API server answers again.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
+import math
 import threading
 import time
 import uuid
@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from lightkube import Client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -37,6 +38,7 @@ from gpuheal.agent.kmsg import (
 from gpuheal.agent.nvml import NvmlProbe, Thresholds, XidWatcher, xid_finding
 from gpuheal.agent.reporter import NodeReporter, desired
 from gpuheal.agent.smi import run_smi
+from gpuheal.agent.statefile import load_state
 from gpuheal.agent.timeouts import GuardedProbe
 from gpuheal.model import (
     CUDA_VERSION,
@@ -79,6 +81,34 @@ class AgentMetrics:
             "gpuheal_agent_report_failures_total", "Node writes that failed.", registry=r
         )
         self.faulty = Gauge("gpuheal_agent_faulty", "1 while a fault is reported.", registry=r)
+        self.state_file_errors = Counter(
+            "gpuheal_agent_state_file_errors_total",
+            "State files that could not be read, set aside as <file>.corrupt (a fresh start).",
+            ["file"],
+            registry=r,
+        )
+        for state_file in ("cursor", "faults"):
+            self.state_file_errors.labels(state_file)  # exported from 0
+
+
+class StickyItem(msgspec.Struct):
+    at: float  # time.time() when first seen
+    reason: str
+    severity: Severity
+    message: str
+    devices: list[str] = []
+    immediate: bool = False
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.at):
+            raise ValueError(f"at must be a finite time, got {self.at}")
+
+
+class StickyFile(msgspec.Struct):
+    """The sticky faults' file, exactly as `StickyEvents` writes it."""
+
+    boot_id: str
+    items: dict[str, StickyItem] = {}
 
 
 class StickyEvents:
@@ -87,45 +117,41 @@ class StickyEvents:
     Persisted with the boot id, so an agent restart keeps them without re-reading
     old kernel lines."""
 
-    def __init__(self, path: Path, boot_id: str, hold_s: float | None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        boot_id: str,
+        hold_s: float | None,
+        counted: Callable[[], None] = lambda: None,
+    ) -> None:
         self.path = path
         self.boot_id = boot_id
         self.hold_s = hold_s
         self._lock = threading.Lock()
         self._items: dict[str, tuple[float, Finding]] = {}
-        self._load()
-
-    def _load(self) -> None:
-        try:
-            data = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return
-        if not isinstance(data, dict) or data.get("boot_id") != self.boot_id:
-            return
-        for key, item in (data.get("items") or {}).items():
-            finding = Finding(
-                item["reason"],
-                Severity(item["severity"]),
-                item["message"],
-                tuple(item.get("devices", ())),
-                bool(item.get("immediate")),
-            )
-            self._items[key] = (float(item["at"]), finding)
+        saved = load_state(path, StickyFile, counted)  # a broken file: set aside, counted
+        if saved is not None and saved.boot_id == boot_id:
+            self._items = {
+                key: (
+                    item.at,
+                    Finding(
+                        item.reason,
+                        item.severity,
+                        item.message,
+                        tuple(item.devices),
+                        item.immediate,
+                    ),
+                )
+                for key, item in saved.items.items()
+            }
 
     def _save(self) -> None:
         items = {
-            key: {
-                "at": at,
-                "reason": f.reason,
-                "severity": f.severity.value,
-                "message": f.message,
-                "devices": list(f.devices),
-                "immediate": f.immediate,
-            }
+            key: StickyItem(at, f.reason, f.severity, f.message, list(f.devices), f.immediate)
             for key, (at, f) in self._items.items()
         }
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"boot_id": self.boot_id, "items": items}))
+        tmp.write_bytes(msgspec.json.encode(StickyFile(self.boot_id, items)))
         tmp.replace(self.path)
 
     def add(self, finding: Finding) -> None:
@@ -170,6 +196,7 @@ class Agent:
             config.state_path.with_name(config.state_path.stem + "-faults.json"),
             self.boot_id,
             config.xid_hold_seconds,
+            counted=self.metrics.state_file_errors.labels("faults").inc,
         )
         self.pci_to_uuid: dict[str, str] = {}
         self.counters = Counters(dt.datetime.now(dt.UTC))
@@ -209,7 +236,11 @@ class Agent:
             )
         if config.kmsg_enabled:
             self.follower = KmsgFollower(
-                config.kmsg_path, config.state_path, self.boot_id, self._on_kernel
+                config.kmsg_path,
+                config.state_path,
+                self.boot_id,
+                self._on_kernel,
+                state_corrupt=self.metrics.state_file_errors.labels("cursor").inc,
             )
 
     # -- event sources ---------------------------------------------------------

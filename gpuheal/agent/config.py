@@ -7,6 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from gpuheal.config import (
+    MAX_CELSIUS,
+    MAX_COUNT,
+    MAX_DELAY_S,
+    MAX_GPUS,
     ConfigError,
     boolean,
     enum_of,
@@ -80,6 +84,8 @@ def _xid_rows(value: Any) -> dict[int, XidRow]:
     rows: dict[int, XidRow] = {}
     for key, row in value.items():
         try:
+            if isinstance(key, bool) or not isinstance(key, int | str):
+                raise TypeError(key)
             xid = int(key)
         except (TypeError, ValueError):
             raise ValueError(f"key {key!r} is not an Xid number") from None
@@ -95,16 +101,16 @@ def _xid_rows(value: Any) -> dict[int, XidRow]:
 
 
 _SCHEMA: dict[str, tuple[str, Any]] = {
-    "intervalSeconds": ("interval_seconds", number(0.05)),
-    "failRounds": ("fail_rounds", integer(1)),
-    "healthyRounds": ("healthy_rounds", integer(1)),
+    "intervalSeconds": ("interval_seconds", number(0.05, 3600)),
+    "failRounds": ("fail_rounds", integer(1, MAX_COUNT)),
+    "healthyRounds": ("healthy_rounds", integer(1, MAX_COUNT)),
     "immediateP0Xid": ("immediate_p0_xid", boolean),
-    "expectedGpus": ("expected_gpus", integer(0)),
+    "expectedGpus": ("expected_gpus", integer(0, MAX_GPUS)),
     "expectedGpusLabel": ("expected_gpus_label", string),
-    "temperatureWarningC": ("temperature_warning_c", integer(0)),
-    "temperatureCriticalC": ("temperature_critical_c", integer(0)),
+    "temperatureWarningC": ("temperature_warning_c", integer(0, MAX_CELSIUS)),
+    "temperatureCriticalC": ("temperature_critical_c", integer(0, MAX_CELSIUS)),
     "nvmlEnabled": ("nvml_enabled", boolean),
-    "nvmlTimeoutSeconds": ("nvml_timeout_seconds", number(0.05)),
+    "nvmlTimeoutSeconds": ("nvml_timeout_seconds", number(0.05, 600)),
     "nvmlBackend": ("nvml_backend", _backend),
     "nvmlFakeSpec": ("nvml_fake_spec", _path),
     "nvmlEvents": ("nvml_events", boolean),
@@ -114,16 +120,16 @@ _SCHEMA: dict[str, tuple[str, Any]] = {
     "bootIdPath": ("boot_id_path", _path),
     "smiEnabled": ("smi_enabled", boolean),
     "smiCommand": ("smi_command", strings),
-    "smiTimeoutSeconds": ("smi_timeout_seconds", number(0.05)),
+    "smiTimeoutSeconds": ("smi_timeout_seconds", number(0.05, 600)),
     "envEnabled": ("env_enabled", boolean),
     "devicePaths": ("device_paths", _paths),
     "driverVersionPath": ("driver_version_path", _path),
     "xid": ("xid_overrides", _xid_rows),
-    "xidHoldSeconds": ("xid_hold_seconds", number(0)),
-    "metricsPort": ("metrics_port", integer(0)),
+    "xidHoldSeconds": ("xid_hold_seconds", number(0, MAX_DELAY_S)),
+    "metricsPort": ("metrics_port", integer(0, 65535)),
     "procRoot": ("proc_root", _path),
-    "processReportSeconds": ("process_report_seconds", number(0)),
-    "processReportMax": ("process_report_max", integer(1)),
+    "processReportSeconds": ("process_report_seconds", number(0, 86400)),
+    "processReportMax": ("process_report_max", integer(1, 10_000)),
 }
 
 

@@ -9,7 +9,6 @@ agent never reports the same line twice.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -19,6 +18,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+import msgspec
+
+from gpuheal.agent.statefile import load_state
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +159,13 @@ def parse_record(raw: str) -> KmsgRecord | None:
     return KmsgRecord(priority >> 3, priority & 7, seq, usec, message.split("\n", 1)[0])
 
 
+class CursorFile(msgspec.Struct):
+    """The cursor's file, exactly as `Cursor.save` writes it."""
+
+    boot_id: str
+    seq: int = -1
+
+
 @dataclass
 class Cursor:
     """Where we are in this boot's kernel log; persisted across restarts."""
@@ -165,17 +175,15 @@ class Cursor:
 
     def save(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"boot_id": self.boot_id, "seq": self.seq}))
+        tmp.write_bytes(msgspec.json.encode(CursorFile(self.boot_id, self.seq)))
         tmp.replace(path)  # atomic: a crash never leaves half a state file
 
     @classmethod
-    def load(cls, path: Path, boot_id: str) -> Cursor:
-        try:
-            data = json.loads(path.read_text())
-            if data.get("boot_id") == boot_id:
-                return cls(boot_id, int(data.get("seq", -1)))
-        except (OSError, ValueError, TypeError, AttributeError):
-            pass
+    def load(cls, path: Path, boot_id: str, counted: Callable[[], None] = lambda: None) -> Cursor:
+        """The saved cursor of this boot; a broken file is set aside and `counted`."""
+        saved = load_state(path, CursorFile, counted)
+        if saved is not None and saved.boot_id == boot_id:
+            return cls(boot_id, saved.seq)
         return cls(boot_id)  # new boot (or no/broken state): everything is new
 
 
@@ -195,10 +203,11 @@ class KmsgFollower:
         state_path: Path,
         boot_id: str,
         on_event: Callable[[KernelEvent], None],
+        state_corrupt: Callable[[], None] = lambda: None,
     ) -> None:
         self.source = source
         self.state_path = state_path
-        self.cursor = Cursor.load(state_path, boot_id)
+        self.cursor = Cursor.load(state_path, boot_id, state_corrupt)
         self.on_event = on_event
         self.lines = 0
         self.errors = 0

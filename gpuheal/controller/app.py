@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,7 @@ class Controller:
             node_view,
             lambda n: n.name,
             name="nodes",
+            on_decode_error=self._decode_error_counter("nodes"),
             watch_timeout_s=config.watch_timeout_seconds,
             inactivity_s=config.watch_inactivity_seconds,
         )
@@ -92,6 +94,7 @@ class Controller:
             ),
             lambda p: p.key,
             name="pods",
+            on_decode_error=self._decode_error_counter("pods"),
             field_selector=POD_FIELD_SELECTOR,
             watch_timeout_s=config.watch_timeout_seconds,
             inactivity_s=config.watch_inactivity_seconds,
@@ -103,6 +106,7 @@ class Controller:
             fault_record,
             lambda r: r.name,
             name="gpufaults",
+            on_decode_error=self._decode_error_counter("gpufaults"),
             watch_timeout_s=config.watch_timeout_seconds,
             inactivity_s=config.watch_inactivity_seconds,
         )
@@ -114,6 +118,8 @@ class Controller:
             canary_view,
             lambda c: c.name,
             name="canaries",
+            key_of=lambda _namespace, name: name,
+            on_decode_error=self._decode_error_counter("canaries"),
             label_selector=f"{CANARY_LABEL}=true",
             watch_timeout_s=config.watch_timeout_seconds,
             inactivity_s=config.watch_inactivity_seconds,
@@ -177,6 +183,10 @@ class Controller:
             api.write_gate = self.elector.may_write
         self._workers: list[asyncio.Task[None]] = []
 
+    def _decode_error_counter(self, informer: str) -> Callable[[], None]:
+        counter = self.metrics.informer_decode_errors.labels(informer)  # exported from 0
+        return counter.inc
+
     @property
     def synced(self) -> bool:
         return all(i.synced.is_set() for i in self._informers)
@@ -221,7 +231,13 @@ class Controller:
         config = self.config
         token = None
         if config.api_token_file is not None:
-            token = config.api_token_file.read_bytes().strip() or None
+            try:
+                token = config.api_token_file.read_bytes().strip() or None
+            except OSError as err:  # checked at load: gone since, moments ago
+                log.error(
+                    "apiTokenFile unreadable",
+                    extra={"path": str(config.api_token_file), "error": err.strerror},
+                )
         if token is None:
             log.warning("no API token: every POST to the API is refused (set apiTokenFile)")
         settings = ApiSettings(
@@ -247,7 +263,7 @@ class Controller:
     def reload(self, path: Path) -> bool:
         """Re-read the config file; a bad one is refused and the running config kept."""
         try:
-            config = load_config(path)
+            config = load_config(path, check_files=True)
         except ConfigError as err:
             log.error(
                 "config reload refused; keeping the running config", extra={"error": str(err)}

@@ -6,6 +6,12 @@ dropped connection. 410 Gone means the version is too old: relist, and tell
 the handlers about objects that vanished meanwhile. Bookmarks keep the version
 fresh on quiet streams; a stream silent for longer than the inactivity limit
 is treated as stalled and reopened (a half-open TCP connection never errors).
+
+Objects are decoded one at a time: an object the projection cannot take (a
+shape the API allows but the projection does not, or a stored object older
+than the schema) is skipped and reported once per version (a warning naming
+it, and `on_decode_error`), and the cache keeps what it had for it. The rest
+of the list and the stream go on.
 """
 
 from __future__ import annotations
@@ -65,6 +71,31 @@ class _Bookmark(msgspec.Struct):
     metadata: _BookmarkMeta
 
 
+class _IdentityMeta(msgspec.Struct):
+    name: str = ""
+    namespace: str = ""
+    resourceVersion: str = ""  # noqa: N815
+
+
+class _Identity(msgspec.Struct):
+    """Just enough of any object to name it when its projection fails."""
+
+    metadata: _IdentityMeta = msgspec.field(default_factory=_IdentityMeta)
+
+
+def _identity(raw: bytes | msgspec.Raw) -> _IdentityMeta:
+    try:
+        return msgspec.json.decode(raw, type=_Identity).metadata
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return _IdentityMeta()
+
+
+def default_key_of(namespace: str, name: str) -> str:
+    """The store key from an object's metadata, for objects that have no view:
+    name for cluster-scoped objects, namespace/name (PodView.key) otherwise."""
+    return f"{namespace}/{name}" if namespace else name
+
+
 def newer_or_equal(candidate: str, current: str) -> bool:
     """resourceVersions are opaque, but every API server stores etcd revisions:
     compare as integers when both parse, else trust the newest arrival."""
@@ -75,6 +106,8 @@ def newer_or_equal(candidate: str, current: str) -> bool:
 
 
 TOMBSTONES_KEPT = 10_000
+# Versions of undecodable objects already reported (bounded, oldest dropped).
+REPORTED_KEPT = 10_000
 
 
 class Informer(Generic[J, V]):
@@ -92,6 +125,8 @@ class Informer(Generic[J, V]):
         page_size: int = 500,
         watch_timeout_s: int = 300,
         inactivity_s: float = 90.0,
+        key_of: Callable[[str, str], str] = default_key_of,
+        on_decode_error: Callable[[], None] = lambda: None,
     ) -> None:
         self.api = api
         self.path = path
@@ -99,6 +134,9 @@ class Informer(Generic[J, V]):
         self._json_type = json_type
         self._to_view = to_view
         self._key = key
+        # (namespace, name) -> store key: what `key` gives for the object's view.
+        self._key_of = key_of
+        self._on_decode_error = on_decode_error
         self._params = {
             k: v
             for k, v in {"fieldSelector": field_selector, "labelSelector": label_selector}.items()
@@ -109,7 +147,7 @@ class Informer(Generic[J, V]):
         self._inactivity_s = inactivity_s
         self._list_type = msgspec.defstruct(
             f"{json_type.__name__}List",
-            [("metadata", _ListMeta), ("items", list[json_type])],  # type: ignore[valid-type]
+            [("metadata", _ListMeta), ("items", list[msgspec.Raw])],
         )
         self.store: dict[str, V] = {}
         self._versions: dict[str, str] = {}
@@ -117,6 +155,9 @@ class Informer(Generic[J, V]):
         # the watch already deleted cannot bring it back (bounded, oldest dropped).
         self._tombstones: dict[str, str] = {}
         self._handlers: list[Handler] = []
+        # key -> resourceVersion of the undecodable version already reported.
+        self._reported: dict[str, str] = {}
+        self.decode_errors = 0
         self.synced = asyncio.Event()
         self.resource_version = ""
         self.relists = 0
@@ -181,25 +222,79 @@ class Informer(Generic[J, V]):
 
     async def _list(self) -> None:
         seen: dict[str, tuple[Any, str]] = {}
+        skipped: set[str] = set()
         params = {**self._params, "limit": str(self._page_size)}
         while True:
             raw = await self.api.get(self.path, params)
-            page = msgspec.json.decode(raw, type=self._list_type)
-            for item in page.items:  # type: ignore[attr-defined]
-                view = self._to_view(item)
-                seen[self._key(view)] = (view, item.metadata.resourceVersion)
-            meta: _ListMeta = page.metadata  # type: ignore[attr-defined]
+            meta = self._take_page(raw, seen, skipped)
             if not meta.next_page:
                 self.resource_version = meta.resourceVersion
                 break
             params["continue"] = meta.next_page
-        for key in [k for k in self.store if k not in seen]:
+        # A skipped object is still there: keep what the cache had for it.
+        for key in [k for k in self.store if k not in seen and k not in skipped]:
             self._apply(key, None, self.resource_version)
         for key, (view, rv) in seen.items():
             if self._versions.get(key) != rv:
                 self._apply(key, view, rv)
         self.relists += 1
         self.synced.set()
+
+    def _take_page(
+        self, raw: bytes, seen: dict[str, tuple[Any, str]], skipped: set[str]
+    ) -> _ListMeta:
+        """Decode one LIST page item by item into `seen`; the keys of items that
+        cannot be projected go to `skipped`."""
+        page = msgspec.json.decode(raw, type=self._list_type)
+        for item in page.items:  # type: ignore[attr-defined]
+            decoded = self._project(item)
+            if isinstance(decoded, str):
+                skipped.add(decoded)
+            else:
+                key, view, rv = decoded
+                seen[key] = (view, rv)
+        meta: _ListMeta = page.metadata  # type: ignore[attr-defined]
+        return meta
+
+    def _project(
+        self, raw: bytes | msgspec.Raw, *, report: bool = True
+    ) -> tuple[str, V, str] | str:
+        """(key, view, resourceVersion), or the key of an object that could not be
+        projected (reported once per version, unless `report` is False)."""
+        try:
+            item = msgspec.json.decode(raw, type=self._json_type)
+            view = self._to_view(item)
+        except Exception as err:  # any failure skips just this object
+            if not report:
+                meta = _identity(raw)
+                return self._key_of(meta.namespace, meta.name)
+            return self._skip(raw, err)
+        key = self._key(view)
+        self._reported.pop(key, None)
+        return key, view, item.metadata.resourceVersion  # type: ignore[attr-defined]
+
+    def _skip(self, raw: bytes | msgspec.Raw, err: Exception) -> str:
+        meta = _identity(raw)
+        key = self._key_of(meta.namespace, meta.name)
+        if self._reported.get(key) == meta.resourceVersion:
+            return key
+        self._reported[key] = meta.resourceVersion
+        if len(self._reported) > REPORTED_KEPT:
+            del self._reported[next(iter(self._reported))]
+        self.decode_errors += 1
+        self._on_decode_error()
+        log.warning(
+            "object skipped: cannot decode it",
+            extra={
+                "informer": self.name,
+                # Not "name": a LogRecord attribute (the logger's name).
+                "object": meta.name,
+                "namespace": meta.namespace,
+                "resource_version": meta.resourceVersion,
+                "error": str(err)[:300],
+            },
+        )
+        return key
 
     async def _watch(self) -> bool:
         """Watch until the server ends the stream (True: watch again) or the
@@ -213,27 +308,8 @@ class Informer(Generic[J, V]):
         }
         try:
             async for line in self.api.watch(self.path, params, self._inactivity_s):
-                event = msgspec.json.decode(line, type=_Event)
-                if event.type == "ERROR":
-                    status = msgspec.json.decode(event.object, type=_Status)
-                    if status.code == 410:
-                        return False
-                    raise ApiError(status.code, status.reason, status.message)
-                if event.type == "BOOKMARK":
-                    rv = msgspec.json.decode(event.object, type=_Bookmark).metadata.resourceVersion
-                    self.resource_version = rv or self.resource_version
-                    continue
-                item = msgspec.json.decode(event.object, type=self._json_type)
-                rv = item.metadata.resourceVersion  # type: ignore[attr-defined]
-                view = self._to_view(item)
-                key = self._key(view)
-                current = self._versions.get(key)
-                if event.type == "DELETED":
-                    self._apply(key, None, rv)
-                elif current != rv and (current is None or newer_or_equal(rv, current)):
-                    # Equal: the echo of our own write, already applied by upsert().
-                    self._apply(key, view, rv)
-                self.resource_version = rv
+                if not self._take_event(line):
+                    return False
         except httpx2.ReadTimeout:
             self.stalls += 1
             log.warning("watch silent too long, reopening", extra={"informer": self.name})
@@ -241,4 +317,36 @@ class Informer(Generic[J, V]):
             if err.code == 410:
                 return False
             raise
+        return True
+
+    def _take_event(self, line: bytes) -> bool:
+        """Apply one watch event; False: the version expired (relist)."""
+        event = msgspec.json.decode(line, type=_Event)
+        if event.type == "ERROR":
+            status = msgspec.json.decode(event.object, type=_Status)
+            if status.code == 410:
+                return False
+            raise ApiError(status.code, status.reason, status.message)
+        if event.type == "BOOKMARK":
+            rv = msgspec.json.decode(event.object, type=_Bookmark).metadata.resourceVersion
+            self.resource_version = rv or self.resource_version
+            return True
+        # A deletion needs only the key: an undecodable object leaving is not news.
+        decoded = self._project(event.object, report=event.type != "DELETED")
+        if isinstance(decoded, str):
+            rv = _identity(event.object).resourceVersion
+            if event.type == "DELETED" and decoded:
+                self._reported.pop(decoded, None)
+                self._apply(decoded, None, rv)
+            # Else skipped: the cache keeps the object's last good version.
+            self.resource_version = rv or self.resource_version
+            return True
+        key, view, rv = decoded
+        current = self._versions.get(key)
+        if event.type == "DELETED":
+            self._apply(key, None, rv)
+        elif current != rv and (current is None or newer_or_equal(rv, current)):
+            # Equal: the echo of our own write, already applied by upsert().
+            self._apply(key, view, rv)
+        self.resource_version = rv
         return True

@@ -2,6 +2,12 @@
 
 msgspec skips every field a Struct does not declare, so a Pod's hundreds of
 fields cost nothing to retain; the views (model.py) are what the caches hold.
+
+Every field the API may send as null is declared `| None` and read as "" (or
+empty): a metav1.Time is serialized as null when it is zero (a condition
+written without lastTransitionTime), and the GPUFault CRD declares
+status.recoveringSince and status.expiry nullable. Nulls of the CRD's other
+fields never arrive: the API server prunes them (they are not nullable).
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ class OwnerRef(msgspec.Struct):
 
 class Meta(msgspec.Struct):
     name: str = ""
-    creationTimestamp: str = ""  # noqa: N815
+    creationTimestamp: str | None = None  # noqa: N815 -- a metav1.Time: null when zero
     namespace: str = ""
     uid: str = ""
     resourceVersion: str = ""  # noqa: N815 -- API field name
@@ -60,7 +66,7 @@ class ConditionJson(msgspec.Struct):
     status: str
     reason: str = ""
     message: str = ""
-    lastTransitionTime: str = ""  # noqa: N815
+    lastTransitionTime: str | None = None  # noqa: N815 -- a metav1.Time: null when zero
 
 
 class AddressJson(msgspec.Struct):
@@ -168,7 +174,7 @@ class ActionJson(msgspec.Struct):
 
 class FaultStatusJson(msgspec.Struct):
     phase: str = ""
-    recoveringSince: str = ""  # noqa: N815
+    recoveringSince: str | None = None  # noqa: N815 -- nullable in the CRD
     evictedPods: list[str] = []  # noqa: N815
     actions: list[ActionJson] = []
     expiry: str | None = None
@@ -206,7 +212,7 @@ def node_view(node: NodeJson, gpu_resource: str = "nvidia.com/gpu") -> NodeView:
                 status=c.status,
                 reason=c.reason,
                 message=c.message[:1024],
-                last_transition_time=c.lastTransitionTime,
+                last_transition_time=c.lastTransitionTime or "",
             )
             for c in node.status.conditions
         ),
@@ -339,13 +345,13 @@ def fault_record(fault: FaultJson) -> FaultRecord:
         severity=_severity(spec.severity),
         source=spec.source,
         detected_at=spec.detectedAt,
-        recovering_since=status.recoveringSince,
+        recovering_since=status.recoveringSince or "",
         evicted_pods=tuple(status.evictedPods),
         actions=tuple(
             ActionEntry(time=a.time, action=a.action, result=a.result, detail=a.detail)
             for a in status.actions
         ),
-        created_at=fault.metadata.creationTimestamp,
+        created_at=fault.metadata.creationTimestamp or "",
         scope=spec.scope or "node",
         resource=spec.resourceName,
         device=spec.resourceID,

@@ -169,8 +169,8 @@ def test_the_probe_reads_versions_the_ecc_total_and_processes_when_due(tmp_path:
     ("raw", "message"),
     [
         ({"procRoot": ""}, "procRoot: must be a non-empty string"),
-        ({"processReportSeconds": -1}, "processReportSeconds: must be >= 0"),
-        ({"processReportMax": 0}, "processReportMax: must be >= 1"),
+        ({"processReportSeconds": -1}, "processReportSeconds: must be between 0 and 86400"),
+        ({"processReportMax": 0}, "processReportMax: must be between 1 and 10000"),
         ({"processReportMax": "64"}, "processReportMax: must be an integer"),
     ],
 )

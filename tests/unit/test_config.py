@@ -1,9 +1,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
+from gpuheal import config as config_module
+from gpuheal.agent import config as agent_config
 from gpuheal.config import Config, ConfigError, load_config, parse_config
 from gpuheal.model import Mode, Severity
 
@@ -101,3 +105,126 @@ def test_files(tmp_path: Path) -> None:
         load_config(bad)
     with pytest.raises(ConfigError, match="cannot read config file"):
         load_config(tmp_path / "missing.yaml")
+
+
+# -- every key, every odd value ---------------------------------------------------------
+
+# (section, schema): where each key lives in the document.
+SECTIONS: list[tuple[str, dict[str, tuple[str, Any]]]] = [
+    ("", config_module._TOP),
+    ("leaderElection", config_module._LEADER),
+    ("deviceHealth", config_module._DEVICE_HEALTH),
+    ("healthGate", config_module._HEALTH_GATE),
+    ("maintenance", config_module._MAINTENANCE),
+    ("pools", config_module._POOLS),
+    ("pools.byName.a3-highgpu-8g", config_module._POOL),
+    ("agent", agent_config._SCHEMA),
+]
+KEYS = [(section, key) for section, schema in SECTIONS for key in schema]
+
+
+def document(section: str, key: str, value: object) -> dict[str, Any]:
+    doc: dict[str, Any] = {key: value}
+    for part in reversed(section.split(".") if section and section != "agent" else []):
+        doc = {part: doc}
+    return doc
+
+
+def parse(section: str, key: str, yaml_value: str) -> object:
+    """Parse `key: <yaml_value>` as the YAML loader hands it over."""
+    value = yaml.safe_load(f"v: {yaml_value}")["v"]
+    if section == "agent":
+        return agent_config.parse_agent_config({key: value})
+    return parse_config(document(section, key, value))
+
+
+def where(section: str, key: str) -> str:
+    return f"{section}.{key}" if section and section != "agent" else key
+
+
+def numeric(schema: dict[str, tuple[str, Any]], key: str) -> bool:
+    for value in (1, 1024):
+        try:
+            schema[key][1](value)
+        except (ValueError, TypeError):
+            continue
+        return True
+    return False
+
+
+NUMERIC = [(s, k) for s, schema in SECTIONS for k in schema if numeric(schema, k)]
+
+
+def test_the_numeric_keys_are_found() -> None:
+    assert ("", "breakerMaxPercent") in NUMERIC and ("", "workers") in NUMERIC
+    assert ("agent", "metricsPort") in NUMERIC
+    assert len(NUMERIC) >= 50
+
+
+@pytest.mark.parametrize(("section", "key"), KEYS, ids=[where(s, k) for s, k in KEYS])
+@pytest.mark.parametrize("value", [".nan", ".inf", "-.inf", "1.0e+400", "-1.0e+400"])
+def test_no_key_takes_a_non_finite_number(section: str, key: str, value: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse(section, key, value)
+    assert f"{where(section, key)}: " in str(err.value)
+
+
+@pytest.mark.parametrize(("section", "key"), NUMERIC, ids=[where(s, k) for s, k in NUMERIC])
+def test_every_number_is_finite_and_has_a_sane_upper_bound(section: str, key: str) -> None:
+    for value, message in [
+        (".nan", "must be a"),  # "a finite number", or "an integer"
+        (".inf", "must be a"),
+        ("1e400", "must be a"),  # YAML 1.1 reads it as a string; JSON-minded people do not
+        ("1000000000000", "must be between "),
+    ]:
+        with pytest.raises(ConfigError) as err:
+            parse(section, key, value)
+        assert f"{where(section, key)}: {message}" in str(err.value), value
+
+
+@pytest.mark.parametrize(("section", "key"), KEYS, ids=[where(s, k) for s, k in KEYS])
+def test_any_value_of_any_type_is_a_config_or_a_config_error(section: str, key: str) -> None:
+    # Before: `pools.byName: 5` raised TypeError, an agent `xid` key `.inf` OverflowError.
+    odd = ["~", "true", "-1", "0", "x", "[]", "[1]", "{}", "{a: 1}", "{.inf: {}}", "2026-12-01"]
+    for value in odd:
+        try:
+            parse(section, key, value)
+        except ConfigError as err:
+            assert where(section, key) in str(err)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("breakerMaxPercent: .nan", "breakerMaxPercent: must be a finite number, got nan"),
+        ("workers: 100000", "workers: must be between 1 and 64, got 100000"),
+        ("leaderElection: {leaseSeconds: .inf}", "leaderElection.leaseSeconds: must be a finite"),
+        ("deviceHealth: {quarantineSeconds: 1.0e+400}", "deviceHealth.quarantineSeconds: must"),
+        ("apiMaxBodyBytes: 99999999999", "apiMaxBodyBytes: must be between 1024 and 67108864"),
+        ("pools: {byName: 5}", "pools.byName: must be a map of pool name to pool, got int"),
+    ],
+)
+def test_regressions_are_refused_naming_the_key(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(text + "\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert message in str(err.value)
+
+
+def test_a_missing_or_unreadable_api_token_file_is_refused_naming_the_key(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    missing = tmp_path / "token" / "token"
+    path.write_text(f"apiTokenFile: {missing}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, check_files=True)  # the controller's start and reload
+    assert f"apiTokenFile: cannot read {missing}: No such file or directory" in str(err.value)
+    # The operator commands read the same document but not the token.
+    assert load_config(path).api_token_file == missing
+    missing.parent.mkdir()
+    missing.mkdir()  # a Secret mounted one level too deep
+    with pytest.raises(ConfigError, match=r"apiTokenFile: cannot read .*: Is a directory"):
+        load_config(path, check_files=True)
+    missing.rmdir()
+    missing.write_text("s3cr3t-t0ken\n")
+    assert load_config(path, check_files=True).api_token_file == missing
