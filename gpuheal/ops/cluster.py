@@ -8,6 +8,7 @@ gpuheal.policy.pools, so all commands and the controller agree.
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ from gpuheal.kube.resources import GPUFault
 from gpuheal.model import FaultRecord
 
 LIST_PAGE = 500
+
+log = logging.getLogger(__name__)
 
 
 def quantity(value: str | None) -> int:
@@ -108,13 +111,14 @@ def name_of(obj: Node | Pod | GenericGlobalResource) -> str:
 
 def fault_records(records: Iterable[GenericGlobalResource]) -> list[FaultRecord]:
     """GPUFault objects as the controller sees them (kube/projections.py);
-    a malformed one is skipped, never a crash."""
+    a malformed one is skipped with a warning naming it, never a crash."""
     out = []
     for record in records:
         try:
             out.append(fault_record(msgspec.convert(dict(record), FaultJson)))
-        except msgspec.ValidationError:
-            continue
+        except msgspec.ValidationError as err:
+            name = (record.metadata.name if record.metadata else None) or "?"
+            log.warning("GPUFault %s skipped: it cannot be read (%s)", name, err)
     return out
 
 

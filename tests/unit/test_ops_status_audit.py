@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
@@ -24,10 +25,11 @@ from gpuheal.model import (
     TAINT_KEY,
 )
 from gpuheal.ops.audit import audit
-from gpuheal.ops.cluster import Snapshot
+from gpuheal.ops.cluster import Snapshot, fault_records
 from gpuheal.ops.output import render
 from gpuheal.ops.selector import SelectorError, parse_selector, selected
 from gpuheal.ops.status import age, fleet_status
+from tests.corpus import EKS_NODE
 
 NOW = dt.datetime(2025, 3, 1, 12, 0, tzinfo=dt.UTC)
 
@@ -435,3 +437,18 @@ def test_the_stuck_threshold_is_adjustable() -> None:
     pods = [pod("stuck", "a0", deleted_ago=20)]
     assert audit(snap(nodes, pods), Config(), NOW).findings == ()
     assert kinds(audit(snap(nodes, pods), Config(), NOW, stuck_after_s=5)) == [("leak", "a0")]
+
+
+def test_a_gpufault_the_cli_cannot_read_is_skipped_with_a_warning_naming_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    good = {
+        "metadata": {"name": "ok"},
+        "spec": {"node": EKS_NODE, "faultID": "a"},
+        "status": {"phase": "Drained"},
+    }
+    bad = {"metadata": {"name": "broken"}, "spec": {"node": EKS_NODE, "faultID": 7}}
+    with caplog.at_level(logging.WARNING):
+        read = fault_records([GPUFault.from_dict(good), GPUFault.from_dict(bad)])
+    assert [r.fault_id for r in read] == ["a"]
+    assert "GPUFault broken skipped" in caplog.text
