@@ -13,7 +13,7 @@ import contextlib
 import json
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,9 @@ from lightkube.resources.admissionregistration_v1 import (
     ValidatingAdmissionPolicyBinding,
 )
 from lightkube.resources.core_v1 import Namespace, Node
+from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
 
+from gpuheal.kube.resources import GPUFault
 from gpuheal.model import TAINT_KEY
 from gpuheal.sim import ControlPlane, audit
 from gpuheal.sim.controller import ControllerProcess
@@ -130,32 +132,56 @@ def taints_refused(kube: Client, pool: dict[str, str], eks_node: str) -> Iterato
     kube.delete(ValidatingAdmissionPolicy, name)
 
 
+ALL: list[dict[str, Any]] = [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]
+# Everything the controller touches but leases (coordination.k8s.io).
+NO_LEASES: list[dict[str, Any]] = [
+    {"apiGroups": ["", "gpuheal.io", "events.k8s.io", "policy"], "resources": ["*"], "verbs": ["*"]}
+]
+LEASES: list[dict[str, Any]] = [
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["*"]}
+]
+AuditedStart = Callable[[dict[str, Any], list[dict[str, Any]]], ControllerProcess]
+
+
 @pytest.fixture
-def audited_controller(
+def audited(
     kube: Client, control_plane: ControlPlane, crds: None, tmp_path: Path
-) -> Iterator[list[ControllerProcess]]:
-    """Controllers run as the identity whose requests the API server audits."""
-    try:
-        audit.grant_cluster_admin(kube, AUDITED_CONTROLLER)
-    except ApiError as err:
-        if err.status.code != 409:
-            raise
+) -> Iterator[tuple[AuditedStart, Callable[[list[dict[str, Any]]], None]]]:
+    """Run controllers as the identity whose requests the API server audits, with
+    the RBAC a test grants it (`grant(rules)`, cluster-wide; removed afterwards)."""
     started: list[ControllerProcess] = []
-    yield started
+    granted: list[str] = []
+
+    def grant(rules: list[dict[str, Any]]) -> None:
+        name = unique("audited")
+        apply(kube, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                     "metadata": {"name": name}, "rules": rules})  # fmt: skip
+        granted.append(name)
+        apply(kube, {
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": name},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                          "name": AUDITED_CONTROLLER}],
+        })  # fmt: skip
+
+    def start(config: dict[str, Any], rules: list[dict[str, Any]]) -> ControllerProcess:
+        grant(rules)
+        kubeconfig = control_plane.kubeconfig_for(AUDITED_CONTROLLER)
+        process = ControllerProcess(tmp_path, kubeconfig, config, identity=unique("ctl"))
+        started.append(process)
+        # A new binding takes effect within moments: the start waits for the caches.
+        return process.start()
+
+    yield start, grant
     for process in started:
         process.stop()
         print(f"--- {process.identity} log (tail) ---\n{process.log()[-4000:]}")
-
-
-def start_audited(
-    control_plane: ControlPlane, tmp_path: Path, started: list[ControllerProcess], pool: Any
-) -> ControllerProcess:
-    kubeconfig = control_plane.kubeconfig_for(AUDITED_CONTROLLER)
-    process = ControllerProcess(
-        tmp_path, kubeconfig, controller_config(pool), identity=unique("ctl")
-    )
-    started.append(process)
-    return process.start()
+    for name in granted:
+        kube.delete(ClusterRoleBinding, name)
+        kube.delete(ClusterRole, name)
+    kube.deletecollection(GPUFault)
 
 
 def test_a_reconcile_the_api_server_keeps_refusing_is_told_once_and_backs_off(
@@ -165,9 +191,10 @@ def test_a_reconcile_the_api_server_keeps_refusing_is_told_once_and_backs_off(
     pool: dict[str, str],
     eks_node: str,
     taints_refused: None,
-    audited_controller: list[ControllerProcess],
+    audited: tuple[AuditedStart, Any],
 ) -> None:
-    controller = start_audited(control_plane, tmp_path, audited_controller, pool)
+    start, _ = audited
+    controller = start(controller_config(pool), ALL)
     controller.wait_leading()
     since = audit.offset(control_plane.audit_log)
     report_fault(kube, eks_node, FAULT_ID)
@@ -280,3 +307,22 @@ def test_a_missing_lease_namespace_is_told_and_leading_starts_once_it_exists(
     finally:
         with contextlib.suppress(ApiError):
             kube.delete(Namespace, missing)
+
+
+def test_no_rbac_on_leases_is_told_and_leading_starts_once_granted(
+    pool: dict[str, str], audited: tuple[AuditedStart, Callable[[list[dict[str, Any]]], None]]
+) -> None:
+    start, grant = audited
+    controller = start(controller_config(pool), NO_LEASES)  # ready: its caches synced
+    body = wait_for("a reason in /readyz", lambda: (b := readyz(controller))["reasons"] and b)
+    assert body["ready"] is True and body["leader"] is False
+    (reason,) = body["reasons"]
+    assert "403 Forbidden" in reason and 'cannot get resource "leases"' in reason, reason
+    errors = 'gpuheal_leader_election_errors_total{reason="Forbidden"}'
+    wait_for("retries", lambda: metric(controller, errors) >= 6)  # retry period 0.5 s
+    warned = [e for e in log_lines(controller) if e["level"] == "warning" and "lease" in e["msg"]]
+    assert len(warned) == 1 and warned[0]["reason"] == "Forbidden", warned
+
+    grant(LEASES)
+    controller.wait_leading()
+    assert readyz(controller)["reasons"] == []
