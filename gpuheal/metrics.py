@@ -65,6 +65,18 @@ class ControllerMetrics:
             registry=r,
         )
         self.leader = Gauge("gpuheal_leader", "1 while this replica holds the lease.", registry=r)
+        self.leader_election_errors = Counter(
+            "gpuheal_leader_election_errors_total",
+            "Lease reads and writes that failed, by reason (Forbidden, NotFound, Timeout, ...).",
+            ["reason"],
+            registry=r,
+        )
+        self.reconcile_errors = Counter(
+            "gpuheal_reconcile_errors_total",
+            "Reconciles that failed and will be retried, by reason (Invalid, Forbidden, ...).",
+            ["reason"],
+            registry=r,
+        )
         self.queue_depth = Gauge(
             "gpuheal_queue_depth", "Nodes waiting in the work queue.", registry=r
         )

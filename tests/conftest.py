@@ -18,6 +18,7 @@ from tests.corpus import eks_node_names
 from tests.helpers import FakeNodes, unique
 
 _TIERS = ("unit", "integration", "e2e", "chaos")
+AUDITED_CONTROLLER = "gpuheal-controller"  # one of gpuheal.sim's static identities
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -32,9 +33,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def control_plane() -> Iterator[ControlPlane]:
     """The session's control plane: every component, started once.
 
-    GPUHEAL_SIM_KEEP=1 keeps its workdir (logs, kubeconfigs) after the run.
+    GPUHEAL_SIM_KEEP=1 keeps its workdir (logs, kubeconfigs) after the run. The
+    API server audits the requests of the gpuheal-controller identity: a test that
+    runs a controller as that user counts, on the server's side, what its retries cost.
     """
-    config = ControlPlaneConfig(keep_workdir=os.environ.get("GPUHEAL_SIM_KEEP") == "1")
+    config = ControlPlaneConfig(
+        keep_workdir=os.environ.get("GPUHEAL_SIM_KEEP") == "1",
+        audit_users=[AUDITED_CONTROLLER],
+    )
     with ControlPlane(config) as cp:
         yield cp
 

@@ -2,6 +2,7 @@
 
 GET  /healthz            alive
 GET  /readyz             caches synced (200) or not (503); says whether this replica leads
+                         and, in `reasons`, what keeps it from being ready or from leading
 GET  /metrics            Prometheus exposition
 GET  /openapi.yaml       this API, described
 POST /api/v1/alerts      Alertmanager webhook (version 4)
@@ -112,8 +113,16 @@ class _Limiter:
 class Api:
     """The request handlers, bound to the controller through `intake`."""
 
-    def __init__(self, intake: Intake, settings: ApiSettings, registry: CollectorRegistry) -> None:
+    def __init__(
+        self,
+        intake: Intake,
+        settings: ApiSettings,
+        registry: CollectorRegistry,
+        *,
+        reasons: Callable[[], list[str]] = list,
+    ) -> None:
         self.intake = intake
+        self.reasons = reasons  # for /readyz: why not ready, or ready but unable to lead
         self.settings = settings
         self.registry = registry
         self.requests = Counter(
@@ -170,7 +179,7 @@ class Api:
 
     async def readyz(self, _: web.Request) -> web.Response:
         ready = self.intake.synced()
-        body = {"ready": ready, "leader": self.intake.leading()}
+        body = {"ready": ready, "leader": self.intake.leading(), "reasons": self.reasons()}
         return web.json_response(body, status=200 if ready else 503)
 
     async def metrics(self, _: web.Request) -> web.Response:

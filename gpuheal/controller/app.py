@@ -25,9 +25,9 @@ from gpuheal.controller.executor import Caches, Crashpoint, Executor
 from gpuheal.controller.intake import ControllerIntake
 from gpuheal.controller.notify import Notifier
 from gpuheal.controller.reconciler import Reconciler
-from gpuheal.controller.worker import work
+from gpuheal.controller.worker import RECONCILE_FAILED, ReconcileFailures, work
 from gpuheal.kube.api import KubeApi, gpufault_path, node_path, pod_path
-from gpuheal.kube.events import EventRecorder
+from gpuheal.kube.events import EventRecorder, node_ref
 from gpuheal.kube.informer import Informer
 from gpuheal.kube.leader import LeaderElector
 from gpuheal.kube.projections import (
@@ -137,6 +137,12 @@ class Controller:
         self.recorder = EventRecorder(
             api, identity, counted=lambda result: self.metrics.events.labels(result).inc()
         )
+        self.failures = ReconcileFailures(
+            counted=lambda reason: self.metrics.reconcile_errors.labels(reason).inc(),
+            warn=lambda node, note: self.recorder.emit(
+                node_ref(node), reason=RECONCILE_FAILED, note=note, action="Reconcile", warning=True
+            ),
+        )
         self.executor = Executor(
             api,
             caches=caches,
@@ -179,6 +185,7 @@ class Controller:
                 retry_s=le.retry_period_seconds,
                 on_started=self._start_leading,
                 on_stopped=self._stop_leading,
+                counted=lambda reason: self.metrics.leader_election_errors.labels(reason).inc(),
             )
             api.write_gate = self.elector.may_write
         self._workers: list[asyncio.Task[None]] = []
@@ -195,6 +202,16 @@ class Controller:
     def _informers(self) -> tuple[Informer[Any, Any], ...]:
         return (self.nodes, self.pods, self.records, self.canaries)
 
+    def unready_reasons(self) -> list[str]:
+        """What keeps this replica from being ready or from leading, for /readyz."""
+        reasons = []
+        waiting = [i.name for i in self._informers if not i.synced.is_set()]
+        if waiting:
+            reasons.append(f"caches not synced: {', '.join(waiting)}")
+        if self.elector is not None and self.elector.problem:
+            reasons.append(self.elector.problem)
+        return reasons
+
     @property
     def leading(self) -> bool:
         return self.elector.is_leader if self.elector else bool(self._workers)
@@ -208,6 +225,7 @@ class Controller:
                     self.queue,
                     self.reconciler.reconcile,
                     not_leader_retry_s=self.config.leader_election.retry_period_seconds,
+                    failures=self.failures,
                 ),
                 name=f"worker-{i}",
             )
@@ -247,7 +265,7 @@ class Controller:
             client_burst=config.api_client_burst,
             node_labels=config.alert_node_labels,
         )
-        return Api(intake, settings, self.metrics.registry)
+        return Api(intake, settings, self.metrics.registry, reasons=self.unready_reasons)
 
     def _dcgm(self, prometheus_url: str) -> DcgmSource:
         config = self.config

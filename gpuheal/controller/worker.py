@@ -1,5 +1,12 @@
 """A reconcile worker: take a node from the queue, reconcile it, requeue it as
-the result says. Several run side by side while this replica leads."""
+the result says. Several run side by side while this replica leads.
+
+A reconcile that fails is retried with the queue's per-node exponential
+backoff. Every failure is counted by reason; the first failure of a streak is
+logged (with the traceback only when it is not an answer from the API server)
+and put on the Node as a Warning Event; the repeats are logged only when the
+reason changes or once per `repeat_s`, with how many went untold.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +15,69 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from gpuheal.kube.api import NotLeaderError
+from gpuheal.kube.failures import UNEXPECTED, Streaks, describe, failure_reason
 from gpuheal.kube.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
+
+RECONCILE_FAILED = "GPUHealReconcileFailed"  # the Event on the node
+
+
+class ReconcileFailures:
+    """What the workers share about failing nodes: one streak per node."""
+
+    def __init__(
+        self,
+        *,
+        counted: Callable[[str], None],
+        warn: Callable[[str, str], None],
+        repeat_s: float = 300.0,
+        streaks: Streaks | None = None,
+    ) -> None:
+        self.counted = counted  # told the reason of every failure (the metric)
+        self.warn = warn  # (node, note): the Warning Event, once per streak
+        self.streaks = Streaks(repeat_s) if streaks is None else streaks
+
+    def failed(self, node: str, err: Exception, retry_s: float) -> None:
+        reason = failure_reason(err)
+        error = describe(err)
+        self.counted(reason)
+        report = self.streaks.failed(node, reason, error)
+        if report is None:
+            return
+        streak = report.streak
+        if report.first:
+            log.error(
+                "reconcile failed",
+                exc_info=err if reason == UNEXPECTED else None,
+                extra={"node": node, "reason": reason, "error": error, "retry_s": retry_s},
+            )
+            self.warn(node, f"reconcile of this node failed ({reason}), retrying: {error}")
+            return
+        log.error(
+            "reconcile still failing",
+            extra={
+                "node": node,
+                "reason": reason,
+                "error": error,
+                "retry_s": retry_s,
+                "failures": streak.failures,
+                "untold": report.repeats,
+                "failing_s": round(self.streaks.clock() - streak.started, 1),
+            },
+        )
+
+    def succeeded(self, node: str) -> None:
+        streak = self.streaks.succeeded(node)
+        if streak is not None:
+            log.info(
+                "reconcile recovered",
+                extra={
+                    "node": node,
+                    "failures": streak.failures,
+                    "failing_s": round(self.streaks.clock() - streak.started, 1),
+                },
+            )
 
 
 async def work(
@@ -18,6 +85,7 @@ async def work(
     reconcile: Callable[[str], Awaitable[float | None]],
     *,
     not_leader_retry_s: float,
+    failures: ReconcileFailures,
 ) -> None:
     """Run until cancelled (the elector cancels the workers when the lease is lost)."""
     while True:
@@ -33,10 +101,10 @@ async def work(
             queue.add_after(key, not_leader_retry_s)
         except asyncio.CancelledError:
             raise
-        except Exception:
-            delay = queue.add_rate_limited(key)
-            log.exception("reconcile failed", extra={"node": key, "retry_s": delay})
+        except Exception as err:
+            failures.failed(key, err, queue.add_rate_limited(key))
         else:
+            failures.succeeded(key)
             if again is not None:
                 queue.add_after(key, again)
         finally:

@@ -5,6 +5,12 @@ record last changed, never by comparing another host's timestamps with ours.
 The leader may write only while its last renewal is younger than the renew
 deadline; a replica that cannot renew in time stops writing at once, before
 any other replica can acquire (renew deadline < lease duration).
+
+A lease that cannot be read or written (its namespace missing, no RBAC on
+leases, the API server refusing) keeps this replica from leading, so it is
+said at warning level, with the reason (again when the reason changes, else
+once per `repeat_s`), counted, and kept in `problem` for /readyz to show.
+A lost race with another replica (409) is no problem.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gpuheal.kube.api import ApiError, KubeApi
+from gpuheal.kube.failures import Streaks, describe, failure_reason
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +46,8 @@ class LeaderElector:
         retry_s: float,
         on_started: Callable[[], Awaitable[None]],
         on_stopped: Callable[[], Awaitable[None]],
+        counted: Callable[[str], None] = lambda _: None,
+        repeat_s: float = 300.0,
     ) -> None:
         self.api = api
         self.path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
@@ -57,6 +66,13 @@ class LeaderElector:
         self._observed_at = 0.0
         self._released = False
         self.transitions = 0
+        self._counted = counted  # told the reason of every failed lease request
+        self._streaks = Streaks(repeat_s)
+        self.problem: str | None = None  # why the lease cannot be used, while it cannot
+
+    @property
+    def lease(self) -> str:
+        return f"{self.namespace}/{self.name}"
 
     @property
     def is_leader(self) -> bool:
@@ -101,11 +117,11 @@ class LeaderElector:
             raw = await self.api.get(self.path)
         except ApiError as err:
             if err.code != 404:
-                log.warning("lease read failed", extra={"error": str(err)})
+                self._failed("read", err)
                 return False
             return await self._create(now)
         except Exception as err:
-            log.warning("lease read failed", extra={"error": str(err)})
+            self._failed("read", err)
             return False
         lease: dict[str, Any] = json.loads(raw)
         spec = lease.setdefault("spec", {})
@@ -116,6 +132,7 @@ class LeaderElector:
             self._observed, self._observed_at = observed, mono
         duration = float(spec.get("leaseDurationSeconds") or self.lease_s)
         if holder and holder != self.identity and mono - self._observed_at < duration:
+            self._working()  # read fine; someone else leads
             return False
         if holder != self.identity:
             spec["acquireTime"] = _micro_time(now)
@@ -126,8 +143,9 @@ class LeaderElector:
         try:
             await self.api.update(self.path, lease, ungated=True)
         except Exception as err:
-            log.debug("lease update failed", extra={"error": str(err)})
+            self._failed("update", err)
             return False
+        self._working()
         self._observed, self._observed_at = (self.identity, spec["renewTime"]), mono
         return True
 
@@ -147,9 +165,46 @@ class LeaderElector:
         try:
             await self.api.create(self.create_path, body, ungated=True)
         except Exception as err:
-            log.debug("lease create failed", extra={"error": str(err)})
+            self._failed("create", err)
             return False
+        self._working()
         return True
+
+    def _failed(self, step: str, err: Exception) -> None:
+        if isinstance(err, ApiError) and err.code == 409:
+            # Another replica wrote first (AlreadyExists / Conflict): we read again next round.
+            log.debug("lease race lost", extra={"lease": self.lease, "step": step})
+            return
+        reason, error = failure_reason(err), describe(err)
+        self._counted(reason)
+        self.problem = f"lease {self.lease}: {step} failed: {error}"
+        report = self._streaks.failed(self.lease, reason, error)
+        if report is None:
+            return
+        extra = {
+            "lease": self.lease,
+            "namespace": self.namespace,
+            "step": step,
+            "reason": reason,
+            "error": error,
+            "identity": self.identity,
+        }
+        if report.first:
+            log.warning("lease request failed: cannot lead until it works", extra=extra)
+        else:
+            log.warning(
+                "lease requests still failing",
+                extra={**extra, "failures": report.streak.failures, "untold": report.repeats},
+            )
+
+    def _working(self) -> None:
+        self.problem = None
+        streak = self._streaks.succeeded(self.lease)
+        if streak is not None:
+            log.info(
+                "lease works again",
+                extra={"lease": self.lease, "identity": self.identity, "failures": streak.failures},
+            )
 
     async def release(self) -> None:
         """Give the lease up (on SIGTERM) so a standby takes over without waiting it out.

@@ -1,0 +1,328 @@
+"""Failures are visible and cheap, on the real control plane.
+
+A reconcile the API server keeps refusing is counted by reason, logged once,
+put on the node as one Warning Event and retried with backoff (counted from the
+API server's audit log); the chart's remediation-failure alert fires on it in
+real Prometheus; a lease namespace that does not exist is said at warning level
+and in /readyz, and the replica leads once the namespace is there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lightkube import ApiError, Client
+from lightkube.resources.admissionregistration_v1 import (
+    ValidatingAdmissionPolicy,
+    ValidatingAdmissionPolicyBinding,
+)
+from lightkube.resources.core_v1 import Namespace, Node
+from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
+
+from gpuheal.kube.resources import GPUFault
+from gpuheal.model import TAINT_KEY
+from gpuheal.sim import ControlPlane, audit
+from gpuheal.sim.controller import ControllerProcess
+from gpuheal.sim.monitoring import Monitoring
+from gpuheal.sim.nodes import create_gpu_nodes, delete_nodes, wait_nodes_ready
+from gpuheal.sim.workloads import apply, create_namespace
+from tests.conftest import AUDITED_CONTROLLER
+from tests.corpus import unique_eks_node
+from tests.helpers import unique, wait_for
+from tests.integration.conftest import (
+    StartController,
+    controller_config,
+    events_for,
+    faults_of,
+    our_taint,
+    report_fault,
+)
+from tests.integration.test_helm_chart import DATA, render
+
+pytestmark = pytest.mark.timeout(300)
+
+POLICY_MESSAGE = "taints on this pool are set by the platform team only"
+FAULT_ID = "xid79-gpu3-20260101T000000Z"  # short: the policy refuses it, no length limit
+
+
+def log_lines(controller: ControllerProcess) -> list[dict[str, Any]]:
+    lines = []
+    for raw in controller.log().splitlines():
+        if raw.startswith("{"):
+            lines.append(json.loads(raw))
+    return lines
+
+
+def readyz(controller: ControllerProcess) -> dict[str, Any]:
+    """The /readyz body, whatever its status code."""
+    try:
+        with urllib.request.urlopen(f"{controller.url}/readyz", timeout=5) as response:  # noqa: S310
+            body: dict[str, Any] = json.load(response)
+    except urllib.error.HTTPError as err:
+        body = json.load(err)
+    return body
+
+
+def metric(controller: ControllerProcess, series: str) -> float:
+    """The value of one exposition line (`name{labels}`), 0 when absent."""
+    for line in controller.metrics().splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+@pytest.fixture
+def eks_node(kube: Client, pool: dict[str, str]) -> Iterator[str]:
+    """One fake GPU node of the test's pool, named as EKS names them."""
+    (node,) = create_gpu_nodes(kube, [unique_eks_node()], labels=pool)
+    wait_nodes_ready(kube, [node])
+    yield node
+    delete_nodes(kube, [node])
+
+
+@pytest.fixture
+def taints_refused(kube: Client, pool: dict[str, str], eks_node: str) -> Iterator[None]:
+    """A cluster policy, as platform teams write them, that refuses gpuheal's
+    taint on the test's nodes: every taint write is answered 422 Invalid."""
+    name = unique("no-gpu-fault-taint")
+    apply(kube, {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
+                "resources": ["nodes"],
+            }]},
+            "validations": [{
+                "expression": "!has(object.spec.taints) || "
+                f"!object.spec.taints.exists(t, t.key == '{TAINT_KEY}')",
+                "message": POLICY_MESSAGE,
+            }],
+        },
+    })  # fmt: skip
+    apply(kube, {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": ["Deny"],
+                 "matchResources": {"objectSelector": {"matchLabels": pool}}},
+    })  # fmt: skip
+
+    def refused() -> bool:
+        taint = {"key": TAINT_KEY, "value": "probe", "effect": "NoSchedule"}
+        try:
+            kube.patch(Node, eks_node, {"spec": {"taints": [taint]}}, dry_run=True)
+        except ApiError as err:
+            return err.status.code == 422
+        return False
+
+    # A new policy takes effect within moments: probe until it does.
+    wait_for("the policy", refused, timeout_s=30)
+    yield
+    kube.delete(ValidatingAdmissionPolicyBinding, name)
+    kube.delete(ValidatingAdmissionPolicy, name)
+
+
+ALL: list[dict[str, Any]] = [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]
+# Everything the controller touches but leases (coordination.k8s.io).
+NO_LEASES: list[dict[str, Any]] = [
+    {"apiGroups": ["", "gpuheal.io", "events.k8s.io", "policy"], "resources": ["*"], "verbs": ["*"]}
+]
+LEASES: list[dict[str, Any]] = [
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["*"]}
+]
+AuditedStart = Callable[[dict[str, Any], list[dict[str, Any]]], ControllerProcess]
+
+
+@pytest.fixture
+def audited(
+    kube: Client, control_plane: ControlPlane, crds: None, tmp_path: Path
+) -> Iterator[tuple[AuditedStart, Callable[[list[dict[str, Any]]], None]]]:
+    """Run controllers as the identity whose requests the API server audits, with
+    the RBAC a test grants it (`grant(rules)`, cluster-wide; removed afterwards)."""
+    started: list[ControllerProcess] = []
+    granted: list[str] = []
+
+    def grant(rules: list[dict[str, Any]]) -> None:
+        name = unique("audited")
+        apply(kube, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                     "metadata": {"name": name}, "rules": rules})  # fmt: skip
+        granted.append(name)
+        apply(kube, {
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": name},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                          "name": AUDITED_CONTROLLER}],
+        })  # fmt: skip
+
+    def start(config: dict[str, Any], rules: list[dict[str, Any]]) -> ControllerProcess:
+        grant(rules)
+        kubeconfig = control_plane.kubeconfig_for(AUDITED_CONTROLLER)
+        process = ControllerProcess(tmp_path, kubeconfig, config, identity=unique("ctl"))
+        started.append(process)
+        # A new binding takes effect within moments: the start waits for the caches.
+        return process.start()
+
+    yield start, grant
+    for process in started:
+        process.stop()
+        print(f"--- {process.identity} log (tail) ---\n{process.log()[-4000:]}")
+    for name in granted:
+        kube.delete(ClusterRoleBinding, name)
+        kube.delete(ClusterRole, name)
+    kube.deletecollection(GPUFault)
+
+
+def test_a_reconcile_the_api_server_keeps_refusing_is_told_once_and_backs_off(
+    kube: Client,
+    control_plane: ControlPlane,
+    tmp_path: Path,
+    pool: dict[str, str],
+    eks_node: str,
+    taints_refused: None,
+    audited: tuple[AuditedStart, Any],
+) -> None:
+    start, _ = audited
+    controller = start(controller_config(pool), ALL)
+    controller.wait_leading()
+    since = audit.offset(control_plane.audit_log)
+    report_fault(kube, eks_node, FAULT_ID)
+    invalid = 'gpuheal_reconcile_errors_total{reason="Invalid"}'
+    wait_for("the first refused reconcile", lambda: metric(controller, invalid) >= 1)
+    time.sleep(60)  # a minute of retries
+
+    found = list(audit.requests(control_plane.audit_log, user=AUDITED_CONTROLLER, since=since))
+    print("requests in the minute:", audit.by_verb_and_resource(iter(found)))
+    taint_writes = [r for r in found if r.resource == "nodes" and r.verb in ("patch", "update")]
+    refused = [r for r in taint_writes if r.code == 422]
+    # Backoff 0.5, 1, 2, 4, 8, 16, 32 s: about 8 attempts in the first minute, then one a minute.
+    assert 4 <= len(refused) <= 10, taint_writes
+    print("node writes:", [(r.verb, r.code, r.at) for r in taint_writes])
+    # Besides the retries: the record, its status, the Events; the lease renewals aside.
+    writes = [r for r in found if r.verb not in ("get", "list", "watch") and r.resource != "leases"]
+    assert len(writes) <= len(taint_writes) + 6, audit.by_verb_and_resource(iter(found))
+    errors = metric(controller, invalid)
+    assert errors >= len(refused) - 1, errors  # every failure counted (one may be in flight)
+    assert our_taint(kube, eks_node) is None
+    assert faults_of(kube, eks_node)  # the record says a fault was seen
+
+    failed = events_for(kube, eks_node, "GPUHealReconcileFailed")
+    assert len(failed) == 1, failed  # once per streak, not per retry
+    assert failed[0].type == "Warning"
+    assert "Invalid" in str(failed[0].message) and POLICY_MESSAGE in str(failed[0].message)
+
+    lines = log_lines(controller)
+    told = [e for e in lines if e["level"] == "error" and e.get("node") == eks_node]
+    assert [e["msg"] for e in told] == ["reconcile failed"], told
+    assert told[0]["reason"] == "Invalid" and POLICY_MESSAGE in told[0]["error"]
+    assert not [e for e in lines if "exc" in e], "no traceback for an answer of the API server"
+
+
+def test_the_chart_alert_on_remediation_failures_fires_in_real_prometheus(
+    kube: Client,
+    control_plane: ControlPlane,
+    tmp_path: Path,
+    pool: dict[str, str],
+    eks_node: str,
+    taints_refused: None,
+    start_controller: StartController,
+) -> None:
+    rendered = render(control_plane, "gh", "gpuheal-system", DATA / "values-full.yaml")
+    rules = next(o for o in rendered if o["kind"] == "PrometheusRule")["spec"]["groups"]
+    rule = next(
+        r for g in rules for r in g["rules"] if r.get("alert") == "GPUHealRemediationFailures"
+    )
+    rule = {**rule, "for": "5s"}  # the chart's expression as is; minutes of `for` made seconds
+    token_file = tmp_path / "token"
+    token_file.write_text("alertmanager-token\n")
+    controller = start_controller(controller_config(pool, apiTokenFile=str(token_file)))
+    controller.wait_leading()
+    monitoring = Monitoring(
+        tmp_path / "monitoring",
+        targets=[f"127.0.0.1:{controller.port}"],
+        rules=[rule],
+        webhook_url=f"{controller.url}/api/v1/alerts",
+        token_file=token_file,
+    ).start()
+
+    def alert_state() -> str:
+        url = f"{monitoring.prometheus_url}/api/v1/rules?type=alert"
+        with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310
+            groups = json.load(response)["data"]["groups"]
+        return str(groups[0]["rules"][0]["state"]) if groups else ""
+
+    try:
+        # Healthy: evaluated and silent.
+        wait_for("the rule evaluated", lambda: alert_state() == "inactive", timeout_s=30)
+        time.sleep(8)  # longer than `for`
+        assert alert_state() == "inactive"
+        report_fault(kube, eks_node, FAULT_ID)
+        wait_for("the alert firing", lambda: alert_state() == "firing", timeout_s=90)
+        url = f"{monitoring.prometheus_url}/api/v1/alerts"
+        with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310
+            alerts = json.load(response)["data"]["alerts"]
+        assert [a["labels"]["reason"] for a in alerts if a["state"] == "firing"] == ["Invalid"]
+    finally:
+        monitoring.stop()
+
+
+def test_a_missing_lease_namespace_is_told_and_leading_starts_once_it_exists(
+    kube: Client, pool: dict[str, str], start_controller: StartController
+) -> None:
+    missing = unique("gpuheal-system")
+    config = controller_config(pool)
+    config["leaderElection"] = {**config["leaderElection"], "namespace": missing}
+    controller = start_controller(config)  # ready: its caches synced
+    try:
+        body = wait_for("a reason in /readyz", lambda: (b := readyz(controller))["reasons"] and b)
+        assert body["ready"] is True and body["leader"] is False
+        assert len(body["reasons"]) == 1, body
+        assert missing in body["reasons"][0] and "not found" in body["reasons"][0], body
+        errors = 'gpuheal_leader_election_errors_total{reason="NotFound"}'
+        wait_for("retries", lambda: metric(controller, errors) >= 6)  # retry period 0.5 s
+
+        warned = [
+            e for e in log_lines(controller) if e["level"] == "warning" and "lease" in e["msg"]
+        ]
+        assert len(warned) == 1, warned  # said once, not once per retry period
+        assert warned[0]["namespace"] == missing and missing in warned[0]["error"], warned
+        assert warned[0]["reason"] == "NotFound"
+        assert not controller.leading()
+
+        create_namespace(kube, missing)
+        controller.wait_leading()
+        assert readyz(controller)["reasons"] == []
+        assert "lease works again" in [e["msg"] for e in log_lines(controller)]
+    finally:
+        with contextlib.suppress(ApiError):
+            kube.delete(Namespace, missing)
+
+
+def test_no_rbac_on_leases_is_told_and_leading_starts_once_granted(
+    pool: dict[str, str], audited: tuple[AuditedStart, Callable[[list[dict[str, Any]]], None]]
+) -> None:
+    start, grant = audited
+    controller = start(controller_config(pool), NO_LEASES)  # ready: its caches synced
+    body = wait_for("a reason in /readyz", lambda: (b := readyz(controller))["reasons"] and b)
+    assert body["ready"] is True and body["leader"] is False
+    (reason,) = body["reasons"]
+    assert "403 Forbidden" in reason and 'cannot get resource "leases"' in reason, reason
+    errors = 'gpuheal_leader_election_errors_total{reason="Forbidden"}'
+    wait_for("retries", lambda: metric(controller, errors) >= 6)  # retry period 0.5 s
+    warned = [e for e in log_lines(controller) if e["level"] == "warning" and "lease" in e["msg"]]
+    assert len(warned) == 1 and warned[0]["reason"] == "Forbidden", warned
+
+    grant(LEASES)
+    controller.wait_leading()
+    assert readyz(controller)["reasons"] == []
