@@ -132,6 +132,27 @@ class ControllerMetrics:
             "Released devices that never failed a canary, within falseQuarantineSeconds.",
             registry=r,
         )
+        # The DCGM source (docs/api.md, "DCGM metrics through Prometheus").
+        self.dcgm_samples_dropped = Counter(
+            "gpuheal_dcgm_samples_dropped_total",
+            "DCGM samples no fault can be made of (NaN, Inf, DCGM blank values, an Xid"
+            " that is no Xid), by query and why.",
+            ["query", "why"],
+            registry=r,
+        )
+        self.dcgm_findings = Gauge(
+            "gpuheal_dcgm_findings",
+            "What the DCGM source found on managed nodes at its last poll, by query.",
+            ["query"],
+            registry=r,
+        )
+        self.dcgm_poll_errors = Counter(
+            "gpuheal_dcgm_poll_errors_total",
+            "Failed Prometheus requests of the DCGM source, by reason (connection,"
+            " timeout, http, prometheus, response, internal).",
+            ["reason"],
+            registry=r,
+        )
         self.contact_support = Counter(
             "gpuheal_contact_support_total",
             "Faults flagged contact support: repeated remediations of one node.",

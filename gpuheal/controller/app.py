@@ -19,8 +19,8 @@ from typing import Any
 
 from gpuheal.api.server import Api, ApiSettings, serve
 from gpuheal.config import Config, ConfigError, load_config
-from gpuheal.controller.dcgm import DcgmSource
 from gpuheal.controller.dcgm import queries as dcgm_queries
+from gpuheal.controller.dcgm_source import DcgmSource
 from gpuheal.controller.executor import Caches, Crashpoint, Executor
 from gpuheal.controller.intake import ControllerIntake
 from gpuheal.controller.notify import Notifier
@@ -276,6 +276,7 @@ class Controller:
             submit=self.intake.submit,
             resolve=lambda node, fault_id: self.intake.resolve(node, fault_id, None),
             managed=lambda node: self.intake.node_status(node) == "managed",
+            metrics=self.metrics,
         )
 
     def reload(self, path: Path) -> bool:

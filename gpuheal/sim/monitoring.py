@@ -31,10 +31,12 @@ def require(binary: str) -> str:
 
 
 class FakeDcgmExporter:
-    """Serves /metrics in the exposition format, with series a test can change."""
+    """Serves /metrics in the exposition format, with series a test can change.
+    A value is a number, or the sample's text as an exporter could write it
+    (`+Inf`, `NaN`, `1e400`)."""
 
     def __init__(self) -> None:
-        self.series: dict[str, float] = {}
+        self.series: dict[str, float | str] = {}
         self._lock = threading.Lock()
         exporter = self
 
@@ -54,14 +56,26 @@ class FakeDcgmExporter:
         self.port = self.server.server_port
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def set(self, name: str, labels: Mapping[str, str], value: float) -> None:
-        text = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    def set(self, name: str, labels: Mapping[str, str], value: float | str) -> None:
         with self._lock:
-            self.series[f"{name}{{{text}}}"] = value
+            self.series[self._series(name, labels)] = value
+
+    def remove(self, name: str, labels: Mapping[str, str]) -> None:
+        """The exporter stops publishing a series (as dcgm-exporter does for a pod gone)."""
+        with self._lock:
+            self.series.pop(self._series(name, labels), None)
+
+    @staticmethod
+    def _series(name: str, labels: Mapping[str, str]) -> str:
+        text = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        return f"{name}{{{text}}}"
 
     def render(self) -> str:
         with self._lock:
-            lines = [f"{series} {value:g}" for series, value in sorted(self.series.items())]
+            lines = [
+                f"{series} {value if isinstance(value, str) else format(value, 'g')}"
+                for series, value in sorted(self.series.items())
+            ]
         return "\n".join(lines) + "\n"
 
     def start(self) -> FakeDcgmExporter:

@@ -1,4 +1,4 @@
-"""Alertmanager payloads and DCGM query results -> signals (pure)."""
+"""Alertmanager payloads -> signals (pure; DCGM results: test_dcgm.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,6 @@ from hypothesis import strategies as st
 from gpuheal import values
 from gpuheal.api import fields
 from gpuheal.api.alerts import PayloadError, alert_fault_id, decode_webhook, interpret
-from gpuheal.controller.dcgm import Query, queries, signal_for
-from gpuheal.controller.dcgm import interpret as interpret_dcgm
 from gpuheal.model import Severity
 from tests.corpus import EKS_NODE, GPU_UUIDS, NODE_NAMES, alert, dcgm_labels, webhook
 
@@ -82,33 +80,6 @@ def test_bad_payloads_are_refused_with_a_precise_message(body: bytes, message: s
     with pytest.raises(PayloadError) as err:
         decode_webhook(body)
     assert message in str(err.value)
-
-
-def test_dcgm_results_become_findings_with_either_hostname_spelling() -> None:
-    query = Query("dbe", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL > 0", "EccUncorrectable", Severity.P0)
-    result: list[dict[str, object]] = [
-        {"metric": {"Hostname": "n1", "UUID": "GPU-a", "gpu": "0"}, "value": [1.0, "3"]},
-        {"metric": {"hostname": "n2", "gpu": "5"}, "value": [1.0, "1"]},
-        {"metric": {"gpu": "1"}, "value": [1.0, "1"]},  # no host: skipped
-        {"metric": {"Hostname": "n3"}, "value": [1.0, "NaNx"]},  # bad value: skipped
-        {"garbage": True},
-    ]
-    found = interpret_dcgm(query, result)
-    assert [(f.node, f.gpu, f.value) for f in found] == [("n1", "GPU-a", 3.0), ("n2", "5", 1.0)]
-    assert signal_for(found[0], "dcgm-dbe-GPU-a-1").devices == ("GPU-a",)
-
-
-def test_a_dcgm_xid_is_classified_by_the_xid_catalogue() -> None:
-    (xid,) = [q for q in queries(85, 95) if q.name == "xid"]
-    app, hw = interpret_dcgm(xid, [
-        {"metric": {"Hostname": "n1", "gpu": "0"}, "value": [0, "13"]},
-        {"metric": {"Hostname": "n1", "gpu": "1"}, "value": [0, "79"]},
-    ])  # fmt: skip
-    assert signal_for(app, "a").severity is Severity.P2
-    assert (signal_for(hw, "b").reason, signal_for(hw, "b").severity) == (
-        "XidCritical79",
-        Severity.P0,
-    )
 
 
 # -- values an alert carries: bounded whatever the alert says ------------------
