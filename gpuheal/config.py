@@ -11,6 +11,8 @@ a duration past any plausible setting is a typo, not a request.
 from __future__ import annotations
 
 import math
+import re
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,8 +47,55 @@ class ConditionRule:
 
 @dataclass(frozen=True)
 class NotificationSink:
-    url: str
+    url: str  # a secret: logged only as url_origin(url)
     format: str = "json"  # json | slack
+
+    @property
+    def shown(self) -> str:
+        return url_origin(self.url)
+
+
+def url_origin(url: str) -> str:
+    """A URL as it may be logged: scheme and host (and port) only.
+
+    Webhook URLs carry their secret anywhere but in the host: a Slack webhook in
+    its path (`/services/T.../B.../<secret>`), others in the query or as
+    `user:password@`."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:  # a port that is not a number, a bad IPv6 literal
+        return "<unparsable URL>"
+    if not parts.scheme or not host:
+        return "<unparsable URL>"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{parts.scheme}://{host}" + (f":{port}" if port is not None else "")
+
+
+def without_url_secrets(text: str, url: str) -> str:
+    """`text` (an HTTP client's error message, say) with every part of `url` that
+    may be secret taken out: any URL on the same host, however the client wrote
+    it, becomes the origin; the path, query, fragment and user info, alone (as
+    given or percent-encoded either way), become `<redacted>`."""
+    origin = url_origin(url)
+    parts = urllib.parse.urlsplit(url)
+    if parts.hostname:
+        on_host = re.compile(
+            rf"[a-z][a-z0-9+.-]*://[^\s'\"<>]*?{re.escape(parts.hostname)}[^\s'\"<>)]*",
+            re.IGNORECASE,
+        )
+        text = on_host.sub(origin, text)
+    secrets = {parts.path if parts.path != "/" else "", parts.query, parts.fragment}
+    userinfo, at, _ = parts.netloc.rpartition("@")
+    if at:
+        secrets |= {userinfo, *userinfo.split(":", 1)}
+    for secret in list(secrets):
+        secrets |= {urllib.parse.unquote(secret), urllib.parse.quote(secret, safe="/")}
+    for secret in sorted((s for s in secrets if len(s) > 1), key=len, reverse=True):
+        text = text.replace(secret, "<redacted>")
+    return text
 
 
 @dataclass(frozen=True)
@@ -195,11 +244,15 @@ class Config:
     resolved_alert_clears: bool = False
     # Alert labels that name the node, in order; "instance" is matched to node addresses.
     alert_node_labels: tuple[str, ...] = ("node", "Hostname", "hostname", "instance")
-    # The bearer token for POSTs, read from a mounted Secret file. None: POSTs are refused.
+    # The API's bearer token(s), one a line, from a mounted Secret file; re-read when
+    # the file changes. None: every request that needs a token is refused.
     api_token_file: Path | None = None
     api_max_body_bytes: int = 1 << 20
+    # The budget of each token; clients without a valid one share a small one per address.
     api_client_rate_per_second: float = 20.0
     api_client_burst: int = 40
+    # GET /api/v1/faults (node and pod names) without a token: for a trusted network only.
+    api_open_reads: bool = False
     # Webhook sinks told after each remediation step: {url, format: json|slack}.
     notification_sinks: tuple[NotificationSink, ...] = ()
     # Optional DCGM source: dcgm-exporter series queried from this Prometheus.
@@ -318,10 +371,14 @@ def optional(parse: Any) -> Any:
 
 
 def _url(value: Any) -> str:
-    text = string(value)
-    if not text.startswith(("http://", "https://")):
-        raise ValueError(f"must be an http(s) URL, got {text!r}")
-    return text
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"must be an http(s) URL, got {type(value).__name__}")
+    # The value is not echoed: a webhook URL is a secret (a typo'd one too).
+    if not value.startswith(("http://", "https://")):
+        raise ValueError(f"must be an http(s) URL, got {len(value)} characters without http(s)://")
+    if url_origin(value) == "<unparsable URL>":
+        raise ValueError(f"must be an http(s) URL with a host, got {len(value)} characters")
+    return value
 
 
 def _sink_format(value: Any) -> str:
@@ -364,6 +421,7 @@ _TOP: dict[str, tuple[str, Any]] = {
     "apiMaxBodyBytes": ("api_max_body_bytes", integer(1024, MAX_BODY_BYTES)),
     "apiClientRatePerSecond": ("api_client_rate_per_second", number(0.01, MAX_RATE)),
     "apiClientBurst": ("api_client_burst", integer(1, MAX_BURST)),
+    "apiOpenReads": ("api_open_reads", boolean),
     "watchTimeoutSeconds": ("watch_timeout_seconds", integer(1, 3600)),
     "watchInactivitySeconds": ("watch_inactivity_seconds", number(1, 3600)),
 }
@@ -616,7 +674,17 @@ def load_yaml(path: Path) -> Any:
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise ConfigError(f"config file {path} is not valid YAML: {err}") from err
+        raise ConfigError(f"config file {path} is not valid YAML: {_yaml_problem(err)}") from err
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """What is wrong and where, without the excerpt of the line PyYAML quotes:
+    that line may hold a webhook URL or another secret."""
+    if not isinstance(err, yaml.MarkedYAMLError):
+        return str(err)  # a reader error: a character and its position
+    where = err.problem_mark or err.context_mark
+    at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
+    return " ".join(p for p in (err.context, err.problem) if p) + at
 
 
 def load_config(path: Path | None, *, check_files: bool = False) -> Config:

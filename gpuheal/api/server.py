@@ -9,18 +9,22 @@ POST /api/v1/alerts      Alertmanager webhook (version 4)
 POST /api/v1/process     manual trigger: {node, action: quarantine|clear, reason, severity}
 GET  /api/v1/faults      current and recent faults (GPUFault records)
 
-Every POST needs `Authorization: Bearer <token>` (compared in constant time;
-401 never says which part was wrong). Bodies are capped (413), each client is
-rate limited (429), malformed input gets 400 with a precise message, and
-nothing a request says can make the controller act on a node outside its node
-selector. Only the leader takes signals: a standby answers 503 so the sender
-retries (Alertmanager does).
+Everything under /api/ needs `Authorization: Bearer <token>` (compared in
+constant time; 401 never says which part was wrong), but GET /api/v1/faults
+when `apiOpenReads` opens it; /healthz, /readyz, /metrics and /openapi.yaml are
+open. Authentication comes first, then the rate limit (429): a request with a
+valid token spends its token's budget, any other request the small budget of
+its client address, so nobody without the token can exhaust the budget of a
+sender that has it (behind SNAT, every client shares an address). Bodies are
+capped (413), malformed input gets 400 with a precise message, and nothing a
+request says can make the controller act on a node outside its node selector.
+Only the leader takes signals: a standby answers 503 so the sender retries
+(Alertmanager does).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import hmac
 import json
 import logging
 import time
@@ -43,6 +47,7 @@ from gpuheal.api.fields import (
     is_text,
     shown,
 )
+from gpuheal.api.token import ApiTokens
 from gpuheal.model import FaultSignal, Severity
 from gpuheal.policy.ratelimit import TokenBucket
 
@@ -73,13 +78,19 @@ class Intake(Protocol):
     def faults(self, node: str | None, limit: int) -> list[dict[str, Any]]: ...
 
 
+# The budget of each client address for requests without a valid token: enough
+# for a person with curl, or a reader of open fault data, not for guessing tokens.
+ANONYMOUS_RATE_PER_SECOND = 1.0
+ANONYMOUS_BURST = 10
+
+
 @dataclass(frozen=True)
 class ApiSettings:
-    token: bytes | None = None  # None: every POST is refused
-    max_body_bytes: int = 1 << 20
-    client_rate_per_second: float = 20.0
+    max_body_bytes: int = 1 << 20  # fixed when the server starts
+    client_rate_per_second: float = 20.0  # per valid token
     client_burst: int = 40
     node_labels: tuple[str, ...] = ("node", "Hostname", "hostname", "instance")
+    open_reads: bool = False  # GET /api/v1/faults without a token
 
 
 class ManualRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -95,7 +106,8 @@ def _problem(status: int, message: str, **headers: str) -> web.Response:
 
 
 class _Limiter:
-    """A token bucket per client address; old idle clients are forgotten."""
+    """A token bucket per client (an address, or a token's digest); old idle
+    clients are forgotten."""
 
     def __init__(self, rate: float, burst: int) -> None:
         self.rate, self.burst = rate, burst
@@ -119,11 +131,13 @@ class Api:
         settings: ApiSettings,
         registry: CollectorRegistry,
         *,
+        tokens: ApiTokens,
         reasons: Callable[[], list[str]] = list,
     ) -> None:
         self.intake = intake
         self.reasons = reasons  # for /readyz: why not ready, or ready but unable to lead
         self.settings = settings
+        self.tokens = tokens
         self.registry = registry
         self.requests = Counter(
             "gpuheal_api_requests_total", "API requests by route and status code.",
@@ -136,7 +150,15 @@ class Api:
             ["result"],
             registry=registry,
         )
-        self.limiter = _Limiter(settings.client_rate_per_second, settings.client_burst)
+        self.authenticated = _Limiter(settings.client_rate_per_second, settings.client_burst)
+        self.anonymous = _Limiter(ANONYMOUS_RATE_PER_SECOND, ANONYMOUS_BURST)
+
+    def configure(self, settings: ApiSettings) -> None:
+        """Apply a reloaded config (all but the body limit, fixed at start)."""
+        budget = (settings.client_rate_per_second, settings.client_burst)
+        if budget != (self.settings.client_rate_per_second, self.settings.client_burst):
+            self.authenticated = _Limiter(*budget)
+        self.settings = settings
 
     def app(self) -> web.Application:
         app = web.Application(
@@ -160,12 +182,18 @@ class Api:
 
     async def _guarded(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path.startswith("/api/"):
-            wait = self.limiter.take(request.remote or "?")
+            # Who first, then how much: a client without the token spends only the
+            # budget of its own address, never that of a sender with the token.
+            identity = self.tokens.identify(_presented(request))
+            if identity is not None:
+                wait = self.authenticated.take(identity)
+            else:
+                wait = self.anonymous.take(request.remote or "?")
             if wait > 0:
                 return _problem(
                     429, "rate limit exceeded", **{"Retry-After": str(max(1, round(wait)))}
                 )
-            if request.method == "POST" and not _authorized(request, self.settings.token):
+            if identity is None and not self._open(request):
                 return _problem(401, "unauthorized", **{"WWW-Authenticate": "Bearer"})
         try:
             return await handler(request)
@@ -173,6 +201,14 @@ class Api:
             return _problem(413, f"body larger than {self.settings.max_body_bytes} bytes")
         except web.HTTPException as err:
             return _problem(err.status, err.reason)
+
+    def _open(self, request: web.Request) -> bool:
+        """Whether this /api/ request may go without a token."""
+        return (
+            self.settings.open_reads
+            and request.method in ("GET", "HEAD")
+            and request.path == "/api/v1/faults"
+        )
 
     async def healthz(self, _: web.Request) -> web.Response:
         return web.Response(text="ok\n")
@@ -294,16 +330,15 @@ def _manual_severity(wanted: ManualRequest) -> Severity:
         raise ValueError(f"$.severity: want P0, P1 or P2, got {wanted.severity!r}") from None
 
 
-def _authorized(request: web.Request, token: bytes | None) -> bool:
-    if token is None:
-        return False
+def _presented(request: web.Request) -> bytes:
+    """The bearer token the request carries; b"" for none (no token is empty)."""
     header = request.headers.get("Authorization", "")
     scheme, _, presented = header.partition(" ")
+    if scheme.lower() != "bearer":  # the scheme is no secret: no need for constant time
+        return b""
     # aiohttp decodes header bytes that are not UTF-8 as surrogates: surrogateescape
     # gives back the bytes as sent, to compare like any other wrong token.
-    offered = presented.strip().encode("utf-8", "surrogateescape")
-    # Constant time over the token; the scheme check leaks nothing secret.
-    return scheme.lower() == "bearer" and hmac.compare_digest(offered, token)
+    return presented.strip().encode("utf-8", "surrogateescape")
 
 
 async def serve(app: web.Application, host: str, port: int) -> web.AppRunner:

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuheal.api import token as api_token
 from gpuheal.api.server import Api, ApiSettings, serve
+from gpuheal.api.token import ApiTokens
 from gpuheal.config import Config, ConfigError, load_config
 from gpuheal.controller.dcgm import queries as dcgm_queries
 from gpuheal.controller.dcgm_source import DcgmSource
@@ -189,6 +191,8 @@ class Controller:
             )
             api.write_gate = self.elector.may_write
         self._workers: list[asyncio.Task[None]] = []
+        self.api_tokens = ApiTokens(config.api_token_file)
+        self._http: Api | None = None
 
     def _decode_error_counter(self, informer: str) -> Callable[[], None]:
         counter = self.metrics.informer_decode_errors.labels(informer)  # exported from 0
@@ -245,27 +249,21 @@ class Controller:
                 await task
 
     def http_api(self) -> Api:
-        intake = self.intake
-        config = self.config
-        token = None
-        if config.api_token_file is not None:
-            try:
-                token = config.api_token_file.read_bytes().strip() or None
-            except OSError as err:  # checked at load: gone since, moments ago
-                log.error(
-                    "apiTokenFile unreadable",
-                    extra={"path": str(config.api_token_file), "error": err.strerror},
-                )
-        if token is None:
-            log.warning("no API token: every POST to the API is refused (set apiTokenFile)")
-        settings = ApiSettings(
-            token=token,
-            max_body_bytes=config.api_max_body_bytes,
-            client_rate_per_second=config.api_client_rate_per_second,
-            client_burst=config.api_client_burst,
-            node_labels=config.alert_node_labels,
+        self.api_tokens.refresh()
+        self._http = Api(
+            self.intake,
+            _api_settings(self.config),
+            self.metrics.registry,
+            tokens=self.api_tokens,
+            reasons=self.unready_reasons,
         )
-        return Api(intake, settings, self.metrics.registry, reasons=self.unready_reasons)
+        return self._http
+
+    async def _watch_api_tokens(self) -> None:
+        """Re-read the token file when it changes: a Secret update swaps it in place."""
+        while True:
+            await asyncio.sleep(api_token.POLL_S)
+            self.api_tokens.refresh()
 
     def _dcgm(self, prometheus_url: str) -> DcgmSource:
         config = self.config
@@ -293,6 +291,11 @@ class Controller:
         self.config = config
         self.reconciler.apply_config(config)
         self.notifier.sinks = config.notification_sinks
+        self.api_tokens.use(config.api_token_file)
+        if self._http is not None:
+            if config.api_max_body_bytes != self._http.settings.max_body_bytes:
+                log.warning("apiMaxBodyBytes changes need a restart; the rest is applied")
+            self._http.configure(_api_settings(config, self._http.settings.max_body_bytes))
         log.info("config reloaded", extra={"mode": config.mode.value})
         self.reconciler.enqueue_all()  # a mode switch applies to what is open now
         return True
@@ -321,6 +324,7 @@ class Controller:
         self, stop: asyncio.Event, options: RunOptions, hangup: asyncio.Event | None = None
     ) -> None:
         runner = await serve(self.http_api().app(), options.listen_host, options.listen_port)
+        tokens = asyncio.create_task(self._watch_api_tokens(), name="api-tokens")
         self.notifier.start()
         watcher = (
             asyncio.create_task(self._watch_config(options.config_path, hangup or asyncio.Event()))
@@ -355,7 +359,7 @@ class Controller:
                 task.cancel()
             await asyncio.gather(*informers, return_exceptions=True)
             self.queue.shutdown()
-            for task in [t for t in (watcher, dcgm) if t is not None]:
+            for task in [t for t in (watcher, dcgm, tokens) if t is not None]:
                 task.cancel()
             await self.notifier.stop()
             await self.recorder.flush()
@@ -368,3 +372,13 @@ class Controller:
         await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         for future in waiting:
             future.cancel()
+
+
+def _api_settings(config: Config, max_body_bytes: int | None = None) -> ApiSettings:
+    return ApiSettings(
+        max_body_bytes=max_body_bytes or config.api_max_body_bytes,
+        client_rate_per_second=config.api_client_rate_per_second,
+        client_burst=config.api_client_burst,
+        node_labels=config.alert_node_labels,
+        open_reads=config.api_open_reads,
+    )

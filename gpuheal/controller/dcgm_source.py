@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from gpuheal.config import without_url_secrets
 from gpuheal.controller.dcgm import (
     Dropped,
     Episode,
@@ -244,7 +245,9 @@ class DcgmSource:
         except TimeoutError as err:
             raise PrometheusError("timeout", "no answer in time", abort=True) from err
         except aiohttp.ClientError as err:
-            raise PrometheusError("connection", f"{type(err).__name__}: {err}", abort=True) from err
+            # The message may quote the URL, which may carry user:password.
+            message = f"{type(err).__name__}: {without_url_secrets(str(err), self.url)}"
+            raise PrometheusError("connection", message, abort=True) from err
         if not isinstance(body, dict):
             # Prometheus answers its own errors in JSON; anything else is a proxy or
             # a server in trouble.

@@ -4,6 +4,10 @@ Sending runs on its own task behind a queue: a slow or failing sink is retried
 with backoff and never delays a remediation. A message that still fails after
 the retries is dropped with a log line and a metric (the Events and the
 GPUFault record stay the audit trail).
+
+A sink's URL is a secret (a Slack webhook's is in its path, others in the
+query or user info): logs name a sink by its scheme and host only, and an HTTP
+client's error message is scrubbed of the rest of the URL before it is logged.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Any
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter
 
-from gpuheal.config import NotificationSink
+from gpuheal.config import NotificationSink, without_url_secrets
 from gpuheal.policy.backoff import backoff_delay
 
 log = logging.getLogger(__name__)
@@ -101,12 +105,13 @@ class Notifier:
                         self.sent.labels("sent").inc()
                         return
                     why = f"HTTP {response.status}"
-            except (aiohttp.ClientError, TimeoutError) as err:
-                why = str(err) or type(err).__name__
+            except (aiohttp.ClientError, TimeoutError, ValueError) as err:
+                # Some errors quote the URL (InvalidURL, a redirect to a bad one).
+                why = without_url_secrets(str(err), sink.url) or type(err).__name__
             if attempt < ATTEMPTS:
                 await asyncio.sleep(backoff_delay(attempt, self.retry_base_s, 60.0))
         self.sent.labels("failed").inc()
         log.warning(
             "notification failed",
-            extra={"node": notice.node, "sink": sink.url.split("?")[0], "error": why},
+            extra={"node": notice.node, "sink": sink.shown, "error": why},
         )

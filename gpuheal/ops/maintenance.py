@@ -25,7 +25,7 @@ from lightkube.types import PatchType
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from gpuheal.config import Config
+from gpuheal.config import Config, url_origin, without_url_secrets
 from gpuheal.model import (
     CHECKPOINT_REQUESTED,
     COUNTERS_SINCE,
@@ -246,7 +246,8 @@ def _call_webhook(ctx: Context, node: str, reason: str, deadline: str, pods: Seq
         response = httpx2.post(url, json=body, timeout=WEBHOOK_TIMEOUT_S)
         response.raise_for_status()
     except httpx2.HTTPError as err:
-        why = f"checkpoint webhook {url} failed: {err}"
+        # The URL is a secret (its path or query often is): its host only.
+        why = f"checkpoint webhook {url_origin(url)} failed: {without_url_secrets(str(err), url)}"
         ctx.err.print(Text(f"warning: {why}; waiting for the GPU pods anyway", style="yellow"))
         return why
     return "ok"

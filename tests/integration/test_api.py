@@ -1,8 +1,13 @@
 """The controller's HTTP API: auth, limits, bad input, manual triggers, alerts,
-notifications, P1 escalation and config reload, on the real control plane."""
+notifications, P1 escalation and config reload, on the real control plane.
+
+Every controller these tests start has its whole log searched, after the test,
+for the secrets it was given (the API token, webhook URLs' paths and passwords):
+none may appear."""
 
 from __future__ import annotations
 
+import base64
 import http.server
 import json
 import socket
@@ -21,6 +26,7 @@ from lightkube.resources.core_v1 import Node
 
 from gpuheal.sim.controller import ControllerProcess
 from gpuheal.sim.nodes import delete_nodes, gpu_node, wait_nodes_ready
+from gpuheal.sim.secretvolume import SecretVolume
 from tests.corpus import GPU_UUIDS, dcgm_labels, unique_eks_node, unique_fqdn
 from tests.corpus import alert as alert_of
 from tests.corpus import webhook as webhook_of
@@ -29,6 +35,31 @@ from tests.integration.conftest import StartController, controller_config, fault
 
 pytestmark = pytest.mark.timeout(240)
 TOKEN = "s3cret-token-for-tests"
+# What the notification test configures, secrets all: a Slack webhook's path, a
+# password and a query token in a sink's URL.
+SLACK_SECRET = "XqZ7vN2kLp9RtY4wMb6c8dFg"
+SLACK_PATH = f"/services/T0A1B2C3D/B0E4F5G6H/{SLACK_SECRET}"
+SINK_PASSWORD = "pa55-w0rd-9f8e7d"
+SINK_QUERY_TOKEN = "q-t0ken-4c3b2a"
+SECRETS = (TOKEN, SLACK_SECRET, SLACK_PATH, SINK_PASSWORD, SINK_QUERY_TOKEN)
+
+
+@pytest.fixture
+def start_controller(start_controller: StartController) -> Iterator[StartController]:
+    """The integration fixture's, and after the test: no secret in any log line."""
+    started: list[ControllerProcess] = []
+
+    def start(config: dict[str, Any], identity: str = "", **kwargs: Any) -> ControllerProcess:
+        started.append(start_controller(config, identity, **kwargs))
+        return started[-1]
+
+    yield start
+    for process in started:
+        process.stop()  # its last lines too
+        lines = process.log().splitlines()
+        leaks = [(secret, line) for line in lines for secret in SECRETS if secret in line]
+        print(f"{process.identity}: {len(lines)} log lines searched for {len(SECRETS)} secrets")
+        assert leaks == [], f"{process.identity} logged a secret"
 
 
 def call(
@@ -482,3 +513,146 @@ def test_a_node_with_a_253_character_name_is_quarantined_through_the_api(
     }
     wait_for("recovery", lambda: our_taint(kube, by_hand) is None)
     assert "Traceback" not in controller.log()
+
+
+# -- the token's lifecycle, who may read, who spends whose budget, what is logged -----
+
+
+def empty_webhook() -> dict[str, Any]:
+    return {"version": "4", "status": "firing", "receiver": "gpuheal", "alerts": []}
+
+
+def test_a_rotated_token_is_taken_without_a_restart(
+    tmp_path: Path, pool: dict[str, str], start_controller: StartController
+) -> None:
+    old, new, newer = "0ld-Alertmanager-t0ken", "n3w-Alertmanager-t0ken", "n3wer-t0ken-f0r-AM"
+    volume = SecretVolume(tmp_path / "api-token", {"token": old + "\n"})
+    controller = start_controller(
+        controller_config(pool, apiTokenFile=str(volume.path("token")))
+    ).wait_leading()
+    pid = controller.component.pid
+    assert call(controller, "/api/v1/alerts", empty_webhook(), token=old)[0] == 200
+    assert call(controller, "/api/v1/alerts", empty_webhook(), token=new)[0] == 401
+
+    # The Secret updated: the kubelet swaps the volume's ..data link to new content.
+    volume.update({"token": new + "\n"})
+    swapped = time.monotonic()
+    wait_for(
+        "the new token accepted",
+        lambda: call(controller, "/api/v1/alerts", empty_webhook(), token=new)[0] == 200,
+        timeout_s=10,
+    )
+    print(f"new token accepted {time.monotonic() - swapped:.1f}s after the swap")
+    assert call(controller, "/api/v1/alerts", empty_webhook(), token=old)[0] == 401
+
+    # One token a line: both accepted while the senders switch, then only the newer.
+    volume.update({"token": f"{new}\n{newer}\n"})
+    wait_for("both", lambda: call(controller, "/api/v1/faults", token=newer)[0] == 200, 10)
+    assert call(controller, "/api/v1/faults", token=new)[0] == 200
+    volume.update({"token": newer})
+    wait_for("only the newer", lambda: call(controller, "/api/v1/faults", token=new)[0] == 401, 10)
+    assert call(controller, "/api/v1/faults", token=newer)[0] == 200
+    assert controller.component.pid == pid and controller.component.exit_code() is None
+    assert controller.log().count('"msg": "API tokens read"') == 4  # start + three swaps
+    for token in (old, new, newer):
+        assert token not in controller.log()
+
+
+def test_requests_without_the_token_cannot_spend_the_budget_of_a_sender_with_it(
+    api_config: dict[str, Any], start_controller: StartController
+) -> None:
+    controller = start_controller({**api_config, "apiClientRatePerSecond": 1, "apiClientBurst": 3})
+    controller.wait_leading()
+    # Before: three refused POSTs from the address (behind SNAT: anyone's) made the
+    # next one, with the token, get 429.
+    for _ in range(3):
+        assert call(controller, "/api/v1/alerts", empty_webhook(), token=None)[0] == 401
+    assert call(controller, "/api/v1/alerts", empty_webhook())[0] == 200
+    # A flood without the token meets its own small budget; the token's is untouched.
+    codes = [
+        call(controller, "/api/v1/alerts", empty_webhook(), token="guess")[0] for _ in range(20)
+    ]
+    assert set(codes) == {401, 429} and codes[0] == 401
+    assert call(controller, "/api/v1/alerts", empty_webhook())[0] == 200
+    assert call(controller, "/api/v1/faults")[0] == 200
+    # The token's budget is its own: spent by its own requests only.
+    assert 429 in [call(controller, "/api/v1/faults")[0] for _ in range(4)]
+
+
+def test_fault_data_needs_the_token_unless_reads_are_opened(
+    api_config: dict[str, Any], start_controller: StartController
+) -> None:
+    controller = start_controller(api_config).wait_leading()
+    # Before: 200 with every fault's node and evicted pods, for anyone.
+    assert call(controller, "/api/v1/faults", token=None) == (401, {"error": "unauthorized"})
+    assert call(controller, "/api/v1/faults", token="wrong")[0] == 401
+    assert call(controller, "/api/v1/faults") == (200, {"faults": []})
+    for path in ("/healthz", "/readyz", "/metrics", "/openapi.yaml"):
+        with urllib.request.urlopen(controller.url + path, timeout=5) as response:  # noqa: S310
+            assert response.status == 200, path
+
+    # For a trusted network: reads opened by config, reloaded without a restart.
+    controller.config_path.write_text(yaml.safe_dump({**api_config, "apiOpenReads": True}))
+    controller.hangup()
+    wait_for("reads opened", lambda: call(controller, "/api/v1/faults", token=None)[0] == 200)
+    assert call(controller, "/api/v1/alerts", empty_webhook(), token=None)[0] == 401
+
+
+class _SecretSink(http.server.BaseHTTPRequestHandler):
+    """Takes JSON on any path but a Slack-shaped one, which fails (so the
+    controller, giving up on it, logs the failure)."""
+
+    received: list[tuple[str, str, dict[str, Any]]]
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length", "0"))
+        body = json.loads(self.rfile.read(length))
+        self.received.append((self.path, self.headers.get("Authorization", ""), body))
+        self.send_response(500 if self.path.startswith("/services/") else 204)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_no_secret_reaches_the_log(
+    api_config: dict[str, Any],
+    fake_gpu_nodes: FakeNodes,
+    pool: dict[str, str],
+    start_controller: StartController,
+) -> None:
+    received: list[tuple[str, str, dict[str, Any]]] = []
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), type("Sink", (_SecretSink,), {"received": received})
+    )
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    origin = f"http://127.0.0.1:{server.server_port}"
+    sinks = [
+        {"url": f"{origin}{SLACK_PATH}", "format": "slack"},
+        {"url": f"http://gpuheal:{SINK_PASSWORD}@127.0.0.1:{server.server_port}/hook?token={SINK_QUERY_TOKEN}"},
+    ]  # fmt: skip
+    (node,) = fake_gpu_nodes(1, labels=pool)
+    config = {**api_config, "notificationSinks": sinks}
+    try:
+        controller = start_controller(config).wait_leading()
+        for token in (None, "wrong", TOKEN + "x", TOKEN):
+            call(controller, "/api/v1/process", {"node": node, "faultID": "s-1"}, token=token)
+        # The Slack sink fails 5 times (backoff 1, 2, 4, 8 s): then one warning.
+        wait_for("the failure logged", lambda: "notification failed" in controller.log(), 40)
+        assert any(path == "/hook?token=" + SINK_QUERY_TOKEN for path, _, _ in received)
+        basic = base64.b64encode(f"gpuheal:{SINK_PASSWORD}".encode()).decode()
+        assert any(auth == f"Basic {basic}" for _, auth, _ in received)  # the URL was used
+        # A typo on reload: PyYAML quotes the broken line, here the webhook's.
+        controller.config_path.write_text(
+            f"nodeSelector: {json.dumps(pool)}\nnotificationSinks:\n"
+            f"  - url: {origin}{SLACK_PATH} format: slack\n"
+        )
+        controller.hangup()
+        wait_for("the reload refused", lambda: "config reload refused" in controller.log())
+    finally:
+        server.shutdown()
+    (failed,) = [json.loads(line) for line in controller.log().splitlines()
+                 if "notification failed" in line]  # fmt: skip
+    assert failed["sink"] == origin and failed["error"] == "HTTP 500"
+    # ... and the fixture searches every line of the log for every secret.

@@ -228,3 +228,73 @@ def test_a_missing_or_unreadable_api_token_file_is_refused_naming_the_key(tmp_pa
     missing.rmdir()
     missing.write_text("s3cr3t-t0ken\n")
     assert load_config(path, check_files=True).api_token_file == missing
+
+
+# -- secrets in config errors ---------------------------------------------------------
+
+SLACK_SECRET = "XqZ7vN2kLp9RtY4wMb6c8dFg"  # a made-up webhook secret
+SLACK_PATH = f"/services/T0A1B2C3D/B0E4F5G6H/{SLACK_SECRET}"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        # A typo'd scheme: the rest of the URL is still the secret.
+        (f"notificationSinks: [{{url: 'htps://hooks.slack.com{SLACK_PATH}'}}]",
+         "notificationSinks[0].url: must be an http(s) URL, got 76 characters without http(s)://"),
+        (f"notificationSinks: [{{url: 'hooks.slack.com{SLACK_PATH}'}}]",
+         "notificationSinks[0].url: must be an http(s) URL"),
+        (f"maintenance: {{checkpointWebhookUrl: 'https://hooks.slack.com:x{SLACK_PATH}'}}",
+         "maintenance.checkpointWebhookUrl: must be an http(s) URL with a host"),
+        # PyYAML quotes the broken line: here, the webhook's.
+        (f"notificationSinks:\n  - url: https://hooks.slack.com{SLACK_PATH} format: slack",
+         "is not valid YAML: mapping values are not allowed here at line 2, column 94"),
+        (f"mode: full\nnotificationSinks: [{{url: https://hooks.slack.com{SLACK_PATH}",
+         "is not valid YAML: while parsing a flow mapping expected ',' or '}'"),
+    ],
+)  # fmt: skip
+def test_a_config_error_never_quotes_a_webhook_url(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(text + "\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert message in str(err.value)
+    assert SLACK_SECRET not in str(err.value) and "services" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "origin"),
+    [
+        (f"https://hooks.slack.com{SLACK_PATH}", "https://hooks.slack.com"),
+        ("https://gpuheal:pa55w0rd@hooks.example.com:8443/a?token=t0k#f", "https://hooks.example.com:8443"),
+        ("http://[fd00::5]:9093/hook", "http://[fd00::5]:9093"),
+        ("http://127.0.0.1/", "http://127.0.0.1"),
+        ("http://host:port/", "<unparsable URL>"),
+    ],
+)  # fmt: skip
+def test_a_url_is_shown_as_its_scheme_and_host(url: str, origin: str) -> None:
+    assert config_module.url_origin(url) == origin
+
+
+def test_an_error_message_quoting_the_url_is_scrubbed_of_its_secrets() -> None:
+    url = f"https://gpuheal:pa55w0rd@hooks.slack.com{SLACK_PATH}?token=q-s3cret"
+    messages = [
+        f"Client error '404 Not Found' for url '{url}'",  # httpx
+        f"404, message='Not Found', url=URL('{url}')",  # aiohttp
+        f"Cannot redirect to {url.replace('q-s3cret', 'q%2Ds3cret')}",  # percent-encoded
+        f"POST {SLACK_PATH} failed",
+    ]
+    for message in messages:
+        scrubbed = config_module.without_url_secrets(message, url)
+        for secret in (SLACK_SECRET, "pa55w0rd", "s3cret", "services"):
+            assert secret not in scrubbed, (message, scrubbed)
+    assert config_module.without_url_secrets(messages[0], url) == (
+        "Client error '404 Not Found' for url 'https://hooks.slack.com'"
+    )
+
+
+def test_open_reads_are_off_unless_set() -> None:
+    assert parse_config(None).api_open_reads is False
+    assert parse_config({"apiOpenReads": True}).api_open_reads is True
+    with pytest.raises(ConfigError, match="apiOpenReads: must be true or false, got 'yes'"):
+        parse_config({"apiOpenReads": "yes"})

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from gpuheal.agent.app import AgentMetrics
 from gpuheal.api.server import Api, ApiSettings
+from gpuheal.api.token import ApiTokens
 from gpuheal.controller.notify import Notifier
 from gpuheal.metrics import ControllerMetrics
 
@@ -21,7 +22,7 @@ DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
 def metric_names() -> set[str]:
     registry = ControllerMetrics().registry
-    Api(intake=None, settings=ApiSettings(), registry=registry)  # type: ignore[arg-type]
+    Api(intake=None, settings=ApiSettings(), registry=registry, tokens=ApiTokens(None))  # type: ignore[arg-type]
     names = {m.name for m in registry.collect()}
     names |= {m.name for m in AgentMetrics().registry.collect()}
     notifier_registry = CollectorRegistry()
