@@ -7,6 +7,8 @@ gate read-only) and the view role cannot change a node."""
 
 from __future__ import annotations
 
+import base64
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -288,3 +290,85 @@ def test_the_operator_roles_are_enough_for_the_cli_and_no_more(
     finally:
         for binding in bindings:
             kube.delete(ClusterRoleBinding, binding)
+
+
+# -- the API token across upgrades -------------------------------------------------
+
+
+def helm(control_plane: ControlPlane, tmp_path: Path, *argv: str) -> str:
+    """The real helm against the control plane, with its own home (no user's repos)."""
+    home = {
+        f"HELM_{k}_HOME": str(tmp_path / "helm" / k.lower()) for k in ("CACHE", "CONFIG", "DATA")
+    }
+    done = subprocess.run(
+        [str(control_plane.config.binaries.helm), *argv, "--kubeconfig", str(control_plane.kubeconfig)],
+        capture_output=True, text=True, timeout=120, check=False, env={**os.environ, **home},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def installed_token(kube: Client, name: str, namespace: str) -> str:
+    secret = kube.get(Secret, f"{name}-api-token", namespace=namespace)
+    assert secret.data is not None
+    return base64.b64decode(secret.data["token"]).decode()
+
+
+def test_the_api_token_outlives_upgrades(
+    kube: Client, control_plane: ControlPlane, crds: None, tmp_path: Path
+) -> None:
+    name, namespace = unique("gh"), unique("gpuheal-system")
+    # No pods: kwok would place them on other tests' nodes; the Secret is the point.
+    install = ["upgrade", "--install", name, str(CHART), "--namespace", namespace,
+               "--create-namespace", "--set", "controller.replicas=0", "--set", "agent.enabled=false"]  # fmt: skip
+    try:
+        helm(control_plane, tmp_path, *install)
+        first = installed_token(kube, name, namespace)
+        assert len(first) == 48
+        # Before: every upgrade made a new random token, and the running controller
+        # and Alertmanager kept the old one.
+        for revision in (2, 3):
+            helm(control_plane, tmp_path, *install, "--set", f"controller.replicas={revision % 2}")
+            assert installed_token(kube, name, namespace) == first
+        # A token given as a value wins, and stays on the next upgrade that gives none.
+        helm(control_plane, tmp_path, *install, "--set", "controller.apiToken=0per4tor-ch0sen")
+        assert installed_token(kube, name, namespace) == "0per4tor-ch0sen"
+        helm(control_plane, tmp_path, *install)
+        assert installed_token(kube, name, namespace) == "0per4tor-ch0sen"
+    finally:
+        helm(control_plane, tmp_path, "uninstall", name, "--namespace", namespace)
+        kube.delete(Namespace, namespace)
+
+
+def test_without_a_cluster_to_look_in_each_render_makes_a_new_token_or_uses_an_existing_secret(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """`helm template` (and a client-side dry run) cannot read the installed Secret:
+    each render has a new random token. GitOps tools that render with `helm
+    template` (Argo CD) name a Secret they manage instead."""
+
+    def token_of(objects: list[dict[str, Any]]) -> str:
+        (secret,) = [o for o in objects if o["kind"] == "Secret"]
+        return base64.b64decode(secret["data"]["token"]).decode()
+
+    assert token_of(render(control_plane, "gh", "ops")) != token_of(
+        render(control_plane, "gh", "ops")
+    )
+    values = tmp_path / "existing.yaml"
+    values.write_text(
+        yaml.safe_dump({"controller": {"existingTokenSecret": "alertmanager-gpuheal"}})
+    )
+    objects = render(control_plane, "gh", "ops", values)
+    assert "Secret" not in kinds(objects)
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "token"]
+    assert volume["secret"]["secretName"] == "alertmanager-gpuheal"
+    # Mounted as a directory (no subPath): the kubelet updates the file in place.
+    (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "token"]
+    assert "subPath" not in mount
+    config = next(
+        o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "gh-controller"
+    )
+    token_file = Path(yaml.safe_load(config["data"]["config.yaml"])["apiTokenFile"])
+    assert token_file.parent == Path(mount["mountPath"]) and token_file.name == "token"
