@@ -17,6 +17,7 @@ from gpuheal.sim.workloads import create_namespace
 from tests.helpers import FakeNodes, unique
 
 _TIERS = ("unit", "integration", "e2e", "chaos")
+AUDITED_USER = "gpuheal-controller"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -32,8 +33,12 @@ def control_plane() -> Iterator[ControlPlane]:
     """The session's control plane: every component, started once.
 
     GPUHEAL_SIM_KEEP=1 keeps its workdir (logs, kubeconfigs) after the run.
+    The apiserver audits the requests of AUDITED_USER only: a test that must count
+    what a controller costs runs it as that user (start_controller(user=...)).
     """
-    config = ControlPlaneConfig(keep_workdir=os.environ.get("GPUHEAL_SIM_KEEP") == "1")
+    config = ControlPlaneConfig(
+        keep_workdir=os.environ.get("GPUHEAL_SIM_KEEP") == "1", audit_users=(AUDITED_USER,)
+    )
     with ControlPlane(config) as cp:
         yield cp
 
