@@ -126,7 +126,13 @@ class Controller:
             watch_timeout_s=config.watch_timeout_seconds,
             inactivity_s=config.watch_inactivity_seconds,
         )
-        self.queue = WorkQueue()
+        # Failed reconciles and refused device evictions back off as documented for
+        # evictions (node evictions keep their own per-pod schedule, same settings).
+        self.queue = WorkQueue(
+            backoff_base_s=config.eviction_retry_base_seconds,
+            backoff_max_s=config.eviction_retry_max_seconds,
+            jitter=0.1,
+        )
         caches = Caches(
             node=self.nodes.get,
             record=self.records.get,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -38,6 +39,7 @@ from gpuheal.model import (
     NodeView,
     PodView,
 )
+from gpuheal.policy import history
 from gpuheal.policy.clock import iso, parse_time
 from gpuheal.policy.devices import (
     CanaryView,
@@ -68,9 +70,42 @@ from gpuheal.policy.plan import (
 
 log = logging.getLogger(__name__)
 
-MAX_ACTIONS_KEPT = 50
 CONFLICT_RETRIES = 5
 CRASH_ENV = "GPUHEAL_CRASH_AFTER"
+
+
+# What the Eviction API says when a budget refuses (policy/v1 DisruptionBudgetCause):
+# "The disruption budget <name> needs 1 healthy pods and has 1 currently".
+DISRUPTION_BUDGET_CAUSE = "DisruptionBudget"
+_BUDGET_NAME = re.compile(r"^The disruption budget (\S+)")
+
+
+def refused_by(err: ApiError, namespace: str) -> str:
+    """What refused an eviction (429), for people: the PodDisruptionBudget the API
+    server names in the answer's causes, else its message (e.g. API throttling)."""
+    for cause in err.causes:
+        if cause.type != DISRUPTION_BUDGET_CAUSE:
+            continue
+        found = _BUDGET_NAME.match(cause.message)
+        if found:
+            return f"PodDisruptionBudget {namespace}/{found[1]}"
+        return (
+            f"a PodDisruptionBudget ({cause.message})" if cause.message else "a PodDisruptionBudget"
+        )
+    return err.message or err.reason or "429"
+
+
+def _with_evictions(entry: ActionEntry, outcome: Outcome) -> ActionEntry:
+    """The eviction round's record entry, with what came of it."""
+    detail, result = entry.detail, entry.result
+    if outcome.evicted:
+        detail += f"; evicted {len(outcome.evicted)}"
+    if outcome.blocked:
+        refused = ", ".join(
+            f"{k} by {outcome.blocked_by.get(k, '?')}" for k in sorted(outcome.blocked)
+        )
+        detail, result = f"{detail}; blocked: {refused}", "blocked"
+    return replace(entry, detail=detail, result=result)
 
 
 class Replan(Exception):  # noqa: N818 -- a signal to the reconciler, not a failure
@@ -93,6 +128,7 @@ class Caches:
 class Outcome:
     evicted: list[str] = field(default_factory=list)
     blocked: list[str] = field(default_factory=list)
+    blocked_by: dict[str, str] = field(default_factory=dict)  # pod key -> what refused it
     gone: list[str] = field(default_factory=list)
     untainted: bool = False
     handled: bool = False
@@ -341,9 +377,11 @@ class Executor:
             if record is None:
                 record = decode_fault(await self.api.get(gpufault_path(action.name)))
             entry = action.entry
-            if action.record_evictions and outcome.evicted:
-                entry = replace(entry, detail=f"{entry.detail}; evicted {len(outcome.evicted)}")
-            actions = [*record.actions, entry][-MAX_ACTIONS_KEPT:]
+            if action.record_evictions:
+                entry = _with_evictions(entry, outcome)
+            # A repeat of the last entry (the same refusal, attempt after attempt) is
+            # folded into it; the first entries are kept however long the history gets.
+            actions = history.append(record.actions, entry)
             status: dict[str, Any] = {
                 "phase": action.phase.value,
                 "actions": [vars(a) for a in actions],
@@ -438,15 +476,18 @@ class Executor:
                 self._count_eviction(action, "gone")
                 return "gone"
             if err.code == 429:
+                by = refused_by(err, pod.namespace)
                 outcome.blocked.append(pod.key)
+                outcome.blocked_by[pod.key] = by
                 self._count_eviction(action, "blocked")
                 if pod.key not in self._blocked_reported:  # one Event per blocked pod
                     self._blocked_reported.add(pod.key)
+                    detail = "; ".join(c.message for c in err.causes if c.message)
                     self.recorder.emit(
                         node_ref(pod.node),
                         reason=EVICTION_BLOCKED,
-                        note=f"eviction of {pod.key} for fault {action.fault_id} refused: "
-                        f"{err.message}; retrying with backoff",
+                        note=f"eviction of {pod.key} for fault {action.fault_id} refused by "
+                        f"{by}: {detail or err.message}; retrying with backoff",
                         action="Evict",
                         warning=True,
                     )

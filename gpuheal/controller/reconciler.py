@@ -8,11 +8,13 @@ which node.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import replace
 
 from gpuheal import values
@@ -33,6 +35,7 @@ from gpuheal.model import (
     Phase,
     PodView,
 )
+from gpuheal.policy.backoff import Blocked, refused_again
 from gpuheal.policy.dedupe import TtlSet
 from gpuheal.policy.devices import (
     CanaryView,
@@ -57,6 +60,15 @@ from gpuheal.policy.pools import driver_version, pool_of
 from gpuheal.policy.ratelimit import TokenBucket
 
 log = logging.getLogger(__name__)
+
+# The node the current task is reconciling. The informers call their handlers
+# synchronously from upsert(), the write-through of our own writes, so an event
+# about this node seen while it is set is the echo of a write the reconcile made
+# itself: that reconcile's answer (its requeue) already accounts for it, and
+# queueing the node again would start one more reconcile per write (a loop, when
+# each reconcile writes again). Watch events arrive in the informers' own tasks,
+# where this is unset: a change anyone else makes is always seen.
+_RECONCILING: ContextVar[str | None] = ContextVar("gpuheal_reconciling", default=None)
 
 
 class Fleet:
@@ -188,7 +200,9 @@ class Reconciler:
         self.bucket = TokenBucket.full(
             config.rate_limit_per_second, config.rate_limit_burst, time.monotonic()
         )
-        self.blocked_since: dict[str, dict[str, dt.datetime]] = defaultdict(dict)
+        # Per node: its pods whose eviction was refused, and when to try each again.
+        self.blocked: dict[str, dict[str, Blocked]] = defaultdict(dict)
+        self.echoes_ignored = 0  # events of our own writes, not queued (for tests)
         self.external = ExternalSignals(config.external_signal_ttl_seconds)
         self.canaries: Mapping[str, CanaryView] = canaries if canaries is not None else {}
         self.device_reports = DeviceReports(pods_synced)
@@ -203,12 +217,27 @@ class Reconciler:
 
     # -- event routing -------------------------------------------------------
 
+    @contextlib.contextmanager
+    def reconciling(self, name: str) -> Iterator[None]:
+        """While set, events about `name` from this task are our own writes' echoes."""
+        token = _RECONCILING.set(name)
+        try:
+            yield
+        finally:
+            _RECONCILING.reset(token)
+
+    def _enqueue(self, node: str) -> None:
+        if _RECONCILING.get() == node:
+            self.echoes_ignored += 1
+            return
+        self.queue.add(node)
+
     def _on_node(self, old: NodeView | None, new: NodeView | None) -> None:
         self.fleet.on_node(old, new)
         self._update_gauges()
         changed = new or old
         if self.active and changed is not None and _meaningful_change(old, new):
-            self.queue.add(changed.name)
+            self._enqueue(changed.name)
 
     def _on_pod(self, old: PodView | None, new: PodView | None) -> None:
         self.fleet.on_pod(old, new)
@@ -219,19 +248,19 @@ class Reconciler:
         # Pods matter while their node is being drained, and when their devices' health changes.
         devices_changed = (old.devices if old else ()) != (new.devices if new else ())
         if devices_changed or self._has_open_record(changed.node):
-            self.queue.add(changed.node)
+            self._enqueue(changed.node)
 
     def on_canary(self, old: CanaryView | None, new: CanaryView | None) -> None:
         changed = new or old
         if self.active and changed is not None and changed.node:
-            self.queue.add(changed.node)
+            self._enqueue(changed.node)
 
     def _on_record(self, old: FaultRecord | None, new: FaultRecord | None) -> None:
         self.fleet.on_record(old, new)
         self._update_gauges()
         record = new or old
         if self.active and record is not None and record.node:
-            self.queue.add(record.node)
+            self._enqueue(record.node)
 
     def _has_open_record(self, node: str) -> bool:
         return any(
@@ -266,7 +295,7 @@ class Reconciler:
             records=tuple(r for r in records if not r.device_scope),
             gpu_nodes=len(self.fleet.gpu_nodes),
             quarantined=frozenset(self.fleet.quarantined),
-            blocked_since=dict(self.blocked_since.get(node.name, {})),
+            blocked=dict(self.blocked.get(node.name, {})),
             external=(*self.external.active(node.name), *((escalated,) if escalated else ())),
             pool_drivers=self.fleet.drivers_besides(node),
         )
@@ -300,7 +329,8 @@ class Reconciler:
         """Returns the seconds after which to look at this node again, or None."""
         started = time.monotonic()
         try:
-            return await self._reconcile(name)
+            with self.reconciling(name):
+                return await self._reconcile(name)
         finally:
             self.metrics.reconcile_duration.observe(time.monotonic() - started)
             self._update_gauges()
@@ -312,6 +342,7 @@ class Reconciler:
         if node is None:
             await self._close_records_of_deleted_node(name, now)
             self._forget_devices(name)
+            self.blocked.pop(name, None)
             return None
         devices_again = await self._reconcile_devices(node, now)
         node = self.nodes.get(name) or node  # our device marks are on it now (write-through)
@@ -480,8 +511,8 @@ class Reconciler:
             log.info("replanning", extra={"node": name, "why": str(why)})
             return 0.0
         self._after(name, decided, done + actions, outcome, now)
-        if outcome.blocked:
-            return self.queue.add_rate_limited(name)
+        # A refused eviction is not a failed reconcile: its backoff is the pod's own
+        # (self.blocked, planned by the policy), not the queue's failure count.
         self.queue.forget(name)
         return decided.requeue_after
 
@@ -499,6 +530,9 @@ class Reconciler:
         self.config = config
         self.fleet.config = config
         self.executor.config = config
+        self.queue.set_backoff(
+            config.eviction_retry_base_seconds, config.eviction_retry_max_seconds
+        )
         self.memory.ttl = config.dedupe_ttl_seconds
         self.external.ttl_s = config.external_signal_ttl_seconds
         self.device_buckets.clear()  # new eviction rates apply from a full bucket
@@ -514,13 +548,23 @@ class Reconciler:
         outcome: Outcome,
         now: dt.datetime,
     ) -> None:
-        blocked = self.blocked_since[name]
+        blocked = self.blocked[name]
         for key in outcome.blocked:
-            blocked.setdefault(key, now)
+            blocked[key] = refused_again(
+                blocked.get(key),
+                decided.fault_id,
+                now,
+                outcome.blocked_by.get(key, ""),
+                base=self.config.eviction_retry_base_seconds,
+                cap=self.config.eviction_retry_max_seconds,
+            )
+        on_node = self.fleet.pods_by_node.get(name, set())
+        for key in [k for k in blocked if k not in on_node]:
+            del blocked[key]  # left by other means (a person, its controller)
         for key in (*outcome.evicted, *outcome.gone):
             blocked.pop(key, None)
         if not blocked:
-            self.blocked_since.pop(name, None)
+            self.blocked.pop(name, None)
         if outcome.handled:
             self.memory.add(f"{name}/{decided.fault_id}", time.monotonic())
         steps = tuple(dict.fromkeys(type(a).__name__ for a in ran if not isinstance(a, Emit)))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +30,23 @@ STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 class ApiError(Exception):
     """A non-2xx answer from the API server."""
 
-    def __init__(self, code: int, reason: str, message: str) -> None:
+    def __init__(
+        self, code: int, reason: str, message: str, causes: tuple[Cause, ...] = ()
+    ) -> None:
         super().__init__(f"{code} {reason}: {message}")
         self.code = code
         self.reason = reason
         self.message = message
+        self.causes = causes  # the Status's details.causes: what exactly was refused
+
+
+@dataclass(frozen=True)
+class Cause:
+    """One of a Status's details.causes (e.g. type "DisruptionBudget" on a refused
+    eviction, whose message names the budget)."""
+
+    type: str
+    message: str
 
 
 class NotLeaderError(RuntimeError):
@@ -43,7 +56,13 @@ class NotLeaderError(RuntimeError):
 def _error(response: httpx2.Response) -> ApiError:
     try:
         status = json.loads(response.content)
-        return ApiError(response.status_code, status.get("reason", ""), status.get("message", ""))
+        causes = tuple(
+            Cause(str(c.get("reason", "")), str(c.get("message", "")))
+            for c in (status.get("details") or {}).get("causes") or ()
+        )
+        return ApiError(
+            response.status_code, status.get("reason", ""), status.get("message", ""), causes
+        )
     except (ValueError, AttributeError):
         return ApiError(response.status_code, "", response.text[:200])
 

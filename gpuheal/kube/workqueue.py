@@ -4,19 +4,34 @@
 - A key being processed is never handed to a second worker; if it is added
   meanwhile it is marked dirty and queued again when the first worker is done.
 - `add_after` delays a key; the earliest pending delay wins.
-- Per-key failure count feeds exponential backoff; `forget` resets it.
+- `add` hands a key out now and drops its pending delay: the reconcile it
+  starts answers when to look again (level-triggered). So only events that
+  mean something may reach `add`: the controller does not queue the echoes
+  of its own writes (see Reconciler), and a step that must wait (a refused
+  eviction) keeps its schedule in the state it plans from, not in this queue.
+- Per-key failure count feeds exponential backoff (base, doubling, capped,
+  less up to `jitter` of it); `forget` resets it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 from collections import deque
+from collections.abc import Callable
 
 from gpuheal.policy.backoff import backoff_delay
 
 
 class WorkQueue:
-    def __init__(self, *, backoff_base_s: float = 0.5, backoff_max_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        *,
+        backoff_base_s: float = 0.5,
+        backoff_max_s: float = 60.0,
+        jitter: float = 0.0,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
         self._queue: deque[str] = deque()
         self._queued: set[str] = set()
         self._processing: set[str] = set()
@@ -26,11 +41,24 @@ class WorkQueue:
         self._wakeup = asyncio.Condition()
         self._base = backoff_base_s
         self._max = backoff_max_s
+        self._jitter = jitter
+        self._rand = rand
         self.adds = 0
         self.coalesced = 0
 
     def __len__(self) -> int:
         return len(self._queue)
+
+    def set_backoff(self, base_s: float, max_s: float) -> None:
+        """Take a reloaded config's backoff; keys already waiting keep their delay."""
+        self._base, self._max = base_s, max_s
+
+    def pending(self, key: str) -> float | None:
+        """Seconds until the key's delayed add, or None if none is pending."""
+        timer = self._timers.get(key)
+        if timer is None:
+            return None
+        return max(timer.when() - asyncio.get_running_loop().time(), 0.0)
 
     def add(self, key: str) -> None:
         self.adds += 1
@@ -68,7 +96,7 @@ class WorkQueue:
         """Requeue after a failure with per-key exponential backoff; returns the delay."""
         failures = self._failures.get(key, 0) + 1
         self._failures[key] = failures
-        delay = backoff_delay(failures, self._base, self._max)
+        delay = backoff_delay(failures, self._base, self._max, jitter=self._jitter, rand=self._rand)
         self.add_after(key, delay)
         return delay
 

@@ -32,6 +32,7 @@ from gpuheal.model import (
     Severity,
     fault_record_name,
 )
+from gpuheal.policy.backoff import Blocked
 from gpuheal.policy.breaker import breaker_allows
 from gpuheal.policy.clock import iso, parse_time
 from gpuheal.policy.gate import GATE_FAILED, GateResult, evaluate, facts_from_views
@@ -134,8 +135,8 @@ class NodeState:
     gpu_nodes: int = 0
     # GPU nodes carrying our taint right now (this node included if it does).
     quarantined: frozenset[str] = frozenset()
-    # Pod key -> when its eviction was first refused (429), in this process's memory.
-    blocked_since: Mapping[str, dt.datetime] = field(default_factory=dict)
+    # Pod key -> its refused eviction (429) and when to try again, in this process's memory.
+    blocked: Mapping[str, Blocked] = field(default_factory=dict)
     # Signals about this node from outside it: alerts, DCGM metrics, manual requests.
     external: tuple[FaultSignal, ...] = ()
     # Driver versions of the other GPU nodes of this node's pool (version -> nodes),
@@ -352,14 +353,9 @@ def _advance(
         if not fault.handled:
             actions.append(MarkHandled(node.name, signal.fault_id))
         return _with(base, actions, new_quarantine=new_quarantine)
-    drain_actions, draining = _drain_step(fault, config, now)
+    drain_actions, requeue = _drain_step(fault, config, now)
     actions += drain_actions
-    return _with(
-        base,
-        actions,
-        new_quarantine=new_quarantine,
-        requeue_after=config.eviction_retry_base_seconds if draining else None,
-    )
+    return _with(base, actions, new_quarantine=new_quarantine, requeue_after=requeue)
 
 
 def _quarantine_step(fault: _Fault, config: Config, now: dt.datetime) -> tuple[list[Action], bool]:
@@ -409,21 +405,28 @@ def _quarantine_step(fault: _Fault, config: Config, now: dt.datetime) -> tuple[l
     return actions, False
 
 
-def _drain_step(fault: _Fault, config: Config, now: dt.datetime) -> tuple[list[Action], bool]:
-    """Evict the GPU pods; once none is left, mark handled. True while draining."""
+def _drain_step(
+    fault: _Fault, config: Config, now: dt.datetime
+) -> tuple[list[Action], float | None]:
+    """Evict the GPU pods; once none is left, mark handled. Also when to look again
+    (None: drained)."""
     state, signal, record = fault.state, fault.signal, fault.record
     # Our canary pods tolerate the taint on purpose: they test a device before release.
     gpu_pods = [
         p for p in state.pods if p.gpu and not p.daemonset and not p.terminal and not p.canary
     ]
     to_evict = [p for p in gpu_pods if not p.deleting]
+    # A refused eviction waits out its backoff, whatever brings the node back here
+    # sooner (a pod event, a watch echo): each attempt is a request and a record write.
+    waits = {p.key: _next_attempt(p, _refusal(p, fault), config, now) for p in to_evict}
+    due = [p for p in to_evict if waits[p.key] <= 0]
     actions: list[Action] = []
     if gpu_pods:
-        actions += [_evict_or_delete(p, signal.fault_id, state, config, now) for p in to_evict]
+        actions += [_evict_or_delete(p, fault, config, now) for p in due]
         # Only news goes into the record: pods terminating for their grace period
-        # (seconds to minutes) must not rewrite it on every reconcile, or each write's
-        # own watch event would start the next one.
-        if to_evict or record.phase is not Phase.DRAINING:
+        # (seconds to minutes) or waiting for their next attempt must not rewrite it
+        # on every reconcile.
+        if due or record.phase is not Phase.DRAINING:
             detail = f"{len(to_evict)} to evict, {len(gpu_pods) - len(to_evict)} terminating"
             actions.append(
                 UpdateRecord(
@@ -433,28 +436,55 @@ def _drain_step(fault: _Fault, config: Config, now: dt.datetime) -> tuple[list[A
                     record_evictions=True,
                 )
             )
-        return actions, True
+        # Terminating pods (and those tried now) are polled; a waiting one is looked
+        # at again when its next attempt is due.
+        terminating = len(gpu_pods) > len(to_evict)
+        requeue = config.eviction_retry_base_seconds if due or terminating else None
+        for wait in waits.values():
+            if wait > 0:
+                requeue = _soonest(requeue, wait)
+        return actions, requeue
     # Drained: only now mark the fault handled, then its record.
     if not fault.handled:
         actions.append(MarkHandled(state.node.name, signal.fault_id))
     if record.phase is not Phase.DRAINED:
         actions.append(UpdateRecord(record.name, Phase.DRAINED, _entry(now, "drain")))
-    return actions, False
+    return actions, None
+
+
+def _refusal(pod: PodView, fault: _Fault) -> Blocked | None:
+    """The pod's refused eviction for this fault (one for an earlier fault is over)."""
+    blocked = fault.state.blocked.get(pod.key)
+    return blocked if blocked is not None and blocked.fault_id == fault.signal.fault_id else None
+
+
+def _delete_at(pod: PodView, blocked: Blocked | None, config: Config) -> dt.datetime | None:
+    """When a blocked pod may be deleted instead (evictionDeleteAfterSeconds), if ever."""
+    limit = config.eviction_delete_after_seconds
+    if blocked is None or limit is None or pod.namespace in config.protected_namespaces:
+        return None
+    return blocked.since + dt.timedelta(seconds=limit)
+
+
+def _next_attempt(pod: PodView, blocked: Blocked | None, config: Config, now: dt.datetime) -> float:
+    """Seconds until the pod's next attempt (0: now): its backoff, or its deletion
+    if that comes sooner."""
+    if blocked is None:
+        return 0.0
+    at = blocked.retry_at
+    delete_at = _delete_at(pod, blocked, config)
+    if delete_at is not None:
+        at = min(at, delete_at)
+    return max((at - now).total_seconds(), 0.0)
 
 
 def _evict_or_delete(
-    pod: PodView, fault_id: str, state: NodeState, config: Config, now: dt.datetime
+    pod: PodView, fault: _Fault, config: Config, now: dt.datetime
 ) -> Evict | DeletePod:
-    since = state.blocked_since.get(pod.key)
-    limit = config.eviction_delete_after_seconds
-    if (
-        since is not None
-        and limit is not None
-        and (now - since).total_seconds() >= limit
-        and pod.namespace not in config.protected_namespaces
-    ):
-        return DeletePod(pod, fault_id)
-    return Evict(pod, fault_id)
+    delete_at = _delete_at(pod, _refusal(pod, fault), config)
+    if delete_at is not None and now >= delete_at:
+        return DeletePod(pod, fault.signal.fault_id)
+    return Evict(pod, fault.signal.fault_id)
 
 
 def _recover(state: NodeState, config: Config, now: dt.datetime) -> Plan:

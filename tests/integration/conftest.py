@@ -72,10 +72,13 @@ def start_controller(
     the test, so the next test's controller starts from a clean slate."""
     started: list[ControllerProcess] = []
 
-    def start(config: dict[str, Any], identity: str = "", **kwargs: Any) -> ControllerProcess:
+    def start(
+        config: dict[str, Any], identity: str = "", user: str = "", **kwargs: Any
+    ) -> ControllerProcess:
+        """`user`: the identity it authenticates as (default: the admin)."""
         process = ControllerProcess(
             tmp_path,
-            control_plane.kubeconfig,
+            control_plane.kubeconfig_for(user) if user else control_plane.kubeconfig,
             config,
             identity=identity or unique("ctl"),
             **kwargs,

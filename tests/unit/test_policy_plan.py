@@ -26,6 +26,7 @@ from gpuheal.model import (
     Taint,
     fault_record_name,
 )
+from gpuheal.policy.backoff import Blocked
 from gpuheal.policy.breaker import quarantine_capacity
 from gpuheal.policy.clock import iso
 from gpuheal.policy.plan import (
@@ -96,6 +97,12 @@ def record(phase: Phase, node: str = N1, fault_id: str = F1, **kw: object) -> Fa
         phase=phase,
         **kw,  # type: ignore[arg-type]
     )
+
+
+def refused(
+    fault_id: str, *, since: dt.datetime, retry_at: dt.datetime, attempts: int = 1
+) -> Blocked:
+    return Blocked(fault_id, since, attempts, retry_at, "PodDisruptionBudget ml/budget")
 
 
 def kinds(p: object) -> list[str]:
@@ -262,10 +269,13 @@ def test_a_held_fault_whose_node_recovers_is_resolved_without_touching_the_node(
 
 def test_a_blocked_eviction_becomes_a_delete_after_the_timeout_but_never_when_protected() -> None:
     config = replace(CONFIG, eviction_delete_after_seconds=300)
-    since = {"ml/a": NOW - dt.timedelta(seconds=301), "kube-system/b": NOW - dt.timedelta(days=1)}
+    blocked = {
+        "ml/a": refused(F1, since=NOW - dt.timedelta(seconds=301), retry_at=NOW),
+        "kube-system/b": refused(F1, since=NOW - dt.timedelta(days=1), retry_at=NOW),
+    }
     pods = (gpu_pod("a"), replace(gpu_pod("b"), namespace="kube-system"), gpu_pod("c"))
     state = NodeState(
-        tainted(faulty()), pods=pods, records=(record(Phase.DRAINING),), blocked_since=since
+        tainted(faulty()), pods=pods, records=(record(Phase.DRAINING),), blocked=blocked
     )
     actions = plan(state, config, NOW).actions
     assert [type(a) for a in actions if isinstance(a, Evict | DeletePod)] == [
@@ -276,6 +286,58 @@ def test_a_blocked_eviction_becomes_a_delete_after_the_timeout_but_never_when_pr
     # Without a configured timeout nothing is ever deleted.
     never = plan(state, CONFIG, NOW).actions
     assert not any(isinstance(a, DeletePod) for a in never)
+
+
+def test_a_refused_eviction_waits_for_its_retry_time_with_no_request_and_no_write() -> None:
+    # The PDB storm: every reconcile (a watch echo, a pod event) used to evict again
+    # and rewrite the record, about 10 times a second for one blocked pod.
+    blocked = {"ml/a": refused(F1, since=NOW, retry_at=NOW + dt.timedelta(seconds=8))}
+    state = NodeState(
+        tainted(faulty()), pods=(gpu_pod("a"),), records=(record(Phase.DRAINING),), blocked=blocked
+    )
+    early = plan(state, CONFIG, NOW + dt.timedelta(seconds=3))
+    assert early.actions == ()
+    assert early.requeue_after == 5  # when the next attempt is due
+    due = plan(state, CONFIG, NOW + dt.timedelta(seconds=8))
+    assert kinds(due) == ["Evict", "UpdateRecord"]
+
+
+def test_only_the_pods_that_are_due_are_tried_and_the_soonest_retry_wins() -> None:
+    blocked = {
+        "ml/a": refused(F1, since=NOW, retry_at=NOW + dt.timedelta(seconds=30)),
+        "ml/b": refused(F1, since=NOW, retry_at=NOW + dt.timedelta(seconds=9)),
+    }
+    pods = (gpu_pod("a"), gpu_pod("b"), gpu_pod("c"))
+    state = NodeState(
+        tainted(faulty()), pods=pods, records=(record(Phase.DRAINING),), blocked=blocked
+    )
+    p = plan(state, CONFIG, NOW)
+    assert [a.pod.name for a in p.actions if isinstance(a, Evict)] == ["c"]
+    assert p.requeue_after == CONFIG.eviction_retry_base_seconds  # c was tried now
+    waiting = replace(state, pods=pods[:2])
+    assert plan(waiting, CONFIG, NOW).requeue_after == 9
+
+
+def test_a_refusal_for_an_earlier_fault_does_not_delay_a_new_one() -> None:
+    blocked = {"ml/a": refused("f0", since=NOW, retry_at=NOW + dt.timedelta(seconds=60))}
+    state = NodeState(
+        tainted(faulty()), pods=(gpu_pod("a"),), records=(record(Phase.DRAINING),), blocked=blocked
+    )
+    assert kinds(plan(state, CONFIG, NOW)) == ["Evict", "UpdateRecord"]
+
+
+def test_the_delete_deadline_cuts_a_long_backoff_short() -> None:
+    config = replace(CONFIG, eviction_delete_after_seconds=300)
+    since = NOW - dt.timedelta(seconds=290)
+    blocked = {"ml/a": refused(F1, since=since, retry_at=NOW + dt.timedelta(seconds=60))}
+    state = NodeState(
+        tainted(faulty()), pods=(gpu_pod("a"),), records=(record(Phase.DRAINING),), blocked=blocked
+    )
+    assert plan(state, config, NOW).requeue_after == 10
+    assert kinds(plan(state, config, NOW + dt.timedelta(seconds=10))) == [
+        "DeletePod",
+        "UpdateRecord",
+    ]
 
 
 def test_a_new_fault_supersedes_the_open_record_of_the_old_one() -> None:

@@ -1,0 +1,87 @@
+"""The controller's own writes do not start more work; what others write does.
+
+The write-through of a write a reconcile makes runs the informer handlers
+inside that reconcile; queueing the node again there started one more
+reconcile per write, and with a refused eviction (each attempt writes the
+record) a loop of about 10 evictions and 10 record writes a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import cast
+
+from gpuheal.config import Config
+from gpuheal.controller.executor import Caches, Executor
+from gpuheal.controller.reconciler import Reconciler
+from gpuheal.kube.api import KubeApi, gpufault_path, node_path
+from gpuheal.kube.events import EventRecorder
+from gpuheal.kube.informer import Informer
+from gpuheal.kube.projections import FaultJson, NodeJson, PodJson, fault_record, node_view
+from gpuheal.kube.workqueue import WorkQueue
+from gpuheal.metrics import ControllerMetrics
+from gpuheal.model import FaultRecord, NodeView, Phase, PodView
+from tests.corpus import EKS_NODE, GKE_NODE
+
+
+def _reconciler() -> tuple[
+    Reconciler, Informer[FaultJson, FaultRecord], Informer[PodJson, PodView]
+]:
+    api = cast(KubeApi, None)  # nothing here talks to a server
+    config = Config()
+    nodes: Informer[NodeJson, NodeView] = Informer(
+        api, node_path(), NodeJson, node_view, lambda n: n.name, name="nodes"
+    )
+    pods: Informer[PodJson, PodView] = Informer(
+        api, "/api/v1/pods", PodJson, lambda p: cast(PodView, p), lambda p: p.key, name="pods"
+    )
+    records: Informer[FaultJson, FaultRecord] = Informer(
+        api, gpufault_path(), FaultJson, fault_record, lambda r: r.name, name="gpufaults"
+    )
+    metrics = ControllerMetrics()
+    caches = Caches(
+        node=nodes.get,
+        record=records.get,
+        put_node=lambda v: nodes.upsert(v, v.resource_version),
+        put_record=lambda v: records.upsert(v, v.resource_version),
+        put_pod=lambda v: pods.upsert(v, v.resource_version),
+    )
+    executor = Executor(
+        api, caches=caches, recorder=EventRecorder(api, "unit"), metrics=metrics, config=config
+    )
+    reconciler = Reconciler(
+        config=config,
+        nodes=nodes,
+        pods=pods,
+        records=records,
+        queue=WorkQueue(),
+        executor=executor,
+        metrics=metrics,
+    )
+    reconciler.active = True
+    return reconciler, records, pods
+
+
+def _record(node: str, version: str) -> FaultRecord:
+    return FaultRecord(f"{node[:20]}-f1", node, "f1", Phase.DRAINING, resource_version=version)
+
+
+def test_our_own_writes_while_reconciling_a_node_do_not_queue_it_again() -> None:
+    async def run() -> None:
+        reconciler, records, pods = _reconciler()
+        with reconciler.reconciling(EKS_NODE):
+            records.upsert(_record(EKS_NODE, "10"), "10")  # our status write
+            pod = PodView("ml", "trainer-0", "uid-0", EKS_NODE, "Running", "11", gpu=True)
+            pods.upsert(pod, "11")
+            # Another node's change seen meanwhile is news.
+            records.upsert(_record(GKE_NODE, "12"), "12")
+        assert reconciler.echoes_ignored == 2
+        assert len(reconciler.queue) == 1
+        assert await reconciler.queue.get() == GKE_NODE
+        # The same kind of change from anyone else (a watch event, outside any
+        # reconcile) queues the node.
+        records.upsert(_record(EKS_NODE, "13"), "13")
+        assert len(reconciler.queue) == 1
+        assert reconciler.fleet.records_by_node[EKS_NODE]  # the indexes saw every write
+
+    asyncio.run(run())
