@@ -130,6 +130,7 @@ class Outcome:
     blocked: list[str] = field(default_factory=list)
     blocked_by: dict[str, str] = field(default_factory=dict)  # pod key -> what refused it
     gone: list[str] = field(default_factory=list)
+    left: dict[str, str] = field(default_factory=dict)  # pod key -> UID evicted or deleted
     untainted: bool = False
     handled: bool = False
 
@@ -513,6 +514,7 @@ class Executor:
         """A pod we evicted or deleted: mark it leaving in the cache, record it, say so."""
         self.caches.put_pod(replace(pod, deleting=True))
         outcome.evicted.append(pod.key)
+        outcome.left[pod.key] = pod.uid
         self.metrics.pods_evicted.labels(result).inc()
         verb = "Evict" if result == "evicted" else "Delete"
         self.recorder.emit(

@@ -21,6 +21,7 @@ from gpuheal import values
 from gpuheal.config import Config
 from gpuheal.controller.devices import DeviceReports
 from gpuheal.controller.executor import Executor, Outcome, Replan
+from gpuheal.controller.leaving import LeavingPods
 from gpuheal.controller.notify import Notice
 from gpuheal.controller.signals import ExternalSignals
 from gpuheal.kube.informer import Store
@@ -202,6 +203,7 @@ class Reconciler:
         )
         # Per node: its pods whose eviction was refused, and when to try each again.
         self.blocked: dict[str, dict[str, Blocked]] = defaultdict(dict)
+        self.leaving = LeavingPods()
         self.echoes_ignored = 0  # events of our own writes, not queued (for tests)
         self.external = ExternalSignals(config.external_signal_ttl_seconds)
         self.canaries: Mapping[str, CanaryView] = canaries if canaries is not None else {}
@@ -241,6 +243,7 @@ class Reconciler:
 
     def _on_pod(self, old: PodView | None, new: PodView | None) -> None:
         self.fleet.on_pod(old, new)
+        self.leaving.on_pod(old, new)
         self.device_reports.on_pod(old, new)
         changed = new or old
         if not (self.active and changed and changed.node):
@@ -284,7 +287,9 @@ class Reconciler:
 
     def state_of(self, node: NodeView) -> NodeState:
         pods = tuple(
-            p for key in self.fleet.pods_by_node.get(node.name, ()) if (p := self.pods.get(key))
+            self.leaving.seen(p)
+            for key in self.fleet.pods_by_node.get(node.name, ())
+            if (p := self.pods.get(key))
         )
         records = self._records_of(node.name)
         # Device faults that escalated stand for one node-level fault of the node plan.
@@ -563,6 +568,8 @@ class Reconciler:
             del blocked[key]  # left by other means (a person, its controller)
         for key in (*outcome.evicted, *outcome.gone):
             blocked.pop(key, None)
+        for key, uid in outcome.left.items():
+            self.leaving.add(key, uid)
         if not blocked:
             self.blocked.pop(name, None)
         if outcome.handled:
