@@ -76,6 +76,7 @@ from tests.integration.chart import Release, as_token, bind, forbidden, installe
 
 pytestmark = pytest.mark.timeout(300)
 
+CONFLICT_RETRIES = 5
 DOC = Path(__file__).resolve().parents[2] / "docs" / "security.md"
 IDENTITIES = ("controller", "agent", "operator-view", "operator")
 POOL_LABEL = "gpuheal.test/pool"
@@ -300,15 +301,21 @@ def taint_change(change: Callable[[Taints], Taints], node: str = "own", **meta: 
 
     def attempt(c: Client, s: Scene) -> str:
         name = s.own if node == "own" else s.other
-        current = c.get(Node, name)
-        assert current.metadata is not None
-        taints = [
-            {"key": t.key, "effect": t.effect, **({"value": t.value} if t.value else {})}
-            for t in (current.spec.taints if current.spec else None) or []
-        ]
-        metadata = {"resourceVersion": current.metadata.resourceVersion, **meta}
-        body = {"metadata": metadata, "spec": {"taints": change(taints)}}
-        return str(node_change(body, node)(c, s))
+        for _ in range(CONFLICT_RETRIES):  # kwok writes the node too
+            current = c.get(Node, name)
+            assert current.metadata is not None
+            taints = [
+                {"key": t.key, "effect": t.effect, **({"value": t.value} if t.value else {})}
+                for t in (current.spec.taints if current.spec else None) or []
+            ]
+            metadata = {"resourceVersion": current.metadata.resourceVersion, **meta}
+            body = {"metadata": metadata, "spec": {"taints": change(taints)}}
+            try:
+                return str(node_change(body, node)(c, s))
+            except ApiError as err:
+                if err.status.code != 409:
+                    raise
+        raise AssertionError(f"node {name} kept changing")
 
     return attempt
 
