@@ -111,7 +111,7 @@ def test_the_api_token_rotates_under_a_real_alertmanager_without_a_refusal_or_a_
     fake_gpu_nodes: FakeNodes,
     start_controller: StartController,
 ) -> None:
-    """The overlapping rotation of docs/security-api.md, each side with its own
+    """The overlapping rotation of docs/security.md, each side with its own
     Secret volume as the kubelet updates them: the controller's takes old and new,
     Alertmanager's switches, the controller's drops the old."""
     (node,) = fake_gpu_nodes(1, labels=pool)

@@ -36,6 +36,7 @@ from gpuheal.sim.workloads import apply, create_namespace
 from tests.conftest import AUDITED_CONTROLLER
 from tests.corpus import unique_eks_node
 from tests.helpers import unique, wait_for
+from tests.integration.chart import render
 from tests.integration.conftest import (
     StartController,
     controller_config,
@@ -44,7 +45,7 @@ from tests.integration.conftest import (
     our_taint,
     report_fault,
 )
-from tests.integration.test_helm_chart import DATA, render
+from tests.integration.test_helm_chart import DATA
 
 pytestmark = pytest.mark.timeout(300)
 

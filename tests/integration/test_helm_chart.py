@@ -16,39 +16,23 @@ from typing import Any
 
 import pytest
 import yaml
-from lightkube import ApiError, Client, codecs
-from lightkube.models.authentication_v1 import BoundObjectReference, TokenRequestSpec
+from lightkube import Client, codecs
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.models.rbac_v1 import RoleRef, Subject
 from lightkube.resources.core_v1 import Namespace, Node, Pod, Secret, ServiceAccount
 from lightkube.resources.rbac_authorization_v1 import ClusterRoleBinding
 from lightkube.types import PatchType
 
 from gpuheal.cli import main
-from gpuheal.kube.client import sync_client
 from gpuheal.sim import ControlPlane
 from gpuheal.sim.controller import ControllerProcess
-from gpuheal.sim.kubeconfig import write_kubeconfig
 from gpuheal.sim.workloads import apply, gpu_pod, wait_pods_running
 from tests.helpers import FakeNodes, unique, wait_for
+from tests.integration.chart import CHART, as_token, bind, forbidden, installed, render, token_for
 from tests.integration.conftest import clear_fault, our_taint, report_fault
 
 pytestmark = pytest.mark.timeout(300)
 
-CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "gpuheal"
 DATA = Path(__file__).parent / "data"
-
-
-def render(
-    control_plane: ControlPlane, release: str, namespace: str, *values: Path
-) -> list[dict[str, Any]]:
-    argv = [str(control_plane.config.binaries.helm), "template", release, str(CHART),
-            "--namespace", namespace, "--include-crds", "--kube-version", "1.36.3"]  # fmt: skip
-    for path in values:
-        argv += ["-f", str(path)]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
-    assert done.returncode == 0, done.stderr
-    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
 
 
 def kinds(objects: list[dict[str, Any]]) -> dict[str, int]:
@@ -63,7 +47,7 @@ def test_the_chart_renders_for_the_default_and_other_values(control_plane: Contr
     assert kinds(default) == {
         "CustomResourceDefinition": 1, "ServiceAccount": 2, "ClusterRole": 4, "ClusterRoleBinding": 2,
         "Role": 2, "RoleBinding": 2, "ConfigMap": 2, "Secret": 1, "Deployment": 1, "Service": 1,
-        "PodDisruptionBudget": 1, "ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1,
+        "PodDisruptionBudget": 1, "ValidatingAdmissionPolicy": 5, "ValidatingAdmissionPolicyBinding": 5,
         "DaemonSet": 1,
     }  # fmt: skip
     crd = next(o for o in default if o["kind"] == "CustomResourceDefinition")
@@ -97,55 +81,8 @@ def test_the_chart_renders_for_the_default_and_other_values(control_plane: Contr
 def release(
     kube: Client, control_plane: ControlPlane, crds: None
 ) -> Iterator[tuple[str, str, list[dict[str, Any]]]]:
-    name, namespace = unique("gh"), unique("gpuheal-system")
-    kube.create(Namespace(metadata=ObjectMeta(name=namespace)))
-    objects = render(control_plane, name, namespace)
-    applied = []
-    for obj in objects:
-        # Every object, workloads too: kwok plays their pods (no image is pulled);
-        # the test runs the programs themselves as processes with the chart's tokens.
-        kube.apply(codecs.from_dict(obj), field_manager="helm-test", force=True)
-        applied.append(obj)
-    yield name, namespace, applied
-    for obj in applied:
-        if obj["kind"].startswith(("ClusterRole", "ValidatingAdmissionPolicy")):
-            kube.delete(type(codecs.from_dict(obj)), obj["metadata"]["name"])
-    kube.delete(Namespace, namespace)
-
-
-def token_for(kube: Client, namespace: str, account: str, bound_node: str | None = None) -> str:
-    spec = TokenRequestSpec(audiences=[], expirationSeconds=3600)
-    if bound_node:
-        node = kube.get(Node, bound_node)
-        spec.boundObjectRef = BoundObjectReference(
-            apiVersion="v1",
-            kind="Node",
-            name=bound_node,
-            uid=node.metadata.uid if node.metadata else None,
-        )
-    issued = kube.create(
-        ServiceAccount.Token(metadata=ObjectMeta(), spec=spec), account, namespace=namespace
-    )
-    assert issued.status is not None and issued.status.token
-    return str(issued.status.token)
-
-
-def as_token(
-    control_plane: ControlPlane, tmp_path: Path, token: str, name: str
-) -> tuple[Path, Client]:
-    kubeconfig = write_kubeconfig(
-        tmp_path / f"{name}.kubeconfig", server=control_plane.server, ca_cert=control_plane.ca_cert,
-        user=name, token=token,
-    )  # fmt: skip
-    return kubeconfig, sync_client(kubeconfig)
-
-
-def forbidden(call: Any) -> bool:
-    try:
-        call()
-    except ApiError as err:
-        return err.status.code == 403
-    return False
+    with installed(kube, control_plane) as chart:
+        yield chart.name, chart.namespace, chart.objects
 
 
 def test_the_chart_rbac_is_enough_for_a_whole_cycle_and_no_more(
@@ -223,19 +160,6 @@ def test_the_agent_may_patch_only_the_node_its_token_is_bound_to(
     assert "gpuheal.io/fault-id" not in (kube.get(Node, other).metadata.annotations or {})  # type: ignore[union-attr]
     assert forbidden(lambda: as_agent.patch(Node, own, {"spec": {"taints": []}}))  # never taints
     assert forbidden(lambda: list(as_agent.list(Pod, namespace="default")))
-
-
-def bind(kube: Client, role: str, account: str, namespace: str) -> str:
-    """Bind a ClusterRole to a ServiceAccount; returns the binding's name."""
-    name = unique("bind")
-    kube.create(
-        ClusterRoleBinding(
-            metadata=ObjectMeta(name=name),
-            roleRef=RoleRef(apiGroup="rbac.authorization.k8s.io", kind="ClusterRole", name=role),
-            subjects=[Subject(kind="ServiceAccount", name=account, namespace=namespace)],
-        )
-    )
-    return name
 
 
 def cli(capsys: pytest.CaptureFixture[str], kubeconfig: Path, *argv: str) -> tuple[int, str]:
@@ -372,3 +296,34 @@ def test_without_a_cluster_to_look_in_each_render_makes_a_new_token_or_uses_an_e
     )
     token_file = Path(yaml.safe_load(config["data"]["config.yaml"])["apiTokenFile"])
     assert token_file.parent == Path(mount["mountPath"]) and token_file.name == "token"
+
+
+@pytest.mark.parametrize("kernel_log", ["default", "off", "privileged"])
+def test_the_agent_runs_with_the_least_the_kernel_log_needs(
+    kube: Client, control_plane: ControlPlane, namespace: str, tmp_path: Path, kernel_log: str
+) -> None:
+    values = tmp_path / "values.yaml"
+    settings = {"default": {}, "off": {"enabled": False}, "privileged": {"privileged": True}}
+    values.write_text(yaml.safe_dump({"agent": {"kernelLog": settings[kernel_log]}}))
+    objects = render(control_plane, "gh", namespace, values)
+    daemonset = next(o for o in objects if o["kind"] == "DaemonSet")
+    pod = daemonset["spec"]["template"]["spec"]
+    (agent,) = pod["containers"]
+    context = agent["securityContext"]
+    config = next(o for o in objects if o["metadata"]["name"] == "gh-agent" and o["kind"] == "ConfigMap")  # fmt: skip
+    kmsg_enabled = yaml.safe_load(config["data"]["config.yaml"])["kmsgEnabled"]
+    mounts = {m["mountPath"] for m in agent["volumeMounts"]}
+    # Never in a user namespace of its own: CAP_SYSLOG counts only in the host's.
+    assert pod["hostUsers"] is True
+    assert context["readOnlyRootFilesystem"] is True
+    assert context["seccompProfile"] == {"type": "RuntimeDefault"}
+    if kernel_log == "privileged":
+        assert context["privileged"] is True and "/dev/kmsg" in mounts and kmsg_enabled
+    else:
+        assert context["privileged"] is False and context["allowPrivilegeEscalation"] is False
+        assert context["runAsUser"] == 0  # host UID 0: the state directory is root's
+        added = ["SYSLOG"] if kernel_log == "default" else []
+        assert context["capabilities"] == {"drop": ["ALL"], **({"add": added} if added else {})}
+        assert ("/dev/kmsg" in mounts) == bool(added) == kmsg_enabled
+    # The API server takes the DaemonSet as rendered.
+    kube.create(codecs.from_dict(daemonset), dry_run=True)

@@ -1,0 +1,48 @@
+{{/*
+Shared by the ValidatingAdmissionPolicies that narrow what gpuheal's identities may
+change on an object RBAC lets them patch. The key lists are the code's
+(gpuheal/model.py); tests/integration/test_security_matrix.py checks they agree.
+*/}}
+
+{{/* The permission that marks a holder of the <release>-operator role (no such resource exists). */}}
+{{- define "gpuheal.operator.marker" -}}maintenances{{- end -}}
+
+{{/* Node annotations `gpuheal maintenance` writes, and a recorded diagnostics run. */}}
+{{- define "gpuheal.operator.nodeAnnotations" -}}
+{{- toJson (list "gpuheal.io/maintenance-reason" "gpuheal.io/maintenance-since" "gpuheal.io/maintenance-baseline" "gpuheal.io/maintenance-cordoned" "gpuheal.io/diagnostics") -}}
+{{- end -}}
+
+{{/* Node annotations the controller writes. */}}
+{{- define "gpuheal.controller.nodeAnnotations" -}}
+{{- toJson (list "gpuheal.io/handled-fault-id" "gpuheal.io/handled-at" "gpuheal.io/last-process-time" "gpuheal.io/quarantined-devices" "gpuheal.io/suspect-devices" "gpuheal.io/unknown-devices") -}}
+{{- end -}}
+
+{{/* Node annotations the agent writes: its verdict and its facts. */}}
+{{- define "gpuheal.agent.nodeAnnotations" -}}
+{{- toJson (list "gpuheal.io/status" "gpuheal.io/fault-id" "gpuheal.io/fault-time" "gpuheal.io/fault-reason" "gpuheal.io/fault-devices" "gpuheal.io/driver-version" "gpuheal.io/cuda-version" "gpuheal.io/xid-errors" "gpuheal.io/ecc-errors" "gpuheal.io/counters-since" "gpuheal.io/last-gpu-error" "gpuheal.io/gpu-processes") -}}
+{{- end -}}
+
+{{/* CEL variables comparing a node before and after an UPDATE. Absent and empty are the same. */}}
+{{- define "gpuheal.nodeWrites.variables" -}}
+- name: labels
+  expression: "object.metadata.?labels.orValue({})"
+- name: oldLabels
+  expression: "oldObject.metadata.?labels.orValue({})"
+- name: annotations
+  expression: "object.metadata.?annotations.orValue({})"
+- name: oldAnnotations
+  expression: "oldObject.metadata.?annotations.orValue({})"
+- name: taints
+  expression: "object.spec.?taints.orValue([])"
+- name: oldTaints
+  expression: "oldObject.spec.?taints.orValue([])"
+- name: sameSpecBesideTaintsAndCordon
+  expression: >-
+    object.spec.all(k, k in ['taints', 'unschedulable'] ||
+    (k in oldObject.spec && object.spec[k] == oldObject.spec[k])) &&
+    oldObject.spec.all(k, k in ['taints', 'unschedulable'] || k in object.spec)
+- name: sameOwnership
+  expression: >-
+    object.metadata.?finalizers.orValue([]) == oldObject.metadata.?finalizers.orValue([]) &&
+    object.metadata.?ownerReferences.orValue([]) == oldObject.metadata.?ownerReferences.orValue([])
+{{- end -}}

@@ -1,0 +1,122 @@
+"""The Helm chart on the real control plane, for the tests that run gpuheal's
+programs and people with the chart's identities: render it, apply it, mint
+tokens for its ServiceAccounts with TokenRequest, and talk as them."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from lightkube import ApiError, Client, codecs
+from lightkube.models.authentication_v1 import BoundObjectReference, TokenRequestSpec
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.models.rbac_v1 import RoleRef, Subject
+from lightkube.resources.core_v1 import Namespace, Node, ServiceAccount
+from lightkube.resources.rbac_authorization_v1 import ClusterRoleBinding
+
+from gpuheal.kube.client import sync_client
+from gpuheal.sim import ControlPlane
+from gpuheal.sim.kubeconfig import write_kubeconfig
+from gpuheal.sim.workloads import create_namespace
+from tests.helpers import unique
+
+CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "gpuheal"
+
+
+def render(
+    control_plane: ControlPlane, release: str, namespace: str, *values: Path
+) -> list[dict[str, Any]]:
+    argv = [str(control_plane.config.binaries.helm), "template", release, str(CHART),
+            "--namespace", namespace, "--include-crds", "--kube-version", "1.36.3"]  # fmt: skip
+    for path in values:
+        argv += ["-f", str(path)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+@dataclass(frozen=True)
+class Release:
+    name: str
+    namespace: str
+    objects: list[dict[str, Any]]
+
+    def find(self, kind: str, name: str) -> dict[str, Any]:
+        return next(o for o in self.objects if o["kind"] == kind and o["metadata"]["name"] == name)
+
+
+@contextmanager
+def installed(kube: Client, control_plane: ControlPlane) -> Iterator[Release]:
+    """The chart under a fresh release name and namespace, every object applied
+    with server-side apply (kwok plays the workloads' pods: no image is pulled;
+    tests run the programs themselves as processes with the chart's tokens)."""
+    name, namespace = unique("gh"), unique("gpuheal-system")
+    create_namespace(kube, namespace)  # with its default ServiceAccount, for the canaries
+    objects = render(control_plane, name, namespace)
+    applied = []
+    try:
+        for obj in objects:
+            kube.apply(codecs.from_dict(obj), field_manager="helm-test", force=True)
+            applied.append(obj)
+        yield Release(name, namespace, applied)
+    finally:
+        for obj in applied:
+            if obj["kind"].startswith(("ClusterRole", "ValidatingAdmissionPolicy")):
+                kube.delete(type(codecs.from_dict(obj)), obj["metadata"]["name"])
+        kube.delete(Namespace, namespace)
+
+
+def token_for(kube: Client, namespace: str, account: str, bound_node: str | None = None) -> str:
+    """A token TokenRequest issues for the ServiceAccount; bound to a Node, it
+    carries the node's name (authentication.kubernetes.io/node-name), as a token
+    bound to a Pod on that node does."""
+    spec = TokenRequestSpec(audiences=[], expirationSeconds=3600)
+    if bound_node:
+        node = kube.get(Node, bound_node)
+        spec.boundObjectRef = BoundObjectReference(
+            apiVersion="v1",
+            kind="Node",
+            name=bound_node,
+            uid=node.metadata.uid if node.metadata else None,
+        )
+    issued = kube.create(
+        ServiceAccount.Token(metadata=ObjectMeta(), spec=spec), account, namespace=namespace
+    )
+    assert issued.status is not None and issued.status.token
+    return str(issued.status.token)
+
+
+def as_token(
+    control_plane: ControlPlane, tmp_path: Path, token: str, name: str
+) -> tuple[Path, Client]:
+    kubeconfig = write_kubeconfig(
+        tmp_path / f"{name}.kubeconfig", server=control_plane.server, ca_cert=control_plane.ca_cert,
+        user=name, token=token,
+    )  # fmt: skip
+    return kubeconfig, sync_client(kubeconfig)
+
+
+def forbidden(call: Callable[[], Any]) -> bool:
+    try:
+        call()
+    except ApiError as err:
+        return err.status.code == 403
+    return False
+
+
+def bind(kube: Client, role: str, account: str, namespace: str) -> str:
+    """Bind a ClusterRole to a ServiceAccount; returns the binding's name."""
+    name = unique("bind")
+    kube.create(
+        ClusterRoleBinding(
+            metadata=ObjectMeta(name=name),
+            roleRef=RoleRef(apiGroup="rbac.authorization.k8s.io", kind="ClusterRole", name=role),
+            subjects=[Subject(kind="ServiceAccount", name=account, namespace=namespace)],
+        )
+    )
+    return name

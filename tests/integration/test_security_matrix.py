@@ -1,0 +1,728 @@
+"""Least privilege, proved on the real control plane with the chart's identities.
+
+Every identity the chart grants (the controller's and the agent's
+ServiceAccounts, the two operator ClusterRoles bound to test ServiceAccounts)
+gets a token from TokenRequest and tries every dangerous change in one list:
+pod image and labels, pods in other namespaces, node labels, taints, capacity
+and addresses, finalizers, Secrets, RBAC, the GPUFault CRD, the admission
+policies. Each attempt is a real request sent with dryRun=All: authentication,
+RBAC and admission run as for a write, nothing is stored, so one attempt cannot
+change what the next one meets. What each identity needs for its job is in the
+same list and must be allowed; the programs themselves then run with those
+tokens (the agent here, the controller's canaries here, its fault cycle and the
+maintenance round trip in test_helm_chart.py).
+
+The matrix is printed, and docs/security.md carries the same table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from lightkube import ApiError, Client, codecs
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.admissionregistration_v1 import (
+    ValidatingAdmissionPolicy,
+    ValidatingAdmissionPolicyBinding,
+)
+from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
+from lightkube.resources.core_v1 import Namespace, Node, Pod, Secret, ServiceAccount
+from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
+from lightkube.types import PatchType
+
+from gpuheal.agent.facts import FACT_KEYS
+from gpuheal.agent.reporter import FAULT_KEYS
+from gpuheal.config import Config
+from gpuheal.kube import writes
+from gpuheal.kube.resources import GPUFault
+from gpuheal.model import (
+    CANARY_LABEL,
+    CHECKPOINT_REQUESTED,
+    DIAGNOSTICS,
+    FAULT_ID,
+    GPU_HEALTHY_CONDITION,
+    HANDLED_AT,
+    HANDLED_FAULT_ID,
+    LAST_GPU_ERROR,
+    LAST_PROCESS_TIME,
+    MAINTENANCE_BASELINE,
+    MAINTENANCE_CORDONED,
+    MAINTENANCE_REASON,
+    MAINTENANCE_SINCE,
+    MAINTENANCE_TAINT_KEY,
+    MANAGED_LABEL,
+    QUARANTINED_DEVICES,
+    STATE_LABEL,
+    STATUS,
+    SUSPECT_DEVICES,
+    TAINT_KEY,
+    UNKNOWN_DEVICES,
+    FaultSignal,
+    Mode,
+)
+from gpuheal.sim import ControlPlane
+from gpuheal.sim.agent import AgentProcess
+from gpuheal.sim.controller import ControllerProcess
+from gpuheal.sim.nodes import create_gpu_nodes, delete_nodes, wait_nodes_ready
+from gpuheal.sim.workloads import apply, create_namespace, gpu_pod, wait_pods_running
+from tests.corpus import eks_node_names
+from tests.helpers import FakeNodes, unique, wait_for
+from tests.integration.chart import Release, as_token, bind, forbidden, installed, token_for
+
+pytestmark = pytest.mark.timeout(300)
+
+CONFLICT_RETRIES = 5
+DOC = Path(__file__).resolve().parents[2] / "docs" / "security.md"
+IDENTITIES = ("controller", "agent", "operator-view", "operator")
+POOL_LABEL = "gpuheal.test/pool"
+FOREIGN_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+EVIL_IMAGE = "attacker.example/evil:1"
+
+
+@dataclass
+class Scene:
+    """What the attempts aim at, and who attempts them."""
+
+    release: Release
+    own: str  # a GPU node: the agent's token is bound to it
+    other: str  # another GPU node, carrying our fault taint
+    tenant: str  # a tenant namespace with GPU pods on `own`
+    system_pod: str  # a pod in kube-system
+    bystander: str  # a pod in the release namespace that is no canary
+    fault: str  # a GPUFault record
+    clients: dict[str, Client] = field(default_factory=dict)
+    kubeconfigs: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def system(self) -> str:
+        return self.release.namespace
+
+    def role(self, suffix: str) -> str:
+        return f"{self.release.name}-{suffix}"
+
+
+def settled(call: Callable[[], Any], timeout_s: float = 15) -> bool:
+    """Wait (bounded) until a new admission policy refuses `call`; the verdict is the
+    attempts', not this wait's: a policy that never arrives fails them, not this."""
+    try:
+        wait_for("the policy", lambda: forbidden(call), timeout_s=timeout_s)
+    except AssertionError:
+        return False
+    return True
+
+
+def fault_record(name: str, node: str) -> Any:
+    """A GPUFault as the controller writes it."""
+    signal = FaultSignal(node=node, fault_id="xid-79", reason="XidCritical79", source="agent")
+    return GPUFault.from_dict(writes.fault_record(name, signal, Mode.FULL))
+
+
+def patch(c: Client, node: str, body: dict[str, Any], *, status: bool = False) -> Any:
+    """A dry-run patch of a node (strategic: conditions merge by type, as the agent
+    writes them); returns the node as it would be stored."""
+    resource = Node.Status if status else Node
+    return c.patch(resource, node, body, patch_type=PatchType.STRATEGIC, dry_run=True)
+
+
+def applied(want: Any, got: Any) -> bool:
+    """Does the object `got` say what the patch `want` asked for? (None: absent;
+    conditions are matched by type; other lists must be as given.)"""
+    if want is None:
+        return got is None
+    if isinstance(want, dict):
+        got = got or {}
+        return all(applied(v, got.get(k)) for k, v in want.items() if k != "resourceVersion")
+    if isinstance(want, list):
+        got = got or []
+        if want and all(isinstance(w, dict) and "type" in w for w in want):
+            return all(any(g.get("type") == w["type"] and applied(w, g) for g in got) for w in want)
+        return len(want) == len(got) and all(map(applied, want, got))
+    return bool(want == got)
+
+
+@pytest.fixture(scope="module")
+def scene(
+    kube: Client, control_plane: ControlPlane, crds: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Scene]:
+    tmp = tmp_path_factory.mktemp("identities")
+    with installed(kube, control_plane) as release:
+        system = release.namespace
+        tenant = unique("tenant")
+        create_namespace(kube, tenant)
+        own, other = eks_node_names(2)
+        create_gpu_nodes(kube, [own, other], labels={POOL_LABEL: tenant})
+        bindings: list[str] = []
+        system_pod, fault = unique("sys-agent"), unique("fault")
+        try:
+            wait_nodes_ready(kube, [own, other])
+            ours = {"key": TAINT_KEY, "value": "xid-79", "effect": "NoSchedule"}
+            for node, taints in ((own, [FOREIGN_TAINT]), (other, [FOREIGN_TAINT, ours])):
+                kube.patch(Node, node, {"spec": {"taints": taints}}, patch_type=PatchType.MERGE)
+            for name in ("job-0", "evict-0"):
+                apply(kube, gpu_pod(name, tenant, node_name=own))
+            wait_pods_running(kube, tenant, count=2)
+            labels = {"app": "sys-agent"}
+            try:  # the pod's ServiceAccount, unless kube-controller-manager made it already
+                default = ServiceAccount(metadata=ObjectMeta(name="default"))
+                kube.create(default, namespace="kube-system")
+            except ApiError as err:
+                if err.status.code != 409:
+                    raise
+            apply(kube, gpu_pod(system_pod, "kube-system", node_name=own, labels=labels))
+            apply(kube, gpu_pod("bystander", system, node_name=own))
+            kube.create(fault_record(fault, own))
+            for account, role in (("ops", "operator"), ("viewer", "operator-view")):
+                kube.create(ServiceAccount(metadata=ObjectMeta(name=account)), namespace=system)
+                bindings.append(bind(kube, f"{release.name}-{role}", account, system))
+            s = Scene(release, own, other, tenant, system_pod, "bystander", fault)
+            tokens = {
+                "controller": token_for(kube, system, s.role("controller")),
+                "agent": token_for(kube, system, s.role("agent"), bound_node=own),
+                "operator-view": token_for(kube, system, "viewer"),
+                "operator": token_for(kube, system, "ops"),
+            }
+            for who, token in tokens.items():
+                s.kubeconfigs[who], s.clients[who] = as_token(control_plane, tmp, token, who)
+            # New bindings and policies take effect within moments.
+            for who in ("operator-view", "operator"):
+                client = s.clients[who]
+                wait_for(who, lambda c=client: list(c.list(Node, labels={POOL_LABEL: tenant})))  # type: ignore[misc]
+            relabel = {"metadata": {"labels": {"x": "y"}}}
+            agent, ctl, ops = s.clients["agent"], s.clients["controller"], s.clients["operator"]
+            settled(lambda: patch(agent, other, relabel, status=True))
+            settled(lambda: patch(agent, own, relabel, status=True))
+            settled(lambda: patch(ctl, own, relabel))
+            settled(lambda: ctl.delete(Pod, "bystander", namespace=system, dry_run=True))
+            settled(lambda: patch(ops, own, relabel))
+            settled(lambda: ops.patch(Pod, "job-0", relabel, namespace=tenant, dry_run=True))
+            yield s
+        finally:
+            for binding in bindings:
+                kube.delete(ClusterRoleBinding, binding)
+            removals: list[Callable[[], None]] = [
+                lambda: kube.delete(GPUFault, fault),
+                lambda: kube.delete(Pod, system_pod, namespace="kube-system", grace_period=0),
+            ]
+            for remove in removals:
+                try:
+                    remove()
+                except ApiError as err:
+                    if err.status.code != 404:
+                        raise
+            kube.delete(Namespace, tenant)
+            delete_nodes(kube, [own, other])
+
+
+# -- the attempts ------------------------------------------------------------------
+
+Attempt = Callable[[Client, Scene], Any]
+
+
+@dataclass(frozen=True)
+class Action:
+    what: str
+    attempt: Attempt
+    allowed: frozenset[str] = frozenset()  # the identities whose job this is
+
+
+def act(what: str, attempt: Attempt, *allowed: str) -> Action:
+    return Action(what, attempt, frozenset(allowed))
+
+
+DEADLINE = "2026-01-01T00:00:00Z"
+
+
+def system_pod(body: dict[str, Any]) -> Attempt:
+    """A change to a pod in kube-system."""
+    return lambda c, s: c.patch(Pod, s.system_pod, body, namespace="kube-system", dry_run=True)
+
+
+def tenant_pod(body: dict[str, Any]) -> Attempt:
+    """A change to a tenant's GPU pod."""
+    return lambda c, s: c.patch(Pod, "job-0", body, namespace=s.tenant, dry_run=True)
+
+
+def node_change(body: dict[str, Any], node: str = "own") -> Attempt:
+    """A change to a GPU node by any route: the object, else its status (the agent's
+    only route). Allowed if either route takes it; refused only if both refuse."""
+
+    def attempt(c: Client, s: Scene) -> str:
+        name = s.own if node == "own" else s.other
+        before = c.get(Node, name)
+        try:
+            after = patch(c, name, body)
+        except ApiError as err:
+            if err.status.code != 403:
+                raise
+            after = patch(c, name, body, status=True)
+        return effect(body, before, after)
+
+    return attempt
+
+
+def status_change(body: dict[str, Any], node: str = "own") -> Attempt:
+    def attempt(c: Client, s: Scene) -> str:
+        name = s.own if node == "own" else s.other
+        before = c.get(Node, name)
+        return effect(body, before, patch(c, name, body, status=True))
+
+    return attempt
+
+
+def essence(node: Node) -> tuple[Any, ...]:
+    """What a change to a node can be about (not its heartbeats or versions)."""
+    meta, spec, status = node.metadata, node.spec, node.status
+    assert meta is not None and status is not None
+    conditions = sorted((c.type, c.status) for c in status.conditions or [])
+    return (meta.labels, meta.annotations, meta.finalizers, spec, status.capacity,
+            status.allocatable, status.addresses, conditions)  # fmt: skip
+
+
+def effect(body: dict[str, Any], before: Node, after: Node) -> str:
+    """allowed: the node would say what was asked; no effect: the API server took
+    the request and dropped the change (status sent to the object, spec sent to
+    the status); partly: some of it would stick."""
+    if applied(body, after.to_dict()):
+        return "allowed"
+    return "partly" if essence(before) != essence(after) else "no effect"
+
+
+Taints = list[dict[str, str]]
+
+
+def taint_change(change: Callable[[Taints], Taints], node: str = "own", **meta: Any) -> Attempt:
+    """Write the node's taint list as `change` makes it of the list read now (as the
+    controller and `maintenance` do), with the resourceVersion as precondition."""
+
+    def attempt(c: Client, s: Scene) -> str:
+        name = s.own if node == "own" else s.other
+        for _ in range(CONFLICT_RETRIES):  # kwok writes the node too
+            current = c.get(Node, name)
+            assert current.metadata is not None
+            taints = [
+                {"key": t.key, "effect": t.effect, **({"value": t.value} if t.value else {})}
+                for t in (current.spec.taints if current.spec else None) or []
+            ]
+            metadata = {"resourceVersion": current.metadata.resourceVersion, **meta}
+            body = {"metadata": metadata, "spec": {"taints": change(taints)}}
+            try:
+                return str(node_change(body, node)(c, s))
+            except ApiError as err:
+                if err.status.code != 409:
+                    raise
+        raise AssertionError(f"node {name} kept changing")
+
+    return attempt
+
+
+def condition(type_: str, status: str) -> dict[str, Any]:
+    return {"status": {"conditions": [{"type": type_, "status": status, "reason": "Test"}]}}
+
+
+def canary_pod(namespace: str, node: str) -> dict[str, Any]:
+    """A canary as the controller's executor writes it (device_health defaults)."""
+    health = Config().device_health
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": unique("gpuheal-canary"),
+            "namespace": namespace,
+            "labels": {CANARY_LABEL: "true"},
+            "annotations": {"gpuheal.io/fault-record": "r"},
+        },
+        "spec": {
+            "nodeName": node,
+            "restartPolicy": "Never",
+            "activeDeadlineSeconds": 300,
+            "automountServiceAccountToken": False,
+            "tolerations": [{"key": TAINT_KEY, "operator": "Exists"}],
+            "containers": [
+                {
+                    "name": "canary",
+                    "image": health.canary_image,
+                    "command": list(health.canary_command),
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                }
+            ],
+        },
+    }
+
+
+def privileged_pod(namespace: str, node: str) -> dict[str, Any]:
+    """What a stolen pod-create permission is for: host root on a node."""
+    pod = canary_pod(namespace, node)
+    spec = pod["spec"]
+    spec["hostPID"] = True
+    spec["volumes"] = [{"name": "host", "hostPath": {"path": "/"}}]
+    spec["containers"][0].update(
+        image=EVIL_IMAGE,
+        securityContext={"privileged": True},
+        volumeMounts=[{"name": "host", "mountPath": "/host"}],
+    )
+    return pod
+
+
+def create(make: Callable[[Scene], Any]) -> Attempt:
+    return lambda c, s: c.create(make(s), dry_run=True)
+
+
+def evict(c: Client, s: Scene) -> None:
+    body = Pod.Eviction(metadata=ObjectMeta(name="evict-0", namespace=s.tenant))
+    c.create(body, name="evict-0", namespace=s.tenant, dry_run=True)
+
+
+def bind_cluster_admin(s: Scene) -> Any:
+    return ClusterRoleBinding.from_dict(
+        {
+            "metadata": {"name": unique("evil")},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "cluster-admin",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "ops", "namespace": s.system}],
+        }
+    )
+
+
+EVERYTHING = [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]
+TIER = "node-restriction.kubernetes.io/tier"
+CONTROL_PLANE = "node-role.kubernetes.io/control-plane"
+EVIL_TAINT = {"key": "example.com/evil", "effect": "NoExecute"}
+FAULT_TAINT = {"key": TAINT_KEY, "value": "xid-79", "effect": "NoSchedule"}
+MAINTENANCE_TAINT = {"key": MAINTENANCE_TAINT_KEY, "effect": "NoSchedule"}
+CRD = "gpufaults.gpuheal.io"
+REPORT = {"metadata": {"annotations": {STATUS: "faulty", FAULT_ID: "xid-79"}}}
+REPORT |= condition(GPU_HEALTHY_CONDITION, "False")
+MGMT = ("controller", "operator-view", "operator")
+
+ACTIONS: tuple[Action, ...] = (
+    # -- pods --------------------------------------------------------------------------
+    act("pod: change the image (kube-system)",
+        system_pod({"spec": {"containers": [{"name": "main", "image": EVIL_IMAGE}]}})),
+    act("pod: relabel (kube-system)", system_pod({"metadata": {"labels": {"app": "evil"}}})),
+    act("pod: another annotation",
+        tenant_pod({"metadata": {"annotations": {"example.com/owner": "evil"}}})),
+    act("pod: add a finalizer", tenant_pod({"metadata": {"finalizers": ["example.com/hold"]}})),
+    act("pod: request a checkpoint (gpuheal.io/checkpoint-requested)",
+        tenant_pod({"metadata": {"annotations": {CHECKPOINT_REQUESTED: DEADLINE}}}), "operator"),
+    act("pod: create in a tenant namespace",
+        create(lambda s: codecs.from_dict(gpu_pod(unique("p"), s.tenant, node_name=s.own)))),
+    act("pod: create a privileged hostPath pod (release namespace)",
+        create(lambda s: codecs.from_dict(privileged_pod(s.system, s.own)))),
+    act("pod: create a canary (release namespace)",
+        create(lambda s: codecs.from_dict(canary_pod(s.system, s.own))), "controller"),
+    act("pod: delete in a tenant namespace",
+        lambda c, s: c.delete(Pod, "job-0", namespace=s.tenant, dry_run=True)),
+    act("pod: delete a non-canary (release namespace)",
+        lambda c, s: c.delete(Pod, s.bystander, namespace=s.system, dry_run=True)),
+    act("pod: evict a GPU pod", evict, "controller", "operator"),
+    act("pod: list", lambda c, s: list(c.list(Pod, namespace=s.tenant)), *MGMT),
+    # -- nodes -------------------------------------------------------------------------
+    act("node: get", lambda c, s: c.get(Node, s.own), *IDENTITIES),
+    act(f"node: label {TIER}=secure", node_change({"metadata": {"labels": {TIER: "secure"}}})),
+    act(f"node: label {CONTROL_PLANE}", node_change({"metadata": {"labels": {CONTROL_PLANE: ""}}})),
+    act("node: remove its pool label", node_change({"metadata": {"labels": {POOL_LABEL: None}}})),
+    act(f"node: label {MANAGED_LABEL}=false (opt out)",
+        node_change({"metadata": {"labels": {MANAGED_LABEL: "false"}}})),
+    act("node: add a foreign NoExecute taint", taint_change(lambda ts: [*ts, EVIL_TAINT])),
+    act("node: remove a foreign taint",
+        taint_change(lambda ts: [t for t in ts if t["key"] != FOREIGN_TAINT["key"]])),
+    act("node: add a finalizer", node_change({"metadata": {"finalizers": ["example.com/hold"]}})),
+    act("node: another annotation",
+        node_change({"metadata": {"annotations": {"example.com/owner": "evil"}}})),
+    act("node: status.capacity nvidia.com/gpu=64",
+        node_change({"status": {"capacity": {"nvidia.com/gpu": "64"}}})),
+    act("node: status.allocatable nvidia.com/gpu=64",
+        node_change({"status": {"allocatable": {"nvidia.com/gpu": "64"}}})),
+    act("node: status.addresses",
+        node_change({"status": {"addresses": [{"type": "InternalIP", "address": "10.9.9.9"}]}})),
+    act("node: another condition (Ready=False)", status_change(condition("Ready", "False"))),
+    act("node: cordon", node_change({"spec": {"unschedulable": True}}), "operator"),
+    act("node: delete", lambda c, s: c.delete(Node, s.own, dry_run=True)),
+    act("node: the agent's report, own node (GPUHealthy, gpuheal.io/status)",
+        status_change(REPORT), "agent"),
+    act("node: the agent's report, another node", status_change(REPORT, "other")),
+    act("node: the fault taint and state label",
+        taint_change(lambda ts: [*ts, FAULT_TAINT], labels={STATE_LABEL: "quarantined"}),
+        "controller"),
+    act("node: lift the fault taint",
+        taint_change(lambda ts: [t for t in ts if t["key"] != TAINT_KEY], "other"), "controller"),
+    act("node: the controller's annotations (handled-*)",
+        node_change({"metadata": {"annotations": {HANDLED_FAULT_ID: "x", HANDLED_AT: DEADLINE}}}),
+        "controller"),
+    act("node: the maintenance label, taint and annotations",
+        taint_change(lambda ts: [*ts, MAINTENANCE_TAINT], labels={STATE_LABEL: "maintenance"},
+                     annotations={MAINTENANCE_REASON: "drivers"}),
+        "operator"),
+    # -- the cluster -------------------------------------------------------------------
+    act("secrets: list (release namespace)",
+        lambda c, s: list(c.list(Secret, namespace=s.system))),
+    act("secrets: get the API token",
+        lambda c, s: c.get(Secret, s.role("api-token"), namespace=s.system)),
+    act("secrets: list (kube-system)", lambda c, s: list(c.list(Secret, namespace="kube-system"))),
+    act("serviceaccounts: mint a token for the controller",
+        lambda c, s: token_for(c, s.system, s.role("controller"))),
+    act("rbac: bind cluster-admin", create(bind_cluster_admin)),
+    act("rbac: create a ClusterRole with *",
+        create(lambda s: ClusterRole.from_dict({"metadata": {"name": unique("evil")},
+                                                "rules": EVERYTHING}))),
+    act("rbac: widen the operator ClusterRole",
+        lambda c, s: c.patch(ClusterRole, s.role("operator"), {"rules": EVERYTHING},
+                             patch_type=PatchType.MERGE, dry_run=True)),
+    act(f"crd: patch {CRD}",
+        lambda c, s: c.patch(CustomResourceDefinition, CRD, {"metadata": {"labels": {"x": "y"}}},
+                             dry_run=True)),
+    act(f"crd: delete {CRD}", lambda c, s: c.delete(CustomResourceDefinition, CRD, dry_run=True)),
+    act("policy: delete the agent's ValidatingAdmissionPolicy",
+        lambda c, s: c.delete(ValidatingAdmissionPolicy, s.role("agent-own-node"), dry_run=True)),
+    act("policy: delete its binding",
+        lambda c, s: c.delete(ValidatingAdmissionPolicyBinding, s.role("agent-own-node"),
+                              dry_run=True)),
+    act("policy: change the operator's pod policy",
+        lambda c, s: c.patch(ValidatingAdmissionPolicy, s.role("operator-pods"),
+                             {"spec": {"validations": [{"expression": "true"}]}},
+                             patch_type=PatchType.MERGE, dry_run=True)),
+    act("namespaces: create",
+        create(lambda s: Namespace(metadata=ObjectMeta(name=unique("evil"))))),
+    act("gpufaults: list", lambda c, s: list(c.list(GPUFault)), *MGMT),
+    act("gpufaults: create",
+        create(lambda s: fault_record(unique("fault"), s.own)),
+        "controller"),
+    act("gpufaults: delete", lambda c, s: c.delete(GPUFault, s.fault, dry_run=True)),
+)  # fmt: skip
+
+
+def outcome(action: Action, client: Client, s: Scene) -> str:
+    """refused: 403; else what the node changes say (effect), or allowed."""
+    try:
+        said = action.attempt(client, s)
+    except ApiError as err:
+        if err.status.code == 403:
+            return "refused"
+        return f"error {err.status.code}: {err.status.message}"
+    return said if said in ("no effect", "partly") else "allowed"
+
+
+def table(rows: list[tuple[str, dict[str, str]]]) -> str:
+    head = ["action", *IDENTITIES, "canary"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for what, cells in rows:
+        lines.append("| " + " | ".join([what, *(cells[i] for i in IDENTITIES), "no token"]) + " |")
+    return "\n".join(lines)
+
+
+def expected(action: Action, who: str, got: str) -> str:
+    """What `who` must get: allowed for its job; else refused, or no effect."""
+    if who in action.allowed:
+        return "allowed"
+    return got if got in ("refused", "no effect") else "refused"
+
+
+def test_every_identity_is_refused_every_dangerous_change_and_allowed_its_job(
+    scene: Scene,
+) -> None:
+    seen: list[tuple[str, dict[str, str]]] = []
+    wrong: list[str] = []
+    for action in ACTIONS:
+        cells: dict[str, str] = {}
+        for who in IDENTITIES:
+            got = outcome(action, scene.clients[who], scene)
+            want = expected(action, who, got)
+            cells[who] = got if got == want else f"**{got.upper()}** (want {want})"
+            if got != want:
+                wrong.append(f"{who}: {action.what}: {got}, want {want}")
+        seen.append((action.what, cells))
+    matrix = table(seen)
+    print(f"\n{matrix}\n")
+    assert not wrong, "\n".join(wrong)
+    assert matrix in DOC.read_text(), f"docs/security.md must carry the matrix:\n{matrix}"
+
+
+# -- the findings, one regression test each ------------------------------------------
+
+
+def test_the_operator_role_may_change_only_the_checkpoint_request_of_a_pod(
+    kube: Client, scene: Scene
+) -> None:
+    ops = scene.clients["operator"]
+
+    def change(body: dict[str, Any]) -> Callable[[], Any]:
+        return lambda: ops.patch(Pod, scene.system_pod, body, namespace="kube-system")
+
+    image = {"spec": {"containers": [{"name": "main", "image": EVIL_IMAGE}]}}
+    assert forbidden(change(image))
+    assert forbidden(change({"metadata": {"labels": {"app": "evil"}}}))
+    assert forbidden(change({"metadata": {"annotations": {CHECKPOINT_REQUESTED: "now; evil"}}}))
+    pod = kube.get(Pod, scene.system_pod, namespace="kube-system")
+    assert pod.spec is not None and pod.spec.containers[0].image != EVIL_IMAGE
+    assert pod.metadata is not None and pod.metadata.labels == {"app": "sys-agent"}
+    # Its job: the checkpoint request, a deadline; and taking it back.
+    change({"metadata": {"annotations": {CHECKPOINT_REQUESTED: DEADLINE}}})()
+    meta = kube.get(Pod, scene.system_pod, namespace="kube-system").metadata
+    assert meta is not None and (meta.annotations or {}).get(CHECKPOINT_REQUESTED) == DEADLINE
+    change({"metadata": {"annotations": {CHECKPOINT_REQUESTED: None}}})()
+    # Whoever may update pods (an admin, a controller) is not held by the policy.
+    reviewed = {"metadata": {"labels": {"reviewed": "true"}}}
+    kube.patch(Pod, scene.system_pod, reviewed, namespace="kube-system", dry_run=True)
+
+
+AGENT_ABUSES: dict[str, dict[str, Any]] = {
+    "tier label": {"metadata": {"labels": {"node-restriction.kubernetes.io/tier": "secure"}}},
+    "control-plane label": {"metadata": {"labels": {"node-role.kubernetes.io/control-plane": ""}}},
+    "pool label removed": {"metadata": {"labels": {POOL_LABEL: None}}},
+    "managed=false": {"metadata": {"labels": {MANAGED_LABEL: "false"}}},
+    "finalizer": {"metadata": {"finalizers": ["example.com/hold"]}},
+    "capacity 64": {"status": {"capacity": {"nvidia.com/gpu": "64"}}},
+    "addresses": {"status": {"addresses": [{"type": "InternalIP", "address": "10.9.9.9"}]}},
+    "controller's annotation": {"metadata": {"annotations": {HANDLED_FAULT_ID: "forged"}}},
+}
+
+
+@pytest.mark.parametrize("abuse", sorted(AGENT_ABUSES))
+def test_the_agent_cannot_change_its_node_beyond_its_report(
+    kube: Client, scene: Scene, abuse: str
+) -> None:
+    agent = scene.clients["agent"]
+    before = kube.get(Node, scene.own)
+    body = AGENT_ABUSES[abuse]
+    assert forbidden(lambda: agent.patch(Node.Status, scene.own, body, patch_type=PatchType.MERGE))
+    after = kube.get(Node, scene.own)
+    assert after.metadata is not None and before.metadata is not None
+    assert after.metadata.labels == before.metadata.labels
+    assert after.metadata.finalizers == before.metadata.finalizers
+    assert after.status is not None and before.status is not None
+    assert after.status.capacity == before.status.capacity
+    assert after.status.addresses == before.status.addresses
+
+
+# -- the jobs, done by the programs with the chart's tokens -----------------------------
+
+
+def test_the_real_agent_reports_with_its_token_under_the_policy(
+    kube: Client, scene: Scene, tmp_path: Path
+) -> None:
+    """Everything the agent writes (verdict, facts, condition, the fault) passes."""
+    proc = tmp_path / "proc"
+    (proc / "4242").mkdir(parents=True)
+    (proc / "4242" / "cgroup").write_text("0::/system.slice/dcgm.service\n")
+    settings = {"procRoot": str(proc), "processReportSeconds": 0.5}
+    agent = AgentProcess(tmp_path, scene.kubeconfigs["agent"], scene.own, settings)
+    agent.set_spec(cudaDriverVersion=12040)
+    agent.set_device(1, processes=[{"pid": 4242}])
+    agent.start()
+    try:
+
+        def annotations() -> dict[str, str]:
+            meta = kube.get(Node, scene.own).metadata
+            return dict((meta.annotations if meta else None) or {})
+
+        wait_for("the facts", lambda: set(FACT_KEYS) - {LAST_GPU_ERROR} <= set(annotations()))
+        agent.kernel("NVRM: Xid (PCI:0000:18:00): 79, pid=1234, GPU has fallen off the bus.")
+        wait_for("the fault", lambda: annotations().get(STATUS) == "faulty")
+        assert set(FAULT_KEYS) | set(FACT_KEYS) <= set(annotations())
+        status = kube.get(Node, scene.own).status
+        assert status is not None
+        (gpu,) = [c for c in status.conditions or [] if c.type == GPU_HEALTHY_CONDITION]
+        assert gpu.status == "False"
+        assert "403" not in agent.log() and "Forbidden" not in agent.log()
+    finally:
+        agent.stop()
+
+
+def report_devices(kube: Client, namespace: str, pod: str, health: str) -> None:
+    """The kubelet's device health report for the pod's one GPU (pods/status)."""
+    current = kube.get(Pod, pod, namespace=namespace)
+    assert current.status is not None and current.status.containerStatuses
+    statuses = [s.to_dict() for s in current.status.containerStatuses]
+    resources = [{"resourceID": "GPU-00000000-1111-2222-3333-444444444444", "health": health}]
+    statuses[0]["allocatedResourcesStatus"] = [{"name": "nvidia.com/gpu", "resources": resources}]
+    body = {"status": {"containerStatuses": statuses}}
+    kube.patch(Pod.Status, pod, body, namespace=namespace, patch_type=PatchType.MERGE)
+
+
+def test_the_controller_runs_its_canaries_with_its_token_and_they_carry_none(
+    kube: Client,
+    scene: Scene,
+    tmp_path: Path,
+    namespace: str,
+    pool: dict[str, str],
+    fake_gpu_nodes: FakeNodes,
+) -> None:
+    """A device's quarantine, canary and release with the chart's controller token:
+    the canary the executor writes passes the canary policy, is deleted after it
+    passed, and has no credential (the canary column of the matrix)."""
+    (node,) = fake_gpu_nodes(1, labels=pool)
+    apply(kube, gpu_pod("job-0", namespace, node_name=node))
+    wait_pods_running(kube, namespace, count=1)
+    report_devices(kube, namespace, "job-0", "Healthy")
+    rendered = scene.release.find("ConfigMap", scene.role("controller"))
+    config = yaml.safe_load(rendered["data"]["config.yaml"])
+    token = tmp_path / "api-token"
+    token.write_text("t")
+    config.update(nodeSelector=pool, apiTokenFile=str(token), recoveryWindowSeconds=1,
+                  breakerMaxPercent=100, rateLimitPerSecond=100, rateLimitBurst=100)  # fmt: skip
+    config["deviceHealth"].update(
+        quarantineSeconds=3, observationSeconds=1, canaryTimeoutSeconds=60
+    )
+    kubeconfig = scene.kubeconfigs["controller"]
+    controller = ControllerProcess(tmp_path, kubeconfig, config, identity="canary").start()
+    try:
+        controller.wait_leading()
+        report_devices(kube, namespace, "job-0", "Unhealthy")
+        wait_for("job-0 evicted", lambda: not list(kube.list(Pod, namespace=namespace)))
+        apply(kube, gpu_pod("job-1", namespace, node_name=node))
+        wait_pods_running(kube, namespace, count=1)
+        report_devices(kube, namespace, "job-1", "Healthy")
+
+        def canaries(phase: str = "") -> list[Pod]:
+            pods = kube.list(Pod, namespace=scene.system, labels={CANARY_LABEL: "true"})
+            return [
+                p
+                for p in pods
+                if p.spec and p.spec.nodeName == node and p.metadata
+                and not p.metadata.deletionTimestamp
+                and (not phase or (p.status is not None and p.status.phase == phase))
+            ]  # fmt: skip
+
+        (canary,) = wait_for("a running canary", lambda: canaries("Running"))
+        assert canary.spec is not None and canary.metadata is not None
+        assert canary.spec.automountServiceAccountToken is False
+        assert not canary.spec.volumes  # no projected service-account token
+        assert canary.spec.serviceAccountName == "default"
+        assert not any(c.volumeMounts for c in canary.spec.containers)
+        # What the kubelet writes when the canary's container exits 0.
+        passed = {"status": {"phase": "Succeeded"}}
+        name = str(canary.metadata.name)
+        kube.patch(Pod.Status, name, passed, namespace=scene.system, patch_type=PatchType.MERGE)
+        wait_for("the canary deleted", lambda: not canaries())
+        assert "403" not in controller.log() and "Forbidden" not in controller.log()
+    finally:
+        controller.stop()
+
+
+def test_the_policies_name_exactly_the_keys_the_code_writes(scene: Scene) -> None:
+    def keys(policy: str) -> set[str]:
+        spec = scene.release.find("ValidatingAdmissionPolicy", scene.role(policy))["spec"]
+        (var,) = [v for v in spec["variables"] if v["name"] == "annotationKeys"]
+        return set(yaml.safe_load(var["expression"]))
+
+    assert keys("agent-own-node") == {*FAULT_KEYS, *FACT_KEYS}
+    assert keys("controller-nodes") == {
+        HANDLED_FAULT_ID, HANDLED_AT, LAST_PROCESS_TIME,
+        QUARANTINED_DEVICES, SUSPECT_DEVICES, UNKNOWN_DEVICES,
+    }  # fmt: skip
+    assert keys("operator-nodes") == {
+        MAINTENANCE_REASON, MAINTENANCE_SINCE, MAINTENANCE_BASELINE, MAINTENANCE_CORDONED,
+        DIAGNOSTICS,
+    }  # fmt: skip
+    canaries = scene.release.find("ValidatingAdmissionPolicy", scene.role("controller-canaries"))
+    variables = {v["name"]: yaml.safe_load(v["expression"]) for v in canaries["spec"]["variables"]}
+    health = Config().device_health
+    assert variables == {"image": health.canary_image, "command": list(health.canary_command)}
