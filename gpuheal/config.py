@@ -237,6 +237,8 @@ class Config:
     )
     # A P1 fault still present after this long is handled as P0.
     p1_escalation_seconds: float = 600.0
+    # A P1 fault's node is tainted NoSchedule while it is watched (within the breaker).
+    p1_taint: bool = False
     # External signals (alerts, manual requests) stay active this long after they were
     # last seen, unless resolved: longer than Alertmanager's repeat_interval.
     external_signal_ttl_seconds: float = 6 * 3600.0
@@ -410,6 +412,7 @@ _TOP: dict[str, tuple[str, Any]] = {
     "holdRetrySeconds": ("hold_retry_seconds", number(0.01, 3600)),
     "workers": ("workers", integer(1, MAX_WORKERS)),
     "p1EscalationSeconds": ("p1_escalation_seconds", number(0, MAX_DELAY_S)),
+    "p1Taint": ("p1_taint", boolean),
     "externalSignalTtlSeconds": ("external_signal_ttl_seconds", number(1, MAX_DELAY_S)),
     "resolvedAlertClears": ("resolved_alert_clears", boolean),
     "alertNodeLabels": ("alert_node_labels", strings),
