@@ -242,8 +242,10 @@ class Config:
     # External signals (alerts, manual requests) stay active this long after they were
     # last seen, unless resolved: longer than Alertmanager's repeat_interval.
     external_signal_ttl_seconds: float = 6 * 3600.0
-    # A resolved alert clears its fault (a recovery hint); off: only the node's own health counts.
+    # A resolved alert withdraws its signal; off: the signal stays until it expires.
     resolved_alert_clears: bool = False
+    # Every managed node is reconciled from the caches this often, whatever the events.
+    resync_seconds: float = 300.0
     # Alert labels that name the node, in order; "instance" is matched to node addresses.
     alert_node_labels: tuple[str, ...] = ("node", "Hostname", "hostname", "instance")
     # The API's bearer token(s), one a line, from a mounted Secret file; re-read when
@@ -415,6 +417,7 @@ _TOP: dict[str, tuple[str, Any]] = {
     "p1Taint": ("p1_taint", boolean),
     "externalSignalTtlSeconds": ("external_signal_ttl_seconds", number(1, MAX_DELAY_S)),
     "resolvedAlertClears": ("resolved_alert_clears", boolean),
+    "resyncSeconds": ("resync_seconds", number(1, 86400)),
     "alertNodeLabels": ("alert_node_labels", strings),
     "apiTokenFile": ("api_token_file", lambda v: Path(string(v))),
     "dcgmPrometheusUrl": ("dcgm_prometheus_url", _url),
