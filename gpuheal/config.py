@@ -237,11 +237,15 @@ class Config:
     )
     # A P1 fault still present after this long is handled as P0.
     p1_escalation_seconds: float = 600.0
+    # A P1 fault's node is tainted NoSchedule while it is watched (within the breaker).
+    p1_taint: bool = False
     # External signals (alerts, manual requests) stay active this long after they were
     # last seen, unless resolved: longer than Alertmanager's repeat_interval.
     external_signal_ttl_seconds: float = 6 * 3600.0
-    # A resolved alert clears its fault (a recovery hint); off: only the node's own health counts.
+    # A resolved alert withdraws its signal; off: the signal stays until it expires.
     resolved_alert_clears: bool = False
+    # Every managed node is reconciled from the caches this often, whatever the events.
+    resync_seconds: float = 300.0
     # Alert labels that name the node, in order; "instance" is matched to node addresses.
     alert_node_labels: tuple[str, ...] = ("node", "Hostname", "hostname", "instance")
     # The API's bearer token(s), one a line, from a mounted Secret file; re-read when
@@ -410,8 +414,10 @@ _TOP: dict[str, tuple[str, Any]] = {
     "holdRetrySeconds": ("hold_retry_seconds", number(0.01, 3600)),
     "workers": ("workers", integer(1, MAX_WORKERS)),
     "p1EscalationSeconds": ("p1_escalation_seconds", number(0, MAX_DELAY_S)),
+    "p1Taint": ("p1_taint", boolean),
     "externalSignalTtlSeconds": ("external_signal_ttl_seconds", number(1, MAX_DELAY_S)),
     "resolvedAlertClears": ("resolved_alert_clears", boolean),
+    "resyncSeconds": ("resync_seconds", number(1, 86400)),
     "alertNodeLabels": ("alert_node_labels", strings),
     "apiTokenFile": ("api_token_file", lambda v: Path(string(v))),
     "dcgmPrometheusUrl": ("dcgm_prometheus_url", _url),

@@ -18,6 +18,9 @@ FAULT_ID = "gpuheal.io/fault-id"
 FAULT_TIME = "gpuheal.io/fault-time"
 FAULT_REASON = "gpuheal.io/fault-reason"
 FAULT_DEVICES = "gpuheal.io/fault-devices"
+# P0 | P1 | P2: how bad the reported fault is. Absent: P0 (a person's `kubectl
+# annotate`, an older agent); any other value is taken as P0 and said (an Event).
+FAULT_SEVERITY = "gpuheal.io/fault-severity"
 STATUS_FAULTY = "faulty"
 # Written by the controller; never deleted on recovery.
 HANDLED_FAULT_ID = "gpuheal.io/handled-fault-id"

@@ -46,6 +46,7 @@ from gpuheal.model import (
     FAULT_DEVICES,
     FAULT_ID,
     FAULT_REASON,
+    FAULT_SEVERITY,
     FAULT_TIME,
     GPU_PROCESSES,
     STATUS,
@@ -364,6 +365,7 @@ class Agent:
                     "node": self.node,
                     "fault_id": self.state.reported.fault_id,
                     "reason": self.state.reported.reason,
+                    "severity": self.state.reported.severity.value,
                     "failing_rounds": self.state.failing,
                     "round": self.round,
                 },
@@ -399,6 +401,7 @@ class Agent:
                 annotations.get(FAULT_REASON, ""),
                 "reported before the agent restarted",
                 devices,
+                _severity(annotations.get(FAULT_SEVERITY, "")),
             )
             self.state = Debounce(reported=report)
             log.info(
@@ -441,6 +444,14 @@ class Agent:
                 self.follower.stop()
             if self.watcher is not None:
                 self.watcher.stop()
+
+
+def _severity(written: str) -> Severity:
+    """The severity this agent wrote before a restart (P0 when it wrote none)."""
+    try:
+        return Severity(written)
+    except ValueError:
+        return Severity.P0
 
 
 def serve_metrics(agent: Agent, port: int) -> int:

@@ -4,7 +4,9 @@ A fault is reported after `fail_rounds` consecutive faulty rounds (or at once
 for an immediate P0 Xid, if allowed). Its id is made on the healthy->faulty
 transition and kept while the node stays faulty; `healthy_rounds` consecutive
 healthy rounds clear it. Unknown rounds (the probes could not run) advance
-neither count: not knowing is not evidence either way.
+neither count: not knowing is not evidence either way. Its severity is the
+worst the fault has been: a P1 that worsens to P0 is reported P0 under the
+same id (the controller escalates it), and never goes back to P1.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from gpuheal.agent.findings import Health, Verdict
+from gpuheal.model import Severity
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,7 @@ class Report:
     reason: str
     message: str
     devices: tuple[str, ...]
+    severity: Severity = Severity.P0
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,11 @@ def step(
         # Same fault, same id: details may change (another device joins), identity does not.
         devices = tuple(dict.fromkeys((*state.reported.devices, *seen.devices)))
         reported = replace(
-            state.reported, reason=seen.reason, message=seen.message, devices=devices
+            state.reported,
+            reason=seen.reason,
+            message=seen.message,
+            devices=devices,
+            severity=worst(state.reported.severity, seen.severity or Severity.P0),
         )
         return Debounce(reported=reported, failing=failing, healthy=0)
     if failing >= fail_rounds or (immediate_p0 and seen.immediate):
@@ -65,6 +73,14 @@ def step(
             reason=seen.reason,
             message=seen.message,
             devices=seen.devices,
+            severity=seen.severity or Severity.P0,
         )
         return Debounce(reported=report, failing=failing, healthy=0)
     return Debounce(reported=None, failing=failing, healthy=0)
+
+
+_RANK = {Severity.P0: 0, Severity.P1: 1, Severity.P2: 2}
+
+
+def worst(a: Severity, b: Severity) -> Severity:
+    return a if _RANK[a] <= _RANK[b] else b

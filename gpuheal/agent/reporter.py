@@ -21,6 +21,7 @@ from gpuheal.model import (
     FAULT_DEVICES,
     FAULT_ID,
     FAULT_REASON,
+    FAULT_SEVERITY,
     FAULT_TIME,
     GPU_HEALTHY_CONDITION,
     STATUS,
@@ -29,7 +30,7 @@ from gpuheal.model import (
 
 log = logging.getLogger(__name__)
 
-FAULT_KEYS = (STATUS, FAULT_ID, FAULT_TIME, FAULT_REASON, FAULT_DEVICES)
+FAULT_KEYS = (STATUS, FAULT_ID, FAULT_TIME, FAULT_REASON, FAULT_DEVICES, FAULT_SEVERITY)
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ def desired(report: Report | None, seen: Verdict) -> Desired:
             FAULT_TIME: report.fault_time,
             FAULT_REASON: report.reason,
             FAULT_DEVICES: ",".join(report.devices),
+            FAULT_SEVERITY: report.severity.value,
         }
         return Desired(
             Health.FAULTY, report.reason, report.message[:1024], tuple(annotations.items())

@@ -91,6 +91,9 @@ class ApiSettings:
     client_burst: int = 40
     node_labels: tuple[str, ...] = ("node", "Hostname", "hostname", "instance")
     open_reads: bool = False  # GET /api/v1/faults without a token
+    # A resolved alert withdraws its signal; off, it changes nothing (the signal
+    # lasts until it expires, and the node's own health decides).
+    resolved_alert_clears: bool = False
 
 
 class ManualRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -232,7 +235,7 @@ class Api:
             hook = decode_webhook(await request.read())
         except PayloadError as err:
             return _problem(400, str(err))
-        body: dict[str, list[dict[str, str]]] = {
+        body: dict[str, list[dict[str, Any]]] = {
             "accepted": [], "duplicates": [], "resolved": [], "skipped": [],
         }  # fmt: skip
         outcomes = interpret(
@@ -247,12 +250,16 @@ class Api:
                 extra={"count": len(invalid), "first": invalid[0], "receiver": hook.receiver},
             )
         for outcome in outcomes:
-            entry = {"alert": outcome.alert, "node": outcome.node, "faultId": outcome.fault_id}
+            entry: dict[str, Any] = {
+                "alert": outcome.alert, "node": outcome.node, "faultId": outcome.fault_id,
+            }  # fmt: skip
             if outcome.skipped:
                 result, entry = "skipped", {**entry, "reason": outcome.skipped}
             elif outcome.status == "resolved":
-                self.intake.resolve(outcome.node, outcome.fault_id, "alertmanager")
-                result = "resolved"
+                withdrawn = self.settings.resolved_alert_clears and bool(
+                    self.intake.resolve(outcome.node, outcome.fault_id, "alertmanager")
+                )
+                result, entry = "resolved", {**entry, "withdrawn": withdrawn}
             elif outcome.signal is not None and self.intake.submit(outcome.signal):
                 result = "accepted"
             else:

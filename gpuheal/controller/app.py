@@ -265,6 +265,15 @@ class Controller:
         )
         return self._http
 
+    async def _resync(self) -> None:
+        """Every `resyncSeconds`, queue every node the leader looks after, from the
+        caches (no API request): a safety net for a change no event announced."""
+        while True:
+            await asyncio.sleep(self.config.resync_seconds)
+            if self.reconciler.active:
+                self.reconciler.enqueue_all()
+                log.debug("resync", extra={"queued": len(self.queue)})
+
     async def _watch_api_tokens(self) -> None:
         """Re-read the token file when it changes: a Secret update swaps it in place."""
         while True:
@@ -331,6 +340,7 @@ class Controller:
     ) -> None:
         runner = await serve(self.http_api().app(), options.listen_host, options.listen_port)
         tokens = asyncio.create_task(self._watch_api_tokens(), name="api-tokens")
+        resync = asyncio.create_task(self._resync(), name="resync")
         self.notifier.start()
         watcher = (
             asyncio.create_task(self._watch_config(options.config_path, hangup or asyncio.Event()))
@@ -365,7 +375,7 @@ class Controller:
                 task.cancel()
             await asyncio.gather(*informers, return_exceptions=True)
             self.queue.shutdown()
-            for task in [t for t in (watcher, dcgm, tokens) if t is not None]:
+            for task in [t for t in (watcher, dcgm, tokens, resync) if t is not None]:
                 task.cancel()
             await self.notifier.stop()
             await self.recorder.flush()
@@ -387,4 +397,5 @@ def _api_settings(config: Config, max_body_bytes: int | None = None) -> ApiSetti
         client_burst=config.api_client_burst,
         node_labels=config.alert_node_labels,
         open_reads=config.api_open_reads,
+        resolved_alert_clears=config.resolved_alert_clears,
     )

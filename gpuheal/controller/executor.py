@@ -413,7 +413,15 @@ class Executor:
         wanted = values.taint_value(add.fault_id) if add is not None else None
         for _ in range(CONFLICT_RETRIES):
             ours = node.taint()
-            if add is not None and ours is not None and ours.value == wanted:
+            if (
+                add is not None
+                and ours is not None
+                and (ours.value, ours.effect)
+                == (
+                    wanted,
+                    add.effect,
+                )
+            ):
                 return "present"
             if add is None and ours is None:
                 return "absent"

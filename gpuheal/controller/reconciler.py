@@ -335,7 +335,10 @@ class Reconciler:
         started = time.monotonic()
         try:
             with self.reconciling(name):
-                return await self._reconcile(name)
+                again = await self._reconcile(name)
+            # An external signal's expiry is a change no event will announce.
+            expiry = self.external.expires_in(name)
+            return again if expiry is None else min(expiry, again if again is not None else expiry)
         finally:
             self.metrics.reconcile_duration.observe(time.monotonic() - started)
             self._update_gauges()

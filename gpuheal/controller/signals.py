@@ -46,12 +46,31 @@ class ExternalSignals:
             return faults.pop(fault_id, None) is not None
 
     def active(self, node: str, now: float | None = None) -> tuple[FaultSignal, ...]:
+        with self._lock:
+            return tuple(h.signal for h in self._current(node, now).values())
+
+    def _current(self, node: str, now: float | None) -> dict[str, _Held]:
+        """The node's signals that have not expired (the expired ones are dropped)."""
+        current = time.monotonic() if now is None else now
+        faults = self._by_node.get(node, {})
+        for fault_id in [f for f, h in faults.items() if current - h.last_seen >= self.ttl_s]:
+            del faults[fault_id]
+        if not faults:
+            self._by_node.pop(node, None)
+        return faults
+
+    def expires_in(self, node: str, now: float | None = None) -> float | None:
+        """Seconds until the node's next held signal expires (None: it holds none).
+
+        The node's reconcile asks for this and is queued again at that moment, so
+        a fault known only from an alert ends when its signal does, not at the
+        next event that happens to touch the node."""
         current = time.monotonic() if now is None else now
         with self._lock:
-            faults = self._by_node.get(node, {})
-            for fault_id in [f for f, h in faults.items() if current - h.last_seen > self.ttl_s]:
-                del faults[fault_id]
-            return tuple(h.signal for h in faults.values())
+            faults = self._current(node, current)
+            if not faults:
+                return None
+            return min(h.last_seen for h in faults.values()) + self.ttl_s - current
 
     def nodes(self) -> list[str]:
         with self._lock:

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from gpuheal import values
 from gpuheal.config import Config
 from gpuheal.model import (
+    ANNOTATION_PREFIX,
+    FAULT_SEVERITY,
     HANDLED_FAULT_ID,
     LAST_PROCESS_TIME,
     MANAGED_LABEL,
@@ -46,6 +48,12 @@ EVICTED = "GPUPodEvicted"
 EVICTION_BLOCKED = "GPUPodEvictionBlocked"
 RECOVERED = "GPUFaultRecovered"
 INPUT_NORMALIZED = "GPUFaultInputNormalized"
+ESCALATED = "GPUFaultEscalated"
+
+# A P1 fault's record entry when it is handled as P0 from then on.
+ESCALATE_ACTION = "escalate"
+# The taint a watched P1 fault gets with `p1Taint`: new pods stay off, none leaves.
+P1_TAINT_EFFECT = "NoSchedule"
 
 # Values of the gpuheal.io/state label.
 STATE_QUARANTINED = "quarantined"
@@ -185,9 +193,54 @@ def _first_seen(record: FaultRecord) -> dt.datetime | None:
 
 
 def _escalated(record: FaultRecord | None, config: Config, now: dt.datetime) -> bool:
-    """A P1 fault is handled as P0 once it has lasted the observation window."""
-    since = _first_seen(record) if record else None
+    """A P1 fault is handled as P0 once it has lasted the observation window, or
+    once its record says it escalated (it worsened to P0 meanwhile)."""
+    if record is None:
+        return False
+    if any(a.action == ESCALATE_ACTION for a in record.actions):
+        return True
+    since = _first_seen(record)
     return since is not None and (now - since).total_seconds() >= config.p1_escalation_seconds
+
+
+def _watching(
+    record: FaultRecord | None, signal: FaultSignal, config: Config, now: dt.datetime
+) -> bool:
+    """A P1 fault inside its observation window: recorded and told, not acted on.
+
+    Only a fault first recorded as P1 is watched: one recorded as P0 that is now
+    reported as P1 has been acted on already and is not un-escalated."""
+    if signal.severity is not Severity.P1:
+        return False
+    return record is None or (
+        record.severity is Severity.P1 and not _escalated(record, config, now)
+    )
+
+
+def _escalation(fault: _Fault, config: Config, now: dt.datetime) -> list[Action]:
+    """Said once, in the record and an Event, when a watched P1 fault is acted on."""
+    record, signal = fault.record, fault.signal
+    if (
+        record.severity is not Severity.P1
+        or fault.mode is Mode.OBSERVE
+        or any(a.action == ESCALATE_ACTION for a in record.actions)
+    ):
+        return []
+    why = (
+        f"now reported {signal.severity}"
+        if signal.severity is Severity.P0
+        else f"still present after {config.p1_escalation_seconds:g}s"
+    )
+    return [
+        UpdateRecord(record.name, record.phase, _entry(now, ESCALATE_ACTION, detail=why)),
+        Emit(
+            ESCALATED,
+            f"P1 fault {signal.fault_id} ({signal.reason}) {why}: handled as P0",
+            signal.node,
+            record.name,
+            warning=True,
+        ),
+    ]
 
 
 def plan_node_gone(records: tuple[FaultRecord, ...], now: dt.datetime) -> Plan:
@@ -223,7 +276,9 @@ def _remediate(  # noqa: PLR0911 -- one return per rule reads best here
         handled=node.annotations.get(HANDLED_FAULT_ID) == signal.fault_id,
     )
     base = Plan(fault_id=signal.fault_id)
-    watching = signal.severity is Severity.P1 and not _escalated(record, config, now)
+    watching = _watching(record, signal, config, now)
+    if record is not None and record.open and not watching:
+        actions += _escalation(fault, config, now)
     if record is None:
         first = _first_sight(fault, watching, config, now=now, actions=actions, base=base)
         if first is not None:
@@ -237,7 +292,14 @@ def _remediate(  # noqa: PLR0911 -- one return per rule reads best here
     elif watching:
         created = _first_seen(record) or now
         remaining = config.p1_escalation_seconds - (now - created).total_seconds()
-        return _with(base, actions, suppressed="watching", requeue_after=max(remaining, 0.1))
+        fence = _p1_fence(fault, config, now)
+        return _with(
+            base,
+            actions + fence,
+            suppressed=None if fence else "watching",
+            requeue_after=max(remaining, 0.1),
+            new_quarantine=_quarantines(fence),
+        )
     elif record.phase in (Phase.HELD, Phase.DETECTED) and not _may_quarantine(state, config):
         if record.phase is Phase.DETECTED:  # an escalated P1 meets the breaker
             actions += [
@@ -278,8 +340,14 @@ def _first_sight(
     announced = (detected, _altered(signal, name)) if signal.altered else (detected,)
     if watching and mode is not Mode.OBSERVE:
         # P1: notify now, act only if it is still there after the observation window.
-        actions += [CreateRecord(name, signal, Phase.DETECTED, mode), *announced]
-        return _with(base, actions, requeue_after=config.p1_escalation_seconds)
+        fence = _p1_fence(fault, config, now)
+        actions += [CreateRecord(name, signal, Phase.DETECTED, mode), *announced, *fence]
+        return _with(
+            base,
+            actions,
+            requeue_after=config.p1_escalation_seconds,
+            new_quarantine=_quarantines(fence),
+        )
     if mode is Mode.OBSERVE:
         actions += [
             CreateRecord(name, signal, Phase.DETECTED, mode),
@@ -300,11 +368,19 @@ def _first_sight(
 
 def _altered(signal: FaultSignal, record: str) -> Emit:
     """Said once, with the record: what the source reported could not be carried as is."""
-    fields = ", ".join(signal.altered)
+    severity = FAULT_SEVERITY.removeprefix(ANNOTATION_PREFIX)
+    fields = ", ".join(f for f in signal.altered if f != severity)
+    said = []
+    if fields:
+        said.append(
+            f"{fields} that cannot be written as is (too long, control characters or not a time)"
+        )
+    if severity in signal.altered:
+        said.append(f"a {severity} that is not P0, P1 or P2 (taken as P0)")
     return Emit(
         INPUT_NORMALIZED,
-        f"{signal.source} reported {fields} that cannot be written as is (too long, control "
-        f"characters or not a time); acting on fault {signal.fault_id} with normalized values",
+        f"{signal.source} reported {' and '.join(said)}; acting on fault {signal.fault_id} "
+        "with normalized values",
         signal.node,
         record,
         warning=True,
@@ -338,12 +414,31 @@ class _Fault:
     handled: bool
 
 
+def _p1_fence(fault: _Fault, config: Config, now: dt.datetime) -> list[Action]:
+    """With `p1Taint`: a watched P1 fault's node gets a NoSchedule taint (new pods
+    stay off, running ones stay), within the breaker; nothing when it is full."""
+    if not config.p1_taint or fault.mode is Mode.OBSERVE:
+        return []
+    fenced = fault.state.node.taint() is not None or fault.record.phase in TAINTED_PHASES
+    if not fenced and not _may_quarantine(fault.state, config):
+        return []
+    actions, _ = _quarantine_step(
+        fault, config, now, effect=P1_TAINT_EFFECT, detail="P1 watched: NoSchedule"
+    )
+    return actions
+
+
+def _quarantines(actions: list[Action]) -> bool:
+    """The actions start a quarantine: rate limit and breaker lock apply."""
+    return any(isinstance(a, Emit) and a.reason == QUARANTINED for a in actions)
+
+
 def _advance(
     fault: _Fault, config: Config, now: dt.datetime, actions: list[Action], base: Plan
 ) -> Plan:
     taint_actions, respected = _quarantine_step(fault, config, now)
     actions += taint_actions
-    new_quarantine = any(isinstance(a, Emit) and a.reason == QUARANTINED for a in taint_actions)
+    new_quarantine = _quarantines(taint_actions)
     node, signal = fault.state.node, fault.signal
     if respected:
         if not fault.handled:
@@ -358,9 +453,18 @@ def _advance(
     return _with(base, actions, new_quarantine=new_quarantine, requeue_after=requeue)
 
 
-def _quarantine_step(fault: _Fault, config: Config, now: dt.datetime) -> tuple[list[Action], bool]:
-    """Actions that make sure our taint is on the node; True if a person's untaint wins."""
+def _quarantine_step(
+    fault: _Fault,
+    config: Config,
+    now: dt.datetime,
+    *,
+    effect: str | None = None,
+    detail: str = "",
+) -> tuple[list[Action], bool]:
+    """Actions that make sure our taint is on the node (`effect`: taintEffect unless
+    given); True if a person's untaint wins."""
     node, signal, record = fault.state.node, fault.signal, fault.record
+    effect = effect or config.taint_effect
     taint = node.taint()
     actions: list[Action] = []
     if taint is None:
@@ -376,11 +480,12 @@ def _quarantine_step(fault: _Fault, config: Config, now: dt.datetime) -> tuple[l
                 )
             return actions, True
         actions += [
-            AddTaint(node.name, signal.fault_id, config.taint_effect),
-            UpdateRecord(record.name, Phase.QUARANTINED, _entry(now, "taint")),
+            AddTaint(node.name, signal.fault_id, effect),
+            UpdateRecord(record.name, Phase.QUARANTINED, _entry(now, "taint", detail=detail)),
             Emit(
                 QUARANTINED,
-                f"tainted {config.taint_effect} for {signal.reason}, fault {signal.fault_id}",
+                f"tainted {effect} for {signal.reason} ({signal.severity}), "
+                f"fault {signal.fault_id}",
                 node.name,
                 record.name,
             ),
@@ -393,6 +498,16 @@ def _quarantine_step(fault: _Fault, config: Config, now: dt.datetime) -> tuple[l
     elif record.phase not in TAINTED_PHASES:
         # The taint is there but its record is not: we stopped between the two.
         actions.append(UpdateRecord(record.name, Phase.QUARANTINED, _entry(now, "taint")))
+    elif record.severity is Severity.P1 and taint.effect == P1_TAINT_EFFECT != effect:
+        # The watched P1's NoSchedule taint (p1Taint), now that it is handled as P0.
+        actions += [
+            AddTaint(node.name, signal.fault_id, effect),
+            UpdateRecord(
+                record.name,
+                record.phase,
+                _entry(now, "taint", detail=f"{taint.effect} -> {effect}"),
+            ),
+        ]
     if record.phase is Phase.RECOVERING:
         actions.append(
             UpdateRecord(

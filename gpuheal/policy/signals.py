@@ -12,6 +12,7 @@ from gpuheal.model import (
     FAULT_DEVICES,
     FAULT_ID,
     FAULT_REASON,
+    FAULT_SEVERITY,
     FAULT_TIME,
     STATUS,
     STATUS_FAULTY,
@@ -56,7 +57,9 @@ def fault_signal(node: NodeView, config: Config) -> FaultSignal | None:
 def _annotated(node: str, ann: Mapping[str, str]) -> FaultSignal:
     """The agent contract's fault, each value as gpuheal can write it. Anyone with
     `kubectl annotate` can write these: what does not fit is normalized (the fault
-    is never dropped for it) and named in `altered`, the original stays on the node."""
+    is never dropped for it) and named in `altered`, the original stays on the node.
+    A severity that is not P0, P1 or P2 is taken as P0: acting on a fault someone
+    meant to be mild is the error that can be undone, ignoring a severe one is not."""
     raw = {
         FAULT_ID: ann[FAULT_ID],
         FAULT_REASON: ann.get(FAULT_REASON) or "Unspecified",
@@ -72,16 +75,29 @@ def _annotated(node: str, ann: Mapping[str, str]) -> FaultSignal:
     altered = [k.removeprefix(ANNOTATION_PREFIX) for k in raw if kept[k] != raw[k].strip()]
     if devices != tuple(listed):
         altered.append(FAULT_DEVICES.removeprefix(ANNOTATION_PREFIX))
+    severity = _severity(ann.get(FAULT_SEVERITY))
+    if severity is None:
+        altered.append(FAULT_SEVERITY.removeprefix(ANNOTATION_PREFIX))
     return FaultSignal(
         node=node,
         fault_id=kept[FAULT_ID],
         reason=kept[FAULT_REASON],
         source=SOURCE_ANNOTATION,
-        severity=Severity.P0,
+        severity=severity or Severity.P0,
         detected_at=kept[FAULT_TIME],
         devices=devices,
         altered=tuple(altered),
     )
+
+
+def _severity(value: str | None) -> Severity | None:
+    """The annotated severity (any case, P0 when absent or empty), None when it is none."""
+    if value is None or not value.strip():
+        return Severity.P0
+    try:
+        return Severity(value.strip().upper())
+    except ValueError:
+        return None
 
 
 def _is_time(value: str) -> bool:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from gpuheal.agent.debounce import Debounce, step
 from gpuheal.agent.findings import Finding, Health, ProbeResult, Verdict, verdict
-from gpuheal.model import Severity
+from gpuheal.agent.reporter import desired
+from gpuheal.model import FAULT_SEVERITY, Severity
 
 FAULTY = Verdict(Health.FAULTY, "EccUncorrectable", "2 errors", ("GPU-a",), Severity.P0)
 XID79 = Verdict(Health.FAULTY, "XidCritical79", "off the bus", ("GPU-b",), Severity.P0, True)
@@ -79,3 +80,20 @@ def test_verdict_unknown_only_when_no_level_probe_ran() -> None:
     assert verdict([hung, xid]).health is Health.FAULTY  # a finding beats not knowing
     app = ProbeResult("events", ran=True, findings=(Finding("XidApplication13", Severity.P2, "m"),))
     assert verdict([fine, app]).health is Health.HEALTHY  # application Xids are not node faults
+
+
+HOT = Verdict(Health.FAULTY, "Thermal", "96 C", ("GPU-a",), Severity.P1)
+
+
+def test_the_report_carries_the_worst_severity_the_fault_has_had() -> None:
+    states = run([HOT] * 3 + [XID79] + [HOT] * 3)
+    assert states[2].reported is not None and states[2].reported.severity is Severity.P1
+    # Worse under the same id, and never back to P1 while it lasts.
+    assert {s.reported.fault_id for s in states[2:] if s.reported} == {"id-2"}
+    assert [s.reported.severity for s in states[3:] if s.reported] == [Severity.P0] * 4
+
+
+def test_the_severity_is_written_with_the_fault_and_removed_with_it() -> None:
+    reported = run([HOT] * 3)[-1].reported
+    assert dict(desired(reported, HOT).annotations)[FAULT_SEVERITY] == "P1"
+    assert dict(desired(None, HEALTHY).annotations)[FAULT_SEVERITY] is None

@@ -298,3 +298,22 @@ def test_open_reads_are_off_unless_set() -> None:
     assert parse_config({"apiOpenReads": True}).api_open_reads is True
     with pytest.raises(ConfigError, match="apiOpenReads: must be true or false, got 'yes'"):
         parse_config({"apiOpenReads": "yes"})
+
+
+def test_the_p1_fence_is_off_and_the_resync_is_five_minutes_unless_set() -> None:
+    default = parse_config(None)
+    assert (default.p1_taint, default.resync_seconds, default.resolved_alert_clears) == (
+        False,
+        300.0,
+        False,
+    )
+    config = parse_config({"p1Taint": True, "resyncSeconds": 30, "resolvedAlertClears": True})
+    assert (config.p1_taint, config.resync_seconds, config.resolved_alert_clears) == (
+        True,
+        30.0,
+        True,
+    )
+    with pytest.raises(ConfigError, match="resyncSeconds: must be between 1 and 86400, got 0"):
+        parse_config({"resyncSeconds": 0})
+    with pytest.raises(ConfigError, match="p1Taint: must be true or false, got 'on'"):
+        parse_config({"p1Taint": "on"})

@@ -9,6 +9,7 @@ from gpuheal.config import ConditionRule, Config
 from gpuheal.model import (
     FAULT_ID,
     FAULT_REASON,
+    FAULT_SEVERITY,
     HANDLED_FAULT_ID,
     LAST_PROCESS_TIME,
     MANAGED_LABEL,
@@ -390,14 +391,114 @@ def test_p1_notifies_then_escalates_after_the_window() -> None:
     signal = _external(Severity.P1)
     first = plan(NodeState(healthy(), external=(signal,), gpu_nodes=10), config, NOW)
     assert kinds(first) == ["CreateRecord", "Emit"] and first.requeue_after == 600
-    watched = record(Phase.DETECTED, fault_id="am-1", created_at=iso(NOW))
+    watched = record(Phase.DETECTED, fault_id="am-1", created_at=iso(NOW), severity=Severity.P1)
     state = NodeState(healthy(), external=(signal,), records=(watched,), gpu_nodes=10)
     early = plan(state, config, NOW + dt.timedelta(seconds=599))
     assert early.actions == () and early.suppressed == "watching"
     assert early.requeue_after is not None and abs(early.requeue_after - 1) < 1e-6
     late = plan(state, config, NOW + dt.timedelta(seconds=600))
     assert "AddTaint" in kinds(late)
+    escalate = late.actions[0]
+    assert isinstance(escalate, UpdateRecord) and escalate.entry.action == "escalate"
+    assert escalate.entry.detail == "still present after 600s"
+    assert next(a.reason for a in late.actions if isinstance(a, Emit)) == "GPUFaultEscalated"
     # An escalated P1 still meets the breaker.
     tight = replace(config, breaker_max_nodes=1)
     held = plan(replace(state, quarantined=frozenset({"q"})), tight, NOW + dt.timedelta(hours=1))
-    assert kinds(held) == ["UpdateRecord", "Emit"] and held.actions[0].phase is Phase.HELD  # type: ignore[union-attr]
+    assert kinds(held) == ["UpdateRecord", "Emit", "UpdateRecord", "Emit"]
+    assert held.actions[2].phase is Phase.HELD  # type: ignore[union-attr]
+
+
+P1_CONFIG = replace(CONFIG, p1_escalation_seconds=600)
+
+
+def test_the_agents_p1_annotation_is_watched_like_a_p1_from_the_api() -> None:
+    # Before: every annotated fault was P0, so a hot GPU was tainted and drained at once.
+    hot = faulty(**{FAULT_REASON: "Thermal", FAULT_SEVERITY: "P1"})
+    assert fault_signal(hot, P1_CONFIG).severity is Severity.P1  # type: ignore[union-attr]
+    pods = (gpu_pod("trainer-0"),)
+    first = plan(NodeState(hot, pods=pods, gpu_nodes=10), P1_CONFIG, NOW)
+    assert kinds(first) == ["CreateRecord", "Emit"] and first.requeue_after == 600
+    created = first.actions[0]
+    assert isinstance(created, CreateRecord) and created.signal.severity is Severity.P1
+    assert not first.new_quarantine
+    watched = record(Phase.DETECTED, created_at=iso(NOW), severity=Severity.P1)
+    state = NodeState(hot, pods=pods, records=(watched,), gpu_nodes=10)
+    early = plan(state, P1_CONFIG, NOW + dt.timedelta(seconds=300))
+    assert early.actions == () and early.suppressed == "watching"
+    late = plan(state, P1_CONFIG, NOW + dt.timedelta(seconds=600))
+    assert {"AddTaint", "Evict"} <= set(kinds(late))
+    # Cooled inside the window: resolved, the node never touched.
+    cooled = plan(NodeState(healthy(), pods=pods, records=(watched,)), P1_CONFIG, NOW)
+    assert kinds(cooled) == ["UpdateRecord", "Emit"]
+    assert cooled.actions[0].phase is Phase.RESOLVED  # type: ignore[union-attr]
+
+
+def test_an_annotated_p2_is_recorded_only_and_absent_severity_is_p0() -> None:
+    p2 = plan(NodeState(faulty(**{FAULT_SEVERITY: "p2"}), gpu_nodes=10), CONFIG, NOW)
+    assert kinds(p2) == ["CreateRecord", "Emit", "MarkHandled"]
+    # `kubectl annotate` without a severity: P0, as before, with nothing to say about it.
+    sig = fault_signal(faulty(), CONFIG)
+    assert sig is not None and sig.severity is Severity.P0 and sig.altered == ()
+    assert "AddTaint" in kinds(plan(NodeState(faulty(), gpu_nodes=10), CONFIG, NOW))
+
+
+def test_a_severity_that_is_not_one_is_taken_as_p0_and_said_once() -> None:
+    node = faulty(**{FAULT_SEVERITY: "warning"})
+    sig = fault_signal(node, CONFIG)
+    assert sig is not None and sig.severity is Severity.P0 and sig.altered == ("fault-severity",)
+    p = plan(NodeState(node, gpu_nodes=10), CONFIG, NOW)
+    said = [a for a in p.actions if isinstance(a, Emit) and a.reason == "GPUFaultInputNormalized"]
+    assert len(said) == 1 and said[0].warning
+    assert "fault-severity that is not P0, P1 or P2 (taken as P0)" in said[0].note
+    assert "AddTaint" in kinds(p)
+
+
+def test_a_watched_p1_that_worsens_to_p0_is_acted_on_at_once() -> None:
+    watched = record(Phase.DETECTED, created_at=iso(NOW), severity=Severity.P1)
+    worse = faulty(**{FAULT_SEVERITY: "P0"})
+    p = plan(NodeState(worse, records=(watched,), gpu_nodes=10), P1_CONFIG, NOW)
+    assert kinds(p)[:2] == ["UpdateRecord", "Emit"] and "AddTaint" in kinds(p)
+    assert p.actions[0].entry.detail == "now reported P0"  # type: ignore[union-attr]
+    assert p.new_quarantine
+    # Escalated stays escalated: reported P1 again (or a record acted on as P0) is not
+    # watched again, and the escalation is said once.
+    escalated = replace(
+        watched,
+        phase=Phase.DRAINED,
+        actions=(ActionEntry(iso(NOW), "escalate", "ok", "now reported P0"),),
+    )
+    again = plan(
+        NodeState(tainted(faulty(**{FAULT_SEVERITY: "P1"})), records=(escalated,), gpu_nodes=10),
+        P1_CONFIG,
+        NOW,
+    )
+    assert again.suppressed != "watching" and "Emit" not in kinds(again)
+    p0_record = record(Phase.DRAINED, created_at=iso(NOW))
+    lower = NodeState(tainted(faulty(**{FAULT_SEVERITY: "P1"})), records=(p0_record,))
+    assert plan(lower, P1_CONFIG, NOW).suppressed != "watching"
+
+
+def test_p1_taint_fences_a_watched_fault_with_noschedule_and_escalation_applies_the_effect() -> (
+    None
+):
+    config = replace(P1_CONFIG, p1_taint=True, taint_effect="NoExecute")
+    hot = faulty(**{FAULT_REASON: "Thermal", FAULT_SEVERITY: "P1"})
+    pods = (gpu_pod("trainer-0"),)
+    first = plan(NodeState(hot, pods=pods, gpu_nodes=10), config, NOW)
+    assert kinds(first) == ["CreateRecord", "Emit", "AddTaint", "UpdateRecord", "Emit"]
+    assert first.actions[2] == AddTaint(N1, F1, "NoSchedule") and first.new_quarantine
+    assert first.requeue_after == 600
+    # Inside the window, once fenced: nothing more, no eviction.
+    fenced = record(Phase.QUARANTINED, created_at=iso(NOW), severity=Severity.P1)
+    state = NodeState(tainted(hot), pods=pods, records=(fenced,), gpu_nodes=10)
+    assert plan(state, config, NOW + dt.timedelta(seconds=10)).actions == ()
+    # After it: the configured effect, then the drain.
+    late = plan(state, config, NOW + dt.timedelta(seconds=600))
+    assert AddTaint(N1, F1, "NoExecute") in late.actions and "Evict" in kinds(late)
+    # A full breaker: watched without the fence.
+    tight = replace(config, breaker_max_nodes=1)
+    full = NodeState(hot, pods=pods, gpu_nodes=10, quarantined=frozenset({"other"}))
+    assert kinds(plan(full, tight, NOW)) == ["CreateRecord", "Emit"]
+    # Off (the default): no taint.
+    assert "AddTaint" not in kinds(plan(NodeState(hot, gpu_nodes=10), P1_CONFIG, NOW))
