@@ -255,6 +255,8 @@ class FaultRecord:
     decision: str = ""
     decided_by: str = ""
     decided_at: str = ""
+    # status.plan.evict: the GPU pods its plan (approval, observe) would evict.
+    plan_evict: tuple[str, ...] = ()
 
     @property
     def device_scope(self) -> bool:

@@ -179,6 +179,10 @@ class ApprovalJson(msgspec.Struct):
     at: str = ""
 
 
+class PlanJson(msgspec.Struct):
+    evict: list[str] = []
+
+
 class FaultStatusJson(msgspec.Struct):
     phase: str = ""
     recoveringSince: str | None = None  # noqa: N815 -- nullable in the CRD
@@ -187,6 +191,7 @@ class FaultStatusJson(msgspec.Struct):
     expiry: str | None = None
     contactSupport: bool = False  # noqa: N815
     approval: ApprovalJson | None = None
+    plan: PlanJson | None = None
 
 
 class FaultJson(msgspec.Struct):
@@ -365,6 +370,7 @@ def fault_record(fault: FaultJson) -> FaultRecord:
         device=spec.resourceID,
         expiry=status.expiry or spec.expiry,
         contact_support=status.contactSupport,
+        plan_evict=tuple(status.plan.evict) if status.plan else (),
         **_approval(status.approval),
     )
 
