@@ -261,6 +261,24 @@ def _add_operator_commands(
     )
     audit.set_defaults(func=_operator, operate=ops.audit)
 
+    for verb, operate, what in (
+        ("approve", ops.approve, "let the controller carry out"),
+        ("reject", ops.reject, "refuse"),
+    ):
+        decide = commands.add_parser(
+            verb,
+            parents=[common],
+            help=f"{what} a fault's plan awaiting approval (approval mode)",
+            description=(
+                f"{verb.capitalize()} the plan of a GPUFault in phase AwaitingApproval: written "
+                "to the record's status with your identity as the API server knows it; "
+                "the controller acts on it once. Exit 5: no such fault; 2: it is not "
+                "awaiting approval (cleared, expired, answered)."
+            ),
+        )
+        decide.add_argument("fault", metavar="FAULT", help="the GPUFault name, or its fault id")
+        decide.set_defaults(func=_operator, operate=operate)
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(

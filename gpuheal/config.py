@@ -209,6 +209,20 @@ class MaintenanceConfig:
 
 
 @dataclass(frozen=True)
+class ApprovalConfig:
+    """A person approves a fault's plan before its first taint or eviction."""
+
+    required: bool = False
+    # Fault reason -> required, over `required`.
+    by_reason: Mapping[str, bool] = field(default_factory=dict)
+    # An unanswered plan ends (record Failed, `approval-expired`) after this long.
+    expiry_seconds: float = 3600.0
+
+    def required_for(self, reason: str) -> bool:
+        return self.by_reason.get(reason, self.required)
+
+
+@dataclass(frozen=True)
 class Config:
     # Which nodes are GPU nodes we manage (label equality, all must match).
     node_selector: Mapping[str, str] = field(
@@ -272,6 +286,7 @@ class Config:
     pools: PoolsConfig = field(default_factory=PoolsConfig)
     health_gate: HealthGateConfig = field(default_factory=HealthGateConfig)
     maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
+    approval: ApprovalConfig = field(default_factory=ApprovalConfig)
 
     def mode_for(self, reason: str) -> Mode:
         return self.mode_by_reason.get(reason, self.mode)
@@ -362,6 +377,14 @@ def enum_of(kind: type[Mode] | type[Severity]) -> Any:
 def mode_map(value: Any) -> dict[str, Mode]:
     raw = string_map(value)
     return {reason: enum_of(Mode)(mode) for reason, mode in raw.items()}
+
+
+def bool_map(value: Any) -> dict[str, bool]:
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and k and isinstance(v, bool) for k, v in value.items()
+    ):
+        raise ValueError(f"must be a map of strings to true or false, got {value!r}")
+    return dict(value)
 
 
 def effect(value: Any) -> str:
@@ -547,6 +570,13 @@ _MAINTENANCE: dict[str, tuple[str, Any]] = {
 }
 
 
+_APPROVAL: dict[str, tuple[str, Any]] = {
+    "required": ("required", boolean),
+    "byReason": ("by_reason", bool_map),
+    "expirySeconds": ("expiry_seconds", number(1, MAX_DELAY_S)),
+}
+
+
 def _map(value: Any, what: str) -> dict[Any, Any]:
     if not isinstance(value, dict):
         raise ValueError(f"must be a map of {what}, got {type(value).__name__}")
@@ -620,6 +650,7 @@ def parse_config(raw: Any) -> Config:
         "pools",
         "healthGate",
         "maintenance",
+        "approval",
     }
     top = {k: v for k, v in raw.items() if k not in nested} if isinstance(raw, dict) else raw
     values = fields_of(top, _TOP, "", errors)
@@ -647,6 +678,10 @@ def parse_config(raw: Any) -> Config:
         if "maintenance" in raw:
             values["maintenance"] = MaintenanceConfig(
                 **fields_of(raw["maintenance"], _MAINTENANCE, "maintenance", errors)
+            )
+        if "approval" in raw:
+            values["approval"] = ApprovalConfig(
+                **fields_of(raw["approval"], _APPROVAL, "approval", errors)
             )
     if not errors:
         config = Config(**values)

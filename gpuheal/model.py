@@ -83,6 +83,8 @@ class Mode(StrEnum):
 
 class Phase(StrEnum):
     DETECTED = "Detected"
+    # The plan is recorded and waits for a person's approval (`approval` config).
+    AWAITING_APPROVAL = "AwaitingApproval"
     HELD = "Held"
     QUARANTINED = "Quarantined"
     DRAINING = "Draining"
@@ -96,6 +98,7 @@ class Phase(StrEnum):
 OPEN_PHASES = frozenset(
     {
         Phase.DETECTED,
+        Phase.AWAITING_APPROVAL,
         Phase.HELD,
         Phase.QUARANTINED,
         Phase.DRAINING,
@@ -106,6 +109,11 @@ OPEN_PHASES = frozenset(
 )
 # Phases in which our taint was placed on the node at some point.
 TAINTED_PHASES = frozenset({Phase.QUARANTINED, Phase.DRAINING, Phase.DRAINED, Phase.RECOVERING})
+
+
+APPROVED = "approved"
+REJECTED = "rejected"
+DECISIONS = (APPROVED, REJECTED)
 
 
 @dataclass(frozen=True)
@@ -242,6 +250,13 @@ class FaultRecord:
     device: str = ""
     expiry: str = ""  # a device quarantine's end: a canary is tried after it
     contact_support: bool = False
+    # A person's answer to an AwaitingApproval plan (status.approval): "approved" or
+    # "rejected", who gave it and when; empty until then.
+    decision: str = ""
+    decided_by: str = ""
+    decided_at: str = ""
+    # status.plan.evict: the GPU pods its plan (approval, observe) would evict.
+    plan_evict: tuple[str, ...] = ()
 
     @property
     def device_scope(self) -> bool:

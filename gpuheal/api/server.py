@@ -8,6 +8,7 @@ GET  /openapi.yaml       this API, described
 POST /api/v1/alerts      Alertmanager webhook (version 4)
 POST /api/v1/process     manual trigger: {node, action: quarantine|clear, reason, severity}
 GET  /api/v1/faults      current and recent faults (GPUFault records)
+POST /api/v1/faults/{name}/approve|reject   answer a plan awaiting approval
 
 Everything under /api/ needs `Authorization: Bearer <token>` (compared in
 constant time; 401 never says which part was wrong), but GET /api/v1/faults
@@ -48,12 +49,14 @@ from gpuheal.api.fields import (
     shown,
 )
 from gpuheal.api.token import ApiTokens
-from gpuheal.model import FaultSignal, Severity
+from gpuheal.model import APPROVED, REJECTED, FaultSignal, Severity
 from gpuheal.policy.ratelimit import TokenBucket
 
 log = logging.getLogger(__name__)
 
 OPENAPI = Path(__file__).with_name("openapi.yaml")
+# Who an answer to a plan awaiting approval is from, when it comes through the API.
+API_CALLER = "api-token"
 
 
 class Intake(Protocol):
@@ -76,6 +79,9 @@ class Intake(Protocol):
         """Drop a source's signals for a node (one, or all with None); how many."""
 
     def faults(self, node: str | None, limit: int) -> list[dict[str, Any]]: ...
+
+    async def answer(self, wanted: str, decision: str, by: str) -> tuple[int, dict[str, Any]]:
+        """A person's answer to a plan awaiting approval: (HTTP status, body)."""
 
 
 # The budget of each client address for requests without a valid token: enough
@@ -174,6 +180,8 @@ class Api:
         app.router.add_post("/api/v1/alerts", self.post_alerts)
         app.router.add_post("/api/v1/process", self.post_process)
         app.router.add_get("/api/v1/faults", self.get_faults)
+        app.router.add_post("/api/v1/faults/{name}/approve", self.post_approve)
+        app.router.add_post("/api/v1/faults/{name}/reject", self.post_reject)
         return app
 
     @web.middleware
@@ -303,6 +311,19 @@ class Api:
         )
         new = self.intake.submit(signal)
         return web.json_response({"node": wanted.node, "faultId": fault_id, "new": new}, status=202)
+
+    async def post_approve(self, request: web.Request) -> web.Response:
+        return await self._answer(request, APPROVED)
+
+    async def post_reject(self, request: web.Request) -> web.Response:
+        return await self._answer(request, REJECTED)
+
+    async def _answer(self, request: web.Request, decision: str) -> web.Response:
+        if not self.intake.leading():
+            return _problem(503, "not the leader; retry", **{"Retry-After": "2"})
+        # Whoever holds a token: the tokens carry no names (the record says "api-token").
+        status, body = await self.intake.answer(request.match_info["name"], decision, API_CALLER)
+        return web.json_response(body, status=status)
 
     async def get_faults(self, request: web.Request) -> web.Response:
         try:

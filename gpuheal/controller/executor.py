@@ -393,6 +393,8 @@ class Executor:
                 status["recoveringSince"] = action.recovering_since or None
             if action.expiry is not None:
                 status["expiry"] = action.expiry
+            if action.plan is not None:
+                status["plan"] = action.plan.status()
             body = {"metadata": {"resourceVersion": record.resource_version}, "status": status}
             try:
                 raw = await self.api.patch(gpufault_path(action.name, status=True), body)

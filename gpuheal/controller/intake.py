@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from gpuheal.controller.addresses import NodeFinder
 from gpuheal.controller.reconciler import Reconciler
+from gpuheal.kube.api import ApiError, gpufault_path
 from gpuheal.kube.informer import Store
+from gpuheal.kube.projections import decode_fault
 from gpuheal.model import MANAGED_LABEL, FaultRecord, FaultSignal, NodeView
+from gpuheal.policy.approval import answer_patch, matching, refusal
+from gpuheal.policy.clock import iso
 
 
 class ControllerIntake:
@@ -67,6 +72,39 @@ class ControllerIntake:
         if count:
             self.reconciler.queue.add(node)
         return count
+
+    async def answer(self, wanted: str, decision: str, by: str) -> tuple[int, dict[str, Any]]:
+        """Write a person's answer on a record awaiting approval (the reconciler acts
+        on it when the record's update arrives): (HTTP status, body)."""
+        records = [
+            r
+            for names in self.reconciler.fleet.records_by_node.values()
+            for name in names
+            if (r := self.records.get(name)) is not None
+        ]
+        found = matching(records, wanted)
+        if not found:
+            return 404, {"error": f"no GPUFault named {wanted!r} or with that fault id"}
+        if len(found) > 1:
+            names = ", ".join(sorted(r.name for r in found))
+            return 409, {"error": f"fault id {wanted!r} names {len(found)} records: {names}"}
+        (record,) = found
+        why_not = refusal(record)
+        if why_not is not None:
+            return 409, {"error": why_not}
+        at = iso(dt.datetime.now(dt.UTC))
+        executor = self.reconciler.executor
+        try:
+            raw = await executor.api.patch(
+                gpufault_path(record.name, status=True), answer_patch(record, decision, by, at)
+            )
+        except ApiError as err:
+            if err.code != 409:
+                raise
+            return 409, {"error": f"GPUFault {record.name} changed meanwhile; look again"}
+        executor.caches.put_record(decode_fault(raw))
+        body = {"name": record.name, "node": record.node, "faultId": record.fault_id}
+        return 200, body | {"decision": decision, "by": by, "at": at}
 
     def faults(self, node: str | None, limit: int) -> list[dict[str, Any]]:
         names = (

@@ -19,6 +19,7 @@ import msgspec
 from gpuheal.model import (
     ANNOTATION_PREFIX,
     CANARY_LABEL,
+    DECISIONS,
     ActionEntry,
     Condition,
     DeviceHealth,
@@ -172,6 +173,16 @@ class ActionJson(msgspec.Struct):
     detail: str = ""
 
 
+class ApprovalJson(msgspec.Struct):
+    decision: str = ""
+    by: str = ""
+    at: str = ""
+
+
+class PlanJson(msgspec.Struct):
+    evict: list[str] = []
+
+
 class FaultStatusJson(msgspec.Struct):
     phase: str = ""
     recoveringSince: str | None = None  # noqa: N815 -- nullable in the CRD
@@ -179,6 +190,8 @@ class FaultStatusJson(msgspec.Struct):
     actions: list[ActionJson] = []
     expiry: str | None = None
     contactSupport: bool = False  # noqa: N815
+    approval: ApprovalJson | None = None
+    plan: PlanJson | None = None
 
 
 class FaultJson(msgspec.Struct):
@@ -357,7 +370,15 @@ def fault_record(fault: FaultJson) -> FaultRecord:
         device=spec.resourceID,
         expiry=status.expiry or spec.expiry,
         contact_support=status.contactSupport,
+        plan_evict=tuple(status.plan.evict) if status.plan else (),
+        **_approval(status.approval),
     )
+
+
+def _approval(approval: ApprovalJson | None) -> dict[str, str]:
+    if approval is None or approval.decision not in DECISIONS:
+        return {}
+    return {"decision": approval.decision, "decided_by": approval.by, "decided_at": approval.at}
 
 
 def decode_node(raw: bytes) -> NodeView:

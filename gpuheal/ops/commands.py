@@ -47,3 +47,17 @@ def audit(ctx: Context, args: argparse.Namespace) -> int:
     from gpuheal.ops.audit import run_audit  # noqa: PLC0415
 
     return run_audit(ctx, selector=args.selector, stuck_after_s=args.stuck_after)
+
+
+def approve(ctx: Context, args: argparse.Namespace) -> int:
+    from gpuheal.model import APPROVED  # noqa: PLC0415
+    from gpuheal.ops.approval import answer  # noqa: PLC0415
+
+    return answer(ctx, args.fault, APPROVED)
+
+
+def reject(ctx: Context, args: argparse.Namespace) -> int:
+    from gpuheal.model import REJECTED  # noqa: PLC0415
+    from gpuheal.ops.approval import answer  # noqa: PLC0415
+
+    return answer(ctx, args.fault, REJECTED)

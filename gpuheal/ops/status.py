@@ -52,6 +52,7 @@ from gpuheal.ops.output import Notes, Table, render
 from gpuheal.ops.selector import Requirement, SelectorError, parse_selector, selected
 from gpuheal.policy.breaker import quarantine_capacity
 from gpuheal.policy.clock import parse_time
+from gpuheal.policy.plan import WOULD_QUARANTINE_ACTION
 from gpuheal.policy.pools import pool_of
 
 HEALTHY = "healthy"
@@ -135,6 +136,50 @@ def age(since: dt.datetime | None, now: dt.datetime) -> str:
     return f"{seconds}s"
 
 
+# Observe mode's report covers this much of the past.
+WOULD_HAVE_WINDOW_S = 86400.0
+
+
+@dataclass(frozen=True)
+class WouldHave:
+    """What observe mode would have done (its records' would-quarantine entries)."""
+
+    nodes: tuple[str, ...] = ()
+    pods: tuple[str, ...] = ()
+    faults: int = 0
+
+    def data(self) -> dict[str, Any]:
+        return {
+            "windowSeconds": int(WOULD_HAVE_WINDOW_S),
+            "quarantinedNodes": len(self.nodes),
+            "evictedPods": len(self.pods),
+            "faults": self.faults,
+            "nodes": list(self.nodes),
+            "pods": list(self.pods),
+        }
+
+    def sentence(self) -> str:
+        return (
+            f"would have quarantined {len(self.nodes)} node(s), evicted {len(self.pods)} "
+            f"pod(s) in the last 24 h ({self.faults} fault(s) seen in observe mode)"
+        )
+
+
+def would_have(records: Iterable[FaultRecord], now: dt.datetime) -> WouldHave:
+    since = now - dt.timedelta(seconds=WOULD_HAVE_WINDOW_S)
+    seen = [
+        r
+        for r in records
+        if any(
+            a.action == WOULD_QUARANTINE_ACTION and (t := parse_time(a.time)) and t >= since
+            for a in r.actions
+        )
+    ]
+    nodes = sorted({r.node for r in seen})
+    pods = sorted({p for r in seen for p in r.plan_evict})
+    return WouldHave(tuple(nodes), tuple(pods), len(seen))
+
+
 @dataclass(frozen=True)
 class StatusReport:
     nodes: tuple[NodeStatus, ...]
@@ -142,6 +187,7 @@ class StatusReport:
     faults: tuple[FaultRecord, ...]  # open records, oldest first
     breaker: Breaker
     now: dt.datetime
+    would: WouldHave = WouldHave()
 
     def by_state(self) -> dict[str, int]:
         counts = Counter(n.state for n in self.nodes)
@@ -185,6 +231,7 @@ class StatusReport:
                 "quarantined": self.breaker.quarantined,
                 "remaining": self.breaker.remaining,
             },
+            "wouldHave": self.would.data(),
         }
 
     def views(self) -> Sequence[Table | Notes]:
@@ -240,6 +287,7 @@ class StatusReport:
                     )
                 ],
             ),
+            Notes("Observe mode", [("warn" if self.would.faults else "", self.would.sentence())]),
         )
 
 
@@ -250,7 +298,11 @@ def _some(names: list[str]) -> str:
 
 
 def open_faults(records: Iterable[GenericGlobalResource]) -> list[FaultRecord]:
-    faults = [f for f in fault_records(records) if f.open]
+    return _open(fault_records(records))
+
+
+def _open(records: Iterable[FaultRecord]) -> list[FaultRecord]:
+    faults = [f for f in records if f.open]
     oldest = dt.datetime.min.replace(tzinfo=dt.UTC)
     return sorted(faults, key=lambda f: (parse_time(f.created_at) or oldest, f.node, f.name))
 
@@ -266,7 +318,9 @@ def fleet_status(
     breaker = Breaker(quarantine_capacity(len(gpu_nodes), config), tainted)
     shown = [n for n in gpu_nodes if selected(labels_of(n), selector)]
     names = {name_of(n) for n in shown}
-    faults = [f for f in open_faults(snap.faults) if not selector or f.node in names]
+    records = fault_records(snap.faults)
+    faults = [f for f in _open(records) if not selector or f.node in names]
+    would = would_have((r for r in records if not selector or r.node in names), now)
     faults_by_node: dict[str, list[FaultRecord]] = defaultdict(list)
     for fault in faults:
         faults_by_node[fault.node].append(fault)
@@ -290,6 +344,7 @@ def fleet_status(
         faults=tuple(faults),
         breaker=breaker,
         now=now,
+        would=would,
     )
 
 

@@ -11,18 +11,21 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpuheal import values
 from gpuheal.config import Config
 from gpuheal.model import (
     ANNOTATION_PREFIX,
+    APPROVED,
     FAULT_SEVERITY,
     HANDLED_FAULT_ID,
     LAST_PROCESS_TIME,
     MANAGED_LABEL,
+    REJECTED,
     STATE_LABEL,
     STATE_MAINTENANCE,
+    TAINT_KEY,
     TAINTED_PHASES,
     ActionEntry,
     FaultRecord,
@@ -49,6 +52,18 @@ EVICTION_BLOCKED = "GPUPodEvictionBlocked"
 RECOVERED = "GPUFaultRecovered"
 INPUT_NORMALIZED = "GPUFaultInputNormalized"
 ESCALATED = "GPUFaultEscalated"
+AWAITING_APPROVAL = "GPUFaultAwaitingApproval"
+APPROVED_EVENT = "GPUFaultApproved"
+REJECTED_EVENT = "GPUFaultRejected"
+APPROVAL_EXPIRED = "GPUFaultApprovalExpired"
+
+# Record entries of approval mode.
+AWAIT_ACTION = "awaiting-approval"
+APPROVED_ACTION = APPROVED
+REJECTED_ACTION = REJECTED
+EXPIRED_ACTION = "approval-expired"
+# Observe mode's record entry: what the other modes would have done.
+WOULD_QUARANTINE_ACTION = "would-quarantine"
 
 # A P1 fault's record entry when it is handled as P0 from then on.
 ESCALATE_ACTION = "escalate"
@@ -68,6 +83,25 @@ class CreateRecord:
 
 
 @dataclass(frozen=True)
+class Planned:
+    """What quarantining a node would do: its taint, and the GPU pods a drain
+    would evict (none in `quarantine` mode). A record's status.plan."""
+
+    node: str
+    taint: str
+    evict: tuple[str, ...] = ()
+
+    def status(self) -> dict[str, object]:
+        return {"node": self.node, "taint": self.taint, "evict": list(self.evict)}
+
+    def text(self) -> str:
+        pods = self.evict
+        shown = ", ".join(pods[:10]) + (f" and {len(pods) - 10} more" if len(pods) > 10 else "")
+        evict = f"; evict {len(pods)} GPU pods: {shown}" if pods else "; evict no pod"
+        return f"taint {self.node} {self.taint}{evict}"
+
+
+@dataclass(frozen=True)
 class UpdateRecord:
     name: str
     phase: Phase
@@ -75,6 +109,17 @@ class UpdateRecord:
     recovering_since: str | None = None  # None: unchanged, "": clear
     record_evictions: bool = False  # add the pods this plan's Evict actions evicted
     expiry: str | None = None  # a device quarantine's new end; None: unchanged
+    plan: Planned | None = None  # status.plan; None: unchanged
+
+
+@dataclass(frozen=True)
+class AwaitApproval(UpdateRecord):
+    """The record's plan waits for a person (its own name in metrics and notifications)."""
+
+
+@dataclass(frozen=True)
+class WouldQuarantine(UpdateRecord):
+    """Observe mode: the record notes what quarantine/full mode would have done."""
 
 
 @dataclass(frozen=True)
@@ -286,9 +331,7 @@ def _remediate(  # noqa: PLR0911 -- one return per rule reads best here
     elif not record.open:
         return _with(base, actions, suppressed="resolved")
     elif fault.mode is Mode.OBSERVE:
-        if not fault.handled:
-            actions.append(MarkHandled(node.name, signal.fault_id))
-        return _with(base, actions, suppressed="handled" if fault.handled else None)
+        return _observed(fault, config, now, actions, base)
     elif watching:
         created = _first_seen(record) or now
         remaining = config.p1_escalation_seconds - (now - created).total_seconds()
@@ -300,7 +343,23 @@ def _remediate(  # noqa: PLR0911 -- one return per rule reads best here
             requeue_after=max(remaining, 0.1),
             new_quarantine=_quarantines(fence),
         )
-    elif record.phase in (Phase.HELD, Phase.DETECTED) and not _may_quarantine(state, config):
+    if record is not None and (
+        record.phase is Phase.AWAITING_APPROVAL or _needs_approval(fault, config)
+    ):
+        if record.phase is not Phase.AWAITING_APPROVAL:
+            actions += _request_approval(fault, config, now)
+            return _with(base, actions, requeue_after=config.approval.expiry_seconds)
+        answered = _answer(fault, config, now, actions, base)
+        if answered is not None:
+            return answered
+        # Approved: from here on the fault goes the way of any other, breaker included.
+        record = replace(record, phase=Phase.DETECTED)
+        fault = replace(fault, record=record)
+    if (
+        record is not None
+        and record.phase in (Phase.HELD, Phase.DETECTED)
+        and not _may_quarantine(state, config)
+    ):
         if record.phase is Phase.DETECTED:  # an escalated P1 meets the breaker
             actions += [
                 UpdateRecord(record.name, Phase.HELD, _entry(now, "hold", "breaker")),
@@ -311,7 +370,7 @@ def _remediate(  # noqa: PLR0911 -- one return per rule reads best here
     return _advance(fault, config, now, actions, base)
 
 
-def _first_sight(
+def _first_sight(  # noqa: PLR0911 -- one return per rule, as in _remediate
     fault: _Fault,
     watching: bool,
     config: Config,
@@ -349,12 +408,18 @@ def _first_sight(
             new_quarantine=_quarantines(fence),
         )
     if mode is Mode.OBSERVE:
+        # Nothing is written to the node: the record is the fault's only trace (and lock).
+        actions += [CreateRecord(name, signal, Phase.DETECTED, mode), *announced]
+        if signal.severity is Severity.P0:
+            actions.append(_would_quarantine(fault, config, now))
+        return _with(base, actions, requeue_after=_p1_pending(fault, config, now))
+    if _needs_approval(fault, config):
         actions += [
             CreateRecord(name, signal, Phase.DETECTED, mode),
             *announced,
-            MarkHandled(node.name, signal.fault_id),
+            *_request_approval(fault, config, now),
         ]
-        return _with(base, actions)
+        return _with(base, actions, requeue_after=config.approval.expiry_seconds)
     if not _may_quarantine(fault.state, config):
         actions += [
             CreateRecord(name, signal, Phase.HELD, mode),
@@ -364,6 +429,152 @@ def _first_sight(
         return _with(base, actions, requeue_after=config.hold_retry_seconds)
     actions += [CreateRecord(name, signal, Phase.DETECTED, mode), *announced]
     return None
+
+
+def _gpu_pods(state: NodeState) -> list[PodView]:
+    """The pods a drain moves. Our canary pods tolerate the taint on purpose: they
+    test a device before release."""
+    return [p for p in state.pods if p.gpu and not p.daemonset and not p.terminal and not p.canary]
+
+
+def _planned(fault: _Fault, config: Config) -> Planned:
+    """What quarantining the fault's node would do: in `full` (and observed) the
+    drain's pods too."""
+    taint = f"{TAINT_KEY}={values.taint_value(fault.signal.fault_id)}:{config.taint_effect}"
+    moves = fault.mode is not Mode.QUARANTINE
+    pods = tuple(sorted(p.key for p in _gpu_pods(fault.state))) if moves else ()
+    return Planned(fault.state.node.name, taint, pods)
+
+
+def _would_quarantine(fault: _Fault, config: Config, now: dt.datetime) -> WouldQuarantine:
+    """Observe mode: what quarantine/full mode would have done, in the record."""
+    planned = _planned(fault, config)
+    return WouldQuarantine(
+        fault.record.name,
+        Phase.DETECTED,
+        _entry(now, WOULD_QUARANTINE_ACTION, "observe", planned.text()),
+        plan=planned,
+    )
+
+
+def _p1_pending(fault: _Fault, config: Config, now: dt.datetime) -> float | None:
+    """Observe mode, a P1 fault: seconds until it would escalate (and count as a
+    would-quarantine); None when that is not to come."""
+    record, signal = fault.record, fault.signal
+    if signal.severity is not Severity.P1 or any(
+        a.action == WOULD_QUARANTINE_ACTION for a in record.actions
+    ):
+        return None
+    since = _first_seen(record) or now
+    return max(config.p1_escalation_seconds - (now - since).total_seconds(), 0.1)
+
+
+def _observed(
+    fault: _Fault, config: Config, now: dt.datetime, actions: list[Action], base: Plan
+) -> Plan:
+    """An open fault in observe mode: recorded; a P1 that outlasts its window (or
+    worsens) is noted as a would-quarantine once. Nothing on the node."""
+    record, signal = fault.record, fault.signal
+    noted = any(a.action == WOULD_QUARANTINE_ACTION for a in record.actions)
+    if not noted and signal.severity is not Severity.P2:
+        if signal.severity is Severity.P0 or _escalated(record, config, now):
+            actions.append(_would_quarantine(fault, config, now))
+            return _with(base, actions)
+        wait = _p1_pending(fault, config, now)
+        return _with(base, actions, suppressed="observed", requeue_after=wait)
+    return _with(base, actions, suppressed="observed")
+
+
+def _needs_approval(fault: _Fault, config: Config) -> bool:
+    """A person approves a fault's first taint or eviction (`approval`), once."""
+    record = fault.record
+    return (
+        fault.mode is not Mode.OBSERVE
+        and config.approval.required_for(fault.signal.reason)
+        and record.phase not in TAINTED_PHASES
+        and not any(a.action == APPROVED_ACTION for a in record.actions)
+    )
+
+
+def _request_approval(fault: _Fault, config: Config, now: dt.datetime) -> list[Action]:
+    record, signal = fault.record, fault.signal
+    planned = _planned(fault, config)
+    what = planned.text()
+    expires = iso(now + dt.timedelta(seconds=config.approval.expiry_seconds))
+    return [
+        AwaitApproval(
+            record.name,
+            Phase.AWAITING_APPROVAL,
+            _entry(now, AWAIT_ACTION, "waiting", f"{what}; expires {expires}"),
+            plan=planned,
+        ),
+        Emit(
+            AWAITING_APPROVAL,
+            f"fault {signal.fault_id} ({signal.reason}, {signal.severity}) awaits approval: "
+            f"{what}. Approve or reject with `gpuheal approve|reject {record.name}` "
+            f"before {expires}",
+            signal.node,
+            record.name,
+            warning=True,
+        ),
+    ]
+
+
+def _asked_at(record: FaultRecord) -> dt.datetime | None:
+    """When the plan was put to a person: its latest awaiting-approval entry."""
+    asked = [parse_time(a.time) for a in record.actions if a.action == AWAIT_ACTION]
+    return next((t for t in reversed(asked) if t is not None), None)
+
+
+def _answer(
+    fault: _Fault, config: Config, now: dt.datetime, actions: list[Action], base: Plan
+) -> Plan | None:
+    """A plan awaiting approval: rejected, expired or still waiting (a Plan), or
+    approved (None: go on, exactly once: the record leaves AwaitingApproval)."""
+    record, signal = fault.record, fault.signal
+    node, by = signal.node, f"by {record.decided_by} at {record.decided_at}"
+    if record.decision == REJECTED:
+        actions += [
+            UpdateRecord(record.name, Phase.RESOLVED, _entry(now, REJECTED_ACTION, REJECTED, by)),
+            Emit(
+                REJECTED_EVENT,
+                f"fault {signal.fault_id}: plan rejected {by}; nothing done",
+                node,
+                record.name,
+            ),
+        ]
+        return _with(base, actions)
+    if record.decision == APPROVED:
+        actions += [
+            UpdateRecord(record.name, Phase.DETECTED, _entry(now, APPROVED_ACTION, "ok", by)),
+            Emit(
+                APPROVED_EVENT,
+                f"fault {signal.fault_id}: plan approved {by}; acting (within the breaker "
+                "and rate limit)",
+                node,
+                record.name,
+            ),
+        ]
+        return None
+    expiry = config.approval.expiry_seconds
+    remaining = expiry - (now - (_asked_at(record) or now)).total_seconds()
+    if remaining > 0:
+        return _with(base, actions, suppressed="awaiting-approval", requeue_after=remaining)
+    actions += [
+        UpdateRecord(
+            record.name,
+            Phase.FAILED,
+            _entry(now, EXPIRED_ACTION, "expired", f"no answer within {expiry:g}s; nothing done"),
+        ),
+        Emit(
+            APPROVAL_EXPIRED,
+            f"fault {signal.fault_id}: no approval within {expiry:g}s; plan expired, nothing done",
+            node,
+            record.name,
+            warning=True,
+        ),
+    ]
+    return _with(base, actions)
 
 
 def _altered(signal: FaultSignal, record: str) -> Emit:
@@ -417,7 +628,7 @@ class _Fault:
 def _p1_fence(fault: _Fault, config: Config, now: dt.datetime) -> list[Action]:
     """With `p1Taint`: a watched P1 fault's node gets a NoSchedule taint (new pods
     stay off, running ones stay), within the breaker; nothing when it is full."""
-    if not config.p1_taint or fault.mode is Mode.OBSERVE:
+    if not config.p1_taint or fault.mode is Mode.OBSERVE or _needs_approval(fault, config):
         return []
     fenced = fault.state.node.taint() is not None or fault.record.phase in TAINTED_PHASES
     if not fenced and not _may_quarantine(fault.state, config):
@@ -526,10 +737,7 @@ def _drain_step(
     """Evict the GPU pods; once none is left, mark handled. Also when to look again
     (None: drained)."""
     state, signal, record = fault.state, fault.signal, fault.record
-    # Our canary pods tolerate the taint on purpose: they test a device before release.
-    gpu_pods = [
-        p for p in state.pods if p.gpu and not p.daemonset and not p.terminal and not p.canary
-    ]
+    gpu_pods = _gpu_pods(state)
     to_evict = [p for p in gpu_pods if not p.deleting]
     # A refused eviction waits out its backoff, whatever brings the node back here
     # sooner (a pod event, a watch echo): each attempt is a request and a record write.
@@ -611,11 +819,7 @@ def _recover(state: NodeState, config: Config, now: dt.datetime) -> Plan:
     for record in (r for r in state.records if r.open):
         if record.phase not in TAINTED_PHASES:
             actions += [
-                UpdateRecord(
-                    record.name,
-                    Phase.RESOLVED,
-                    _entry(now, "recovered", detail="fault cleared before quarantine"),
-                ),
+                UpdateRecord(record.name, Phase.RESOLVED, _cleared(record, now)),
                 Emit(RECOVERED, f"fault {record.fault_id} cleared", node.name, record.name),
             ]
             continue
@@ -658,6 +862,17 @@ def _recover(state: NodeState, config: Config, now: dt.datetime) -> Plan:
             ),
         ]
     return Plan(actions=tuple(actions), requeue_after=requeue)
+
+
+def _cleared(record: FaultRecord, now: dt.datetime) -> ActionEntry:
+    """The entry of a fault that cleared before anything was done on its node; an
+    answer to its plan that came meanwhile is noted, and does nothing."""
+    if record.phase is not Phase.AWAITING_APPROVAL:
+        return _entry(now, "recovered", detail="fault cleared before quarantine")
+    if record.decision:
+        by = f"by {record.decided_by} at {record.decided_at}"
+        return _entry(now, record.decision, "ignored", f"{by}: the fault had cleared; nothing done")
+    return _entry(now, "recovered", detail="fault cleared before approval; nothing done")
 
 
 GATE_FAILED_ACTION = "gate-failed"

@@ -47,7 +47,7 @@ def test_the_chart_renders_for_the_default_and_other_values(control_plane: Contr
     assert kinds(default) == {
         "CustomResourceDefinition": 1, "ServiceAccount": 2, "ClusterRole": 4, "ClusterRoleBinding": 2,
         "Role": 2, "RoleBinding": 2, "ConfigMap": 2, "Secret": 1, "Deployment": 1, "Service": 1,
-        "PodDisruptionBudget": 1, "ValidatingAdmissionPolicy": 5, "ValidatingAdmissionPolicyBinding": 5,
+        "PodDisruptionBudget": 1, "ValidatingAdmissionPolicy": 6, "ValidatingAdmissionPolicyBinding": 6,
         "DaemonSet": 1,
     }  # fmt: skip
     crd = next(o for o in default if o["kind"] == "CustomResourceDefinition")
@@ -66,6 +66,8 @@ def test_the_chart_renders_for_the_default_and_other_values(control_plane: Contr
     assert yaml.safe_load(config["data"]["config.yaml"])["deviceHealth"] == {
         "canaryNamespace": "gpuheal-system"
     }
+    # A staged roll-out starts where nothing is written to Nodes or Pods.
+    assert yaml.safe_load(config["data"]["config.yaml"])["mode"] == "observe"
     minimal = kinds(render(control_plane, "gh", "ops", DATA / "values-minimal.yaml"))
     assert "DaemonSet" not in minimal and "Secret" not in minimal
     full = render(control_plane, "gh", "ops", DATA / "values-full.yaml")
@@ -111,7 +113,8 @@ def test_the_chart_rbac_is_enough_for_a_whole_cycle_and_no_more(
     config = yaml.safe_load(rendered["data"]["config.yaml"])
     token_file = tmp_path / "api-token"
     token_file.write_text("t")
-    config.update(nodeSelector=pool, apiTokenFile=str(token_file), recoveryWindowSeconds=1,
+    # The roll-out's last stage (the chart starts in observe): every write of the cycle.
+    config.update(mode="full", nodeSelector=pool, apiTokenFile=str(token_file), recoveryWindowSeconds=1,
                   breakerMaxPercent=100, rateLimitPerSecond=100, rateLimitBurst=100)  # fmt: skip
     controller = ControllerProcess(tmp_path, kubeconfig, config, identity="chart").start()
     try:

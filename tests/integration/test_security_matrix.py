@@ -31,6 +31,7 @@ from lightkube.resources.admissionregistration_v1 import (
     ValidatingAdmissionPolicyBinding,
 )
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
+from lightkube.resources.authentication_v1 import SelfSubjectReview
 from lightkube.resources.core_v1 import Namespace, Node, Pod, Secret, ServiceAccount
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
 from lightkube.types import PatchType
@@ -176,6 +177,8 @@ def scene(
             apply(kube, gpu_pod(system_pod, "kube-system", node_name=own, labels=labels))
             apply(kube, gpu_pod("bystander", system, node_name=own))
             kube.create(fault_record(fault, own))
+            awaiting = {"status": {"phase": "AwaitingApproval", "actions": []}}
+            kube.patch(GPUFault.Status, fault, awaiting, patch_type=PatchType.MERGE)
             for account, role in (("ops", "operator"), ("viewer", "operator-view")):
                 kube.create(ServiceAccount(metadata=ObjectMeta(name=account)), namespace=system)
                 bindings.append(bind(kube, f"{release.name}-{role}", account, system))
@@ -391,6 +394,19 @@ def bind_cluster_admin(s: Scene) -> Any:
     )
 
 
+def whoami(c: Client) -> str:
+    review = c.create(SelfSubjectReview())
+    assert review.status is not None and review.status.userInfo is not None
+    return str(review.status.userInfo.username)
+
+
+def answer_plan(c: Client, s: Scene, by: str | None = None) -> Any:
+    """`gpuheal approve`'s write: status.approval, in the caller's name unless `by`."""
+    approval = {"decision": "approved", "by": by or whoami(c), "at": DEADLINE}
+    body = {"status": {"approval": approval}}
+    return c.patch(GPUFault.Status, s.fault, body, patch_type=PatchType.MERGE, dry_run=True)
+
+
 EVERYTHING = [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]
 TIER = "node-restriction.kubernetes.io/tier"
 CONTROL_PLANE = "node-role.kubernetes.io/control-plane"
@@ -496,6 +512,12 @@ ACTIONS: tuple[Action, ...] = (
         create(lambda s: fault_record(unique("fault"), s.own)),
         "controller"),
     act("gpufaults: delete", lambda c, s: c.delete(GPUFault, s.fault, dry_run=True)),
+    act("gpufaults: answer a plan awaiting approval (as oneself)", answer_plan,
+        "controller", "operator"),
+    act("gpufaults: change a record's phase",
+        lambda c, s: c.patch(GPUFault.Status, s.fault, {"status": {"phase": "Resolved"}},
+                             patch_type=PatchType.MERGE, dry_run=True),
+        "controller"),
 )  # fmt: skip
 
 
@@ -726,3 +748,26 @@ def test_the_policies_name_exactly_the_keys_the_code_writes(scene: Scene) -> Non
     variables = {v["name"]: yaml.safe_load(v["expression"]) for v in canaries["spec"]["variables"]}
     health = Config().device_health
     assert variables == {"image": health.canary_image, "command": list(health.canary_command)}
+
+
+def test_the_operator_role_answers_a_plan_only_in_its_own_name_and_only_that(
+    kube: Client, scene: Scene
+) -> None:
+    ops = scene.clients["operator"]
+    assert forbidden(lambda: answer_plan(ops, scene, by="someone-else@example.com"))
+    both = {"status": {"phase": "Drained", "approval": {"decision": "approved",
+                       "by": whoami(ops), "at": DEADLINE}}}  # fmt: skip
+    assert forbidden(
+        lambda: ops.patch(GPUFault.Status, scene.fault, both, patch_type=PatchType.MERGE)
+    )
+    answer_plan(ops, scene)  # its job, as itself (dry run)
+    # A record not awaiting approval takes no answer.
+    pending = kube.get(GPUFault, scene.fault)
+    kube.patch(GPUFault.Status, scene.fault, {"status": {"phase": "Resolved"}},
+               patch_type=PatchType.MERGE)  # fmt: skip
+    try:
+        assert forbidden(lambda: answer_plan(ops, scene))
+    finally:
+        phase = (pending.get("status") or {}).get("phase")
+        kube.patch(GPUFault.Status, scene.fault, {"status": {"phase": phase}},
+                   patch_type=PatchType.MERGE)  # fmt: skip

@@ -187,7 +187,9 @@ def test_fresh_fault_inside_the_cooldown_waits_for_it() -> None:
 def test_observe_mode_records_and_notifies_only() -> None:
     config = replace(CONFIG, mode_by_reason={"XidCritical79": Mode.OBSERVE})
     p = plan(NodeState(faulty(), pods=(gpu_pod("a"),)), config, NOW)
-    assert kinds(p) == ["CreateRecord", "Emit", "MarkHandled"]
+    # Nothing for the node (not even the handled-* annotations): the record notes
+    # what the other modes would have done.
+    assert kinds(p) == ["CreateRecord", "Emit", "WouldQuarantine"]
 
 
 def test_quarantine_mode_taints_without_evicting() -> None:
@@ -383,7 +385,7 @@ def test_an_external_signal_drives_the_same_policy_and_the_nodes_own_report_wins
 
 def test_p2_is_recorded_only() -> None:
     p = plan(NodeState(healthy(), external=(_external(Severity.P2),), gpu_nodes=10), CONFIG, NOW)
-    assert kinds(p) == ["CreateRecord", "Emit", "MarkHandled"]
+    assert kinds(p) == ["CreateRecord", "Emit"]  # nothing on the node
 
 
 def test_p1_notifies_then_escalates_after_the_window() -> None:
@@ -436,7 +438,7 @@ def test_the_agents_p1_annotation_is_watched_like_a_p1_from_the_api() -> None:
 
 def test_an_annotated_p2_is_recorded_only_and_absent_severity_is_p0() -> None:
     p2 = plan(NodeState(faulty(**{FAULT_SEVERITY: "p2"}), gpu_nodes=10), CONFIG, NOW)
-    assert kinds(p2) == ["CreateRecord", "Emit", "MarkHandled"]
+    assert kinds(p2) == ["CreateRecord", "Emit"]  # nothing on the node
     # `kubectl annotate` without a severity: P0, as before, with nothing to say about it.
     sig = fault_signal(faulty(), CONFIG)
     assert sig is not None and sig.severity is Severity.P0 and sig.altered == ()
