@@ -227,4 +227,3 @@ class LeaderElector:
                 log.info("released the lease", extra={"identity": self.identity})
         except Exception as err:
             log.warning("lease release failed", extra={"error": str(err)})
-        await self._on_stopped()

@@ -163,6 +163,43 @@ def test_a_leader_that_cannot_renew_stops_writing_at_once(control_plane: Control
     asyncio.run(scenario())
 
 
+def test_releasing_the_lease_stops_leading_once(control_plane: ControlPlane) -> None:
+    """SIGTERM releases the lease: the workers are stopped once, not twice (a second
+    on-stopped call would cancel what a new term had started meanwhile)."""
+    lease_name = unique("lease")
+    events: list[str] = []
+
+    async def scenario() -> None:
+        api = KubeApi.from_kubeconfig(control_plane.kubeconfig)
+        elector = LeaderElector(
+            api,
+            namespace="default",
+            name=lease_name,
+            identity="replica-a",
+            lease_s=3,
+            renew_deadline_s=2,
+            retry_s=0.2,
+            on_started=lambda: _note(events, "started"),
+            on_stopped=lambda: _note(events, "stopped"),
+        )
+        task = asyncio.create_task(elector.run())
+        try:
+            while not leading(elector):
+                await asyncio.sleep(0.05)
+            await elector.release()
+            await asyncio.wait_for(task, 5)  # run() ends on its own after a release
+            path = f"/apis/coordination.k8s.io/v1/namespaces/default/leases/{lease_name}"
+            lease = json.loads(await api.get(path))
+            assert lease["spec"].get("holderIdentity", "") == ""  # freed for a standby
+            print(events)
+            assert events == ["started", "stopped"]
+        finally:
+            task.cancel()
+            await api.close()
+
+    asyncio.run(scenario())
+
+
 def leading(elector: LeaderElector) -> bool:
     return elector.is_leader
 
