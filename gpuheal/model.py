@@ -137,6 +137,7 @@ class Condition:
 class NodeView:
     name: str
     resource_version: str
+    uid: str = ""  # metadata.uid: Events name it, so `kubectl describe node` finds them
     labels: dict[str, str] = field(default_factory=dict)
     # Only gpuheal.io/* annotations are kept.
     annotations: dict[str, str] = field(default_factory=dict)
@@ -257,6 +258,7 @@ class FaultRecord:
     decided_at: str = ""
     # status.plan.evict: the GPU pods its plan (approval, observe) would evict.
     plan_evict: tuple[str, ...] = ()
+    uid: str = ""  # metadata.uid: Events name it, so `kubectl describe gpufault` finds them
 
     @property
     def device_scope(self) -> bool:

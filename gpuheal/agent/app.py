@@ -13,13 +13,15 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import msgspec
 from lightkube import Client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from gpuheal.agent.config import AgentConfig
 from gpuheal.agent.debounce import Debounce, Report, step
@@ -90,6 +92,46 @@ class AgentMetrics:
         )
         for state_file in ("cursor", "faults"):
             self.state_file_errors.labels(state_file)  # exported from 0
+
+    def follow_kmsg(self, follower: KmsgFollower) -> None:
+        """Export the kernel-log follower's counters, read at scrape time."""
+        self.registry.register(KmsgCollector(follower))
+
+
+class KmsgCollector(Collector):
+    """Whether the agent is reading the kernel log at all: records, errors, and
+    how long since the newest record (since the follower started, before any)."""
+
+    def __init__(self, follower: KmsgFollower) -> None:
+        self.follower = follower
+
+    def collect(self) -> Iterator[Metric]:
+        f = self.follower
+        yield CounterMetricFamily(
+            "gpuheal_agent_kmsg_records", "Kernel log records read.", value=f.lines
+        )
+        yield CounterMetricFamily(
+            "gpuheal_agent_kmsg_parse_errors",
+            "Kernel log records that could not be parsed (skipped).",
+            value=f.parse_errors,
+        )
+        yield CounterMetricFamily(
+            "gpuheal_agent_kmsg_read_errors",
+            "Failed opens and reads of the kernel log (retried every 2 s).",
+            value=f.errors,
+        )
+        last = f.last_record_at
+        yield GaugeMetricFamily(
+            "gpuheal_agent_kmsg_last_record_timestamp_seconds",
+            "Unix time of the newest kernel log record read (0: none yet).",
+            value=last or 0.0,
+        )
+        yield GaugeMetricFamily(
+            "gpuheal_agent_kmsg_last_record_age_seconds",
+            "Seconds since the newest kernel log record was read (before any: since the"
+            " follower started).",
+            value=max(0.0, time.time() - (last if last is not None else f.started_at)),
+        )
 
 
 class StickyItem(msgspec.Struct):
@@ -243,6 +285,7 @@ class Agent:
                 self._on_kernel,
                 state_corrupt=self.metrics.state_file_errors.labels("cursor").inc,
             )
+            self.metrics.follow_kmsg(self.follower)
 
     # -- event sources ---------------------------------------------------------
 

@@ -209,8 +209,13 @@ class KmsgFollower:
         self.state_path = state_path
         self.cursor = Cursor.load(state_path, boot_id, state_corrupt)
         self.on_event = on_event
-        self.lines = 0
-        self.errors = 0
+        # Exported by the agent (AgentMetrics.follow_kmsg): a follower that stalls
+        # or cannot read must show.
+        self.lines = 0  # records read (new ones: past the saved cursor)
+        self.errors = 0  # failed opens and reads of the source
+        self.parse_errors = 0  # records that are not `prio,seq,usec,...;message`
+        self.started_at = time.time()
+        self.last_record_at: float | None = None  # wall-clock time of the newest record read
         self._saved_at = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kmsg", daemon=True)
@@ -238,10 +243,16 @@ class KmsgFollower:
                 self._stop.wait(2.0)
 
     def _handle(self, raw: str) -> None:
+        if not raw or raw[0].isspace():
+            return  # a continuation line (" KEY=value") of a record written line by line
         record = parse_record(raw)
-        if record is None or record.seq <= self.cursor.seq:
+        if record is None:
+            self.parse_errors += 1
+            return
+        if record.seq <= self.cursor.seq:
             return
         self.lines += 1
+        self.last_record_at = time.time()
         # Only the kernel speaks with facility 0: a process writing a fake
         # "NVRM: Xid 79" into /dev/kmsg must not be able to quarantine a node.
         event = parse_message(record.message) if record.facility == 0 else None

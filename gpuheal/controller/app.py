@@ -29,7 +29,7 @@ from gpuheal.controller.notify import Notifier
 from gpuheal.controller.reconciler import Reconciler
 from gpuheal.controller.worker import RECONCILE_FAILED, ReconcileFailures, work
 from gpuheal.kube.api import KubeApi, gpufault_path, node_path, pod_path
-from gpuheal.kube.events import EventRecorder, node_ref
+from gpuheal.kube.events import EventRecorder, ObjectRef, node_ref
 from gpuheal.kube.informer import Informer
 from gpuheal.kube.leader import LeaderElector
 from gpuheal.kube.projections import (
@@ -148,7 +148,11 @@ class Controller:
         self.failures = ReconcileFailures(
             counted=lambda reason: self.metrics.reconcile_errors.labels(reason).inc(),
             warn=lambda node, note: self.recorder.emit(
-                node_ref(node), reason=RECONCILE_FAILED, note=note, action="Reconcile", warning=True
+                self._node_ref(node),
+                reason=RECONCILE_FAILED,
+                note=note,
+                action="Reconcile",
+                warning=True,
             ),
         )
         self.executor = Executor(
@@ -199,6 +203,10 @@ class Controller:
         self._workers: list[asyncio.Task[None]] = []
         self.api_tokens = ApiTokens(config.api_token_file)
         self._http: Api | None = None
+
+    def _node_ref(self, name: str) -> ObjectRef:
+        node = self.nodes.get(name)
+        return node_ref(name, node.uid, node.resource_version) if node else node_ref(name)
 
     def _decode_error_counter(self, informer: str) -> Callable[[], None]:
         counter = self.metrics.informer_decode_errors.labels(informer)  # exported from 0

@@ -22,7 +22,7 @@ from gpuheal import values
 from gpuheal.config import Config
 from gpuheal.kube import writes
 from gpuheal.kube.api import ApiError, KubeApi, gpufault_path, node_path, pod_path
-from gpuheal.kube.events import EventRecorder, fault_ref, node_ref
+from gpuheal.kube.events import EventRecorder, ObjectRef, fault_ref, node_ref, pod_ref
 from gpuheal.kube.projections import decode_fault, decode_node
 from gpuheal.metrics import ControllerMetrics
 from gpuheal.model import (
@@ -220,7 +220,8 @@ class Executor:
                 return await self._set_taint(action.node, action, state)
             case RemoveTaint():
                 result = await self._set_taint(action.node, None, state)
-                outcome.untainted = True
+                # "label-removed": a person had removed the taint, only our label went.
+                outcome.untainted = result != "label-removed"
                 return result
             case Evict():
                 return await self._evict(action, outcome)
@@ -415,19 +416,14 @@ class Executor:
         wanted = values.taint_value(add.fault_id) if add is not None else None
         for _ in range(CONFLICT_RETRIES):
             ours = node.taint()
-            if (
-                add is not None
-                and ours is not None
-                and (ours.value, ours.effect)
-                == (
-                    wanted,
-                    add.effect,
-                )
+            label = node.labels.get(STATE_LABEL)
+            if add is not None and ours is not None and (ours.value, ours.effect) == (
+                wanted,
+                add.effect,
             ):
                 return "present"
-            if add is None and ours is None:
+            if add is None and ours is None and label != STATE_QUARANTINED:
                 return "absent"
-            label = node.labels.get(STATE_LABEL)
             # Our label says "quarantined" and goes with our taint; any other state
             # (a person's "maintenance") is not ours to set or remove.
             state_label: str | None = None
@@ -454,7 +450,9 @@ class Executor:
             self.caches.put_node(updated)
             if add is not None:
                 self._observe_time_to_quarantine(state.node)
-            return "tainted" if add else "untainted"
+                return "tainted"
+            # Without our taint (a person removed it) only our state label went.
+            return "untainted" if ours is not None else "label-removed"
         raise Replan(f"node {name}: conflicts did not settle")
 
     def _observe_time_to_quarantine(self, node: NodeView) -> None:
@@ -495,12 +493,13 @@ class Executor:
                     self._blocked_reported.add(pod.key)
                     detail = "; ".join(c.message for c in err.causes if c.message)
                     self.recorder.emit(
-                        node_ref(pod.node),
+                        _pod_ref(pod),
                         reason=EVICTION_BLOCKED,
                         note=f"eviction of {pod.key} for fault {action.fault_id} refused by "
                         f"{by}: {detail or err.message}; retrying with backoff",
                         action="Evict",
                         warning=True,
+                        related=self._node_ref(pod.node),
                     )
                 return "blocked"
             self._count_eviction(action, "failed")
@@ -528,7 +527,12 @@ class Executor:
         self.metrics.pods_evicted.labels(result).inc()
         verb = "Evict" if result == "evicted" else "Delete"
         self.recorder.emit(
-            node_ref(pod.node), reason=EVICTED, note=note, action=verb, warning=warning
+            _pod_ref(pod),
+            reason=EVICTED,
+            note=note,
+            action=verb,
+            warning=warning,
+            related=self._node_ref(pod.node),
         )
 
     async def _delete(self, action: DeletePod, outcome: Outcome) -> str:
@@ -553,10 +557,21 @@ class Executor:
 
     # -- audit ---------------------------------------------------------------
 
+    def _node_ref(self, name: str, state: NodeState | None = None) -> ObjectRef:
+        """The Node as Events name it: with its UID (kubectl describe selects by it)."""
+        node = self.caches.node(name)
+        if node is None and state is not None and state.node.name == name:
+            node = state.node
+        return node_ref(name, node.uid, node.resource_version) if node else node_ref(name)
+
     def _emit(self, action: Emit, state: NodeState) -> None:
         record = self.caches.record(action.record) if action.record else None
-        node = node_ref(action.node)
-        fault = fault_ref(action.record)
+        node = self._node_ref(action.node, state)
+        fault = (
+            fault_ref(action.record, record.uid, record.resource_version)
+            if record is not None
+            else fault_ref(action.record)
+        )
         verb = action.reason.removeprefix("GPUFault").removeprefix("GPUPod").removeprefix("GPU")
         self.recorder.emit(
             node,
@@ -575,3 +590,7 @@ class Executor:
                 warning=action.warning,
                 related=node,
             )
+
+
+def _pod_ref(pod: PodView) -> ObjectRef:
+    return pod_ref(pod.namespace, pod.name, pod.uid, pod.resource_version)

@@ -27,24 +27,47 @@ EVENT_NAMESPACE = "default"  # cluster-scoped objects' events live here
 
 @dataclass(frozen=True)
 class ObjectRef:
+    """An Event's `regarding` or `related` object. kubectl describe selects an
+    object's Events by its UID (and kind, name, namespace): without the UID an
+    Event is written but never shown there."""
+
     kind: str
     name: str
     api_version: str
     uid: str = ""
+    namespace: str = ""  # "" for cluster-scoped objects (Node, GPUFault)
+    resource_version: str = ""  # the version the Event speaks of, where known
 
     def json(self) -> dict[str, str]:
-        ref = {"kind": self.kind, "name": self.name, "apiVersion": self.api_version}
+        ref = {
+            "kind": self.kind,
+            "name": self.name,
+            "apiVersion": self.api_version,
+            "namespace": self.namespace,
+        }
         if self.uid:
             ref["uid"] = self.uid
+        if self.resource_version:
+            ref["resourceVersion"] = self.resource_version
         return ref
 
 
-def node_ref(name: str, uid: str = "") -> ObjectRef:
-    return ObjectRef("Node", name, "v1", uid)
+def node_ref(name: str, uid: str = "", resource_version: str = "") -> ObjectRef:
+    return ObjectRef("Node", name, "v1", uid, resource_version=resource_version)
 
 
-def fault_ref(name: str, uid: str = "") -> ObjectRef:
-    return ObjectRef("GPUFault", name, f"{GPUFAULT_GROUP}/{GPUFAULT_VERSION}", uid)
+def fault_ref(name: str, uid: str = "", resource_version: str = "") -> ObjectRef:
+    return ObjectRef(
+        "GPUFault",
+        name,
+        f"{GPUFAULT_GROUP}/{GPUFAULT_VERSION}",
+        uid,
+        resource_version=resource_version,
+    )
+
+
+def pod_ref(namespace: str, name: str, uid: str = "", resource_version: str = "") -> ObjectRef:
+    return ObjectRef("Pod", name, "v1", uid, namespace, resource_version)
 
 
 def event_body(
@@ -65,9 +88,11 @@ def event_body(
         "apiVersion": "events.k8s.io/v1",
         "kind": "Event",
         # Named like client-go's: <object>.<unique suffix>, within 253 characters.
+        # An Event lives in its object's namespace (the API server requires it);
+        # cluster-scoped objects' Events in "default".
         "metadata": {
             "name": values.object_name(regarding.name, secrets.token_hex(8)),
-            "namespace": EVENT_NAMESPACE,
+            "namespace": regarding.namespace or EVENT_NAMESPACE,
         },
         "eventTime": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
         "reportingController": controller,
@@ -76,7 +101,7 @@ def event_body(
         "reason": values.utf8_text(reason, values.EVENT_WORD_MAX),
         "type": "Warning" if warning else "Normal",
         "note": values.utf8_text(note, values.EVENT_NOTE_MAX_BYTES),
-        "regarding": {**regarding.json(), "namespace": ""},
+        "regarding": regarding.json(),
     }
     if related is not None:
         body["related"] = related.json()
@@ -97,7 +122,8 @@ class EventRecorder:
         self.instance = instance
         self.counted = counted  # told "sent", "failed" or "dropped" per Event
         self.senders = senders
-        self._queue: asyncio.Queue[dict[str, object]] = asyncio.Queue(capacity)
+        # (namespace, Event) pairs.
+        self._queue: asyncio.Queue[tuple[str, dict[str, object]]] = asyncio.Queue(capacity)
         self._tasks: list[asyncio.Task[None]] = []
 
     def emit(
@@ -124,17 +150,16 @@ class EventRecorder:
         if not self._tasks:
             self._tasks = [asyncio.create_task(self._send()) for _ in range(self.senders)]
         try:
-            self._queue.put_nowait(body)
+            self._queue.put_nowait((regarding.namespace or EVENT_NAMESPACE, body))
         except asyncio.QueueFull:
             self.counted("dropped")
             log.warning("event dropped: queue full", extra={"reason": reason})
 
     async def _send(self) -> None:
-        path = f"/apis/events.k8s.io/v1/namespaces/{EVENT_NAMESPACE}/events"
         while True:
-            body = await self._queue.get()
+            namespace, body = await self._queue.get()
             try:
-                await self.api.create(path, body)
+                await self.api.create(f"/apis/events.k8s.io/v1/namespaces/{namespace}/events", body)
                 self.counted("sent")
             except Exception as err:
                 self.counted("failed")

@@ -212,6 +212,7 @@ def node_view(node: NodeJson, gpu_resource: str = "nvidia.com/gpu") -> NodeView:
     return NodeView(
         name=meta.name,
         resource_version=meta.resourceVersion,
+        uid=meta.uid,
         labels=meta.labels,
         annotations={k: v for k, v in meta.annotations.items() if k.startswith(ANNOTATION_PREFIX)},
         taints=tuple(
@@ -372,6 +373,7 @@ def fault_record(fault: FaultJson) -> FaultRecord:
         contact_support=status.contactSupport,
         plan_evict=tuple(status.plan.evict) if status.plan else (),
         **_approval(status.approval),
+        uid=fault.metadata.uid,
     )
 
 

@@ -166,14 +166,21 @@ def _stamp(moment: dt.datetime) -> str:
 
 
 def emit_node_event(
-    ctx: Context, node: str, *, reason: str, note: str, action: str, warning: bool = False
+    ctx: Context, node: Node, *, reason: str, note: str, action: str, warning: bool = False
 ) -> None:
-    """One events.k8s.io/v1 Event on the Node; a failure is a warning, not an error."""
+    """One events.k8s.io/v1 Event on the Node (by its UID, so `kubectl describe node`
+    lists it); a failure is a warning, not an error."""
     now = ctx.now().astimezone(dt.UTC)
     # lightkube writes a whole second without its fraction, which a MicroTime refuses.
     now = now.replace(microsecond=now.microsecond or 1)
+    meta = node.metadata
+    regarding = node_ref(
+        name_of(node),
+        (meta.uid if meta else None) or "",
+        (meta.resourceVersion if meta else None) or "",
+    )
     body = event_body(
-        node_ref(node),
+        regarding,
         reason=reason,
         note=note,
         action=action,

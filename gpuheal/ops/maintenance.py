@@ -393,7 +393,7 @@ def start(ctx: Context, args: argparse.Namespace) -> int:
     reason = annotations.get(MAINTENANCE_REASON, args.reason)
     if not resumed:
         emit_node_event(
-            ctx, name, reason=STARTED, note=f"maintenance started: {reason}", action="Maintenance"
+            ctx, node, reason=STARTED, note=f"maintenance started: {reason}", action="Maintenance"
         )
     mode = args.checkpoint or config.checkpoint
     if mode == "webhook" and not config.checkpoint_webhook_url:
@@ -451,7 +451,7 @@ def finish(ctx: Context, args: argparse.Namespace) -> int:
     if not result.passed:
         emit_node_event(
             ctx,
-            name,
+            node,
             reason=GATE_FAILED,
             note=f"maintenance finish refused, node stays out: {result.summary()}",
             action="Gate",
@@ -478,7 +478,7 @@ def finish(ctx: Context, args: argparse.Namespace) -> int:
     elif written.spec is not None and written.spec.unschedulable:
         outcome += "; left cordoned (it was cordoned before maintenance began)"
     emit_node_event(
-        ctx, name, reason=FINISHED, note=f"maintenance finished: {outcome}", action="Maintenance"
+        ctx, written, reason=FINISHED, note=f"maintenance finished: {outcome}", action="Maintenance"
     )
     render(GateReport(result, since, outcome, finished=True), ctx.output, ctx.out)
     return exitcodes.OK

@@ -4,6 +4,9 @@ node pool per test (so a test's controller manages only that test's nodes)."""
 from __future__ import annotations
 
 import datetime as dt
+import http.server
+import json
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -93,6 +96,31 @@ def start_controller(
     kube.deletecollection(GPUFault)
 
 
+class _Sink(http.server.BaseHTTPRequestHandler):
+    received: list[dict[str, Any]]
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length", "0"))
+        self.received.append(json.loads(self.rfile.read(length)))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def sink() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """A local HTTP notification sink: its URL and the JSON bodies it received."""
+    received: list[dict[str, Any]] = []
+    handler = type("Sink", (_Sink,), {"received": received})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}/hook", received
+    server.shutdown()
+
+
 def report_fault(kube: Client, node: str, fault_id: str, reason: str = "XidCritical79") -> None:
     """What the agent (or a person with kubectl annotate) writes on a faulty node."""
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -116,6 +144,16 @@ def events_for(kube: Client, name: str, reason: str) -> list[Event]:
         e
         for e in kube.list(Event, namespace="default", fields={"involvedObject.name": name})
         if e.reason == reason
+    ]
+
+
+def evictions_from(kube: Client, node: str, reason: str = "GPUPodEvicted") -> list[Event]:
+    """Events about pods moved off `node`: each regards its Pod (in the pod's
+    namespace, for `kubectl describe pod`) and names the node as related."""
+    return [
+        e
+        for e in kube.list(Event, namespace="*", fields={"reason": reason})
+        if e.related is not None and e.related.name == node
     ]
 
 

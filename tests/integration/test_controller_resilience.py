@@ -20,6 +20,7 @@ from tests.integration.conftest import (
     StartController,
     controller_config,
     events_for,
+    evictions_from,
     faults_of,
     handled_fault,
     our_taint,
@@ -42,7 +43,7 @@ def assert_remediated_once(
     assert handled_fault(kube, node) == fault_id
     assert len(events_for(kube, node, "GPUFaultDetected")) <= 1
     assert len(events_for(kube, node, "GPUFaultQuarantined")) <= 1
-    evicted = [e.message for e in events_for(kube, node, "GPUPodEvicted")]
+    evicted = [e.message for e in evictions_from(kube, node)]
     assert len(evicted) == len(set(evicted)), evicted
     assert len(evicted) == pods if exact_events else len(evicted) <= pods, evicted
 

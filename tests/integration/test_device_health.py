@@ -19,6 +19,7 @@ from tests.integration.conftest import (
     StartController,
     controller_config,
     events_for,
+    evictions_from,
     faults_of,
     our_taint,
     pods_on,
@@ -106,10 +107,12 @@ def test_one_unhealthy_device_evicts_only_the_pods_holding_it_and_keeps_the_node
     pool: dict[str, str],
     fake_gpu_nodes: FakeNodes,
     start_controller: StartController,
+    sink: tuple[str, list[dict[str, Any]]],
 ) -> None:
     (node,) = fake_gpu_nodes(1, labels=pool)
     names = gpu_pods(kube, namespace, node, 8)
-    controller = start_controller(device_config(pool))
+    url, received = sink
+    controller = start_controller({**device_config(pool), "notificationSinks": [{"url": url}]})
     time.sleep(1)  # all Healthy: nothing happens
     assert not faults_of(kube, node) and pods_on(kube, namespace, node) == set(names)
 
@@ -122,11 +125,18 @@ def test_one_unhealthy_device_evicts_only_the_pods_holding_it_and_keeps_the_node
     assert record.spec["resourceName"] == GPU_RESOURCE and record.spec["expiry"]
     wait_for("drained", lambda: phase_of(device_faults(kube, node)[0]) == "Drained")
     time.sleep(1.5)
+    # The device path tells the sinks too, each step in one line.
+    summaries = [m["summary"] for m in received]
+    print("\n".join(summaries))
+    what = f"{node}: DeviceUnhealthy on {GPU_RESOURCE} {gpu_id(3)} — "
+    assert f"{what}detected, device quarantined, evicted 1 pod ({namespace}/job-3)" in summaries
+    assert f"{what}drained" in summaries
+    assert all(m["faultId"] == f"{gpu_id(3)}#1" and m["node"] == node for m in received)
     assert pods_on(kube, namespace, node) == {n for n in names if n != "job-3"}
     assert our_taint(kube, node) is None  # the node keeps its 7 healthy GPUs
     assert len(faults_of(kube, node)) == 1  # no node-level record
     assert marks(kube, node, QUARANTINED_DEVICES) == gpu_id(3)
-    evicted = [e.message for e in events_for(kube, node, "GPUPodEvicted")]
+    evicted = [e.message for e in evictions_from(kube, node)]
     assert len(evicted) == 1 and f"{namespace}/job-3" in str(evicted[0])
     assert events_for(kube, node, "GPUFaultDetected")
     metrics = controller.metrics()
@@ -284,7 +294,7 @@ def test_a_restart_in_the_middle_of_a_migration_resumes_without_duplicates(
     time.sleep(1)
     (record,) = faults_of(kube, node)  # one record: the lock held across the restart
     assert record.spec["resourceID"] == gpu_id(1) and record.spec["faultID"] == f"{gpu_id(1)}#1"
-    evicted = [str(e.message) for e in events_for(kube, node, "GPUPodEvicted")]
+    evicted = [str(e.message) for e in evictions_from(kube, node)]
     assert len(evicted) == len(set(evicted)) and len(evicted) <= 2, evicted
     assert len(events_for(kube, node, "GPUFaultDetected")) <= 1
     assert our_taint(kube, node) is None

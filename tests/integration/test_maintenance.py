@@ -264,7 +264,9 @@ def test_round_trip_drain_waits_on_the_pdb_then_completes_and_finish_returns_the
     annotations = (node.metadata.annotations if node.metadata else None) or {}
     assert annotations[MAINTENANCE_REASON] == "driver upgrade to 550"
     assert annotations[MAINTENANCE_CORDONED] == "true"
-    assert events_for(kube, target, "GPUMaintenanceStarted")
+    (started,) = events_for(kube, target, "GPUMaintenanceStarted")
+    # By the Node's UID: `kubectl describe node` selects an object's Events by it.
+    assert started.involvedObject.uid == node.metadata.uid  # type: ignore[union-attr]
 
     code, out, _ = cli("maintenance", "finish", target, "-o", "json")
     assert code == 0, out

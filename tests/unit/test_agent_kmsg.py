@@ -9,7 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
+from gpuheal.agent.app import AgentMetrics
 from gpuheal.agent.kmsg import (
     Cursor,
     GpuAt,
@@ -177,3 +180,43 @@ def test_the_follower_reads_raw_records_once_and_ignores_user_space_writes(tmp_p
     count = len(seen)
     follow()  # a restart on the same boot reads nothing again
     assert len(seen) == count
+
+
+def test_the_follower_exports_what_it_reads_and_what_it_cannot(tmp_path: Path) -> None:
+    """A follower that stalls or reads garbage must show on /metrics: records read,
+    parse errors, and the age of the newest record."""
+    source = tmp_path / "kmsg"
+    source.write_text(
+        "6,7100,1000,-;NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.54.15\n"
+        " SUBSYSTEM=pci\n"  # a continuation line: part of the record above, not an error
+        "this is not a kmsg record\n"
+        "3,7101,2000,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.\n"
+    )
+    metrics = AgentMetrics()
+    follower = KmsgFollower(source, tmp_path / "cursor.json", "boot-1", lambda _: None)
+    metrics.follow_kmsg(follower)
+
+    def scraped() -> dict[str, float]:
+        text = generate_latest(metrics.registry).decode()
+        return {
+            s.name: s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name.startswith("gpuheal_agent_kmsg_")
+        }
+
+    before = scraped()
+    assert before["gpuheal_agent_kmsg_records_total"] == 0
+    assert before["gpuheal_agent_kmsg_last_record_timestamp_seconds"] == 0
+    follower.start()
+    deadline = time.monotonic() + 5
+    while follower.cursor.seq < 7101 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    follower.stop()
+    after = scraped()
+    print(after)
+    assert after["gpuheal_agent_kmsg_records_total"] == 2
+    assert after["gpuheal_agent_kmsg_parse_errors_total"] == 1
+    assert after["gpuheal_agent_kmsg_read_errors_total"] == 0
+    assert abs(after["gpuheal_agent_kmsg_last_record_timestamp_seconds"] - time.time()) < 60
+    assert 0 <= after["gpuheal_agent_kmsg_last_record_age_seconds"] < 60
