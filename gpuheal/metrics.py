@@ -56,6 +56,12 @@ class ControllerMetrics:
         self.quarantined_nodes = Gauge(
             "gpuheal_quarantined_nodes", "GPU nodes carrying the gpuheal taint.", registry=r
         )
+        self.unmanaged_gpu_nodes = Gauge(
+            "gpuheal_unmanaged_gpu_nodes",
+            "Nodes with GPUs that the nodeSelector does not match (not opted out with"
+            " gpuheal.io/managed=false): their faults are not acted on.",
+            registry=r,
+        )
         self.held_faults = Gauge(
             "gpuheal_held_faults", "Faults held by the blast-radius breaker.", registry=r
         )

@@ -47,6 +47,8 @@ class Notice:
         }
 
     def slack(self) -> dict[str, Any]:
+        if self.summary:
+            return {"text": f"gpuheal: {self.summary} (fault {self.fault_id})"}
         evicted = f", evicted {len(self.evicted)} GPU pods" if self.evicted else ""
         text = f"gpuheal: {self.node} fault {self.fault_id}: {', '.join(self.actions)}{evicted}"
         return {"text": text}

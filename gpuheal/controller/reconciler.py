@@ -22,12 +22,15 @@ from gpuheal.config import Config
 from gpuheal.controller.devices import DeviceReports
 from gpuheal.controller.executor import Executor, Outcome, Replan
 from gpuheal.controller.leaving import LeavingPods
+from gpuheal.controller.notices import notice_for
 from gpuheal.controller.notify import Notice
 from gpuheal.controller.signals import ExternalSignals
+from gpuheal.kube.events import node_ref
 from gpuheal.kube.informer import Store
 from gpuheal.kube.workqueue import WorkQueue
 from gpuheal.metrics import ControllerMetrics
 from gpuheal.model import (
+    MANAGED_LABEL,
     STATE_LABEL,
     STATE_MAINTENANCE,
     FaultRecord,
@@ -37,9 +40,10 @@ from gpuheal.model import (
     PodView,
 )
 from gpuheal.policy.backoff import Blocked, refused_again
-from gpuheal.policy.dedupe import TtlSet
+from gpuheal.policy.dedupe import BoundedSet, TtlSet
 from gpuheal.policy.devices import (
     CanaryView,
+    DeviceAction,
     DevicePlan,
     DeviceState,
     escalation_signal,
@@ -49,7 +53,6 @@ from gpuheal.policy.plan import (
     Action,
     AddTaint,
     DeletePod,
-    Emit,
     Evict,
     NodeState,
     Plan,
@@ -61,6 +64,9 @@ from gpuheal.policy.pools import driver_version, pool_of
 from gpuheal.policy.ratelimit import TokenBucket
 
 log = logging.getLogger(__name__)
+
+# The Warning Event on a node with GPUs outside the nodeSelector that reports a fault.
+UNMANAGED = "GPUNodeUnmanaged"
 
 # The node the current task is reconciling. The informers call their handlers
 # synchronously from upsert(), the write-through of our own writes, so an event
@@ -78,6 +84,9 @@ class Fleet:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.gpu_nodes: set[str] = set()
+        # Nodes with GPUs that the nodeSelector does not match (and not opted out):
+        # their faults do nothing, which must not go unsaid.
+        self.unmanaged: set[str] = set()
         self.quarantined: set[str] = set()
         self.pods_by_node: dict[str, set[str]] = defaultdict(set)
         self.records_by_node: dict[str, set[str]] = defaultdict(set)
@@ -93,10 +102,24 @@ class Fleet:
             return all(node.labels.get(k) == v for k, v in selector.items())
         return node.gpus > 0
 
+    def has_gpus(self, node: NodeView) -> bool:
+        """GPU capacity (nvidia.com/gpu), or allocatable GPU resources (MIG profiles)."""
+        return node.gpus > 0 or any(
+            n > 0 and self.config.is_gpu_resource(name) for name, n in node.allocatable
+        )
+
+    def unmanaged_gpu_node(self, node: NodeView) -> bool:
+        return (
+            not self.selected(node)
+            and node.labels.get(MANAGED_LABEL) != "false"
+            and self.has_gpus(node)
+        )
+
     def on_node(self, old: NodeView | None, new: NodeView | None) -> None:
         if new is None:
             if old is not None:
                 self.gpu_nodes.discard(old.name)
+                self.unmanaged.discard(old.name)
                 self.quarantined.discard(old.name)
                 self._note_driver(old.name, None)
             return
@@ -104,6 +127,10 @@ class Fleet:
             self.gpu_nodes.add(new.name)
         else:
             self.gpu_nodes.discard(new.name)
+        if self.unmanaged_gpu_node(new):
+            self.unmanaged.add(new.name)
+        else:
+            self.unmanaged.discard(new.name)
         # Only the fault taint counts for the breaker: a node in maintenance carries
         # the maintenance taint, which is a person's decision, not a fault.
         if new.taint() is not None and new.name in self.gpu_nodes:
@@ -198,6 +225,8 @@ class Reconciler:
         self.notify = notify
         self.fleet = Fleet(config)
         self.memory = TtlSet(config.dedupe_ttl_seconds)
+        # Faults of unmanaged GPU nodes already reported (node/fault id), bounded.
+        self.unmanaged_told = BoundedSet(10_000)
         self.bucket = TokenBucket.full(
             config.rate_limit_per_second, config.rate_limit_burst, time.monotonic()
         )
@@ -273,6 +302,7 @@ class Reconciler:
 
     def _update_gauges(self) -> None:
         self.metrics.quarantined_nodes.set(len(self.fleet.quarantined))
+        self.metrics.unmanaged_gpu_nodes.set(len(self.fleet.unmanaged))
         self.metrics.held_faults.set(len(self.fleet.held))
         self.metrics.queue_depth.set(len(self.queue))
 
@@ -379,6 +409,7 @@ class Reconciler:
         except Replan as why:
             log.info("replanning devices", extra={"node": node.name, "why": str(why)})
             return 0.0
+        self._notify(node.name, decided.fault_id, decided.actions, outcome)
         if outcome.blocked:
             return self.queue.add_rate_limited(node.name)
         return decided.requeue_after
@@ -469,6 +500,7 @@ class Reconciler:
     def _decide(self, node: NodeView, now: dt.datetime) -> tuple[Plan, NodeState] | None:
         """The plan for a managed node, or None when the node needs nothing."""
         if not self.fleet.selected(node):
+            self._unmanaged_fault(node)
             return None
         state = self.state_of(node)
         signal = current_signal(state, self.config)
@@ -478,6 +510,31 @@ class Reconciler:
         decided = plan(state, self.config, now)
         self._note_suppressed(decided, node.name)
         return decided, state
+
+    def _unmanaged_fault(self, node: NodeView) -> None:
+        """A node with GPUs outside the nodeSelector reports a fault: nothing will be
+        done about it, and that is said once per fault (a Warning Event on the node
+        and a log line), not silently dropped."""
+        if node.name not in self.fleet.unmanaged:
+            return
+        signal = current_signal(NodeState(node=node), self.config)
+        if signal is None or not self.unmanaged_told.add(f"{node.name}/{signal.fault_id}"):
+            return
+        selector = ",".join(f"{k}={v}" for k, v in sorted(self.config.node_selector.items()))
+        log.warning(
+            "fault on an unmanaged GPU node",
+            extra={"node": node.name, "fault_id": signal.fault_id, "reason": signal.reason},
+        )
+        self.executor.recorder.emit(
+            node_ref(node.name, node.uid, node.resource_version),
+            reason=UNMANAGED,
+            note=f"{signal.reason} (fault {signal.fault_id}, {signal.source}) reported on a "
+            f"node with GPUs that nodeSelector {selector} does not match: gpuheal does not "
+            "act on it; label the node to match, or set gpuheal.io/managed=false to "
+            "exclude it knowingly",
+            action="Ignore",
+            warning=True,
+        )
 
     def _remembered(self, node: NodeView, fault_id: str, reason: str) -> bool:
         """Handled recently and nothing about it changed since: skip without planning.
@@ -523,6 +580,18 @@ class Reconciler:
         # (self.blocked, planned by the policy), not the queue's failure count.
         self.queue.forget(name)
         return decided.requeue_after
+
+    def _notify(
+        self,
+        name: str,
+        fault_id: str,
+        ran: tuple[Action | DeviceAction, ...],
+        outcome: Outcome,
+    ) -> None:
+        """Tell the sinks about one remediation step, node or device."""
+        notice = notice_for(name, ran, outcome, self.records.get, fault_id)
+        if notice is not None:
+            self.notify(notice)
 
     def _note_suppressed(self, decided: Plan, name: str) -> None:
         if decided.suppressed in ("handled", "cooldown"):
@@ -577,9 +646,7 @@ class Reconciler:
             self.blocked.pop(name, None)
         if outcome.handled:
             self.memory.add(f"{name}/{decided.fault_id}", time.monotonic())
-        steps = tuple(dict.fromkeys(type(a).__name__ for a in ran if not isinstance(a, Emit)))
-        if steps:
-            self.notify(Notice(name, decided.fault_id, steps, tuple(outcome.evicted)))
+        self._notify(name, decided.fault_id, ran, outcome)
         if outcome.untainted:
             # Capacity freed: held faults may proceed now rather than at their next retry.
             for record_name in list(self.fleet.held):

@@ -12,7 +12,9 @@ Each finding names a node, its pool, a kind, and one actionable sentence:
 - driver-skew / cuda-skew: a version other than the pool's (configured, else
   the one most of the pool's nodes run);
 - missing-label / missing-taint: a GPU node without the labels or taints the
-  config expects (pools.expectedLabels / expectedTaints, fleet-wide and per pool).
+  config expects (pools.expectedLabels / expectedTaints, fleet-wide and per pool);
+- unmanaged: a node with GPUs that the controller's nodeSelector does not match
+  (and not opted out with gpuheal.io/managed=false): its faults are not acted on.
 
 The analysis is pure (a Snapshot in, findings out); only the command reads the cluster.
 """
@@ -29,7 +31,7 @@ from lightkube.resources.core_v1 import Node, Pod
 from rich.text import Text
 
 from gpuheal.config import Config
-from gpuheal.model import GPU_PROCESSES, STATE_LABEL, STATE_MAINTENANCE, Taint
+from gpuheal.model import GPU_PROCESSES, MANAGED_LABEL, STATE_LABEL, STATE_MAINTENANCE, Taint
 from gpuheal.ops import exitcodes
 from gpuheal.ops.cluster import (
     Snapshot,
@@ -64,7 +66,9 @@ DRIVER_SKEW = "driver-skew"
 CUDA_SKEW = "cuda-skew"
 MISSING_LABEL = "missing-label"
 MISSING_TAINT = "missing-taint"
+UNMANAGED = "unmanaged"
 KINDS = (
+    UNMANAGED,
     LEAK,
     ZOMBIE_PROCESS,
     HOST_PROCESS,
@@ -152,6 +156,9 @@ def gpu_labelled(node: Node, config: Config) -> bool:
     capacity, and still is a GPU node)."""
     if gpu_node(node, config):
         return True
+    status = node.status
+    if gpu_total(status.capacity if status else None, config) > 0:
+        return True  # GPUs whatever the labels say: a node the selector may be missing
     labels = labels_of(node)
     if labels.get("nvidia.com/gpu.present") == "true":
         return True
@@ -180,6 +187,34 @@ def _duration(seconds: float) -> str:
     if seconds >= 120:
         return f"{seconds // 60}m"
     return f"{seconds}s"
+
+
+# -- outside the controller's reach ----------------------------------------------
+
+
+def _unmanaged(node: Node, pool: str, config: Config) -> list[Finding]:
+    """A GPU node the controller's nodeSelector does not match: nothing it reports is
+    acted on. Opting out (gpuheal.io/managed=false) says that is meant."""
+    labels = labels_of(node)
+    if gpu_node(node, config) or labels.get(MANAGED_LABEL) == "false":
+        return []
+    name = name_of(node)
+    status = node.status
+    gpus = gpu_total(status.capacity if status else None, config)
+    missing = sorted((k, v) for k, v in config.node_selector.items() if labels.get(k) != v)
+    wanted = " ".join(f"{k}={v}" for k, v in missing)
+    offers = f"has {gpus} GPU(s)" if gpus else "is labelled as a GPU node"
+    return [
+        Finding(
+            UNMANAGED,
+            name,
+            pool,
+            f"{offers} but the controller's nodeSelector does not match it (lacks {wanted}): "
+            f"gpuheal ignores its faults; label it (kubectl label node --overwrite {name} "
+            f"{wanted}) or exclude it knowingly (kubectl label node {name} "
+            f"{MANAGED_LABEL}=false).",
+        )
+    ]
 
 
 # -- leaks ------------------------------------------------------------------------
@@ -446,6 +481,7 @@ def audit(
         pool = pool_of(labels_of(node), config)
         by_pool[pool].append(node)
         pods = snap.pods_by_node.get(name, [])
+        findings += _unmanaged(node, pool, config)
         findings += _leaks(node, pods, pool, config, now=now, stuck_after_s=stuck_after_s)
         findings += _processes(node, pods, pool, warnings)
         status = node.status

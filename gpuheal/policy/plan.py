@@ -213,8 +213,22 @@ def plan(state: NodeState, config: Config, now: dt.datetime) -> Plan:
         return Plan(suppressed="maintenance")
     signal = current_signal(state, config)
     if signal is None:
-        return _recover(state, config, now)
-    return _remediate(state, signal, config, now)
+        decided = _recover(state, config, now)
+    else:
+        decided = _remediate(state, signal, config, now)
+    return _label_follows_taint(node, decided)
+
+
+def _label_follows_taint(node: NodeView, decided: Plan) -> Plan:
+    """Our state label goes with our taint: when the taint is gone (a person removed
+    it) and the plan does not put it back, the label goes too, or label selectors
+    and dashboards go on counting the node as quarantined."""
+    if node.taint() is not None or node.labels.get(STATE_LABEL) != STATE_QUARANTINED:
+        return decided
+    if any(isinstance(a, AddTaint | RemoveTaint) for a in decided.actions):
+        return decided
+    # Without our taint on the node, the executor's RemoveTaint removes the label alone.
+    return replace(decided, actions=(*decided.actions, RemoveTaint(node.name)))
 
 
 _RANK = {Severity.P0: 0, Severity.P1: 1, Severity.P2: 2}

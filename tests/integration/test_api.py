@@ -211,30 +211,6 @@ def test_alerts_collapse_repeats_skip_unknown_nodes_and_never_act_when_resolved(
     assert 'gpuheal_alerts_total{result="skipped"} 1.0' in metrics
 
 
-class _Sink(http.server.BaseHTTPRequestHandler):
-    received: list[dict[str, Any]]
-
-    def do_POST(self) -> None:
-        length = int(self.headers.get("Content-Length", "0"))
-        self.received.append(json.loads(self.rfile.read(length)))
-        self.send_response(204)
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-@pytest.fixture
-def sink() -> Iterator[tuple[str, list[dict[str, Any]]]]:
-    received: list[dict[str, Any]] = []
-    handler = type("Sink", (_Sink,), {"received": received})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}/hook", received
-    server.shutdown()
-
-
 def test_a_notification_sink_gets_one_message_per_remediation_step(
     kube: Client,
     api_config: dict[str, Any],
@@ -255,6 +231,7 @@ def test_a_notification_sink_gets_one_message_per_remediation_step(
     (message,) = received
     assert message["node"] == node and message["faultId"] == "n-1"
     assert {"CreateRecord", "AddTaint", "MarkHandled"} <= set(message["actions"])
+    assert message["summary"] == f"{node}: ManualRequest — detected, tainted NoSchedule, drained"
 
 
 def test_a_p1_fault_waits_for_its_observation_window_before_acting(

@@ -26,6 +26,7 @@ from tests.integration.conftest import (
     clear_fault,
     controller_config,
     events_for,
+    evictions_from,
     faults_of,
     handled_fault,
     our_taint,
@@ -80,7 +81,7 @@ def test_fault_quarantines_node_and_evicts_only_its_gpu_pods(
     status: Any = record.status or {}
     assert sorted(status["evictedPods"]) == [f"{namespace}/train-0", f"{namespace}/train-1"]
     assert len(events_for(kube, bad, "GPUFaultQuarantined")) == 1
-    assert len(events_for(kube, bad, "GPUPodEvicted")) == 2
+    assert len(evictions_from(kube, bad)) == 2
     assert our_taint(kube, good) is None
 
 
@@ -105,7 +106,7 @@ def test_a_fault_re_reported_100_times_is_remediated_once(
     assert len(faults_of(kube, node)) == 1
     assert len(events_for(kube, node, "GPUFaultDetected")) == 1
     assert len(events_for(kube, node, "GPUFaultQuarantined")) == 1
-    assert len(events_for(kube, node, "GPUPodEvicted")) == 3
+    assert len(evictions_from(kube, node)) == 3
     metrics = controller.metrics()
     assert 'gpuheal_pods_evicted_total{result="evicted"} 3.0' in metrics
     assert 'gpuheal_remediations_total{action="AddTaint",result="tainted"} 1.0' in metrics
@@ -142,6 +143,44 @@ def test_recovery_after_the_window_and_a_manual_untaint_is_respected(
     assert our_taint(kube, overridden) is None  # not re-tainted for the same fault
     (record,) = faults_of(kube, overridden)
     assert any(a["action"] == "manual-untaint" for a in record.status["actions"])
+    # Our state label went with the taint: selectors no longer count the node.
+    labels = kube.get(Node, overridden).metadata.labels or {}  # type: ignore[union-attr]
+    assert labels.get("gpuheal.io/state") is None, labels
+
+
+def test_a_fault_on_a_gpu_node_outside_the_selector_is_said_once(
+    kube: Client,
+    namespace: str,
+    pool: dict[str, str],
+    fake_gpu_nodes: FakeNodes,
+    start_controller: StartController,
+) -> None:
+    """A GPU node without the selector's label (here the test's pool label, as a node
+    missing nvidia.com/gpu.present would be): its fault is not acted on, and a Warning
+    Event says so once; the metric counts such nodes."""
+    (outside,) = fake_gpu_nodes(1)
+    controller = start_controller(controller_config(pool)).wait_leading()
+    report_fault(kube, outside, "xid-79-outside")
+    wait_for("the warning", lambda: events_for(kube, outside, "GPUNodeUnmanaged"))
+    kube.patch(Node, outside, {"metadata": {"labels": {"touched": "again"}}})
+    time.sleep(1.5)
+    (event,) = events_for(kube, outside, "GPUNodeUnmanaged")
+    assert "xid-79-outside" in str(event.message) and event.type == "Warning"
+    assert our_taint(kube, outside) is None and not faults_of(kube, outside)
+
+    def unmanaged() -> int:
+        return sum(
+            1
+            for n in kube.list(Node)
+            if n.metadata
+            and (n.metadata.labels or {}).get("gpuheal.test/pool") != pool["gpuheal.test/pool"]
+            and (n.metadata.labels or {}).get("gpuheal.io/managed") != "false"
+            and int((n.status.capacity or {}).get("nvidia.com/gpu", "0") if n.status else 0)
+        )
+
+    wait_for(
+        "the gauge", lambda: f"gpuheal_unmanaged_gpu_nodes {unmanaged()}.0" in controller.metrics()
+    )
 
 
 def test_opt_out_label_is_respected(
@@ -215,10 +254,11 @@ def test_pdb_blocks_eviction_it_is_retried_not_deleted(
     start_controller(controller_config(pool))
     report_fault(kube, node, "pdb-fault")
 
-    wait_for("a blocked-eviction event", lambda: events_for(kube, node, "GPUPodEvictionBlocked"))
+    blocked = "GPUPodEvictionBlocked"
+    wait_for("a blocked-eviction event", lambda: evictions_from(kube, node, blocked))
     time.sleep(2)  # several retries happen meanwhile
     assert pods_on(kube, namespace, node) == {"guarded"}  # not deleted
-    assert len(events_for(kube, node, "GPUPodEvictionBlocked")) == 1
+    assert len(evictions_from(kube, node, blocked)) == 1
     (record,) = faults_of(kube, node)
     assert phase(record) == "Draining"
 

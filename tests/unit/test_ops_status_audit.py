@@ -19,6 +19,7 @@ from gpuheal.model import (
     CUDA_VERSION,
     DRIVER_VERSION,
     GPU_PROCESSES,
+    MANAGED_LABEL,
     STATE_LABEL,
     STATUS,
     SUSPECT_DEVICES,
@@ -256,6 +257,25 @@ def test_a_clean_fleet_has_no_findings() -> None:
     report = audit(snap(nodes, [pod("p", "a0", uid="u1")]), Config(), NOW)
     assert report.findings == () and report.nodes == 3
     assert report.data() == {"findings": [], "counts": {}, "nodes": 3}
+
+
+def test_gpu_nodes_outside_the_node_selector_are_reported() -> None:
+    """A GPU node without nvidia.com/gpu.present (the default nodeSelector) is ignored
+    by the controller: audit says so, with the label to add; an opt-out is meant."""
+    bare = node(EKS_NODE, labels={"nvidia.com/gpu.present": "false"})
+    opted_out = node(
+        "opted-out", labels={"nvidia.com/gpu.present": "false", MANAGED_LABEL: "false"}
+    )
+    managed = node("managed", annotations={DRIVER_VERSION: "550.54.15"})
+    report = audit(snap([bare, opted_out, managed]), Config(), NOW)
+    found = [f for f in report.findings if f.kind == "unmanaged"]
+    assert [f.node for f in found] == [EKS_NODE]
+    assert "nvidia.com/gpu.present=true" in found[0].detail
+    assert "has 8 GPU(s)" in found[0].detail
+    # No labels at all, only capacity: still a GPU node, still reported.
+    unlabelled = node("no-labels", pool=None, labels={"nvidia.com/gpu.present": "x"})
+    unlabelled.metadata.labels = {}  # type: ignore[union-attr]
+    assert ("unmanaged", "no-labels") in kinds(audit(snap([unlabelled]), Config(), NOW))
 
 
 def test_leaks_stuck_terminating_pods_not_ready_nodes_and_overallocation() -> None:

@@ -13,6 +13,7 @@ from gpuheal.model import (
     HANDLED_FAULT_ID,
     LAST_PROCESS_TIME,
     MANAGED_LABEL,
+    STATE_LABEL,
     STATUS,
     TAINT_KEY,
     ActionEntry,
@@ -234,6 +235,30 @@ def test_a_manual_untaint_is_respected_and_noted_once() -> None:
         NodeState(faulty(**{HANDLED_FAULT_ID: F1}), records=(noted,), gpu_nodes=10), CONFIG, NOW
     )
     assert again.actions == ()
+
+
+def test_a_manual_untaint_takes_our_state_label_with_it() -> None:
+    """No `gpuheal.io/state=quarantined` without our taint: selectors and dashboards
+    would count the node as quarantined."""
+    labelled = replace(faulty(), labels={**faulty().labels, STATE_LABEL: "quarantined"})
+    state = NodeState(labelled, records=(record(Phase.DRAINED),), gpu_nodes=10)
+    p = plan(state, CONFIG, NOW)
+    assert p.suppressed == "manual-untaint"
+    assert kinds(p) == ["UpdateRecord", "MarkHandled", "RemoveTaint"]
+    # With our taint on, the label stays; a maintenance label is a person's, never ours.
+    on = plan(replace(state, node=tainted(labelled)), CONFIG, NOW)
+    assert "RemoveTaint" not in kinds(on)
+    person = replace(healthy(), labels={STATE_LABEL: "maintenance"})
+    assert plan(NodeState(person), CONFIG, NOW).actions == ()
+
+
+def test_a_label_left_without_taint_or_fault_is_removed() -> None:
+    stale = replace(healthy(), labels={STATE_LABEL: "quarantined"})
+    assert kinds(plan(NodeState(stale), CONFIG, NOW)) == ["RemoveTaint"]
+    # Recovering after a person's untaint: the label goes now, not at the resolution.
+    recovering = record(Phase.RECOVERING, recovering_since=iso(NOW))
+    p = plan(NodeState(stale, records=(recovering,)), CONFIG, NOW)
+    assert kinds(p) == ["RemoveTaint"]
 
 
 def test_opt_out_label_wins() -> None:
