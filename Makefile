@@ -71,3 +71,4 @@ bench: $(BENCH_STAMP) testenv monitoring
 	$(BIN)/python bench/quarantine.py --singles 200 --storms 50 200
 	$(BIN)/python bench/scale.py --nodes 1000 2500 5000
 	$(BIN)/python bench/cli.py --nodes 1000
+	$(BIN)/python bench/retention.py --records 5000 --deletes-per-second 20 200

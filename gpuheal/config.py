@@ -223,6 +223,22 @@ class ApprovalConfig:
 
 
 @dataclass(frozen=True)
+class RetentionConfig:
+    """Closed GPUFault records are deleted, by age and by a count per node; open
+    ones never (docs/controller.md, "Retention")."""
+
+    enabled: bool = True
+    # A closed record older than this (since it was closed) is deleted.
+    resolved_max_age_seconds: float = 30 * 86400.0
+    # At most this many closed records per node: the newest are kept.
+    per_node_max: int = 50
+    # How often the leader looks for records to delete (in its informer cache).
+    interval_seconds: float = 600.0
+    # Deletes are paced: the API server is shared with remediation.
+    deletes_per_second: float = 20.0
+
+
+@dataclass(frozen=True)
 class Config:
     # Which nodes are GPU nodes we manage (label equality, all must match).
     node_selector: Mapping[str, str] = field(
@@ -287,6 +303,7 @@ class Config:
     health_gate: HealthGateConfig = field(default_factory=HealthGateConfig)
     maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
     approval: ApprovalConfig = field(default_factory=ApprovalConfig)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
 
     def mode_for(self, reason: str) -> Mode:
         return self.mode_by_reason.get(reason, self.mode)
@@ -577,6 +594,44 @@ _APPROVAL: dict[str, tuple[str, Any]] = {
 }
 
 
+_RETENTION: dict[str, tuple[str, Any]] = {
+    "enabled": ("enabled", boolean),
+    "resolvedMaxAgeSeconds": ("resolved_max_age_seconds", number(60, MAX_WINDOW_S)),
+    "perNodeMax": ("per_node_max", integer(1, MAX_COUNT)),
+    "intervalSeconds": ("interval_seconds", number(1, 86400)),
+    "deletesPerSecond": ("deletes_per_second", number(0.1, 1000)),
+}
+
+
+# The sections parse_config reads apart from _TOP, and every section's keys by
+# its place in the document: docs/controller.md has one table per section with
+# exactly these keys (tests/unit/test_config_docs.py).
+NESTED = (
+    "conditions",
+    "notificationSinks",
+    "leaderElection",
+    "deviceHealth",
+    "pools",
+    "healthGate",
+    "maintenance",
+    "approval",
+    "retention",
+)
+SCHEMAS: dict[str, dict[str, tuple[str, Any]]] = {
+    "": _TOP,
+    "conditions[]": _CONDITION,
+    "notificationSinks[]": _SINK,
+    "leaderElection": _LEADER,
+    "deviceHealth": _DEVICE_HEALTH,
+    "pools": _POOLS,
+    "pools.byName.<pool>": _POOL,
+    "healthGate": _HEALTH_GATE,
+    "maintenance": _MAINTENANCE,
+    "approval": _APPROVAL,
+    "retention": _RETENTION,
+}
+
+
 def _map(value: Any, what: str) -> dict[Any, Any]:
     if not isinstance(value, dict):
         raise ValueError(f"must be a map of {what}, got {type(value).__name__}")
@@ -642,17 +697,7 @@ def parse_config(raw: Any) -> Config:
     """Validate a decoded YAML document; raise ConfigError naming every bad key."""
     errors: list[str] = []
     raw = {} if raw is None else raw
-    nested = {
-        "conditions",
-        "leaderElection",
-        "notificationSinks",
-        "deviceHealth",
-        "pools",
-        "healthGate",
-        "maintenance",
-        "approval",
-    }
-    top = {k: v for k, v in raw.items() if k not in nested} if isinstance(raw, dict) else raw
+    top = {k: v for k, v in raw.items() if k not in NESTED} if isinstance(raw, dict) else raw
     values = fields_of(top, _TOP, "", errors)
     if isinstance(raw, dict):
         rules = _list_of(raw, "conditions", _CONDITION, "type", errors)
@@ -682,6 +727,10 @@ def parse_config(raw: Any) -> Config:
         if "approval" in raw:
             values["approval"] = ApprovalConfig(
                 **fields_of(raw["approval"], _APPROVAL, "approval", errors)
+            )
+        if "retention" in raw:
+            values["retention"] = RetentionConfig(
+                **fields_of(raw["retention"], _RETENTION, "retention", errors)
             )
     if not errors:
         config = Config(**values)

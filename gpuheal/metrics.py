@@ -159,6 +159,18 @@ class ControllerMetrics:
             ["reason"],
             registry=r,
         )
+        self.records_collected = Counter(
+            "gpuheal_fault_records_collected_total",
+            "Closed GPUFault records deleted by retention, by why (age, count).",
+            ["why"],
+            registry=r,
+        )
+        self.records_collect_errors = Counter(
+            "gpuheal_fault_records_collect_errors_total",
+            "Retention deletes that failed (the sweep stops until the next), by reason.",
+            ["reason"],
+            registry=r,
+        )
         self.contact_support = Counter(
             "gpuheal_contact_support_total",
             "Faults flagged contact support: repeated remediations of one node.",

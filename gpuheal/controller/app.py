@@ -27,6 +27,7 @@ from gpuheal.controller.executor import Caches, Crashpoint, Executor
 from gpuheal.controller.intake import ControllerIntake
 from gpuheal.controller.notify import Notifier
 from gpuheal.controller.reconciler import Reconciler
+from gpuheal.controller.retention import RecordCollector
 from gpuheal.controller.worker import RECONCILE_FAILED, ReconcileFailures, work
 from gpuheal.kube.api import KubeApi, gpufault_path, node_path, pod_path
 from gpuheal.kube.events import EventRecorder, ObjectRef, node_ref
@@ -177,6 +178,14 @@ class Controller:
             pods_synced=self.pods.synced.is_set,
         )
         self.canaries.handlers.append(self.reconciler.on_canary)
+        self.collector = RecordCollector(
+            api,
+            records=self.records.values,
+            config=lambda: self.config,
+            reported=self.reconciler.reported_faults,
+            metrics=self.metrics,
+        )
+        self._collecting: asyncio.Task[None] | None = None
         self.intake = ControllerIntake(
             self.reconciler,
             self.nodes,
@@ -251,11 +260,15 @@ class Controller:
         ]
         # Level-triggered start: look at every node once, whatever happened before we led.
         self.reconciler.enqueue_all()
+        self._collecting = asyncio.create_task(self.collector.run(), name="retention")
 
     async def _stop_leading(self) -> None:
         self.metrics.leader.set(0)
         self.reconciler.active = False
         workers, self._workers = self._workers, []
+        if self._collecting is not None:
+            workers.append(self._collecting)
+            self._collecting = None
         for task in workers:
             task.cancel()
         for task in workers:

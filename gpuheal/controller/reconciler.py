@@ -62,6 +62,7 @@ from gpuheal.policy.plan import (
 )
 from gpuheal.policy.pools import driver_version, pool_of
 from gpuheal.policy.ratelimit import TokenBucket
+from gpuheal.policy.signals import fault_signal
 
 log = logging.getLogger(__name__)
 
@@ -290,9 +291,23 @@ class Reconciler:
     def _on_record(self, old: FaultRecord | None, new: FaultRecord | None) -> None:
         self.fleet.on_record(old, new)
         self._update_gauges()
+        if new is None and old is not None and not old.open:
+            # Retention deleted a closed record: no plan depends on it (the record of
+            # a fault still reported is kept), and thousands of deletes must not
+            # queue thousands of reconciles ahead of a fault.
+            return
         record = new or old
         if self.active and record is not None and record.node:
             self._enqueue(record.node)
+
+    def reported_faults(self, name: str) -> tuple[str, ...]:
+        """The fault ids the node reports now: its own, and active external signals."""
+        node = self.nodes.get(name)
+        own = fault_signal(node, self.config) if node is not None else None
+        return (
+            *((own.fault_id,) if own is not None else ()),
+            *(s.fault_id for s in self.external.active(name)),
+        )
 
     def _has_open_record(self, node: str) -> bool:
         return any(

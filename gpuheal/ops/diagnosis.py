@@ -14,6 +14,7 @@ wrong and what to do, never a dump of the objects.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,7 @@ from gpuheal.model import (
     MAINTENANCE_SINCE,
     STATE_LABEL,
     STATE_MAINTENANCE,
+    FaultRecord,
 )
 from gpuheal.ops import exitcodes
 from gpuheal.ops.cluster import annotations_of, labels_of
@@ -43,6 +45,7 @@ from gpuheal.ops.findings import (
     said,
     when,
 )
+from gpuheal.ops.history import history, history_data, history_table
 from gpuheal.ops.movement import question_workloads
 from gpuheal.ops.neighbours import question_affected
 from gpuheal.ops.output import Notes, Table
@@ -76,6 +79,9 @@ class Diagnosis:
     answers: tuple[Answer, ...]
     # What could not be read (no CRD, RBAC): the answers are less complete.
     unread: tuple[str, ...] = ()
+    # The node's GPUFault records that remain, newest first; None: not read.
+    history: tuple[FaultRecord, ...] | None = None
+    now: dt.datetime | None = None
 
     @property
     def healthy(self) -> bool:
@@ -102,6 +108,7 @@ class Diagnosis:
                 for a in self.answers
             ],
             "unread": list(self.unread),
+            "history": None if self.history is None else history_data(self.history),
         }
 
     def views(self) -> Sequence[Table | Notes]:
@@ -120,6 +127,8 @@ class Diagnosis:
             if self.registered
             else ("bad", f"Node {self.node} is not registered (exit 5).")
         )
+        if self.history is not None and self.now is not None:
+            views.append(history_table(self.history, self.now))
         unread = tuple(("warn", f"Could not read {what}.") for what in self.unread)
         views.append(Notes(title="Summary", lines=(*unread, verdict)))
         return views
@@ -135,7 +144,12 @@ def diagnose(facts: Facts, config: Config) -> Diagnosis:
     answers.append(_answer(2, question_workloads(node, facts, config)))
     answers.append(_answer(3, question_affected(node, facts, config)))
     return Diagnosis(
-        node=facts.name, registered=True, answers=tuple(answers), unread=tuple(facts.unread)
+        node=facts.name,
+        registered=True,
+        answers=tuple(answers),
+        unread=tuple(facts.unread),
+        history=None if facts.faults is None else history(facts.faults),
+        now=facts.now,
     )
 
 

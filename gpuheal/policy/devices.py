@@ -373,7 +373,10 @@ def _open_fault(work: _Pass, device: Device) -> FaultRecord:
     state, cfg, now = work.state, work.cfg, work.now
     node = state.node
     history = [r for r in (*state.records, *work.created) if r.device_scope]
-    episode = 1 + sum(1 for r in history if (r.resource, r.device) == device.key)
+    earlier = [r for r in history if (r.resource, r.device) == device.key]
+    # After the highest episode seen, not the count: retention deletes the oldest
+    # records, and a count would name an episode whose record still exists.
+    episode = 1 + max(len(earlier), *(_episode(r) for r in earlier), 0)
     fault_id = f"{device.device_id}#{episode}"
     name = fault_record_name(node.name, fault_id, device.resource)
     why = _escalation(work, device, history)
@@ -426,6 +429,12 @@ def _open_fault(work: _Pass, device: Device) -> FaultRecord:
             warning=True,
         )
     return record
+
+
+def _episode(record: FaultRecord) -> int:
+    """The episode number of a device record's fault id (`<resourceID>#<n>`), or 0."""
+    _, sep, number = record.fault_id.rpartition("#")
+    return int(number) if sep and number.isdigit() else 0
 
 
 def _escalation(work: _Pass, device: Device, history: list[FaultRecord]) -> str:

@@ -5,6 +5,7 @@ not see each other's nodes."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from typing import Any
 
@@ -18,6 +19,7 @@ from gpuheal.kube.resources import GPUFault
 from gpuheal.model import TAINT_KEY, fault_record_name
 from gpuheal.ops import exitcodes
 from gpuheal.sim import ControlPlane
+from gpuheal.sim.records import PastFault, create_past_faults
 from gpuheal.sim.workloads import (
     apply,
     gpu_deployment,
@@ -254,5 +256,16 @@ def test_our_fault_taint_is_explained_by_its_record(
         assert kinds(report, "gpus")["quarantined"] == "bad"
         assert "fault f-1 (XidCritical79, phase Quarantined)" in table
         assert f"kubectl get gpufault {name}" in table
+        # The node's fault history, from the records that remain (a closed one too).
+        past = PastFault(node, "f-0", dt.datetime.now(dt.UTC) - dt.timedelta(days=3))
+        create_past_faults(control_plane.kubeconfig, [past])
+        code, report, table = diagnose(control_plane, capsys, node)
+        assert [(h["faultId"], h["phase"]) for h in report["history"]] == [
+            ("f-1", "Quarantined"),
+            ("f-0", "Resolved"),
+        ]
+        assert report["history"][1]["done"] == "detected, tainted, untainted"
+        assert "Fault history (newest first)" in table
     finally:
         kube.delete(GPUFault, name)
+        kube.delete(GPUFault, fault_record_name(node, "f-0"))

@@ -116,6 +116,7 @@ SECTIONS: list[tuple[str, dict[str, tuple[str, Any]]]] = [
     ("deviceHealth", config_module._DEVICE_HEALTH),
     ("healthGate", config_module._HEALTH_GATE),
     ("maintenance", config_module._MAINTENANCE),
+    ("retention", config_module._RETENTION),
     ("pools", config_module._POOLS),
     ("pools.byName.a3-highgpu-8g", config_module._POOL),
     ("agent", agent_config._SCHEMA),

@@ -9,6 +9,7 @@ record) a loop of about 10 evictions and 10 record writes a second.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import cast
 
 from gpuheal.config import Config
@@ -83,5 +84,29 @@ def test_our_own_writes_while_reconciling_a_node_do_not_queue_it_again() -> None
         records.upsert(_record(EKS_NODE, "13"), "13")
         assert len(reconciler.queue) == 1
         assert reconciler.fleet.records_by_node[EKS_NODE]  # the indexes saw every write
+
+    asyncio.run(run())
+
+
+def test_retention_deleting_closed_records_queues_no_node() -> None:
+    """Thousands of closed records deleted by retention must not queue thousands of
+    reconciles ahead of a fault; an open record deleted (by a person) is news."""
+
+    async def run() -> None:
+        reconciler, records, _ = _reconciler()
+        closed = replace(_record(EKS_NODE, "20"), phase=Phase.RESOLVED)
+        records.upsert(closed, "20")
+        reconciler.queue.done(await reconciler.queue.get())  # its creation was news
+        records._apply(closed.name, None, "21")  # the watch's DELETED event
+        assert len(reconciler.queue) == 0
+        assert (
+            EKS_NODE not in reconciler.fleet.records_by_node
+            or not (reconciler.fleet.records_by_node[EKS_NODE])
+        )
+        opened = _record(GKE_NODE, "22")
+        records.upsert(opened, "22")
+        reconciler.queue.done(await reconciler.queue.get())
+        records._apply(opened.name, None, "23")
+        assert len(reconciler.queue) == 1
 
     asyncio.run(run())

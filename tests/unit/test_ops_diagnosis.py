@@ -24,6 +24,7 @@ from gpuheal.model import (
     STATE_LABEL,
     STATUS,
     TAINT_KEY,
+    ActionEntry,
     FaultRecord,
     Phase,
 )
@@ -709,3 +710,30 @@ def test_malformed_annotations_are_read_as_unknown_not_a_crash() -> None:
     assert "in maintenance since an unknown time" in text_of(diagnosis, "in-maintenance")
     assert "since an unknown time" in text_of(diagnosis, "gpu-fault-reported")
     assert kinds(diagnosis, "gpus")["maintenance-taint"] == "info"  # age unknown: not overdue
+
+
+# -- the fault history ----------------------------------------------------------------
+
+
+def test_the_history_shows_the_records_that_remain_newest_first() -> None:
+    def record(name: str, ago_s: float, phase: Phase, *entries: str, **kw: Any) -> FaultRecord:
+        at = (NOW - dt.timedelta(seconds=ago_s)).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+        return FaultRecord(
+            name, "n1", f"fault-{name}", phase, reason="XidCritical79", created_at=at,
+            actions=tuple(ActionEntry(at, e, "ok") for e in entries), **kw,
+        )  # fmt: skip
+
+    old = record("a", 86400 * 3, Phase.RESOLVED, "detect", "taint", "evict", "drain", "untaint",
+                 evicted_pods=("ml/a", "ml/b"))  # fmt: skip
+    now_open = record("b", 120, Phase.QUARANTINED, "detect", "taint")
+    diagnosis = diagnose(facts(node(), faults=[old, now_open]), CONFIG)
+    assert diagnosis.history == (now_open, old)
+    rows = diagnosis.data()["history"]
+    assert [r["faultId"] for r in rows] == ["fault-b", "fault-a"]
+    assert rows[1]["done"] == "detected, tainted, evicted 2 pod(s), drained, untainted"
+    assert rows[1]["closedAt"] == "2025-02-26T12:00:00.000Z" and rows[0]["closedAt"] == ""
+    printed = table(diagnosis)
+    assert "Fault history (newest first)" in printed and "fault-a" in printed
+    # Records that could not be read: no history, said among the unread.
+    assert diagnose(facts(node(), faults=None), CONFIG).data()["history"] is None
+    assert "no GPUFault records" in table(diagnose(facts(node(), faults=[]), CONFIG))

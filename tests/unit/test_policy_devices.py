@@ -257,6 +257,17 @@ def test_the_same_device_failing_again_after_release_escalates() -> None:
     assert "failed again" in created.record.actions[-1].detail
 
 
+def test_episodes_go_on_after_older_records_of_the_device_were_collected() -> None:
+    """Retention deleted episodes 1 and 2 of GPU-1; episode 3 is still there. The
+    next fault is episode 4: a count (1 record) would name episode 2... and a
+    still-existing name would be refused (AlreadyExists) on every attempt."""
+    config = replace(CFG, device_health=replace(CFG.device_health, repeat_window_seconds=0))
+    kept = replace(device_record(1, Phase.RESOLVED, opened=4000), fault_id="GPU-1#3")
+    state = DeviceState(node(), healthy_node(1), (kept,))
+    (created,) = of(plan_devices(state, config, NOW).actions, CreateDeviceRecord)
+    assert created.record.fault_id == "GPU-1#4"
+
+
 def test_repeated_faults_of_a_node_flag_contact_support() -> None:
     history = tuple(device_record(i, Phase.RESOLVED, opened=3600 * i) for i in range(4, 6))
     config = replace(CFG, device_health=replace(CFG.device_health, escalate_after_faults=99))

@@ -1,0 +1,103 @@
+"""`gpuheal doctor`'s fault history: the node's GPUFault records that remain
+(retention deletes closed ones by age and by a count per node), newest first,
+each in one row: when, which fault, what was done, how it ended."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any
+
+from gpuheal.model import FaultRecord
+from gpuheal.ops.findings import when
+from gpuheal.ops.output import Table
+from gpuheal.policy.clock import iso
+from gpuheal.policy.devices import opened_at
+from gpuheal.policy.retention import closed_at
+
+# A record's action entries as people say them; others are shown by their name.
+_DONE = {
+    "detect": "detected",
+    "taint": "tainted",
+    "hold": "held by the breaker",
+    "drain": "drained",
+    "recovering": "recovering",
+    "untaint": "untainted",
+    "recovered": "cleared before quarantine",
+    "manual-untaint": "untainted by hand",
+    "superseded": "superseded",
+    "gate-failed": "health gate failed",
+    "node-deleted": "node deleted",
+    "release": "released",
+}
+_QUIET = frozenset({"elided", "canary-start", "extend"})
+
+
+def history(records: Sequence[FaultRecord]) -> tuple[FaultRecord, ...]:
+    """Newest first: by when each fault was detected (its first action entry, else
+    the record's creation); the name breaks ties."""
+    oldest = dt.datetime.min.replace(tzinfo=dt.UTC)
+    return tuple(sorted(records, key=lambda r: (opened_at(r) or oldest, r.name), reverse=True))
+
+
+def done(record: FaultRecord) -> str:
+    """What was done about the fault, in order, each step once."""
+    steps: list[str] = []
+    for entry in record.actions:
+        if entry.action in _QUIET:
+            continue
+        if entry.action == "evict":
+            steps.append(f"evicted {len(record.evicted_pods)} pod(s)")
+        else:
+            steps.append(_DONE.get(entry.action, entry.action))
+    return ", ".join(dict.fromkeys(steps))
+
+
+def _closed(record: FaultRecord) -> str:
+    if record.open:
+        return ""
+    moment = closed_at(record)
+    return iso(moment) if moment else ""
+
+
+def history_data(records: Sequence[FaultRecord]) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": r.name,
+            "faultId": r.fault_id,
+            "reason": r.reason,
+            "severity": r.severity.value,
+            "source": r.source,
+            "scope": r.scope,
+            "device": r.device,
+            "phase": r.phase.value,
+            "open": r.open,
+            "createdAt": r.created_at,
+            "detectedAt": r.detected_at,  # as the source reported it
+            "closedAt": _closed(r),
+            "evictedPods": list(r.evicted_pods),
+            "done": done(r),
+        }
+        for r in records
+    ]
+
+
+def history_table(records: Sequence[FaultRecord], now: dt.datetime) -> Table:
+    rows = [
+        (
+            when(opened_at(r), now),
+            r.fault_id,
+            r.reason + (f" ({r.device})" if r.device_scope else ""),
+            r.phase.value,
+            done(r),
+            when(closed_at(r), now) if not r.open else "open",
+        )
+        for r in records
+    ]
+    return Table(
+        "Fault history (newest first)",
+        ("DETECTED", "FAULT", "REASON", "PHASE", "DONE", "CLOSED"),
+        rows,
+        empty="no GPUFault records (closed ones are deleted after retention."
+        "resolvedMaxAgeSeconds, beyond retention.perNodeMax per node)",
+    )
