@@ -417,9 +417,14 @@ class Executor:
         for _ in range(CONFLICT_RETRIES):
             ours = node.taint()
             label = node.labels.get(STATE_LABEL)
-            if add is not None and ours is not None and (ours.value, ours.effect) == (
-                wanted,
-                add.effect,
+            if (
+                add is not None
+                and ours is not None
+                and (ours.value, ours.effect)
+                == (
+                    wanted,
+                    add.effect,
+                )
             ):
                 return "present"
             if add is None and ours is None and label != STATE_QUARANTINED:

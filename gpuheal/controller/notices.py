@@ -35,6 +35,7 @@ PODS_NAMED = 5  # pods named in a summary before "and N more"
 # A record's new action entry, as people say it; entries another verb already
 # covers (taint, evict, detect, canary-start) say nothing more.
 _ENTRY_VERBS = {
+    "escalate": "escalated (handled as P0)",
     "hold": "held by the blast-radius breaker",
     "superseded": "superseded by a newer fault",
     "drain": "drained",

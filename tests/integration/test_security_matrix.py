@@ -95,7 +95,8 @@ class Scene:
     tenant: str  # a tenant namespace with GPU pods on `own`
     system_pod: str  # a pod in kube-system
     bystander: str  # a pod in the release namespace that is no canary
-    fault: str  # a GPUFault record
+    fault: str  # a GPUFault record, open
+    closed: str = ""  # a GPUFault record, Resolved (retention deletes such ones)
     clients: dict[str, Client] = field(default_factory=dict)
     kubeconfigs: dict[str, Path] = field(default_factory=dict)
 
@@ -158,7 +159,7 @@ def scene(
         own, other = eks_node_names(2)
         create_gpu_nodes(kube, [own, other], labels={POOL_LABEL: tenant})
         bindings: list[str] = []
-        system_pod, fault = unique("sys-agent"), unique("fault")
+        system_pod, fault, closed = unique("sys-agent"), unique("fault"), unique("closed")
         try:
             wait_nodes_ready(kube, [own, other])
             ours = {"key": TAINT_KEY, "value": "xid-79", "effect": "NoSchedule"}
@@ -179,10 +180,13 @@ def scene(
             kube.create(fault_record(fault, own))
             awaiting = {"status": {"phase": "AwaitingApproval", "actions": []}}
             kube.patch(GPUFault.Status, fault, awaiting, patch_type=PatchType.MERGE)
+            kube.create(fault_record(closed, own))
+            resolved = {"status": {"phase": "Resolved"}}
+            kube.patch(GPUFault.Status, closed, resolved, patch_type=PatchType.MERGE)
             for account, role in (("ops", "operator"), ("viewer", "operator-view")):
                 kube.create(ServiceAccount(metadata=ObjectMeta(name=account)), namespace=system)
                 bindings.append(bind(kube, f"{release.name}-{role}", account, system))
-            s = Scene(release, own, other, tenant, system_pod, "bystander", fault)
+            s = Scene(release, own, other, tenant, system_pod, "bystander", fault, closed)
             tokens = {
                 "controller": token_for(kube, system, s.role("controller")),
                 "agent": token_for(kube, system, s.role("agent"), bound_node=own),
@@ -201,6 +205,7 @@ def scene(
             settled(lambda: patch(agent, own, relabel, status=True))
             settled(lambda: patch(ctl, own, relabel))
             settled(lambda: ctl.delete(Pod, "bystander", namespace=system, dry_run=True))
+            settled(lambda: ctl.delete(GPUFault, fault, dry_run=True))
             settled(lambda: patch(ops, own, relabel))
             settled(lambda: ops.patch(Pod, "job-0", relabel, namespace=tenant, dry_run=True))
             yield s
@@ -209,6 +214,7 @@ def scene(
                 kube.delete(ClusterRoleBinding, binding)
             removals: list[Callable[[], None]] = [
                 lambda: kube.delete(GPUFault, fault),
+                lambda: kube.delete(GPUFault, closed),
                 lambda: kube.delete(Pod, system_pod, namespace="kube-system", grace_period=0),
             ]
             for remove in removals:
@@ -517,6 +523,9 @@ ACTIONS: tuple[Action, ...] = (
     act("gpufaults: change a record's phase",
         lambda c, s: c.patch(GPUFault.Status, s.fault, {"status": {"phase": "Resolved"}},
                              patch_type=PatchType.MERGE, dry_run=True),
+        "controller"),
+    act("gpufaults: delete a closed one (retention)",
+        lambda c, s: c.delete(GPUFault, s.closed, dry_run=True),
         "controller"),
 )  # fmt: skip
 

@@ -22,15 +22,15 @@ from tests.integration.conftest import (
     StartController,
     controller_config,
     events_for,
+    evictions_from,
     faults_of,
     our_taint,
     pods_on,
 )
 from tests.integration.test_agent import StartAgent, node_annotations, start_agent
-from tests.integration.test_api import sink
 
 pytestmark = pytest.mark.timeout(240)
-__all__ = ["sink", "start_agent"]  # fixtures used here
+__all__ = ["start_agent"]  # fixtures used here
 
 WINDOW_S = 12  # p1EscalationSeconds
 XID79 = "NVRM: Xid (PCI:0000:1c:00): 79, pid=2843, name=python3, GPU has fallen off the bus."
@@ -126,7 +126,7 @@ def test_a_hot_gpu_is_watched_for_the_p1_window_then_drained_once_or_resolved_wh
     for node in (stays_hot, worsens):
         assert len(events_for(kube, node, "GPUFaultEscalated")) == 1
         assert len(events_for(kube, node, "GPUFaultQuarantined")) == 1
-        assert len(events_for(kube, node, "GPUPodEvicted")) == 1
+        assert len(evictions_from(kube, node)) == 1
 
     # The cooled one: never touched, past its window too.
     left = WINDOW_S - (dt.datetime.now(dt.UTC) - opened).total_seconds()
