@@ -20,6 +20,12 @@ from gpuheal.policy.devices import (
     MarkDevices,
 )
 from gpuheal.policy.plan import (
+    APPROVED_ACTION,
+    AWAIT_ACTION,
+    ESCALATE_ACTION,
+    EXPIRED_ACTION,
+    REJECTED_ACTION,
+    WOULD_QUARANTINE_ACTION,
     Action,
     AddTaint,
     CreateRecord,
@@ -35,7 +41,12 @@ PODS_NAMED = 5  # pods named in a summary before "and N more"
 # A record's new action entry, as people say it; entries another verb already
 # covers (taint, evict, detect, canary-start) say nothing more.
 _ENTRY_VERBS = {
-    "escalate": "escalated (handled as P0)",
+    AWAIT_ACTION: "awaiting approval",
+    APPROVED_ACTION: "plan approved",
+    REJECTED_ACTION: "plan rejected, nothing done",
+    EXPIRED_ACTION: "approval expired, nothing done",
+    WOULD_QUARANTINE_ACTION: "observed (would have quarantined)",
+    ESCALATE_ACTION: "escalated (handled as P0)",
     "hold": "held by the blast-radius breaker",
     "superseded": "superseded by a newer fault",
     "drain": "drained",
@@ -98,6 +109,8 @@ def _verbs(ran: Sequence[Action | DeviceAction], outcome: Outcome) -> list[str]:
                 verbs.append("untainted" if outcome.untainted else "state label removed")
             case UpdateRecord() if action.entry.action in _ENTRY_VERBS:
                 verbs.append(_ENTRY_VERBS[action.entry.action])
+                if action.plan is not None:  # what it would do: taint, which pods
+                    verbs.append(action.plan.text())
             case CreateCanary():
                 verbs.append("canary started")
     deleted = {a.pod.key for a in ran if isinstance(a, DeletePod)}

@@ -10,10 +10,12 @@ from gpuheal.policy.devices import CreateDeviceRecord, DeviceAction, MarkDevices
 from gpuheal.policy.plan import (
     Action,
     AddTaint,
+    AwaitApproval,
     CreateRecord,
     Emit,
     Evict,
     MarkHandled,
+    Planned,
     RemoveTaint,
     UpdateRecord,
 )
@@ -109,3 +111,16 @@ def test_only_events_or_device_marks_are_no_notice() -> None:
 def test_the_summary_travels_in_the_json_body() -> None:
     notice = Notice(EKS_NODE, "f", ("AddTaint",), summary=f"{EKS_NODE}: X — tainted")
     assert notice.json()["summary"] == f"{EKS_NODE}: X — tainted"
+
+
+def test_a_plan_awaiting_approval_says_what_it_would_do() -> None:
+    record = FaultRecord("r1", EKS_NODE, "f1", Phase.DETECTED, reason="XidCritical79")
+    planned = Planned(EKS_NODE, "gpuheal.io/gpu-fault=f1:NoSchedule", ("ml/a", "ml/b"))
+    entry = ActionEntry(T, "awaiting-approval", "waiting", "…")
+    ran = (AwaitApproval("r1", Phase.AWAITING_APPROVAL, entry, plan=planned),)
+    notice = notice_for(EKS_NODE, ran, Outcome(), {"r1": record}.get)
+    assert notice is not None
+    assert notice.summary == (
+        f"{EKS_NODE}: XidCritical79 — awaiting approval, taint {EKS_NODE} "
+        "gpuheal.io/gpu-fault=f1:NoSchedule; evict 2 GPU pods: ml/a, ml/b"
+    )
