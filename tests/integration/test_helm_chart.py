@@ -47,7 +47,7 @@ def test_the_chart_renders_for_the_default_and_other_values(control_plane: Contr
     assert kinds(default) == {
         "CustomResourceDefinition": 1, "ServiceAccount": 2, "ClusterRole": 4, "ClusterRoleBinding": 2,
         "Role": 2, "RoleBinding": 2, "ConfigMap": 2, "Secret": 1, "Deployment": 1, "Service": 1,
-        "PodDisruptionBudget": 1, "ValidatingAdmissionPolicy": 6, "ValidatingAdmissionPolicyBinding": 6,
+        "PodDisruptionBudget": 1, "ValidatingAdmissionPolicy": 7, "ValidatingAdmissionPolicyBinding": 7,
         "DaemonSet": 1,
     }  # fmt: skip
     crd = next(o for o in default if o["kind"] == "CustomResourceDefinition")
