@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpuheal.config import Config, DeviceHealthConfig
 from gpuheal.model import (
@@ -345,7 +345,10 @@ def plan_devices(state: DeviceState, config: Config, now: dt.datetime) -> Device
     for key in sorted(open_by_key):
         _advance(work, open_by_key[key], devices.get(key))
     quarantined = {k for k, r in open_by_key.items() if r.name not in work.released}
-    _mark(work, devices, quarantined)
+    marked = _mark(work, devices, quarantined)
+    # The gauges follow what this pass decides, not the marks it read: the node's own
+    # echo of our write does not come back as another reconcile to update them.
+    summary = replace(summary, suspect=len(marked[1]), quarantined=len(quarantined))
     return DevicePlan(
         actions=tuple(work.actions),
         requeue_after=work.requeue.value,
@@ -660,7 +663,7 @@ def _ids(node: NodeView, annotation: str) -> tuple[str, ...]:
 
 def _mark(
     work: _Pass, devices: Mapping[tuple[str, str], Device], quarantined: set[tuple[str, str]]
-) -> None:
+) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     """Unknown within the tolerance: an Event; longer: suspect. Both and the quarantined
     devices are written on the node (the device plugin path cannot fence one device)."""
     cfg, now, node = work.cfg, work.now, work.state.node
@@ -685,7 +688,7 @@ def _mark(
     )
     current = tuple(_ids(node, a) for a in (QUARANTINED_DEVICES, SUSPECT_DEVICES, UNKNOWN_DEVICES))
     if wanted == current:
-        return
+        return wanted
     work.actions.append(MarkDevices(node.name, *wanted))
     for device_id in sorted(set(wanted[2]) - set(current[2])):
         work.emit(
@@ -699,3 +702,4 @@ def _mark(
             "marked on the node (not a fault)",
             warning=True,
         )
+    return wanted

@@ -697,7 +697,8 @@ def test_the_controller_runs_its_canaries_with_its_token_and_they_carry_none(
     config = yaml.safe_load(rendered["data"]["config.yaml"])
     token = tmp_path / "api-token"
     token.write_text("t")
-    config.update(nodeSelector=pool, apiTokenFile=str(token), recoveryWindowSeconds=1,
+    # The chart starts in observe (issue 16's staged roll-out); the canary is full mode's.
+    config.update(nodeSelector=pool, apiTokenFile=str(token), recoveryWindowSeconds=1, mode="full",
                   breakerMaxPercent=100, rateLimitPerSecond=100, rateLimitBurst=100)  # fmt: skip
     config["deviceHealth"].update(
         quarantineSeconds=3, observationSeconds=1, canaryTimeoutSeconds=60
