@@ -3,6 +3,7 @@ node pool per test (so a test's controller manages only that test's nodes)."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import http.server
 import json
@@ -14,13 +15,16 @@ from typing import Any
 import pytest
 from lightkube import ApiError, Client
 from lightkube.resources.core_v1 import Event, Node, Pod
+from lightkube.resources.rbac_authorization_v1 import ClusterRoleBinding
 
 from gpuheal.kube.resources import GPUFault
 from gpuheal.model import FAULT_ID, FAULT_REASON, FAULT_TIME, HANDLED_FAULT_ID, NODE_LABEL, STATUS
 from gpuheal.sim import ControlPlane
+from gpuheal.sim.audit import grant_cluster_admin
 from gpuheal.sim.controller import ControllerProcess, install_crds
 from gpuheal.sim.workloads import create_namespace
 from gpuheal.values import node_label
+from tests.conftest import AUDITED_CONTROLLER
 from tests.helpers import unique
 
 StartController = Callable[..., ControllerProcess]
@@ -175,3 +179,15 @@ def pods_on(kube: Client, namespace: str, node: str) -> set[str]:
         for p in kube.list(Pod, namespace=namespace)
         if p.spec and p.spec.nodeName == node and p.metadata and not p.metadata.deletionTimestamp
     }
+
+
+@pytest.fixture
+def audited_controller_user(kube: Client) -> Iterator[str]:
+    """The audited identity (the session's API server logs its requests), bound to
+    cluster-admin for one test and unbound after it: tests that grant it less (the
+    RBAC failure tests) must not inherit another test's grant."""
+    binding = f"{AUDITED_CONTROLLER}-cluster-admin"
+    grant_cluster_admin(kube, AUDITED_CONTROLLER)
+    yield AUDITED_CONTROLLER
+    with contextlib.suppress(ApiError):
+        kube.delete(ClusterRoleBinding, binding)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lightkube import ApiError, Client
+from lightkube import Client
 
 from gpuheal.kube.resources import GPUFault
 from gpuheal.policy.clock import parse_time
@@ -118,16 +118,6 @@ def test_an_alert_signal_that_expires_wakes_its_node_which_then_recovers(
     print(f"the node's recovery began {woke:.2f}s after the alert (ttl {ttl}s)")
     assert ttl - 0.5 <= woke <= ttl + 2  # at the expiry, not before, not at some later event
     assert entry_time(record, "untaint") - entry_time(record, "recovering") >= 1 - 0.01
-
-
-@pytest.fixture
-def audited_controller_user(kube: Client) -> str:
-    try:
-        audit.grant_cluster_admin(kube, AUDITED_CONTROLLER)
-    except ApiError as err:
-        if err.status.code != 409:  # bound by an earlier test of this session
-            raise
-    return AUDITED_CONTROLLER
 
 
 def reconciles(controller: ControllerProcess) -> float:

@@ -15,14 +15,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from lightkube import ApiError, Client
+from lightkube import Client
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 
 from gpuheal.kube.resources import GPUFault
 from gpuheal.sim import ControlPlane, audit
 from gpuheal.sim.nodes import create_gpu_nodes, delete_nodes, wait_nodes_ready
 from gpuheal.sim.workloads import apply, gpu_deployment, pod_disruption_budget, wait_pods_running
-from tests.conftest import AUDITED_CONTROLLER
 from tests.corpus import unique_eks_node
 from tests.helpers import wait_for
 from tests.integration.conftest import (
@@ -40,16 +39,6 @@ BASE_S, MAX_S = 2, 10  # evictionRetryBaseSeconds / MaxSeconds: real base, short
 SETTLE_S = 10  # the first, quick steps of the backoff: 0, 2, 6 s
 WINDOW_S = 60  # then a minute at the cap
 MAX_PER_MINUTE = 10
-
-
-@pytest.fixture
-def audited_controller_user(kube: Client) -> str:
-    try:
-        audit.grant_cluster_admin(kube, AUDITED_CONTROLLER)
-    except ApiError as err:
-        if err.status.code != 409:  # bound by an earlier test of this session
-            raise
-    return AUDITED_CONTROLLER
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from lightkube import ApiError, Client
+from lightkube import Client
 from lightkube.resources.core_v1 import Node
 
 from gpuheal.cli import main
@@ -52,12 +52,8 @@ def test_observe_mode_writes_no_node_or_pod_and_reports_what_it_would_have_done(
     monkeypatch: pytest.MonkeyPatch,
     fake_gpu_nodes: FakeNodes,
     start_controller: StartController,
+    audited_controller_user: str,
 ) -> None:
-    try:
-        audit.grant_cluster_admin(kube, AUDITED_CONTROLLER)
-    except ApiError as err:
-        if err.status.code != 409:  # bound by an earlier test of this session
-            raise
     busy, idle, warm, healthy = fake_gpu_nodes(4, labels=pool)
     pods = {busy: ("trainer-0", "trainer-1"), idle: (), warm: ("notebook-0",), healthy: ("web-0",)}
     for node, names in pods.items():
