@@ -15,8 +15,9 @@ import datetime as dt
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpuheal.model import FaultSignal, Severity
 from gpuheal.policy.clock import iso
@@ -169,18 +170,24 @@ def series_text(labels: Mapping[str, object]) -> str:
     return text(f"{name}{{{pairs}}}", 512)
 
 
+def _series(result: object) -> Iterator[tuple[dict[str, Any], list[Any]]]:
+    """The labels and [time, value] of each well-formed series of an instant vector;
+    anything of another shape is skipped."""
+    for series in result if isinstance(result, list) else []:
+        if not isinstance(series, dict):
+            continue
+        labels, value = series.get("metric"), series.get("value")
+        if isinstance(labels, dict) and isinstance(value, list) and len(value) == 2:
+            yield labels, value
+
+
 def interpret(query: Query, result: object) -> Reading:
     """One Prometheus instant-vector result -> findings. Series without a host or
     of another shape are skipped; samples no fault can be made of (NaN, ±Inf,
     DCGM's blank sentinels, an Xid that is no Xid) are dropped, each on its own:
     one bad series never costs the others."""
     reading = Reading()
-    for series in result if isinstance(result, list) else []:
-        if not isinstance(series, dict):
-            continue
-        labels, value = series.get("metric"), series.get("value")
-        if not isinstance(labels, dict) or not isinstance(value, list) or len(value) != 2:
-            continue
+    for labels, value in _series(result):
         named = identity(labels)
         if named is None:
             continue
@@ -288,12 +295,7 @@ def run_starts_query(query: Query, matchers: str, step_ms: int, window_ms: int) 
 def run_starts(query: Query, result: object) -> dict[str, int]:
     """A run_starts_query result -> finding key -> start (ms), the latest per key."""
     starts: dict[str, int] = {}
-    for series in result if isinstance(result, list) else []:
-        if not isinstance(series, dict):
-            continue
-        labels, value = series.get("metric"), series.get("value")
-        if not isinstance(labels, dict) or not isinstance(value, list) or len(value) != 2:
-            continue
+    for labels, value in _series(result):
         named = identity(labels)
         try:
             seconds = float(value[1])
