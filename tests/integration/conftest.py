@@ -22,7 +22,7 @@ from gpuheal.model import FAULT_ID, FAULT_REASON, FAULT_TIME, HANDLED_FAULT_ID, 
 from gpuheal.sim import ControlPlane
 from gpuheal.sim.audit import grant_cluster_admin
 from gpuheal.sim.controller import ControllerProcess, install_crds
-from gpuheal.sim.workloads import create_namespace
+from gpuheal.sim.workloads import apply, create_namespace, gpu_pod, pod_disruption_budget
 from gpuheal.values import node_label
 from tests.conftest import AUDITED_CONTROLLER
 from tests.helpers import unique
@@ -191,3 +191,11 @@ def audited_controller_user(kube: Client) -> Iterator[str]:
     yield AUDITED_CONTROLLER
     with contextlib.suppress(ApiError):
         kube.delete(ClusterRoleBinding, binding)
+
+
+def guarded_pod(kube: Client, namespace: str, node: str) -> None:
+    """A GPU pod "guarded" on `node` behind a PodDisruptionBudget that allows no
+    eviction: the most common blocked drain on a training fleet."""
+    labels = {"app": "guarded"}
+    apply(kube, gpu_pod("guarded", namespace, node_name=node, labels=labels))
+    apply(kube, pod_disruption_budget("guarded", namespace, match_labels=labels, min_available=1))

@@ -17,7 +17,6 @@ from gpuheal.sim.workloads import (
     apply,
     gpu_deployment,
     gpu_pod,
-    pod_disruption_budget,
     wait_pods_running,
 )
 from tests.helpers import FakeNodes, wait_for
@@ -28,6 +27,7 @@ from tests.integration.conftest import (
     events_for,
     evictions_from,
     faults_of,
+    guarded_pod,
     handled_fault,
     our_taint,
     pods_on,
@@ -250,9 +250,7 @@ def test_pdb_blocks_eviction_it_is_retried_not_deleted(
     start_controller: StartController,
 ) -> None:
     (node,) = fake_gpu_nodes(1, labels=pool)
-    labels = {"app": "guarded"}
-    apply(kube, gpu_pod("guarded", namespace, node_name=node, labels=labels))
-    apply(kube, pod_disruption_budget("guarded", namespace, match_labels=labels, min_available=1))
+    guarded_pod(kube, namespace, node)
     wait_pods_running(kube, namespace, count=1)
     start_controller(controller_config(pool))
     report_fault(kube, node, "pdb-fault")

@@ -11,7 +11,7 @@ from lightkube import Client
 
 from gpuheal.sim import ControlPlane
 from gpuheal.sim.binaries import default_binaries
-from gpuheal.sim.workloads import apply, gpu_pod, pod_disruption_budget, wait_pods_running
+from gpuheal.sim.workloads import apply, gpu_pod, wait_pods_running
 from tests.helpers import FakeNodes, wait_for
 from tests.integration.conftest import (
     StartController,
@@ -19,6 +19,7 @@ from tests.integration.conftest import (
     events_for,
     evictions_from,
     faults_of,
+    guarded_pod,
     our_taint,
     report_fault,
 )
@@ -44,10 +45,8 @@ def test_kubectl_describe_lists_gpuheals_events(
     start_controller: StartController,
 ) -> None:
     (node,) = fake_gpu_nodes(1, labels=pool)
-    labels = {"app": "guarded"}
     # A budget keeps the pod on the node, so it is still there to be described.
-    apply(kube, gpu_pod("guarded", namespace, node_name=node, labels=labels))
-    apply(kube, pod_disruption_budget("guarded", namespace, match_labels=labels, min_available=1))
+    guarded_pod(kube, namespace, node)
     wait_pods_running(kube, namespace, count=1)
     start_controller(controller_config(pool))
     report_fault(kube, node, "xid-79-describe")
