@@ -17,7 +17,6 @@ import sys
 import time
 from typing import Any
 
-import httpx2
 from prometheus_client import CollectorRegistry
 
 from gpuheal.api.alerts import decode_webhook, interpret
@@ -28,6 +27,7 @@ from gpuheal.controller.reconciler import Reconciler
 from gpuheal.kube.api import KubeApi
 from gpuheal.kube.events import EventRecorder
 from gpuheal.kube.informer import Handler
+from gpuheal.kube.kubeconfig import RestConfig
 from gpuheal.kube.workqueue import WorkQueue
 from gpuheal.metrics import ControllerMetrics
 from gpuheal.model import NodeView
@@ -82,7 +82,7 @@ def main() -> int:
     config = parse_config({"nodeSelector": pool})
     nodes, records, pods = MemoryStore(), MemoryStore(), MemoryStore()
     metrics = ControllerMetrics(CollectorRegistry())
-    api = KubeApi(httpx2.AsyncClient())  # never called: nothing here writes
+    api = KubeApi(RestConfig("https://127.0.0.1:1", "bench"))  # never called: nothing writes
     caches = Caches(
         node=nodes.get, record=records.get, put_node=nodes.put,
         put_record=lambda _: None, put_pod=lambda _: None,

@@ -36,19 +36,24 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_controller(args: argparse.Namespace) -> int:
     from gpuheal.config import ConfigError, load_config  # noqa: PLC0415
     from gpuheal.controller.run import run_controller  # noqa: PLC0415
+    from gpuheal.kube.kubeconfig import KubeconfigError  # noqa: PLC0415
 
     try:
         config = load_config(args.config, check_files=True)
     except ConfigError as err:
         print(f"gpuheal controller: {err}", file=sys.stderr)
         return 2
-    return run_controller(
-        config,
-        kubeconfig=args.kubeconfig,
-        identity=args.identity,
-        listen=args.listen,
-        config_path=args.config,
-    )
+    try:
+        return run_controller(
+            config,
+            kubeconfig=args.kubeconfig,
+            identity=args.identity,
+            listen=args.listen,
+            config_path=args.config,
+        )
+    except KubeconfigError as err:  # e.g. none found: said plainly, as kubectl does
+        print(f"gpuheal controller: {err}", file=sys.stderr)
+        return 2
 
 
 def _cmd_agent(args: argparse.Namespace) -> int:
@@ -76,6 +81,7 @@ def _operator(args: argparse.Namespace) -> int:
 
     from gpuheal.config import ConfigError, load_config  # noqa: PLC0415
     from gpuheal.kube.client import operator_client  # noqa: PLC0415
+    from gpuheal.kube.kubeconfig import KubeconfigError, NoKubeconfigError  # noqa: PLC0415
     from gpuheal.ops import exitcodes  # noqa: PLC0415
     from gpuheal.ops.context import Context  # noqa: PLC0415
 
@@ -87,7 +93,10 @@ def _operator(args: argparse.Namespace) -> int:
         return exitcodes.USAGE
     try:
         client = operator_client(args.kubeconfig, args.context)
-    except (KubeConfigError, OSError) as err:
+    except NoKubeconfigError as err:
+        print(f"{prog}: {err}", file=sys.stderr)  # kubectl's plain "nothing found"
+        return exitcodes.USAGE
+    except (KubeconfigError, KubeConfigError, OSError) as err:
         print(f"{prog}: cannot load a kubeconfig: {err}", file=sys.stderr)
         return exitcodes.USAGE
     try:
@@ -321,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     controller.add_argument(
         "--kubeconfig",
         type=Path,
-        help="kubeconfig (default: in-cluster, then $KUBECONFIG, then ~/.kube/config)",
+        help="kubeconfig (default: $KUBECONFIG, then ~/.kube/config, then in-cluster)",
     )
     controller.add_argument(
         "--identity", default="", help="leader-election identity (default: $POD_NAME)"

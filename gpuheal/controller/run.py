@@ -8,7 +8,7 @@ from pathlib import Path
 
 from gpuheal.config import Config
 from gpuheal.controller.app import Controller, RunOptions, default_identity
-from gpuheal.kube.api import KubeApi
+from gpuheal.kube.api import KubeApi, connections_for
 
 
 def _split_listen(listen: str) -> tuple[str, int]:
@@ -22,7 +22,7 @@ async def _main(config: Config, options: RunOptions) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, hangup.set)
-    api = KubeApi.from_kubeconfig(options.kubeconfig)
+    api = KubeApi.from_kubeconfig(options.kubeconfig, connections=connections_for(config.workers))
     try:
         await Controller(config, api, options.identity).run(stop, options, hangup)
     finally:

@@ -1,8 +1,11 @@
 """A thin asyncio client for the Kubernetes REST API: raw JSON in and out.
 
-lightkube loads the kubeconfig (files, in-cluster service account, token
-rotation, exec plugins) and builds the HTTP client; this module only sends
-requests, so list/watch responses can be decoded straight into slim
+aiohttp underneath: one pooled, keep-alive session per client, sized to the
+work that shares it (long-lived watches hold a connection each). The
+kubeconfig is read by kube/kubeconfig.py and the credentials each request
+carries come from kube/credentials.py (a token file re-read as it rotates, an
+exec plugin re-run as its credential expires, both renewed once after a 401).
+List/watch responses stay bytes, so they can be decoded straight into slim
 projections (kube/projections.py) instead of full models.
 
 Every mutating request passes the write gate first: a replica that is not the
@@ -12,19 +15,34 @@ leader (or has just lost the lease) cannot write, whatever code path tries.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx2
-from lightkube import KubeConfig
-from lightkube.config import client_adapter
+import aiohttp
+
+from gpuheal.kube.credentials import Credential, Credentials, credentials_for, tls_context
+from gpuheal.kube.kubeconfig import RestConfig, load_rest_config
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
+USER_AGENT = "gpuheal"
+
+# Besides the workers, each holding at most one request at a time: one watch per
+# informer (4), the lease, the event senders (4), retention, and room for bursts.
+STANDING_CONNECTIONS = 16
+# Shorter than the API server's idle timeout (90 s), so we close idle connections
+# first and never send a request down one the server is closing.
+KEEPALIVE_S = 30.0
+CONNECT_TIMEOUT_S = 10.0
+
+
+def connections_for(workers: int) -> int:
+    """The connection pool for a controller with `workers` reconcile workers."""
+    return workers + STANDING_CONNECTIONS
 
 
 class ApiError(Exception):
@@ -53,38 +71,103 @@ class NotLeaderError(RuntimeError):
     """A write was attempted by a replica that does not hold the lease."""
 
 
-def _error(response: httpx2.Response) -> ApiError:
+class WatchStalledError(TimeoutError):
+    """A watch stream stayed silent longer than its inactivity limit: the connection
+    may be half-open (it would never error), so the watcher should reopen it."""
+
+
+def _error(code: int, body: bytes) -> ApiError:
     try:
-        status = json.loads(response.content)
+        status = json.loads(body)
         causes = tuple(
             Cause(str(c.get("reason", "")), str(c.get("message", "")))
             for c in (status.get("details") or {}).get("causes") or ()
         )
-        return ApiError(
-            response.status_code, status.get("reason", ""), status.get("message", ""), causes
-        )
+        return ApiError(code, status.get("reason", ""), status.get("message", ""), causes)
     except (ValueError, AttributeError):
-        return ApiError(response.status_code, "", response.text[:200])
+        return ApiError(code, "", body[:200].decode("utf-8", "replace"))
 
 
 class KubeApi:
-    def __init__(self, http: httpx2.AsyncClient) -> None:
-        self.http = http
+    """One API server, one session. Build it anywhere; the session opens on the
+    first request, in the event loop that makes it (aiohttp's requirement)."""
+
+    def __init__(
+        self,
+        config: RestConfig,
+        *,
+        timeout_s: float = 30.0,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        connections: int = connections_for(4),
+        trust_env: bool = False,
+        credentials: Credentials | None = None,
+    ) -> None:
+        self.config = config
+        self.credentials = credentials or credentials_for(config)
         self.write_gate: Callable[[], bool] = lambda: True
         self.requests = 0  # for tests and benchmarks: requests sent
+        self.connections = connections
+        self._ssl = tls_context(config)  # here, so a bad certificate fails at start
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=connect_timeout_s)
+        self._connect_timeout_s = connect_timeout_s
+        self._trust_env = trust_env  # False: HTTP(S)_PROXY of the environment is ignored
+        self._server = config.server
+        self._extra: dict[str, Any] = {}
+        if config.proxy_url:
+            self._extra["proxy"] = config.proxy_url
+        if config.tls_server_name:
+            self._extra["server_hostname"] = config.tls_server_name
+        self._headers = {"Accept": JSON}
+        if config.disable_compression:
+            self._headers["Accept-Encoding"] = "identity"
+        self._session: aiohttp.ClientSession | None = None
 
     @classmethod
-    def from_kubeconfig(cls, path: Path | None, *, timeout_s: float = 30.0) -> KubeApi:
-        """From a kubeconfig file, or (None) in-cluster / $KUBECONFIG / ~/.kube/config."""
-        config = KubeConfig.from_file(path) if path else KubeConfig.from_env()
-        single = config.get()
-        if single is None:
-            raise ValueError("kubeconfig has no current context")
-        params = client_adapter.ConnectionParams(timeout=httpx2.Timeout(timeout_s), trust_env=False)
-        return cls(client_adapter.AsyncClient(single, params))
+    def from_kubeconfig(
+        cls,
+        path: Path | None,
+        *,
+        context: str | None = None,
+        timeout_s: float = 30.0,
+        connections: int = connections_for(4),
+        trust_env: bool = False,
+    ) -> KubeApi:
+        """From a kubeconfig file, or (None) $KUBECONFIG / ~/.kube/config / in-cluster."""
+        return cls(
+            load_rest_config(path, context),
+            timeout_s=timeout_s,
+            connections=connections,
+            trust_env=trust_env,
+        )
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(
+                limit=self.connections,
+                keepalive_timeout=KEEPALIVE_S,
+                ssl=self._ssl,
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=self._timeout,
+                trust_env=self._trust_env,
+                cookie_jar=aiohttp.DummyCookieJar(),
+                headers={"User-Agent": USER_AGENT},
+            )
+        return self._session
 
     async def close(self) -> None:
-        await self.http.aclose()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _request_options(self, credential: Credential, headers: dict[str, str]) -> dict[str, Any]:
+        if credential.authorization:
+            headers["Authorization"] = credential.authorization
+        options = {**self._extra, "headers": headers}
+        if credential.ssl is not None:
+            options["ssl"] = credential.ssl  # a client certificate from an exec plugin
+        return options
 
     async def _send(
         self,
@@ -98,18 +181,28 @@ class KubeApi:
     ) -> bytes:
         if method != "GET" and not ungated and not self.write_gate():
             raise NotLeaderError(f"refusing {method} {path}: not the leader")
-        headers = {"Accept": JSON}
-        content = None
-        if body is not None:
-            headers["Content-Type"] = content_type
-            content = json.dumps(body).encode()
-        self.requests += 1
-        response = await self.http.request(
-            method, path, content=content, headers=headers, params=params
-        )
-        if response.status_code >= 400:
-            raise _error(response)
-        return response.content
+        content = None if body is None else json.dumps(body).encode()
+        http, url = self._http(), self._server + path
+        renewed = False
+        while True:
+            credential = await self.credentials.current()
+            headers = dict(self._headers)
+            if content is not None:
+                headers["Content-Type"] = content_type
+            self.requests += 1
+            async with http.request(
+                method, url, data=content, params=params,
+                **self._request_options(credential, headers),
+            ) as response:  # fmt: skip
+                data = await response.read()
+                status = response.status
+            # A 401 means the request was not served: retrying even a POST is safe.
+            if status == 401 and not renewed and await self.credentials.renew(credential):
+                renewed = True
+                continue
+            if status >= 400:
+                raise _error(status, data)
+            return data
 
     async def get(self, path: str, params: dict[str, str] | None = None) -> bytes:
         return await self._send("GET", path, params=params)
@@ -129,24 +222,59 @@ class KubeApi:
 
     async def watch(
         self, path: str, params: dict[str, str], read_timeout_s: float
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes]:
         """Stream watch events, one JSON line each. A read that waits longer than
-        `read_timeout_s` raises httpx2.ReadTimeout: the inactivity watchdog."""
-        timeout = httpx2.Timeout(10.0, read=read_timeout_s)
-        request = self.http.build_request(
-            "GET", path, params={**params, "watch": "true"}, timeout=timeout
+        `read_timeout_s` raises WatchStalledError: the inactivity watchdog. Close the
+        iterator (contextlib.aclosing) to give the connection back at once."""
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=self._connect_timeout_s, sock_read=read_timeout_s
         )
-        self.requests += 1
-        response = await self.http.send(request, stream=True)
-        try:
-            if response.status_code >= 400:
-                await response.aread()
-                raise _error(response)
-            async for line in response.aiter_lines():
-                if line:
-                    yield line.encode()
-        finally:
-            await response.aclose()
+        http, url = self._http(), self._server + path
+        query = {**params, "watch": "true"}
+        renewed = False
+        while True:
+            credential = await self.credentials.current()
+            self.requests += 1
+            try:
+                async with http.get(
+                    url, params=query, timeout=timeout,
+                    **self._request_options(credential, dict(self._headers)),
+                ) as response:  # fmt: skip
+                    if response.status == 401 and not renewed:
+                        await response.read()
+                        if await self.credentials.renew(credential):
+                            renewed = True
+                            continue
+                        raise _error(401, await response.read())
+                    if response.status >= 400:
+                        raise _error(response.status, await response.read())
+                    async for line in _lines(response.content):
+                        yield line
+                    return
+            except aiohttp.SocketTimeoutError as err:
+                raise WatchStalledError(f"watch {path}: silent for {read_timeout_s:g} s") from err
+
+
+async def _lines(stream: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """Newline-delimited chunks of any size (StreamReader.readline refuses lines
+    over 128 KiB; one watch event carries a whole object, up to 1.5 MiB)."""
+    parts: list[bytes] = []
+    async for chunk in stream.iter_any():
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            if parts:
+                parts.append(chunk[start:end])
+                line = b"".join(parts)
+                parts.clear()
+            else:
+                line = chunk[start:end]
+            if line:
+                yield line
+            start = end + 1
+        if start < len(chunk):
+            parts.append(chunk[start:])
+    if rest := b"".join(parts).strip():
+        yield rest
 
 
 def node_path(name: str = "") -> str:

@@ -14,9 +14,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import httpx2
+import aiohttp
 
 from gpuheal.kube.api import ApiError
+from gpuheal.kube.credentials import CredentialError
 
 # The API server's own StatusReason values (k8s.io/apimachinery metav1.StatusReason).
 STATUS_REASONS = frozenset(
@@ -66,16 +67,24 @@ UNEXPECTED = "Unexpected"  # not an answer from the API server: a bug of ours
 def failure_reason(err: BaseException) -> str:
     """A short name for what went wrong, from a bounded set (for metric labels)."""
     if isinstance(err, ApiError):
-        if err.reason in STATUS_REASONS:
-            return err.reason
-        if err.code in _BY_CODE:
-            return _BY_CODE[err.code]
-        return SERVER_ERROR if err.code >= 500 else CLIENT_ERROR
-    if isinstance(err, httpx2.TimeoutException | TimeoutError):
+        return _answer_reason(err)
+    if isinstance(err, TimeoutError):  # aiohttp's timeouts are TimeoutErrors too
         return TIMEOUT
-    if isinstance(err, httpx2.TransportError | ConnectionError):
-        return UNREACHABLE
+    if isinstance(
+        err, aiohttp.ClientConnectionError | aiohttp.ClientPayloadError | ConnectionError
+    ):
+        return UNREACHABLE  # refused, reset, TLS failure, or cut off mid-answer
+    if isinstance(err, CredentialError):
+        return "Unauthorized"  # nothing to prove who we are: no request was sent
     return UNEXPECTED
+
+
+def _answer_reason(err: ApiError) -> str:
+    if err.reason in STATUS_REASONS:
+        return err.reason
+    if err.code in _BY_CODE:
+        return _BY_CODE[err.code]
+    return SERVER_ERROR if err.code >= 500 else CLIENT_ERROR
 
 
 def describe(err: BaseException, limit: int = 512) -> str:

@@ -17,15 +17,15 @@ of the list and the stream go on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, Protocol, TypeVar
 
-import httpx2
 import msgspec
 
-from gpuheal.kube.api import ApiError, KubeApi
+from gpuheal.kube.api import ApiError, KubeApi, WatchStalledError
 
 log = logging.getLogger(__name__)
 
@@ -307,10 +307,13 @@ class Informer(Generic[J, V]):
             "timeoutSeconds": str(int(self._watch_timeout_s * random.uniform(1.0, 1.5))),  # noqa: S311
         }
         try:
-            async for line in self.api.watch(self.path, params, self._inactivity_s):
-                if not self._take_event(line):
-                    return False
-        except httpx2.ReadTimeout:
+            # aclosing: a relist gives the stream's connection back now, not at GC.
+            stream = self.api.watch(self.path, params, self._inactivity_s)
+            async with contextlib.aclosing(stream) as lines:
+                async for line in lines:
+                    if not self._take_event(line):
+                        return False
+        except WatchStalledError:
             self.stalls += 1
             log.warning("watch silent too long, reopening", extra={"informer": self.name})
         except ApiError as err:

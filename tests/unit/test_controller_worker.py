@@ -10,11 +10,12 @@ import itertools
 import logging
 import time
 
-import httpx2
+import aiohttp
 import pytest
 
 from gpuheal.controller.worker import ReconcileFailures, work
 from gpuheal.kube.api import ApiError, NotLeaderError
+from gpuheal.kube.credentials import CredentialError
 from gpuheal.kube.failures import Streaks, failure_reason
 from gpuheal.kube.workqueue import WorkQueue
 from tests.corpus import EKS_NODE, FQDN_253
@@ -176,8 +177,12 @@ def test_failures_from_the_worker_are_counted_and_the_streak_ends_on_success() -
         (ApiError(502, "", "bad gateway"), "ServerError"),
         (ApiError(504, "", "gateway timeout"), "Timeout"),
         (ApiError(500, "InternalError", "etcdserver: request timed out"), "InternalError"),
-        (httpx2.ConnectError("connection refused"), "Unreachable"),
-        (httpx2.ReadTimeout("timed out"), "Timeout"),
+        (aiohttp.ClientConnectionError("connection refused"), "Unreachable"),
+        (aiohttp.ServerDisconnectedError(), "Unreachable"),
+        (aiohttp.ClientPayloadError("response cut off"), "Unreachable"),
+        (aiohttp.SocketTimeoutError("timed out"), "Timeout"),
+        (aiohttp.ConnectionTimeoutError("connect timed out"), "Timeout"),
+        (CredentialError("exec credential plugin aws failed"), "Unauthorized"),
         (ValueError(FQDN_253), "Unexpected"),
     ],
 )

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 
-import httpx2
-
 from gpuheal.controller.executor import refused_by
 from gpuheal.kube.api import ApiError, _error
 
@@ -32,7 +30,7 @@ PDB_REFUSAL = {
 
 
 def test_the_budget_named_in_the_causes_is_what_refused() -> None:
-    err = _error(httpx2.Response(429, content=json.dumps(PDB_REFUSAL).encode()))
+    err = _error(429, json.dumps(PDB_REFUSAL).encode())
     assert err.causes[0].type == "DisruptionBudget"
     assert refused_by(err, "ml-team") == "PodDisruptionBudget ml-team/trainer-pdb"
 
