@@ -15,7 +15,7 @@ leader (or has just lost the lease) cannot write, whatever code path tries.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -248,33 +248,12 @@ class KubeApi:
                         raise _error(401, await response.read())
                     if response.status >= 400:
                         raise _error(response.status, await response.read())
-                    async for line in _lines(response.content):
-                        yield line
+                    while line := await response.content.readline():
+                        if line != b"\n":
+                            yield line
                     return
             except aiohttp.SocketTimeoutError as err:
                 raise WatchStalledError(f"watch {path}: silent for {read_timeout_s:g} s") from err
-
-
-async def _lines(stream: aiohttp.StreamReader) -> AsyncIterator[bytes]:
-    """Newline-delimited chunks of any size (StreamReader.readline refuses lines
-    over 128 KiB; one watch event carries a whole object, up to 1.5 MiB)."""
-    parts: list[bytes] = []
-    async for chunk in stream.iter_any():
-        start = 0
-        while (end := chunk.find(b"\n", start)) >= 0:
-            if parts:
-                parts.append(chunk[start:end])
-                line = b"".join(parts)
-                parts.clear()
-            else:
-                line = chunk[start:end]
-            if line:
-                yield line
-            start = end + 1
-        if start < len(chunk):
-            parts.append(chunk[start:])
-    if rest := b"".join(parts).strip():
-        yield rest
 
 
 def node_path(name: str = "") -> str:

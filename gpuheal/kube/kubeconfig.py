@@ -120,10 +120,9 @@ def load_rest_config(
     if in_cluster_possible(env, service_account_dir):
         return in_cluster(env, service_account_dir, token_reload_s)
     raise NoKubeconfigError(
-        "no kubeconfig found: no --kubeconfig given, $KUBECONFIG names no existing file, "
-        f"{_default_path(home)} does not exist, and this is not a pod in a cluster "
-        "(no KUBERNETES_SERVICE_HOST/KUBERNETES_SERVICE_PORT and service-account token); "
-        "pass --kubeconfig or set $KUBECONFIG"
+        f"no kubeconfig found (looked at --kubeconfig, $KUBECONFIG, {_default_path(home)}) "
+        "and not running in a cluster (no KUBERNETES_SERVICE_HOST/PORT and service-account "
+        "token): pass --kubeconfig or set $KUBECONFIG"
     )
 
 
@@ -172,7 +171,9 @@ def _read(path: Path) -> _File:
         raise KubeconfigError(f"kubeconfig {path}: not valid YAML: {err}") from err
     if not isinstance(document, dict):
         raise KubeconfigError(f"kubeconfig {path}: not a kubeconfig (a YAML mapping)")
-    base = path.resolve().parent
+    # Not resolve(): a mounted Secret's files are symlinks into a directory the
+    # kubelet replaces on rotation; the path as named stays valid, the target does not.
+    base = Path(os.path.abspath(path)).parent  # noqa: PTH100
 
     def named(key: str, inner: str) -> dict[str, dict[str, Any]]:
         entries: dict[str, dict[str, Any]] = {}
@@ -182,7 +183,7 @@ def _read(path: Path) -> _File:
             body = dict(entry.get(inner) or {})
             for name in _PATH_FIELDS.get(inner, ()):
                 if body.get(name):
-                    body[name] = str(base / Path(str(body[name])).expanduser())
+                    body[name] = os.path.normpath(base / Path(str(body[name])).expanduser())
             if inner == "user" and isinstance(body.get("exec"), dict):
                 body["exec"] = {**body["exec"], "_base": str(base)}
             entries.setdefault(entry["name"], body)
@@ -333,7 +334,7 @@ def _exec(spec: Mapping[str, Any], where: str, extensions: Mapping[str, Any]) ->
         )
     # As kubectl: a relative command with a directory part is relative to the kubeconfig.
     if os.sep in command and not Path(command).is_absolute():
-        command = str(Path(spec["_base"]) / command)
+        command = os.path.normpath(Path(spec["_base"]) / command)
     env = tuple(
         (str(e.get("name")), str(e.get("value") or ""))
         for e in spec.get("env") or ()

@@ -30,7 +30,7 @@ from lightkube import Client
 from gpuheal.kube.client import sync_client
 from gpuheal.sim.binaries import Binaries, default_binaries
 from gpuheal.sim.kubeconfig import write_kubeconfig
-from gpuheal.sim.pki import Pki, create_pki
+from gpuheal.sim.pki import CertPair, Pki, create_pki, issue_client_cert
 from gpuheal.sim.process import Component, ControlPlaneError, free_port, http_ok, stop_all
 
 log = logging.getLogger(__name__)
@@ -138,6 +138,10 @@ class ControlPlane:
                 token=self.tokens[user],
             )
         return self._kubeconfigs[user]
+
+    def client_certificate(self, user: str, groups: tuple[str, ...] = ()) -> CertPair:
+        """A client certificate (PEM files) the API server authenticates as `user`."""
+        return issue_client_cert(self._require_pki(), self.workdir / "clients", user, groups)
 
     def client(self, user: str = ADMIN) -> Client:
         return sync_client(self.kubeconfig_for(user))

@@ -123,3 +123,37 @@ def create_pki(directory: Path) -> Pki:
             _write(directory / "sa.key", _private_key_pem(sa_key)),
         ),
     )
+
+
+def issue_client_cert(
+    pki: Pki, directory: Path, user: str, groups: tuple[str, ...] = ()
+) -> CertPair:
+    """A client certificate the API server accepts as `user` in `groups`: signed by
+    the CA it trusts for clients, CN the user name, O each group (as kubeadm does)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    now = dt.datetime.now(dt.UTC)
+    ca_key = serialization.load_pem_private_key(pki.ca.key.read_bytes(), password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise TypeError("the CA key is not an EC key")
+    ca_cert = x509.load_pem_x509_certificate(pki.ca.cert.read_bytes())
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name(
+        [x509.NameAttribute(NameOID.COMMON_NAME, user)]
+        + [x509.NameAttribute(NameOID.ORGANIZATION_NAME, g) for g in groups]
+    )
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + _VALIDITY)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    safe = user.replace(":", "_")
+    return CertPair(
+        _write(directory / f"client-{safe}.crt", cert.public_bytes(serialization.Encoding.PEM)),
+        _write(directory / f"client-{safe}.key", _private_key_pem(key)),
+    )
