@@ -473,3 +473,21 @@ def test_the_plugin_is_told_about_the_cluster_when_it_asks(
     ca = base64.b64decode(info["spec"]["cluster"]["certificate-authority-data"])
     assert ca == control_plane.ca_cert.read_bytes()
     assert os.environ.get("KUBERNETES_EXEC_INFO") is None  # not leaked into ours
+
+
+def test_tls_server_name_is_the_name_the_certificate_is_checked_against(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    token = {"token": control_plane.tokens[AGENT]}
+    in_san = kubeconfig(
+        tmp_path / "in-san.yaml", control_plane, token, **{"tls-server-name": "kubernetes.default"}
+    )
+    assert identity_of(in_san) == AGENT
+    elsewhere = kubeconfig(
+        tmp_path / "elsewhere.yaml",
+        control_plane,
+        token,
+        **{"tls-server-name": "api.other-cluster.example.com"},
+    )
+    with pytest.raises(Exception, match=r"(?i)hostname|certificate verify failed"):
+        identity_of(elsewhere)

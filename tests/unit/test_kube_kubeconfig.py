@@ -14,7 +14,13 @@ import pytest
 import yaml
 
 from gpuheal.cli import main
-from gpuheal.kube.credentials import CredentialError, ExecPlugin, FileToken, tls_context
+from gpuheal.kube.credentials import (
+    CredentialError,
+    ExecPlugin,
+    FileToken,
+    credentials_for,
+    tls_context,
+)
 from gpuheal.kube.kubeconfig import (
     Exec,
     KubeconfigError,
@@ -377,3 +383,14 @@ def test_a_token_file_is_reread_only_after_its_interval(tmp_path: Path) -> None:
     now[0] = 130.0
     assert asyncio.run(read()) == "Bearer two"
     assert source.reads == 2
+
+
+def test_basic_auth_is_sent_as_basic(tmp_path: Path) -> None:
+    path = write(
+        tmp_path / "c",
+        {"u": {"username": "admin", "password": "pa:ss"}},
+        **{"current-context": "u"},
+    )
+    source = credentials_for(load_rest_config(path))
+    credential = asyncio.run(source.current())
+    assert credential.authorization == "Basic " + base64.b64encode(b"admin:pa:ss").decode()
