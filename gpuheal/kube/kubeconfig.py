@@ -127,7 +127,10 @@ def load_rest_config(
 
 
 def _default_path(home: Path | None) -> Path:
-    return (home or Path.home()) / ".kube" / "config"
+    try:
+        return (home or Path.home()) / ".kube" / "config"
+    except RuntimeError:  # no $HOME and a user without a passwd entry (a container's)
+        return Path("~/.kube/config")
 
 
 def _kubeconfig_files(

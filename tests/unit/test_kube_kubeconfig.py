@@ -394,3 +394,20 @@ def test_basic_auth_is_sent_as_basic(tmp_path: Path) -> None:
     source = credentials_for(load_rest_config(path))
     credential = asyncio.run(source.current())
     assert credential.authorization == "Basic " + base64.b64encode(b"admin:pa:ss").decode()
+
+
+def test_a_container_user_without_a_home_still_finds_its_service_account(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_home() -> Path:
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    mounted = tmp_path / "sa"
+    mounted.mkdir()
+    (mounted / "token").write_text("t0ken")
+    env = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+    config = load_rest_config(None, environ=env, service_account_dir=mounted)
+    assert config.server == "https://10.96.0.1:443"
+    with pytest.raises(NoKubeconfigError, match="no kubeconfig found"):
+        load_rest_config(None, environ={}, service_account_dir=tmp_path / "none")
