@@ -15,6 +15,7 @@ leader (or has just lost the lease) cannot write, whatever code path tries.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,10 @@ STANDING_CONNECTIONS = 16
 # first and never send a request down one the server is closing.
 KEEPALIVE_S = 30.0
 CONNECT_TIMEOUT_S = 10.0
+# aiohttp rounds a timeout of 5 s or more up to the next whole second of the loop's
+# clock (to batch timers): a 5 s limit fired after up to 6 s. Deadlines here are
+# promises (the agent's report, the lease's renewal), so they fire when they say.
+EXACT = math.inf
 
 
 def connections_for(workers: int) -> int:
@@ -108,7 +113,9 @@ class KubeApi:
         self.requests = 0  # for tests and benchmarks: requests sent
         self.connections = connections
         self._ssl = tls_context(config)  # here, so a bad certificate fails at start
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=connect_timeout_s)
+        self._timeout = aiohttp.ClientTimeout(
+            total=timeout_s, sock_connect=connect_timeout_s, ceil_threshold=EXACT
+        )
         self._connect_timeout_s = connect_timeout_s
         self._trust_env = trust_env  # False: HTTP(S)_PROXY of the environment is ignored
         self._server = config.server
@@ -146,6 +153,7 @@ class KubeApi:
                 limit=self.connections,
                 keepalive_timeout=KEEPALIVE_S,
                 ssl=self._ssl,
+                timeout_ceil_threshold=EXACT,
             )
             self._session = aiohttp.ClientSession(
                 connector=connector,
@@ -227,7 +235,10 @@ class KubeApi:
         `read_timeout_s` raises WatchStalledError: the inactivity watchdog. Close the
         iterator (contextlib.aclosing) to give the connection back at once."""
         timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=self._connect_timeout_s, sock_read=read_timeout_s
+            total=None,
+            sock_connect=self._connect_timeout_s,
+            sock_read=read_timeout_s,
+            ceil_threshold=EXACT,
         )
         http, url = self._http(), self._server + path
         query = {**params, "watch": "true"}

@@ -9,6 +9,7 @@ import asyncio
 import base64
 import json
 import os
+import socket
 import ssl
 import sys
 import urllib.error
@@ -491,3 +492,30 @@ def test_tls_server_name_is_the_name_the_certificate_is_checked_against(
     )
     with pytest.raises(Exception, match=r"(?i)hostname|certificate verify failed"):
         identity_of(elsewhere)
+
+
+def test_a_request_timeout_fires_when_it_says_not_at_the_next_whole_second() -> None:
+    # A server that accepts and never answers (a stopped API server does the same).
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    config = RestConfig(f"http://127.0.0.1:{silent.getsockname()[1]}", "test")
+
+    async def timed_out_after() -> float:
+        api = KubeApi(config, timeout_s=5.0)
+        loop = asyncio.get_running_loop()
+        # Just past a whole second of the loop's clock: a deadline rounded up to
+        # the next whole second would come almost a second late.
+        await asyncio.sleep(1.05 - loop.time() % 1.0)
+        started = loop.time()
+        try:
+            with pytest.raises(TimeoutError):
+                await api.get(node_path())
+            return loop.time() - started
+        finally:
+            await api.close()
+
+    try:
+        assert asyncio.run(timed_out_after()) < 5.5
+    finally:
+        silent.close()
