@@ -34,6 +34,7 @@ from gpuheal.metrics import ControllerMetrics
 from gpuheal.model import (
     CANARY_LABEL,
     FAULT_TIME,
+    HANDLED_FAULT_ID,
     QUARANTINED_DEVICES,
     STATE_LABEL,
     SUSPECT_DEVICES,
@@ -246,7 +247,7 @@ class Executor:
         outcome: Outcome,
     ) -> None:
         started = time.monotonic()
-        result = await self._do(action, state, outcome)
+        result = await self._do(action, state, outcome, plan.actions)
         log.info(
             "action",
             extra={
@@ -285,7 +286,11 @@ class Executor:
         self._tell_evictions(outcome)
 
     async def _do(  # noqa: PLR0911 -- one dispatch arm per action kind
-        self, action: Action | DeviceAction, state: NodeState, outcome: Outcome
+        self,
+        action: Action | DeviceAction,
+        state: NodeState,
+        outcome: Outcome,
+        planned: tuple[Action | DeviceAction, ...],
     ) -> str:
         if isinstance(
             action, CreateDeviceRecord | MarkDevices | CreateCanary | DeleteCanary | DeviceReleased
@@ -297,7 +302,10 @@ class Executor:
             case UpdateRecord():
                 return self._update_record(action, outcome)
             case AddTaint():
-                return await self._set_taint(action.node, action, state)
+                # The plan marks the fault handled once the node is fenced (no pod to
+                # move, or `quarantine` mode): one PATCH writes both.
+                handled = MarkHandled(action.node, action.fault_id) in planned
+                return await self._set_taint(action.node, action, state, handled=handled)
             case RemoveTaint():
                 result = await self._set_taint(action.node, None, state)
                 # "label-removed": a person had removed the taint, only our label went.
@@ -498,8 +506,11 @@ class Executor:
 
     # -- the node ------------------------------------------------------------
 
-    async def _set_taint(self, name: str, add: AddTaint | None, state: NodeState) -> str:
-        """Add (or with None remove) our taint, under optimistic concurrency."""
+    async def _set_taint(
+        self, name: str, add: AddTaint | None, state: NodeState, *, handled: bool = False
+    ) -> str:
+        """Add (or with None remove) our taint, under optimistic concurrency;
+        `handled`: with the fault's handled mark."""
         node = self.caches.node(name) or state.node
         wanted = values.taint_value(add.fault_id) if add is not None else None
         for _ in range(CONFLICT_RETRIES):
@@ -530,6 +541,9 @@ class Executor:
                 add.effect if add is not None else "",
                 state=state_label,
             )
+            if add is not None and handled:
+                marks = writes.handled_patch(add.fault_id, iso(dt.datetime.now(dt.UTC)))
+                body["metadata"]["annotations"] = marks["metadata"]["annotations"]
             try:
                 raw = await self.api.patch(node_path(name), body)
             except ApiError as err:
@@ -555,6 +569,11 @@ class Executor:
             self.metrics.time_to_quarantine.observe(max(0.0, elapsed))
 
     async def _mark_handled(self, action: MarkHandled) -> str:
+        node = self.caches.node(action.node)
+        if node is not None and node.annotations.get(HANDLED_FAULT_ID) == values.fault_id(
+            action.fault_id
+        ):
+            return "present"  # written with the taint
         body = writes.handled_patch(action.fault_id, iso(dt.datetime.now(dt.UTC)))
         raw = await self.api.patch(node_path(action.node), body)
         self.caches.put_node(decode_node(raw))
