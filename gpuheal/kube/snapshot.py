@@ -90,10 +90,11 @@ async def list_all(
     *,
     label_selector: str = "",
     field_selector: str = "",
+    page: int = LIST_PAGE,
 ) -> list[J]:
-    """Every object at `path`, in pages of LIST_PAGE."""
+    """Every object at `path`, in pages of `page` objects."""
     decoder = msgspec.json.Decoder(json_type)
-    params = {"limit": str(LIST_PAGE)}
+    params = {"limit": str(page)}
     if label_selector:
         params["labelSelector"] = label_selector
     if field_selector:
@@ -125,9 +126,9 @@ class Snapshot:
         self.pods_by_node = dict(by_node)
 
 
-async def _fault_records(api: KubeApi) -> list[FaultRecord] | None:
+async def _fault_records(api: KubeApi, page: int) -> list[FaultRecord] | None:
     try:
-        records = await list_all(api, gpufault_path(), FaultJson, "GPUFault")
+        records = await list_all(api, gpufault_path(), FaultJson, "GPUFault", page=page)
     except ApiError as err:
         if err.code != 404:
             raise
@@ -139,12 +140,14 @@ async def _nothing() -> None:
     return None
 
 
-async def read_snapshot(api: KubeApi, *, faults: bool, node_selector: str = "") -> Snapshot:
+async def read_snapshot(
+    api: KubeApi, *, faults: bool, node_selector: str = "", page: int = LIST_PAGE
+) -> Snapshot:
     """Nodes (those matching `node_selector`, a labelSelector, when given), every live
     pod bound to a node, and (`faults`) the GPUFault records, listed concurrently."""
     nodes, pods, records = await asyncio.gather(
-        list_all(api, node_path(), NodeJson, "Node", label_selector=node_selector),
-        list_all(api, ALL_PODS, PodJson, "Pod", field_selector=LIVE_BOUND_PODS),
-        _fault_records(api) if faults else _nothing(),
+        list_all(api, node_path(), NodeJson, "Node", label_selector=node_selector, page=page),
+        list_all(api, ALL_PODS, PodJson, "Pod", field_selector=LIVE_BOUND_PODS, page=page),
+        _fault_records(api, page) if faults else _nothing(),
     )
     return Snapshot(nodes=nodes, pods=pods, faults=records)
