@@ -65,9 +65,7 @@ def test_the_snapshot_reads_every_page_and_only_the_pods_that_hold_a_node(
     assert sorted(n.metadata.name for n in snap.nodes) == sorted(nodes)
     ours = {p.metadata.name: p for p in snap.pods if p.metadata.namespace == namespace}
     assert set(ours) == {"train"}  # not the Succeeded one, not the unbound one
-    assert [p.metadata.name for p in snap.pods_by_node[nodes[0]] if p in ours.values()] == [
-        "train"
-    ]
+    assert [p.metadata.name for p in snap.pods_by_node[nodes[0]] if p in ours.values()] == ["train"]
     assert snap.faults is not None  # the CRD is installed: a list, maybe empty
 
 
