@@ -13,7 +13,7 @@ import asyncio
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 import msgspec
 
@@ -30,7 +30,8 @@ ALL_PODS = "/api/v1/pods"
 # to a read command and would cost their transfer and decoding.
 LIVE_BOUND_PODS = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
 
-J = TypeVar("J", bound=msgspec.Struct)
+J = TypeVar("J", bound=msgspec.Struct)  # the projection of one object
+T = TypeVar("T")  # what a page's items decode into: a projection, or msgspec.Raw
 
 
 class _ListMeta(msgspec.Struct):
@@ -38,9 +39,9 @@ class _ListMeta(msgspec.Struct):
     next_page: str = msgspec.field(default="", name="continue")
 
 
-class _Page(msgspec.Struct):
+class _Page(msgspec.Struct, Generic[T]):
     metadata: _ListMeta = msgspec.field(default_factory=_ListMeta)
-    items: list[msgspec.Raw] | None = None  # null in an empty list
+    items: list[T] | None = None  # null in an empty list
 
 
 class _Name(msgspec.Struct):
@@ -62,24 +63,40 @@ def _name(raw: msgspec.Raw) -> str:
     return f"{meta.namespace}/{meta.name}" if meta.namespace else meta.name
 
 
-def decode_page(raw: bytes, decoder: msgspec.json.Decoder[J], kind: str) -> tuple[list[J], str]:
-    """One LIST page: its objects, one at a time, and the token of the next page
-    ("" on the last). msgspec.DecodeError when the page itself is not a list."""
-    page = msgspec.json.decode(raw, type=_Page)
-    objects: list[J] = []
-    for item in page.items or ():
+class PageDecoder(Generic[J]):
+    """LIST pages of one kind into projections: a page in one pass; a page holding an
+    object the projection cannot take, one object at a time, skipping just that one."""
+
+    def __init__(self, json_type: type[J], kind: str) -> None:
+        self.kind = kind
+        self._page = msgspec.json.Decoder(_Page[json_type])  # type: ignore[valid-type]
+        self._object = msgspec.json.Decoder(json_type)
+
+    def decode(self, raw: bytes) -> tuple[list[J], str]:
+        """The page's objects and the token of the next page ("" on the last).
+        msgspec.DecodeError when the page itself is not a list."""
         try:
-            objects.append(decoder.decode(item))
-        except msgspec.ValidationError as err:
-            name = _name(item)
-            log.warning(
-                "%s %s skipped: it cannot be read (%s)",
-                kind,
-                name,
-                err,
-                extra={"kind": kind, "object": name},
-            )
-    return objects, page.metadata.next_page
+            page: _Page[J] = self._page.decode(raw)
+        except msgspec.ValidationError:
+            return self._one_by_one(raw)
+        return page.items or [], page.metadata.next_page
+
+    def _one_by_one(self, raw: bytes) -> tuple[list[J], str]:
+        page = msgspec.json.decode(raw, type=_Page[msgspec.Raw])
+        objects: list[J] = []
+        for item in page.items or ():
+            try:
+                objects.append(self._object.decode(item))
+            except msgspec.ValidationError as err:
+                name = _name(item)
+                log.warning(
+                    "%s %s skipped: it cannot be read (%s)",
+                    self.kind,
+                    name,
+                    err,
+                    extra={"kind": self.kind, "object": name},
+                )
+        return objects, page.metadata.next_page
 
 
 async def list_all(
@@ -93,7 +110,7 @@ async def list_all(
     page: int = LIST_PAGE,
 ) -> list[J]:
     """Every object at `path`, in pages of `page` objects."""
-    decoder = msgspec.json.Decoder(json_type)
+    pages = PageDecoder(json_type, kind)
     params = {"limit": str(page)}
     if label_selector:
         params["labelSelector"] = label_selector
@@ -101,7 +118,7 @@ async def list_all(
         params["fieldSelector"] = field_selector
     found: list[J] = []
     while True:
-        objects, next_page = decode_page(await api.get(path, params), decoder, kind)
+        objects, next_page = pages.decode(await api.get(path, params))
         found += objects
         if not next_page:
             return found

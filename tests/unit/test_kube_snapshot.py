@@ -11,7 +11,7 @@ import pytest
 
 from gpuheal.config import Config, parse_config
 from gpuheal.kube.projections import FaultJson, NodeJson, PodJson
-from gpuheal.kube.snapshot import Snapshot, decode_page
+from gpuheal.kube.snapshot import PageDecoder, Snapshot
 from gpuheal.ops.fleet import gpu_node, node_selector_query, pod_gpus
 from tests.corpus import EKS_NODE
 
@@ -29,10 +29,10 @@ def test_a_page_gives_its_objects_and_the_token_of_the_next() -> None:
         ],
         next_page="eyJ2IjoibWV0YS5rOHMuaW8vdjEiLCJydiI6NDcxMX0",
     )
-    nodes, next_page = decode_page(raw, msgspec.json.Decoder(NodeJson), "Node")
+    nodes, next_page = PageDecoder(NodeJson, "Node").decode(raw)
     assert [n.metadata.name for n in nodes] == [EKS_NODE, "ip-10-0-1-7.us-west-2.compute.internal"]
     assert next_page == "eyJ2IjoibWV0YS5rOHMuaW8vdjEiLCJydiI6NDcxMX0"
-    assert decode_page(page(None), msgspec.json.Decoder(NodeJson), "Node") == ([], "")
+    assert PageDecoder(NodeJson, "Node").decode(page(None)) == ([], "")
 
 
 def test_an_object_the_projection_cannot_take_is_skipped_with_a_warning_naming_it(
@@ -41,21 +41,21 @@ def test_an_object_the_projection_cannot_take_is_skipped_with_a_warning_naming_i
     good = {"metadata": {"name": "ok"}, "spec": {"node": EKS_NODE, "faultID": "a"}}
     bad = {"metadata": {"name": "broken"}, "spec": {"node": EKS_NODE, "faultID": 7}}
     with caplog.at_level(logging.WARNING):
-        faults, _ = decode_page(page([good, bad]), msgspec.json.Decoder(FaultJson), "GPUFault")
+        faults, _ = PageDecoder(FaultJson, "GPUFault").decode(page([good, bad]))
     assert [f.metadata.name for f in faults] == ["ok"]
     assert "GPUFault broken skipped: it cannot be read" in caplog.text
     assert "$.spec.faultID" in caplog.text
     pods = [{"metadata": {"name": "p", "namespace": "ml", "labels": ["not", "a", "map"]}}]
     with caplog.at_level(logging.WARNING):
-        assert decode_page(page(pods), msgspec.json.Decoder(PodJson), "Pod") == ([], "")
+        assert PageDecoder(PodJson, "Pod").decode(page(pods)) == ([], "")
     assert "Pod ml/p skipped" in caplog.text
 
 
 def test_a_page_that_is_no_list_is_a_decode_error() -> None:
     with pytest.raises(msgspec.DecodeError):
-        decode_page(b'{"items": 3}', msgspec.json.Decoder(NodeJson), "Node")
+        PageDecoder(NodeJson, "Node").decode(b'{"items": 3}')
     with pytest.raises(msgspec.DecodeError):
-        decode_page(b"<html>", msgspec.json.Decoder(NodeJson), "Node")
+        PageDecoder(NodeJson, "Node").decode(b"<html>")
 
 
 def test_pods_are_grouped_by_their_node() -> None:
