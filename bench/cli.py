@@ -49,6 +49,7 @@ def timed(argv: list[str], code: Path | None = None) -> tuple[float, float, int]
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env=env,
+        cwd=code,  # `-m` puts the working directory first on sys.path
     )
     _, status, usage = os.wait4(child.pid, 0)  # this child's own rusage
     wall = time.monotonic() - started
