@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -54,6 +55,18 @@ def timed(argv: list[str], code: Path | None = None) -> tuple[float, float, int]
     _, status, usage = os.wait4(child.pid, 0)  # this child's own rusage
     wall = time.monotonic() - started
     return wall, usage.ru_maxrss / 1024, os.waitstatus_to_exitcode(status)
+
+
+def commit_of(checkout: Path) -> str:
+    """The checkout's commit, so the results say what the baseline was."""
+    git = shutil.which("git")
+    if git is None:
+        return "an unknown commit"
+    done = subprocess.run(
+        [git, "-C", str(checkout), "rev-parse", "--short", "HEAD"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    return done.stdout.strip() or "an unknown commit"
 
 
 def seed(cp: ControlPlane, names: list[str]) -> None:
@@ -95,7 +108,7 @@ def main() -> int:
         versions: dict[str, Path | None] = {"": None}
         if args.baseline:
             versions[" (baseline)"] = args.baseline.resolve()
-            results["baseline"] = str(args.baseline)
+            results["baseline"] = f"{args.baseline} at {commit_of(args.baseline)}"
         for name, argv in commands.items():
             runs: dict[str, list[tuple[float, float, int]]] = {v: [] for v in versions}
             for _ in range(args.runs):
