@@ -7,8 +7,11 @@ from pathlib import Path
 
 import httpx2
 from lightkube import AsyncClient, Client, KubeConfig
+from lightkube.config import client_adapter
 from lightkube.config.kubeconfig import SingleConfig
 from lightkube.core.exceptions import ConfigError
+
+from gpuheal.kube.api import KubeApi
 
 FIELD_MANAGER = "gpuheal"
 
@@ -54,6 +57,18 @@ def operator_client(kubeconfig: Path | None, context: str | None) -> Client:
         trust_env=True,  # operators' shells may need their proxy
         timeout=httpx2.Timeout(30.0),
     )
+
+
+def operator_api(kubeconfig: Path | None, context: str | None) -> KubeApi:
+    """The raw JSON client for the operator CLI's read commands (see operator_config).
+
+    Provisional: lightkube loads the kubeconfig and builds the HTTP client, as
+    KubeApi.from_kubeconfig does, until kube/ has a client of its own."""
+    params = client_adapter.ConnectionParams(
+        timeout=httpx2.Timeout(30.0),
+        trust_env=True,  # operators' shells may need their proxy
+    )
+    return KubeApi(client_adapter.AsyncClient(operator_config(kubeconfig, context), params))
 
 
 def async_client(kubeconfig: Path | None, *, trust_env: bool = False) -> AsyncClient:
