@@ -8,17 +8,25 @@ skewed driver. Each read-only command runs --runs times as a fresh process
 - wall time from exec to exit (median and max), with the Python start included;
 - peak RSS of the process.
 
+With --baseline DIR (a checkout of the code to compare with, e.g. a throwaway
+worktree at an older commit) each command also runs from DIR (PYTHONPATH),
+alternately with this tree's, on the same fleet: a before/after under the same
+load on shared cores.
+
     .venv/bin/python bench/cli.py --nodes 1000
+    git worktree add /tmp/base main && .venv/bin/python bench/cli.py --baseline /tmp/base
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from common import build_fleet, emit, wait_settled
@@ -32,17 +40,33 @@ from gpuheal.sim.workloads import create_namespace
 POOL = {"gpuheal.io/pool": "bench"}
 
 
-def timed(argv: list[str]) -> tuple[float, float, int]:
-    """Wall seconds, peak RSS (MiB) and exit code of one run of the CLI."""
+def timed(argv: list[str], code: Path | None = None) -> tuple[float, float, int]:
+    """Wall seconds, peak RSS (MiB) and exit code of one run of the CLI (this
+    tree's, or the checkout `code`)."""
+    env = {**os.environ, "PYTHONPATH": str(code)} if code else None
     started = time.monotonic()
     child = subprocess.Popen(
         [sys.executable, "-m", "gpuheal.cli", *argv],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env=env,
+        cwd=code,  # `-m` puts the working directory first on sys.path
     )
     _, status, usage = os.wait4(child.pid, 0)  # this child's own rusage
     wall = time.monotonic() - started
     return wall, usage.ru_maxrss / 1024, os.waitstatus_to_exitcode(status)
+
+
+def commit_of(checkout: Path) -> str:
+    """The checkout's commit, so the results say what the baseline was."""
+    git = shutil.which("git")
+    if git is None:
+        return "an unknown commit"
+    done = subprocess.run(
+        [git, "-C", str(checkout), "rev-parse", "--short", "HEAD"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    return done.stdout.strip() or "an unknown commit"
 
 
 def seed(cp: ControlPlane, names: list[str]) -> None:
@@ -59,7 +83,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument(
+        "--baseline", type=Path, help="a checkout to compare with, run alternately on one fleet"
+    )
     args = parser.parse_args()
+    if args.baseline and not (args.baseline / "gpuheal" / "cli.py").exists():
+        parser.error(f"--baseline {args.baseline}: not a checkout of gpuheal")
     config = ControlPlaneConfig(scheduler=False, controller_manager=False)
     results: dict[str, Any] = {"benchmark": "cli", "nodes": args.nodes, "pods": args.nodes * 8}
     with ControlPlane(config) as cp:
@@ -76,15 +105,23 @@ def main() -> int:
             "doctor": ["doctor", names[0], *common],
             "gate": ["gate", names[1], *common],
         }
+        versions: dict[str, Path | None] = {"": None}
+        if args.baseline:
+            versions[" (baseline)"] = args.baseline.resolve()
+            results["baseline"] = f"{args.baseline} at {commit_of(args.baseline)}"
         for name, argv in commands.items():
-            runs = [timed(argv) for _ in range(args.runs)]
-            walls = [w for w, _, _ in runs]
-            results[name] = {
-                "wall_seconds_median": round(statistics.median(walls), 3),
-                "wall_seconds_max": round(max(walls), 3),
-                "peak_rss_mib": round(max(r for _, r, _ in runs), 1),
-                "exit_codes": sorted({c for _, _, c in runs}),
-            }
+            runs: dict[str, list[tuple[float, float, int]]] = {v: [] for v in versions}
+            for _ in range(args.runs):
+                for version, code in versions.items():
+                    runs[version].append(timed(argv, code))
+            for version, measured in runs.items():
+                walls = [w for w, _, _ in measured]
+                results[name + version] = {
+                    "wall_seconds_median": round(statistics.median(walls), 3),
+                    "wall_seconds_max": round(max(walls), 3),
+                    "peak_rss_mib": round(max(r for _, r, _ in measured), 1),
+                    "exit_codes": sorted({c for _, _, c in measured}),
+                }
     summary = "\n".join(
         f"{name}: {r['wall_seconds_median']} s median ({r['wall_seconds_max']} s max), "
         f"peak RSS {r['peak_rss_mib']} MiB, exit {r['exit_codes']}"

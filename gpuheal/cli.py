@@ -110,6 +110,59 @@ def _operator(args: argparse.Namespace) -> int:
     return code
 
 
+def _reader(args: argparse.Namespace) -> int:
+    """Like _operator, for the read commands (status, audit): they run in one event
+    loop around the raw JSON client, whose lists decode into slim projections."""
+    import asyncio  # noqa: PLC0415
+
+    import aiohttp  # noqa: PLC0415
+    import msgspec  # noqa: PLC0415
+
+    from gpuheal.config import ConfigError, load_config  # noqa: PLC0415
+    from gpuheal.kube.api import ApiError  # noqa: PLC0415
+    from gpuheal.kube.client import operator_api  # noqa: PLC0415
+    from gpuheal.kube.credentials import CredentialError  # noqa: PLC0415
+    from gpuheal.kube.kubeconfig import KubeconfigError, NoKubeconfigError  # noqa: PLC0415
+    from gpuheal.ops import exitcodes  # noqa: PLC0415
+    from gpuheal.ops.context import ReadContext  # noqa: PLC0415
+
+    prog = f"gpuheal {args.command}"
+    try:
+        config = load_config(args.config)
+    except ConfigError as err:
+        print(f"{prog}: {err}", file=sys.stderr)
+        return exitcodes.USAGE
+    try:
+        api = operator_api(args.kubeconfig, args.context)
+    except NoKubeconfigError as err:
+        print(f"{prog}: {err}", file=sys.stderr)  # kubectl's plain "nothing found"
+        return exitcodes.USAGE
+    except KubeconfigError as err:
+        print(f"{prog}: cannot load a kubeconfig: {err}", file=sys.stderr)
+        return exitcodes.USAGE
+
+    async def read() -> int:
+        try:
+            code: int = await args.read(
+                ReadContext(api=api, config=config, output=args.output), args
+            )
+            return code
+        finally:
+            await api.close()
+
+    try:
+        return asyncio.run(read())
+    except ApiError as err:
+        print(f"{prog}: the API server refused: {err}", file=sys.stderr)
+    except (aiohttp.ClientError, TimeoutError) as err:
+        print(f"{prog}: cannot reach the API server: {err or type(err).__name__}", file=sys.stderr)
+    except CredentialError as err:
+        print(f"{prog}: no credentials for the API server: {err}", file=sys.stderr)
+    except msgspec.DecodeError as err:
+        print(f"{prog}: cannot read the API server's answer: {err}", file=sys.stderr)
+    return exitcodes.ERROR
+
+
 def _operator_options() -> argparse.ArgumentParser:
     """kubectl's habits, shared by every operator command."""
     common = argparse.ArgumentParser(add_help=False)
@@ -156,7 +209,7 @@ def _add_operator_commands(
         default="",
         help="only GPU nodes with these labels (k=v,k2!=v2,k3); the breaker counts all",
     )
-    status.set_defaults(func=_operator, operate=ops.status)
+    status.set_defaults(func=_reader, read=ops.status)
 
     maintenance = commands.add_parser(
         "maintenance",
@@ -268,7 +321,7 @@ def _add_operator_commands(
         metavar="SECONDS",
         help="a GPU pod Terminating this long past its grace period is a leak (default 60)",
     )
-    audit.set_defaults(func=_operator, operate=ops.audit)
+    audit.set_defaults(func=_reader, read=ops.audit)
 
     for verb, operate, what in (
         ("approve", ops.approve, "let the controller carry out"),

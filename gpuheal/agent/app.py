@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from lightkube import Client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -42,6 +41,7 @@ from gpuheal.agent.reporter import NodeReporter, desired
 from gpuheal.agent.smi import run_smi
 from gpuheal.agent.statefile import load_state
 from gpuheal.agent.timeouts import GuardedProbe
+from gpuheal.kube.blocking import BlockingKube
 from gpuheal.model import (
     CUDA_VERSION,
     DRIVER_VERSION,
@@ -221,7 +221,7 @@ class Agent:
         self,
         config: AgentConfig,
         node: str,
-        client: Client,
+        client: BlockingKube,
         nvml_lib: Any | None,
     ) -> None:
         self.config = config

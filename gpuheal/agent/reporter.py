@@ -10,13 +10,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lightkube import Client
-from lightkube.resources.core_v1 import Node
-from lightkube.types import PatchType
+import msgspec
 
 from gpuheal.agent.debounce import Report
 from gpuheal.agent.facts import FACT_KEYS, changed_facts
 from gpuheal.agent.findings import Health, Verdict
+from gpuheal.kube.api import STRATEGIC_PATCH, node_path
+from gpuheal.kube.blocking import BlockingKube
+from gpuheal.kube.projections import NodeJson
 from gpuheal.model import (
     FAULT_DEVICES,
     FAULT_ID,
@@ -69,7 +70,7 @@ def _now() -> str:
 
 
 class NodeReporter:
-    def __init__(self, client: Client, node: str) -> None:
+    def __init__(self, client: BlockingKube, node: str) -> None:
         self.client = client
         self.node = node
         self.written: Desired | None = None
@@ -80,19 +81,16 @@ class NodeReporter:
 
     def read(self) -> dict[str, str]:
         """The node's gpuheal annotations as they are now (and remember its labels)."""
-        node = self.client.get(Node, self.node)
-        meta = node.metadata
-        self.labels = dict((meta.labels if meta else None) or {})
-        annotations = dict((meta.annotations if meta else None) or {})
+        node = msgspec.json.decode(self.client.get(node_path(self.node)), type=NodeJson)
+        self.labels = dict(node.metadata.labels)
+        annotations = dict(node.metadata.annotations)
         self.facts_written = {k: v for k, v in annotations.items() if k in FACT_KEYS}
-        conditions = (node.status.conditions if node.status else None) or []
+        conditions = node.status.conditions
         current = next((c for c in conditions if c.type == GPU_HEALTHY_CONDITION), None)
         if current is not None:
-            self._transition = str(current.lastTransitionTime or "")
+            self._transition = current.lastTransitionTime or ""
             ours = tuple((k, annotations.get(k)) for k in FAULT_KEYS)
-            self.written = Desired(
-                Health(current.status), current.reason or "", current.message or "", ours
-            )
+            self.written = Desired(Health(current.status), current.reason, current.message, ours)
         return {k: v for k, v in annotations.items() if k in FAULT_KEYS}
 
     def sync(self, want: Desired, facts: Mapping[str, str] | None = None) -> bool:
@@ -119,7 +117,7 @@ class NodeReporter:
                     }
                 ]
             }
-        self.client.patch(Node.Status, self.node, body, patch_type=PatchType.STRATEGIC)
+        self.client.patch(f"{node_path(self.node)}/status", body, STRATEGIC_PATCH)
         self.written = want
         self.facts_written.update(changed)
         self.writes += 1

@@ -11,7 +11,8 @@ from typing import Any
 from gpuheal.agent.app import Agent, serve_metrics
 from gpuheal.agent.config import AgentConfig
 from gpuheal.agent.fakenvml import FakeNvml
-from gpuheal.kube.client import sync_client
+from gpuheal.kube.api import KubeApi
+from gpuheal.kube.blocking import BlockingKube
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +27,10 @@ def nvml_library(config: AgentConfig) -> Any:
 
 
 def run_agent(config: AgentConfig, *, node: str, kubeconfig: Path | None) -> int:
-    client = sync_client(kubeconfig, timeout_s=5.0)
+    # Short timeouts: a hung request must not hold up the next probe round.
+    client = BlockingKube(
+        lambda: KubeApi.from_kubeconfig(kubeconfig, timeout_s=5.0), timeout_s=10.0
+    )
     agent = Agent(config, node, client, nvml_library(config) if config.nvml_enabled else None)
     port = serve_metrics(agent, config.metrics_port)
     log.info("agent started", extra={"node": node, "metrics_port": port})

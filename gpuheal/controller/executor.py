@@ -4,6 +4,12 @@ Each action is idempotent: creating a record that exists, adding a taint that
 is there, evicting a pod that is gone — all end in the same state. Every
 write's response is fed back into the caches (write-through), so the next
 plan sees our own writes even before the watch delivers them.
+
+A pass writes each record's status once: its UpdateRecord actions (and a new
+record's `detect` entry) are gathered and written together when the pass ends
+(`flush`), after the actions they record; its Events are sent then too, one
+per Emit, and one for all the pods the pass evicted. So nothing but the record
+(the lock) and the taint stands between a fault and its fence.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from gpuheal.metrics import ControllerMetrics
 from gpuheal.model import (
     CANARY_LABEL,
     FAULT_TIME,
+    HANDLED_FAULT_ID,
     QUARANTINED_DEVICES,
     STATE_LABEL,
     SUSPECT_DEVICES,
@@ -37,6 +44,7 @@ from gpuheal.model import (
     FaultRecord,
     FaultSignal,
     NodeView,
+    Phase,
     PodView,
 )
 from gpuheal.policy import history
@@ -64,6 +72,7 @@ from gpuheal.policy.plan import (
     MarkHandled,
     NodeState,
     Plan,
+    Planned,
     RemoveTaint,
     UpdateRecord,
 )
@@ -133,6 +142,35 @@ class Outcome:
     left: dict[str, str] = field(default_factory=dict)  # pod key -> UID evicted or deleted
     untainted: bool = False
     handled: bool = False
+    # Not yet written: what the pass decided about each record, its Events, the
+    # pods it evicted and has not told of (fault id, "ns/pod[ off bad device d]").
+    news: dict[str, RecordNews] = field(default_factory=dict)
+    emits: list[Emit] = field(default_factory=list)
+    untold: list[tuple[str, str, str]] = field(default_factory=list)  # + node
+
+
+@dataclass
+class RecordNews:
+    """A record's status as one pass leaves it: the pass's entries in order, the
+    last phase and field values it set."""
+
+    phase: Phase
+    entries: list[tuple[ActionEntry, bool]] = field(default_factory=list)  # (entry, + evictions)
+    recovering_since: str | None = None
+    expiry: str | None = None
+    plan: Planned | None = None
+    evictions: bool = False
+
+    def add(self, action: UpdateRecord) -> None:
+        self.phase = action.phase
+        self.entries.append((action.entry, action.record_evictions))
+        self.evictions = self.evictions or action.record_evictions
+        if action.recovering_since is not None:
+            self.recovering_since = action.recovering_since
+        if action.expiry is not None:
+            self.expiry = action.expiry
+        if action.plan is not None:
+            self.plan = action.plan
 
 
 class Crashpoint:
@@ -183,29 +221,76 @@ class Executor:
         state: NodeState,
         actions: tuple[Action | DeviceAction, ...] | None = None,
         outcome: Outcome | None = None,
+        *,
+        flush: bool = True,
     ) -> Outcome:
-        """Run `actions` (default: all of the plan's), adding to `outcome` if given."""
+        """Run `actions` (default: all of the plan's), adding to `outcome` if given;
+        then write what they decided about records and send their Events, unless
+        `flush` is False (the caller runs more of the same pass, and flushes)."""
         outcome = outcome or Outcome()
-        for action in plan.actions if actions is None else actions:
-            started = time.monotonic()
-            result = await self._do(action, state, outcome)
-            log.info(
-                "action",
-                extra={
-                    "node": state.node.name,
-                    "fault_id": plan.fault_id,
-                    "action": type(action).__name__,
-                    "result": result,
-                    "duration_ms": round((time.monotonic() - started) * 1000, 1),
-                },
-            )
-            if not isinstance(action, Emit):
-                self.metrics.remediations.labels(type(action).__name__, result).inc()
-            self.crashpoint.after(action)
+        try:
+            for action in plan.actions if actions is None else actions:
+                await self._run_one(plan, action, state, outcome)
+        except Exception:
+            if flush:
+                await self.flush_after_failure(outcome, state)
+            raise
+        if flush:
+            await self.flush(outcome, state)
         return outcome
 
+    async def _run_one(
+        self,
+        plan: Plan | DevicePlan,
+        action: Action | DeviceAction,
+        state: NodeState,
+        outcome: Outcome,
+    ) -> None:
+        started = time.monotonic()
+        result = await self._do(action, state, outcome, plan.actions)
+        log.info(
+            "action",
+            extra={
+                "node": state.node.name,
+                "fault_id": plan.fault_id,
+                "action": type(action).__name__,
+                "result": result,
+                "duration_ms": round((time.monotonic() - started) * 1000, 1),
+            },
+        )
+        if not isinstance(action, Emit):
+            self.metrics.remediations.labels(type(action).__name__, result).inc()
+        self.crashpoint.after(action)
+
+    async def flush_after_failure(self, outcome: Outcome, state: NodeState) -> None:
+        """A pass cut short by an error: what its finished actions did is still
+        written (best effort: the error that cut it short is the one reported)."""
+        try:
+            await self.flush(outcome, state)
+        except Exception as err:  # the pass's own error follows
+            log.warning(
+                "record not written after a failed step",
+                extra={"node": state.node.name, "error": str(err)},
+            )
+
+    async def flush(self, outcome: Outcome, state: NodeState) -> None:
+        """Write each record's news in one status PATCH, then send the pass's Events
+        (they follow the record they point to)."""
+        while outcome.news:
+            name, news = next(iter(outcome.news.items()))
+            await self._write_status(name, news, outcome)
+            del outcome.news[name]
+        emits, outcome.emits = outcome.emits, []
+        for action in emits:
+            self._emit(action, state)
+        self._tell_evictions(outcome)
+
     async def _do(  # noqa: PLR0911 -- one dispatch arm per action kind
-        self, action: Action | DeviceAction, state: NodeState, outcome: Outcome
+        self,
+        action: Action | DeviceAction,
+        state: NodeState,
+        outcome: Outcome,
+        planned: tuple[Action | DeviceAction, ...],
     ) -> str:
         if isinstance(
             action, CreateDeviceRecord | MarkDevices | CreateCanary | DeleteCanary | DeviceReleased
@@ -213,11 +298,14 @@ class Executor:
             return await self._do_device(action)
         match action:
             case CreateRecord():
-                return await self._create_record(action)
+                return await self._create_record(action, outcome)
             case UpdateRecord():
-                return await self._update_record(action, outcome)
+                return self._update_record(action, outcome)
             case AddTaint():
-                return await self._set_taint(action.node, action, state)
+                # The plan marks the fault handled once the node is fenced (no pod to
+                # move, or `quarantine` mode): one PATCH writes both.
+                handled = MarkHandled(action.node, action.fault_id) in planned
+                return await self._set_taint(action.node, action, state, handled=handled)
             case RemoveTaint():
                 result = await self._set_taint(action.node, None, state)
                 # "label-removed": a person had removed the taint, only our label went.
@@ -231,8 +319,8 @@ class Executor:
                 outcome.handled = True
                 return await self._mark_handled(action)
             case Emit():
-                self._emit(action, state)
-                return "ok"
+                outcome.emits.append(action)
+                return "queued"
 
     async def _do_device(
         self,
@@ -255,7 +343,7 @@ class Executor:
 
     # -- records -----------------------------------------------------------
 
-    async def _create_record(self, action: CreateRecord) -> str:
+    async def _create_record(self, action: CreateRecord, outcome: Outcome) -> str:
         sig = action.signal
         body = writes.fault_record(action.name, sig, action.mode)
         try:
@@ -272,12 +360,11 @@ class Executor:
         self.metrics.faults_detected.labels(record.source, record.reason, sig.severity.value).inc()
         if sig.altered:
             self._input_altered(sig)
+        # The status (the CRD's subresource: a create cannot carry it) is written
+        # with the rest of the pass: after the taint, not before it.
         now = iso(dt.datetime.now(dt.UTC))
         entry = ActionEntry(time=now, action="detect", result="ok", detail=sig.source)
-        raw = await self.api.patch(
-            gpufault_path(action.name, status=True), writes.record_status(action.phase, [entry])
-        )
-        self.caches.put_record(decode_fault(raw))
+        outcome.news[action.name] = RecordNews(action.phase, [(entry, False)])
         return "created"
 
     def _input_altered(self, sig: FaultSignal) -> None:
@@ -373,45 +460,57 @@ class Executor:
             return "gone"
         return "deleted"
 
-    async def _update_record(self, action: UpdateRecord, outcome: Outcome) -> str:
+    def _update_record(self, action: UpdateRecord, outcome: Outcome) -> str:
+        """Gathered into the record's news: written once, when the pass ends."""
+        news = outcome.news.get(action.name)
+        if news is None:
+            outcome.news[action.name] = news = RecordNews(action.phase)
+        news.add(action)
+        return action.phase.value
+
+    async def _write_status(self, name: str, news: RecordNews, outcome: Outcome) -> None:
         for _ in range(CONFLICT_RETRIES):
-            record = self.caches.record(action.name)
+            record = self.caches.record(name)
             if record is None:
-                record = decode_fault(await self.api.get(gpufault_path(action.name)))
-            entry = action.entry
-            if action.record_evictions:
-                entry = _with_evictions(entry, outcome)
+                record = decode_fault(await self.api.get(gpufault_path(name)))
             # A repeat of the last entry (the same refusal, attempt after attempt) is
             # folded into it; the first entries are kept however long the history gets.
-            actions = history.append(record.actions, entry)
+            actions: list[ActionEntry] = list(record.actions)
+            for entry, evictions in news.entries:
+                actions = history.append(
+                    actions, _with_evictions(entry, outcome) if evictions else entry
+                )
             status: dict[str, Any] = {
-                "phase": action.phase.value,
-                "actions": [vars(a) for a in actions],
+                "phase": news.phase.value,
+                "actions": [writes.action_entry(a) for a in actions],
             }
-            if action.record_evictions and outcome.evicted:
+            if news.evictions and outcome.evicted:
                 status["evictedPods"] = sorted({*record.evicted_pods, *outcome.evicted})
-            if action.recovering_since is not None:
-                status["recoveringSince"] = action.recovering_since or None
-            if action.expiry is not None:
-                status["expiry"] = action.expiry
-            if action.plan is not None:
-                status["plan"] = action.plan.status()
+            if news.recovering_since is not None:
+                status["recoveringSince"] = news.recovering_since or None
+            if news.expiry is not None:
+                status["expiry"] = news.expiry
+            if news.plan is not None:
+                status["plan"] = news.plan.status()
             body = {"metadata": {"resourceVersion": record.resource_version}, "status": status}
             try:
-                raw = await self.api.patch(gpufault_path(action.name, status=True), body)
+                raw = await self.api.patch(gpufault_path(name, status=True), body)
             except ApiError as err:
                 if err.code != 409:
                     raise
-                self.caches.put_record(decode_fault(await self.api.get(gpufault_path(action.name))))
+                self.caches.put_record(decode_fault(await self.api.get(gpufault_path(name))))
                 continue
             self.caches.put_record(decode_fault(raw))
-            return action.phase.value
-        raise Replan(f"GPUFault {action.name}: conflicts did not settle")
+            return
+        raise Replan(f"GPUFault {name}: conflicts did not settle")
 
     # -- the node ------------------------------------------------------------
 
-    async def _set_taint(self, name: str, add: AddTaint | None, state: NodeState) -> str:
-        """Add (or with None remove) our taint, under optimistic concurrency."""
+    async def _set_taint(
+        self, name: str, add: AddTaint | None, state: NodeState, *, handled: bool = False
+    ) -> str:
+        """Add (or with None remove) our taint, under optimistic concurrency;
+        `handled`: with the fault's handled mark."""
         node = self.caches.node(name) or state.node
         wanted = values.taint_value(add.fault_id) if add is not None else None
         for _ in range(CONFLICT_RETRIES):
@@ -442,6 +541,9 @@ class Executor:
                 add.effect if add is not None else "",
                 state=state_label,
             )
+            if add is not None and handled:
+                marks = writes.handled_patch(add.fault_id, iso(dt.datetime.now(dt.UTC)))
+                body["metadata"]["annotations"] = marks["metadata"]["annotations"]
             try:
                 raw = await self.api.patch(node_path(name), body)
             except ApiError as err:
@@ -467,6 +569,11 @@ class Executor:
             self.metrics.time_to_quarantine.observe(max(0.0, elapsed))
 
     async def _mark_handled(self, action: MarkHandled) -> str:
+        node = self.caches.node(action.node)
+        if node is not None and node.annotations.get(HANDLED_FAULT_ID) == values.fault_id(
+            action.fault_id
+        ):
+            return "present"  # written with the taint
         body = writes.handled_patch(action.fault_id, iso(dt.datetime.now(dt.UTC)))
         raw = await self.api.patch(node_path(action.node), body)
         self.caches.put_node(decode_node(raw))
@@ -509,10 +616,9 @@ class Executor:
                 return "blocked"
             self._count_eviction(action, "failed")
             raise
+        self._pod_leaving(pod, outcome, "evicted")
         where = f" off bad device {action.device}" if action.device else ""
-        self._pod_leaving(
-            pod, outcome, "evicted", f"evicted GPU pod {pod.key}{where} for fault {action.fault_id}"
-        )
+        outcome.untold.append((pod.node, action.fault_id, f"{pod.key}{where}"))
         if action.device:
             self.metrics.device_migrations.labels("evicted").inc()
         return "evicted"
@@ -522,23 +628,29 @@ class Executor:
         if action.device:
             self.metrics.device_migrations.labels(result).inc()
 
-    def _pod_leaving(
-        self, pod: PodView, outcome: Outcome, result: str, note: str, *, warning: bool = False
-    ) -> None:
-        """A pod we evicted or deleted: mark it leaving in the cache, record it, say so."""
+    def _pod_leaving(self, pod: PodView, outcome: Outcome, result: str) -> None:
+        """A pod we evicted or deleted: mark it leaving in the cache, record it."""
         self.caches.put_pod(replace(pod, deleting=True))
         outcome.evicted.append(pod.key)
         outcome.left[pod.key] = pod.uid
         self.metrics.pods_evicted.labels(result).inc()
-        verb = "Evict" if result == "evicted" else "Delete"
-        self.recorder.emit(
-            _pod_ref(pod),
-            reason=EVICTED,
-            note=note,
-            action=verb,
-            warning=warning,
-            related=self._node_ref(pod.node),
-        )
+
+    def _tell_evictions(self, outcome: Outcome) -> None:
+        """One Event on the Node per fault for all the pods the pass evicted, not one
+        per pod: the pods are on their way out (a Pod's Events go with it), and the
+        node is where people look for what was done about its fault."""
+        by_fault: dict[tuple[str, str], list[str]] = {}
+        for node, fault_id, pod in outcome.untold:
+            by_fault.setdefault((node, fault_id), []).append(pod)
+        outcome.untold = []
+        for (node, fault_id), pods in by_fault.items():
+            self.recorder.emit(
+                self._node_ref(node),
+                reason=EVICTED,
+                note=f"evicted {len(pods)} GPU pod{'s' if len(pods) != 1 else ''} for fault "
+                f"{fault_id}: {', '.join(pods)}",
+                action="Evict",
+            )
 
     async def _delete(self, action: DeletePod, outcome: Outcome) -> str:
         pod = action.pod
@@ -550,13 +662,16 @@ class Executor:
                 outcome.gone.append(pod.key)
                 return "gone"
             raise
-        self._pod_leaving(
-            pod,
-            outcome,
-            "deleted",
-            f"deleted GPU pod {pod.key} for fault {action.fault_id}: eviction stayed "
+        self._pod_leaving(pod, outcome, "deleted")
+        # Rare and past a budget: said on the Pod itself, in its namespace.
+        self.recorder.emit(
+            _pod_ref(pod),
+            reason=EVICTED,
+            note=f"deleted GPU pod {pod.key} for fault {action.fault_id}: eviction stayed "
             f"blocked for {self.config.eviction_delete_after_seconds:g}s",
+            action="Delete",
             warning=True,
+            related=self._node_ref(pod.node),
         )
         return "deleted"
 
@@ -578,6 +693,9 @@ class Executor:
             else fault_ref(action.record)
         )
         verb = action.reason.removeprefix("GPUFault").removeprefix("GPUPod").removeprefix("GPU")
+        # On the Node only, its record named as related: the record's own history
+        # (status.actions, shown by `kubectl describe gpufault`) is the durable
+        # copy, and a second Event per step would double the requests for nothing.
         self.recorder.emit(
             node,
             reason=action.reason,
@@ -586,15 +704,6 @@ class Executor:
             warning=action.warning,
             related=fault if action.record else None,
         )
-        if record is not None:
-            self.recorder.emit(
-                fault,
-                reason=action.reason,
-                note=action.note,
-                action=verb,
-                warning=action.warning,
-                related=node,
-            )
 
 
 def _pod_ref(pod: PodView) -> ObjectRef:

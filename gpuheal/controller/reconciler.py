@@ -194,6 +194,14 @@ def _taint_at(decided: Plan) -> int:
     )
 
 
+def _not_in(actions: tuple[Action, ...], done: tuple[Action, ...]) -> tuple[Action, ...]:
+    """The actions of a plan made again within one pass, less those the pass already
+    ran: their record writes are gathered for its end, so the caches (and the plan
+    made again from them) do not show them yet. The plans share their `now`, so an
+    action already run is equal to its repeat."""
+    return tuple(a for a in actions if a not in done)
+
+
 def _meaningful_change(old: NodeView | None, new: NodeView | None) -> bool:
     """Ignore updates that only bump the resourceVersion (heartbeats and the like)."""
     if old is None or new is None:
@@ -469,13 +477,27 @@ class Reconciler:
         every taint placed so far (write-through), so concurrent faults can never
         quarantine more nodes than the breaker allows; only the taint itself is
         written there (a full breaker turns the new record Held instead).
-        Evictions run after the lock.
+        The record's status and the Events are written after the taint, with the
+        rest of the pass: nothing but the record and the taint comes before the
+        fence. Evictions run after the lock.
         """
+        pass_ = Outcome()
+        try:
+            again = await self._fence(decision, now, pass_)
+        except Exception:
+            await self.executor.flush_after_failure(pass_, decision[1])
+            raise
+        await self.executor.flush(pass_, decision[1])  # what a cut-short pass decided
+        return again
+
+    async def _fence(
+        self, decision: tuple[Plan, NodeState], now: dt.datetime, pass_: Outcome
+    ) -> float | None:
         decided, state = decision
         name = state.node.name
         first = decided.actions[: _taint_at(decided)]
         try:
-            await self.executor.run(decided, state, first)
+            await self.executor.run(decided, state, first, pass_, flush=False)
         except Replan as why:
             log.info("replanning", extra={"node": name, "why": str(why)})
             return 0.0
@@ -493,14 +515,16 @@ class Reconciler:
                     return wait
                 cut = _taint_at(decided) + 1
                 try:
-                    outcome = await self.executor.run(decided, state, decided.actions[:cut])
+                    outcome = await self.executor.run(
+                        decided, state, _not_in(decided.actions[:cut], first), pass_, flush=False
+                    )
                 except Replan as why:
                     log.info("replanning", extra={"node": name, "why": str(why)})
                     return 0.0
-        rest = decided.actions[cut:]
+        rest = _not_in(decided.actions[cut:], first)
         if outcome is None:
             # Not a new quarantine any more (the breaker filled: Held): an ordinary plan.
-            return await self._execute(again, now, rest, done=first)
+            return await self._execute(again, now, rest, pass_, done=first)
         # Fence first, drain after: the taint's record update and Event now, the
         # evictions on the node's next turn in the queue, so that in a storm every
         # faulty node is tainted before any worker spends its time evicting.

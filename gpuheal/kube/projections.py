@@ -48,6 +48,7 @@ class Meta(msgspec.Struct):
     annotations: dict[str, str] = {}
     deletionTimestamp: str | None = None  # noqa: N815
     ownerReferences: list[OwnerRef] = []  # noqa: N815
+    finalizers: list[str] = []  # what keeps a deleted object (the CLI's audit names them)
 
 
 class TaintJson(msgspec.Struct):

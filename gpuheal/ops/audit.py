@@ -16,7 +16,9 @@ Each finding names a node, its pool, a kind, and one actionable sentence:
 - unmanaged: a node with GPUs that the controller's nodeSelector does not match
   (and not opted out with gpuheal.io/managed=false): its faults are not acted on.
 
-The analysis is pure (a Snapshot in, findings out); only the command reads the cluster.
+The analysis is pure (a Snapshot in, findings out); only the command reads the
+cluster (kube/snapshot.py: every node and the live bound pods, decoded into slim
+projections).
 """
 
 from __future__ import annotations
@@ -25,29 +27,19 @@ import datetime as dt
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from lightkube.resources.core_v1 import Node, Pod
 from rich.text import Text
 
 from gpuheal.config import Config
+from gpuheal.kube.projections import NodeJson, PodJson
+from gpuheal.kube.snapshot import Snapshot, read_snapshot
 from gpuheal.model import GPU_PROCESSES, MANAGED_LABEL, STATE_LABEL, STATE_MAINTENANCE, Taint
 from gpuheal.ops import exitcodes
-from gpuheal.ops.cluster import (
-    Snapshot,
-    annotations_of,
-    gpu_node,
-    gpu_total,
-    labels_of,
-    name_of,
-    node_ready,
-    pod_gpus,
-    pod_live,
-    snapshot,
-)
-from gpuheal.ops.context import Context
+from gpuheal.ops.fleet import gpu_node, gpu_total, node_ready, pod_gpus, pod_live, pod_name
 from gpuheal.ops.output import Notes, Table, render
 from gpuheal.ops.selector import Requirement, SelectorError, parse_selector, selected
+from gpuheal.policy.clock import parse_time
 from gpuheal.policy.pools import (
     NO_POOL,
     cuda_version,
@@ -57,6 +49,9 @@ from gpuheal.policy.pools import (
     pool_config,
     pool_of,
 )
+
+if TYPE_CHECKING:
+    from gpuheal.ops.context import ReadContext
 
 LEAK = "leak"
 ZOMBIE_PROCESS = "zombie-process"
@@ -150,29 +145,23 @@ class AuditReport:
 # -- which nodes ---------------------------------------------------------------
 
 
-def gpu_labelled(node: Node, config: Config) -> bool:
+def gpu_labelled(node: NodeJson, config: Config) -> bool:
     """A GPU node by the controller's selector, by its GPU capacity, or by GPU
     feature discovery's labels (a node whose device plugin never came up has no
     capacity, and still is a GPU node)."""
     if gpu_node(node, config):
         return True
-    status = node.status
-    if gpu_total(status.capacity if status else None, config) > 0:
+    if gpu_total(node.status.capacity, config) > 0:
         return True  # GPUs whatever the labels say: a node the selector may be missing
-    labels = labels_of(node)
+    labels = node.metadata.labels
     if labels.get("nvidia.com/gpu.present") == "true":
         return True
     count = labels.get(config.pools.expected_gpus_label, "")
     return count.isdigit() and int(count) > 0
 
 
-def _in_maintenance(node: Node) -> bool:
-    return labels_of(node).get(STATE_LABEL) == STATE_MAINTENANCE
-
-
-def _pod_name(pod: Pod) -> str:
-    meta = pod.metadata
-    return f"{meta.namespace}/{meta.name}" if meta else "?"
+def _in_maintenance(node: NodeJson) -> bool:
+    return node.metadata.labels.get(STATE_LABEL) == STATE_MAINTENANCE
 
 
 def _listed(items: Sequence[str]) -> str:
@@ -192,15 +181,14 @@ def _duration(seconds: float) -> str:
 # -- outside the controller's reach ----------------------------------------------
 
 
-def _unmanaged(node: Node, pool: str, config: Config) -> list[Finding]:
+def _unmanaged(node: NodeJson, pool: str, config: Config) -> list[Finding]:
     """A GPU node the controller's nodeSelector does not match: nothing it reports is
     acted on. Opting out (gpuheal.io/managed=false) says that is meant."""
-    labels = labels_of(node)
+    labels = node.metadata.labels
     if gpu_node(node, config) or labels.get(MANAGED_LABEL) == "false":
         return []
-    name = name_of(node)
-    status = node.status
-    gpus = gpu_total(status.capacity if status else None, config)
+    name = node.metadata.name
+    gpus = gpu_total(node.status.capacity, config)
     missing = sorted((k, v) for k, v in config.node_selector.items() if labels.get(k) != v)
     wanted = " ".join(f"{k}={v}" for k, v in missing)
     offers = f"has {gpus} GPU(s)" if gpus else "is labelled as a GPU node"
@@ -220,11 +208,11 @@ def _unmanaged(node: Node, pool: str, config: Config) -> list[Finding]:
 # -- leaks ------------------------------------------------------------------------
 
 
-def _stuck_terminating(pod: Pod, now: dt.datetime, stuck_after_s: float) -> float | None:
+def _stuck_terminating(pod: PodJson, now: dt.datetime, stuck_after_s: float) -> float | None:
     """Seconds the pod has been Terminating past its grace period, or None while
     it is within the grace period (+ `stuck_after_s` for a slow kubelet)."""
-    deleted = pod.metadata.deletionTimestamp if pod.metadata else None
-    if not isinstance(deleted, dt.datetime):
+    deleted = parse_time(pod.metadata.deletionTimestamp)
+    if deleted is None:
         return None
     # The API server sets deletionTimestamp to the end of the grace period.
     overdue = (now - deleted).total_seconds()
@@ -232,15 +220,15 @@ def _stuck_terminating(pod: Pod, now: dt.datetime, stuck_after_s: float) -> floa
 
 
 def _leaks(
-    node: Node,
-    pods: Sequence[Pod],
+    node: NodeJson,
+    pods: Sequence[PodJson],
     pool: str,
     config: Config,
     *,
     now: dt.datetime,
     stuck_after_s: float,
 ) -> list[Finding]:
-    name = name_of(node)
+    name = node.metadata.name
     found: list[Finding] = []
     holding = [(p, pod_gpus(p, config)) for p in pods if pod_live(p)]
     holding = [(p, n) for p, n in holding if n > 0]
@@ -248,7 +236,7 @@ def _leaks(
         overdue = _stuck_terminating(pod, now, stuck_after_s)
         if overdue is None:
             continue
-        finalizers = list((pod.metadata.finalizers if pod.metadata else None) or ())
+        finalizers = pod.metadata.finalizers
         why = (
             f"finalizer {', '.join(finalizers)} keeps it: fix or remove the finalizer"
             if finalizers
@@ -259,13 +247,13 @@ def _leaks(
                 LEAK,
                 name,
                 pool,
-                f"pod {_pod_name(pod)} holds {gpus} GPU(s) and is stuck Terminating "
+                f"pod {pod_name(pod)} holds {gpus} GPU(s) and is stuck Terminating "
                 f"{_duration(overdue)} past its grace period; {why}.",
             )
         )
     ready = node_ready(node)
     if ready is not True and holding:
-        pods_named = [f"{_pod_name(p)} ({n})" for p, n in holding]
+        pods_named = [f"{pod_name(p)} ({n})" for p, n in holding]
         total = sum(n for _, n in holding)
         condition = "NotReady" if ready is False else "Unknown"
         found.append(
@@ -278,8 +266,7 @@ def _leaks(
                 "their controllers place them elsewhere.",
             )
         )
-    status = node.status
-    allocatable = gpu_total(status.allocatable if status else None, config)
+    allocatable = gpu_total(node.status.allocatable, config)
     allocated = sum(n for _, n in holding)
     if allocated > allocatable:
         found.append(
@@ -313,9 +300,11 @@ def _parse_processes(value: str) -> tuple[list[tuple[int, str]], int]:
     return entries, bad
 
 
-def _processes(node: Node, pods: Sequence[Pod], pool: str, warnings: list[str]) -> list[Finding]:
-    name = name_of(node)
-    value = annotations_of(node).get(GPU_PROCESSES, "")
+def _processes(
+    node: NodeJson, pods: Sequence[PodJson], pool: str, warnings: list[str]
+) -> list[Finding]:
+    name = node.metadata.name
+    value = node.metadata.annotations.get(GPU_PROCESSES, "")
     entries, bad = _parse_processes(value)
     if bad:
         warnings.append(
@@ -324,7 +313,7 @@ def _processes(node: Node, pods: Sequence[Pod], pool: str, warnings: list[str]) 
         )
     if not entries:
         return []
-    live = {p.metadata.uid for p in pods if pod_live(p) and p.metadata and p.metadata.uid}
+    live = {p.metadata.uid for p in pods if pod_live(p) and p.metadata.uid}
     by_uid: dict[str, list[str]] = defaultdict(list)
     for pid, uid in entries:
         if uid == "?":  # the agent could not tell (the process exited, or no host /proc)
@@ -372,8 +361,8 @@ def _expected_labels(pool: str, config: Config) -> dict[str, str]:
     return wanted
 
 
-def _missing_labels(node: Node, pool: str, config: Config) -> list[Finding]:
-    labels = labels_of(node)
+def _missing_labels(node: NodeJson, pool: str, config: Config) -> list[Finding]:
+    labels, name = node.metadata.labels, node.metadata.name
     found = []
     for key, want in sorted(_expected_labels(pool, config).items()):
         have = labels.get(key)
@@ -382,16 +371,16 @@ def _missing_labels(node: Node, pool: str, config: Config) -> list[Finding]:
             value = "<value>" if want == ANY_VALUE else want
             detail = (
                 f"label {key} is missing{expected}; "
-                f"add it: kubectl label node {name_of(node)} {key}={value}."
+                f"add it: kubectl label node {name} {key}={value}."
             )
         elif want not in (ANY_VALUE, have):
             detail = (
                 f"label {key} is {have!r}, expected {want!r}; "
-                f"fix it: kubectl label node --overwrite {name_of(node)} {key}={want}."
+                f"fix it: kubectl label node --overwrite {name} {key}={want}."
             )
         else:
             continue
-        found.append(Finding(MISSING_LABEL, name_of(node), pool, detail))
+        found.append(Finding(MISSING_LABEL, name, pool, detail))
     return found
 
 
@@ -399,9 +388,9 @@ def _taint_text(taint: Taint) -> str:
     return f"{taint.key}{'=' + taint.value if taint.value else ''}:{taint.effect}"
 
 
-def _missing_taints(node: Node, pool: str, config: Config) -> list[Finding]:
+def _missing_taints(node: NodeJson, pool: str, config: Config) -> list[Finding]:
     wanted = (*config.pools.expected_taints, *pool_config(pool, config).expected_taints)
-    have = (node.spec.taints if node.spec else None) or ()
+    have, name = node.spec.taints, node.metadata.name
     found = []
     for taint in wanted:
         if any(
@@ -415,9 +404,9 @@ def _missing_taints(node: Node, pool: str, config: Config) -> list[Finding]:
         found.append(
             Finding(
                 MISSING_TAINT,
-                name_of(node),
+                name,
                 pool,
-                f"taint {text} is missing; add it: kubectl taint node {name_of(node)} {text}.",
+                f"taint {text} is missing; add it: kubectl taint node {name} {text}.",
             )
         )
     return found
@@ -429,11 +418,13 @@ _VERSIONS: tuple[tuple[str, str, Callable[..., str], Callable[..., str], str], .
 )
 
 
-def _skew(pool: str, nodes: Sequence[Node], config: Config) -> list[Finding]:
+def _skew(pool: str, nodes: Sequence[NodeJson], config: Config) -> list[Finding]:
     """Nodes of one pool whose driver or CUDA version is not the pool's."""
     found = []
     for kind, what, version_of, expected, setting in _VERSIONS:
-        versions = {name_of(n): version_of(labels_of(n), annotations_of(n)) for n in nodes}
+        versions = {
+            n.metadata.name: version_of(n.metadata.labels, n.metadata.annotations) for n in nodes
+        }
         want = expected(pool, versions.values(), config)
         if not want:
             continue
@@ -470,25 +461,26 @@ def audit(
 ) -> AuditReport:
     """Every finding of `gpuheal audit`, from a snapshot (pure)."""
     nodes = sorted(
-        (n for n in snap.nodes if gpu_labelled(n, config) and selected(labels_of(n), selector)),
-        key=name_of,
+        (
+            n
+            for n in snap.nodes
+            if gpu_labelled(n, config) and selected(n.metadata.labels, selector)
+        ),
+        key=lambda n: n.metadata.name,
     )
     findings: list[Finding] = []
     warnings: list[str] = []
-    by_pool: dict[str, list[Node]] = defaultdict(list)
+    by_pool: dict[str, list[NodeJson]] = defaultdict(list)
     for node in nodes:
-        name = name_of(node)
-        pool = pool_of(labels_of(node), config)
+        name = node.metadata.name
+        pool = pool_of(node.metadata.labels, config)
         by_pool[pool].append(node)
         pods = snap.pods_by_node.get(name, [])
         findings += _unmanaged(node, pool, config)
         findings += _leaks(node, pods, pool, config, now=now, stuck_after_s=stuck_after_s)
         findings += _processes(node, pods, pool, warnings)
-        status = node.status
-        if gpu_total(status.allocatable if status else None, config) == 0 and not _in_maintenance(
-            node
-        ):
-            capacity = gpu_total(status.capacity if status else None, config)
+        if gpu_total(node.status.allocatable, config) == 0 and not _in_maintenance(node):
+            capacity = gpu_total(node.status.capacity, config)
             findings.append(
                 Finding(
                     ZERO_ALLOCATABLE,
@@ -507,7 +499,9 @@ def audit(
     return AuditReport(tuple(findings), len(nodes), tuple(warnings))
 
 
-def run_audit(ctx: Context, *, selector: str = "", stuck_after_s: float = STUCK_AFTER_S) -> int:
+async def run_audit(
+    ctx: ReadContext, *, selector: str = "", stuck_after_s: float = STUCK_AFTER_S
+) -> int:
     """Print the audit; 3 (FINDINGS) when there is anything to fix, else 0."""
     try:
         wanted = parse_selector(selector)
@@ -516,7 +510,8 @@ def run_audit(ctx: Context, *, selector: str = "", stuck_after_s: float = STUCK_
     except SelectorError as err:
         ctx.err.print(Text(f"gpuheal audit: {err}", style="red"))
         return exitcodes.USAGE
-    snap = snapshot(ctx.client, faults=False)
+    # Every node: a GPU node the controller's nodeSelector misses is a finding.
+    snap = await read_snapshot(ctx.api, faults=False)
     report = audit(snap, ctx.config, ctx.now(), selector=wanted, stuck_after_s=stuck_after_s)
     for warning in report.warnings:
         ctx.err.print(Text(f"warning: {warning}", style="yellow"))

@@ -3,63 +3,47 @@ derives from API objects (GPU quantities, readiness, ownership).
 
 Reads go through one blocking lightkube client, in pages, with no watch: a
 command is a snapshot. Facts about a node's pool and expected state come from
-gpuheal.policy.pools, so all commands and the controller agree.
+gpuheal.policy.pools, so all commands and the controller agree. The read
+commands (status, audit) work on slim projections instead: ops/fleet.py.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 
 import msgspec
-from lightkube import Client
 from lightkube.generic_resource import GenericGlobalResource
 from lightkube.models.core_v1 import Container
 from lightkube.resources.core_v1 import Node, Pod
 
 from gpuheal.config import Config
 from gpuheal.kube.projections import FaultJson, fault_record
-from gpuheal.kube.resources import GPUFault
 from gpuheal.model import FaultRecord
+from gpuheal.ops.fleet import gpu_total, scheduled_gpus, wanted_gpus
+from gpuheal.ops.fleet import quantity as quantity  # noqa: PLC0414 -- re-exported, commands read it here
 
 LIST_PAGE = 500
 
 log = logging.getLogger(__name__)
 
 
-def quantity(value: str | None) -> int:
-    """A whole-number resource quantity ("8", "8000m" is not a GPU count: 0)."""
-    try:
-        return int(value or "0")
-    except ValueError:
-        return 0
-
-
-def gpu_total(resources: Mapping[str, str] | None, config: Config) -> int:
-    """The sum of every GPU resource (nvidia.com/gpu and MIG profiles) in a resource map."""
-    return sum(quantity(v) for k, v in (resources or {}).items() if config.is_gpu_resource(k))
-
-
 def _container_gpus(container: Container, config: Config) -> int:
     resources = container.resources
     if resources is None:
         return 0
-    # Extended resources: a limit alone implies an equal request.
-    wanted = {**(resources.limits or {}), **(resources.requests or {})}
-    return gpu_total(wanted, config)
+    return wanted_gpus(resources.limits, resources.requests, config)
 
 
 def pod_gpus(pod: Pod, config: Config) -> int:
-    """GPUs the scheduler counts for this pod: the larger of the containers' sum
-    and the largest init container (they run one at a time, before the others)."""
+    """GPUs the scheduler counts for this pod (ops/fleet.py: scheduled_gpus)."""
     spec = pod.spec
     if spec is None:
         return 0
-    main = sum(_container_gpus(c, config) for c in spec.containers)
-    init = max((_container_gpus(c, config) for c in spec.initContainers or ()), default=0)
-    return max(main, init)
+    return scheduled_gpus(
+        (_container_gpus(c, config) for c in spec.containers),
+        (_container_gpus(c, config) for c in spec.initContainers or ()),
+    )
 
 
 def node_ready(node: Node) -> bool | None:
@@ -120,31 +104,3 @@ def fault_records(records: Iterable[GenericGlobalResource]) -> list[FaultRecord]
             name = (record.metadata.name if record.metadata else None) or "?"
             log.warning("GPUFault %s skipped: it cannot be read (%s)", name, err)
     return out
-
-
-@dataclass
-class Snapshot:
-    """The cluster as one command sees it."""
-
-    nodes: list[Node]
-    pods: list[Pod]
-    faults: list[GenericGlobalResource]  # GPUFault records
-    pods_by_node: dict[str, list[Pod]] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        by_node: dict[str, list[Pod]] = defaultdict(list)
-        for pod in self.pods:
-            if pod.spec is not None and pod.spec.nodeName:
-                by_node[pod.spec.nodeName].append(pod)
-        self.pods_by_node = dict(by_node)
-
-    def gpu_nodes(self, config: Config) -> list[Node]:
-        return [n for n in self.nodes if gpu_node(n, config)]
-
-
-def snapshot(client: Client, *, faults: bool = True) -> Snapshot:
-    """Every node and pod (and GPUFault record), listed in pages."""
-    nodes = list(client.list(Node, chunk_size=LIST_PAGE))
-    pods = list(client.list(Pod, namespace="*", chunk_size=LIST_PAGE))
-    records = list(client.list(GPUFault, chunk_size=LIST_PAGE)) if faults else []
-    return Snapshot(nodes=nodes, pods=pods, faults=records)

@@ -1,7 +1,9 @@
 """The operator commands' entry points, as the CLI calls them.
 
 Each takes the Context and the parsed arguments and returns an exit code
-(ops/exitcodes.py); the work is in the module named after the command.
+(ops/exitcodes.py); the work is in the module named after the command. The
+read commands (status, audit) are coroutines given a ReadContext: the CLI runs
+them in one event loop around the API client it opens and closes.
 """
 
 from __future__ import annotations
@@ -10,13 +12,13 @@ import argparse
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the CLI imports this module to build --help: keep it light
-    from gpuheal.ops.context import Context
+    from gpuheal.ops.context import Context, ReadContext
 
 
-def status(ctx: Context, args: argparse.Namespace) -> int:
+async def status(ctx: ReadContext, args: argparse.Namespace) -> int:
     from gpuheal.ops.status import run_status  # noqa: PLC0415
 
-    return run_status(ctx, selector=args.selector)
+    return await run_status(ctx, selector=args.selector)
 
 
 def maintenance_start(ctx: Context, args: argparse.Namespace) -> int:
@@ -43,10 +45,10 @@ def doctor(ctx: Context, args: argparse.Namespace) -> int:
     return doctor.run(ctx, args.node)
 
 
-def audit(ctx: Context, args: argparse.Namespace) -> int:
+async def audit(ctx: ReadContext, args: argparse.Namespace) -> int:
     from gpuheal.ops.audit import run_audit  # noqa: PLC0415
 
-    return run_audit(ctx, selector=args.selector, stuck_after_s=args.stuck_after)
+    return await run_audit(ctx, selector=args.selector, stuck_after_s=args.stuck_after)
 
 
 def approve(ctx: Context, args: argparse.Namespace) -> int:

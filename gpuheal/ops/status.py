@@ -1,9 +1,10 @@
 """`gpuheal status`: the GPU fleet at a glance.
 
 GPU nodes by state, GPUs per pool (capacity / allocatable / allocated), the
-open faults and the breaker's remaining budget, all from one snapshot (one
-paged list of nodes, pods and GPUFault records; no per-node request), so it
-stays fast on a fleet of thousands of nodes.
+open faults and the breaker's remaining budget, all from one snapshot
+(kube/snapshot.py: paged lists of the GPU nodes, the live bound pods and the
+GPUFault records, fetched concurrently and decoded into slim projections; no
+per-node request), so it stays fast on a fleet of thousands of nodes.
 """
 
 from __future__ import annotations
@@ -12,15 +13,13 @@ import datetime as dt
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from lightkube import ApiError
-from lightkube.generic_resource import GenericGlobalResource
-from lightkube.resources.core_v1 import Node
 from rich.text import Text
 
 from gpuheal.config import Config
-from gpuheal.kube.resources import GPUFault
+from gpuheal.kube.projections import NodeJson
+from gpuheal.kube.snapshot import Snapshot, read_snapshot
 from gpuheal.model import (
     QUARANTINED_DEVICES,
     STATE_LABEL,
@@ -34,26 +33,24 @@ from gpuheal.model import (
     Phase,
 )
 from gpuheal.ops import exitcodes
-from gpuheal.ops.cluster import (
-    LIST_PAGE,
-    Snapshot,
-    annotations_of,
-    fault_records,
+from gpuheal.ops.fleet import (
+    gpu_node,
     gpu_total,
-    labels_of,
-    name_of,
     node_ready,
+    node_selector_query,
     pod_gpus,
     pod_live,
-    snapshot,
+    taint_of,
 )
-from gpuheal.ops.context import Context
 from gpuheal.ops.output import Notes, Table, render
 from gpuheal.ops.selector import Requirement, SelectorError, parse_selector, selected
 from gpuheal.policy.breaker import quarantine_capacity
 from gpuheal.policy.clock import parse_time
 from gpuheal.policy.plan import WOULD_QUARANTINE_ACTION
 from gpuheal.policy.pools import pool_of
+
+if TYPE_CHECKING:
+    from gpuheal.ops.context import ReadContext
 
 HEALTHY = "healthy"
 SUSPECT = "suspect"
@@ -69,13 +66,8 @@ _QUARANTINE_PHASES = frozenset({Phase.QUARANTINED, Phase.DRAINED, Phase.RECOVERI
 _SHOWN_NAMES = 5  # node names listed per state in the table view
 
 
-def _has_taint(node: Node, key: str) -> bool:
-    taints = (node.spec.taints if node.spec else None) or ()
-    return any(t.key == key for t in taints)
-
-
-def _suspect(node: Node, faults: Sequence[FaultRecord]) -> bool:
-    annotations = annotations_of(node)
+def _suspect(node: NodeJson, faults: Sequence[FaultRecord]) -> bool:
+    annotations = node.metadata.annotations
     return bool(
         faults  # reported, not acted on yet (a P1 being watched), or a device-level record
         or annotations.get(STATUS) == STATUS_FAULTY
@@ -83,17 +75,17 @@ def _suspect(node: Node, faults: Sequence[FaultRecord]) -> bool:
     )
 
 
-def node_state(node: Node, faults: Sequence[FaultRecord]) -> str:
+def node_state(node: NodeJson, faults: Sequence[FaultRecord]) -> str:
     """The node's state, the first that applies: not-ready > maintenance > held >
     draining > quarantined > suspect > healthy. `faults` are the node's open records;
     only whole-node ones make it held, draining or quarantined."""
     whole_node = {f.phase for f in faults if f.scope == "node"}
     rules: tuple[tuple[str, Callable[[], bool]], ...] = (
         (NOT_READY, lambda: node_ready(node) is not True),
-        (MAINTENANCE, lambda: labels_of(node).get(STATE_LABEL) == STATE_MAINTENANCE),
+        (MAINTENANCE, lambda: node.metadata.labels.get(STATE_LABEL) == STATE_MAINTENANCE),
         (HELD, lambda: Phase.HELD in whole_node),
         (DRAINING, lambda: Phase.DRAINING in whole_node),
-        (QUARANTINED, lambda: _has_taint(node, TAINT_KEY) or bool(whole_node & _QUARANTINE_PHASES)),
+        (QUARANTINED, lambda: bool(taint_of(node, TAINT_KEY) or whole_node & _QUARANTINE_PHASES)),
         (SUSPECT, lambda: _suspect(node, faults)),
     )
     return next((state for state, applies in rules if applies()), HEALTHY)
@@ -297,10 +289,6 @@ def _some(names: list[str]) -> str:
     return f"{shown} (+{more})" if more > 0 else shown
 
 
-def open_faults(records: Iterable[GenericGlobalResource]) -> list[FaultRecord]:
-    return _open(fault_records(records))
-
-
 def _open(records: Iterable[FaultRecord]) -> list[FaultRecord]:
     faults = [f for f in records if f.open]
     oldest = dt.datetime.min.replace(tzinfo=dt.UTC)
@@ -312,13 +300,15 @@ def fleet_status(
 ) -> StatusReport:
     """The whole answer of `gpuheal status`, from a snapshot (pure). `selector`
     narrows the nodes shown; the breaker is the controller's, over every GPU node."""
-    gpu_nodes = sorted(snap.gpu_nodes(config), key=name_of)
+    gpu_nodes = sorted(
+        (n for n in snap.nodes if gpu_node(n, config)), key=lambda n: n.metadata.name
+    )
     # The controller's Fleet counts the same way: our fault taint on a managed node.
-    tainted = sum(_has_taint(n, TAINT_KEY) for n in gpu_nodes)
+    tainted = sum(taint_of(n, TAINT_KEY) is not None for n in gpu_nodes)
     breaker = Breaker(quarantine_capacity(len(gpu_nodes), config), tainted)
-    shown = [n for n in gpu_nodes if selected(labels_of(n), selector)]
-    names = {name_of(n) for n in shown}
-    records = fault_records(snap.faults)
+    shown = [n for n in gpu_nodes if selected(n.metadata.labels, selector)]
+    names = {n.metadata.name for n in shown}
+    records = snap.faults or []
     faults = [f for f in _open(records) if not selector or f.node in names]
     would = would_have((r for r in records if not selector or r.node in names), now)
     faults_by_node: dict[str, list[FaultRecord]] = defaultdict(list)
@@ -327,14 +317,13 @@ def fleet_status(
     nodes: list[NodeStatus] = []
     pools: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
     for node in shown:
-        name = name_of(node)
-        pool = pool_of(labels_of(node), config)
+        name = node.metadata.name
+        pool = pool_of(node.metadata.labels, config)
         nodes.append(NodeStatus(name, node_state(node, faults_by_node.get(name, ())), pool))
-        status = node.status
         totals = pools[pool]
         totals[0] += 1
-        totals[1] += gpu_total(status.capacity if status else None, config)
-        totals[2] += gpu_total(status.allocatable if status else None, config)
+        totals[1] += gpu_total(node.status.capacity, config)
+        totals[2] += gpu_total(node.status.allocatable, config)
         totals[3] += sum(
             pod_gpus(p, config) for p in snap.pods_by_node.get(name, ()) if pod_live(p)
         )
@@ -348,19 +337,16 @@ def fleet_status(
     )
 
 
-def run_status(ctx: Context, *, selector: str = "") -> int:
+async def run_status(ctx: ReadContext, *, selector: str = "") -> int:
     """Print the fleet's status; 0 (status informs, it checks nothing), 2 for a bad selector."""
     try:
         wanted = parse_selector(selector)
     except SelectorError as err:
         ctx.err.print(Text(f"gpuheal status: {err}", style="red"))
         return exitcodes.USAGE
-    snap = snapshot(ctx.client, faults=False)
-    try:
-        snap.faults = list(ctx.client.list(GPUFault, chunk_size=LIST_PAGE))
-    except ApiError as err:
-        if err.status.code != 404:
-            raise
+    # Only GPU nodes matter here (the breaker counts them all; -l narrows what is shown).
+    snap = await read_snapshot(ctx.api, faults=True, node_selector=node_selector_query(ctx.config))
+    if snap.faults is None:
         # The controller is not installed (yet): nothing has faulted through it.
         ctx.err.print(Text("warning: no GPUFault CRD in this cluster: no fault records", "yellow"))
     report = fleet_status(snap, ctx.config, ctx.now(), wanted)

@@ -4,6 +4,7 @@ pods and PodDisruptionBudgets, shaped like real training/inference jobs."""
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -167,7 +168,9 @@ def wait_pods_running(
         if len(running) >= count:
             return running
         if time.monotonic() >= deadline:
+            phases = Counter((p.status.phase if p.status else None) or "none" for p in pods)
             raise TimeoutError(
                 f"{len(running)}/{count} pods Running in {namespace} after {timeout_s}s"
+                f" (phases: {dict(sorted(phases.items()))})"
             )
         time.sleep(0.2)

@@ -17,6 +17,7 @@ from lightkube import Client
 
 from gpuheal.sim import ControlPlane, ControlPlaneConfig, audit
 from gpuheal.sim.controller import install_crds
+from gpuheal.sim.controlplane import KWOK
 from gpuheal.sim.workloads import create_namespace
 
 CONTROLLER_USER = "gpuheal-controller"
@@ -28,6 +29,14 @@ def chaos_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPla
         scheduler=False,
         controller_manager=False,
         audit_users=[CONTROLLER_USER],
+        # kwok works a pod only while it holds its node's Lease, and it reads "held"
+        # from its lease informer's cache. After the agent test's 60 s API outage
+        # that informer can still be in its reconnect backoff when the next test
+        # makes new nodes and pods: the pods are skipped as "read only" and never
+        # looked at again (CI saw 0/200 Running after 120 s). This plane has no
+        # kube-controller-manager to miss node heartbeats, so it runs without
+        # node Leases and kwok works every pod on its nodes.
+        extra_args={KWOK: ["--node-lease-duration-seconds=0"]},
         workdir=tmp_path_factory.mktemp("chaos-cp"),
         keep_workdir=os.environ.get("GPUHEAL_SIM_KEEP") == "1",
     )

@@ -152,13 +152,31 @@ def events_for(kube: Client, name: str, reason: str) -> list[Event]:
 
 
 def evictions_from(kube: Client, node: str, reason: str = "GPUPodEvicted") -> list[Event]:
-    """Events about pods moved off `node`: each regards its Pod (in the pod's
-    namespace, for `kubectl describe pod`) and names the node as related."""
+    """Events about pods moved off `node`: `GPUPodEvicted` regards the Node, one per
+    eviction pass naming its pods; a refused eviction (`GPUPodEvictionBlocked`) or a
+    deletion regards its Pod (in the pod's namespace, for `kubectl describe pod`)
+    and names the node as related."""
     return [
         e
         for e in kube.list(Event, namespace="*", fields={"reason": reason})
-        if e.related is not None and e.related.name == node
+        if (e.related is not None and e.related.name == node)
+        or (e.involvedObject.kind == "Node" and e.involvedObject.name == node)
     ]
+
+
+def pods_told_evicted(kube: Client, node: str) -> list[str]:
+    """Every pod ("namespace/name") the `GPUPodEvicted` Events of `node` name, as
+    often as they name it: "evicted 2 GPU pods for fault F: ml/a, ml/b off bad
+    device GPU-…" on the Node, "deleted GPU pod ml/c …" on the Pod."""
+    told: list[str] = []
+    for event in evictions_from(kube, node):
+        regarding = event.involvedObject
+        if regarding.kind == "Pod":
+            told.append(f"{regarding.namespace}/{regarding.name}")
+            continue
+        _, _, pods = str(event.message).partition(": ")
+        told += [pod.split(" ", 1)[0] for pod in pods.split(", ") if pod]
+    return told
 
 
 def faults_of(kube: Client, node: str) -> list[Any]:

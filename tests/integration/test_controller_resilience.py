@@ -20,11 +20,11 @@ from tests.integration.conftest import (
     StartController,
     controller_config,
     events_for,
-    evictions_from,
     faults_of,
     handled_fault,
     our_taint,
     pods_on,
+    pods_told_evicted,
     report_fault,
 )
 
@@ -43,7 +43,7 @@ def assert_remediated_once(
     assert handled_fault(kube, node) == fault_id
     assert len(events_for(kube, node, "GPUFaultDetected")) <= 1
     assert len(events_for(kube, node, "GPUFaultQuarantined")) <= 1
-    evicted = [e.message for e in evictions_from(kube, node)]
+    evicted = pods_told_evicted(kube, node)
     assert len(evicted) == len(set(evicted)), evicted
     assert len(evicted) == pods if exact_events else len(evicted) <= pods, evicted
 

@@ -21,6 +21,7 @@ from tests.integration.conftest import (
     faults_of,
     guarded_pod,
     our_taint,
+    pods_told_evicted,
     report_fault,
 )
 
@@ -59,9 +60,11 @@ def test_kubectl_describe_lists_gpuheals_events(
     assert "GPUFaultDetected" in described and "GPUFaultQuarantined" in described
     assert "xid-79-describe" in described
 
+    # The record's own history is its account (Events go on the Node, the record
+    # named as related: one Event per step, not a copy per object).
     described = kubectl(control_plane, "describe", "gpufault", record.metadata.name)
-    print(described[described.find("Events:") :])
-    assert "GPUFaultDetected" in described and "GPUFaultQuarantined" in described
+    print(described[described.find("Status:") :])
+    assert "detect" in described and "taint" in described
 
     wait_for("the refusal", lambda: evictions_from(kube, node, "GPUPodEvictionBlocked"))
     described = kubectl(control_plane, "describe", "pod", "guarded", "-n", namespace)
@@ -74,20 +77,23 @@ def test_kubectl_describe_lists_gpuheals_events(
     assert quarantined.involvedObject.uid and quarantined.involvedObject.resourceVersion
 
 
-def test_events_of_a_pod_live_in_its_namespace(
+def test_one_event_on_the_node_names_the_pods_a_pass_evicted(
     kube: Client,
+    control_plane: ControlPlane,
     namespace: str,
     pool: dict[str, str],
     fake_gpu_nodes: FakeNodes,
     start_controller: StartController,
 ) -> None:
     (node,) = fake_gpu_nodes(1, labels=pool)
-    apply(kube, gpu_pod("train-0", namespace, node_name=node))
-    wait_pods_running(kube, namespace, count=1)
+    for i in range(2):
+        apply(kube, gpu_pod(f"train-{i}", namespace, node_name=node))
+    wait_pods_running(kube, namespace, count=2)
     start_controller(controller_config(pool))
     report_fault(kube, node, "xid-79-evict")
     (evicted,) = wait_for("the eviction event", lambda: evictions_from(kube, node))
-    assert evicted.metadata.namespace == namespace
-    assert evicted.involvedObject.kind == "Pod" and evicted.involvedObject.name == "train-0"
-    assert evicted.involvedObject.uid  # the pod's, as describe pod selects them
-    assert evicted.related is not None and evicted.related.uid  # the node's
+    assert evicted.involvedObject.kind == "Node" and evicted.involvedObject.name == node
+    assert evicted.involvedObject.uid  # the node's, as describe node selects them
+    assert sorted(pods_told_evicted(kube, node)) == [f"{namespace}/train-{i}" for i in range(2)]
+    described = kubectl(control_plane, "describe", "node", node)
+    assert "GPUPodEvicted" in described and f"{namespace}/train-1" in described

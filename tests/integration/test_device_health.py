@@ -19,10 +19,10 @@ from tests.integration.conftest import (
     StartController,
     controller_config,
     events_for,
-    evictions_from,
     faults_of,
     our_taint,
     pods_on,
+    pods_told_evicted,
 )
 
 pytestmark = pytest.mark.timeout(240)
@@ -136,8 +136,7 @@ def test_one_unhealthy_device_evicts_only_the_pods_holding_it_and_keeps_the_node
     assert our_taint(kube, node) is None  # the node keeps its 7 healthy GPUs
     assert len(faults_of(kube, node)) == 1  # no node-level record
     assert marks(kube, node, QUARANTINED_DEVICES) == gpu_id(3)
-    evicted = [e.message for e in evictions_from(kube, node)]
-    assert len(evicted) == 1 and f"{namespace}/job-3" in str(evicted[0])
+    assert pods_told_evicted(kube, node) == [f"{namespace}/job-3"]
     assert events_for(kube, node, "GPUFaultDetected")
     metrics = controller.metrics()
     assert 'gpuheal_device_migrations_total{result="evicted"} 1.0' in metrics
@@ -294,7 +293,7 @@ def test_a_restart_in_the_middle_of_a_migration_resumes_without_duplicates(
     time.sleep(1)
     (record,) = faults_of(kube, node)  # one record: the lock held across the restart
     assert record.spec["resourceID"] == gpu_id(1) and record.spec["faultID"] == f"{gpu_id(1)}#1"
-    evicted = [str(e.message) for e in evictions_from(kube, node)]
+    evicted = pods_told_evicted(kube, node)
     assert len(evicted) == len(set(evicted)) and len(evicted) <= 2, evicted
     assert len(events_for(kube, node, "GPUFaultDetected")) <= 1
     assert our_taint(kube, node) is None

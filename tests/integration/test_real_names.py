@@ -38,10 +38,10 @@ from tests.integration.conftest import (
     StartController,
     controller_config,
     events_for,
-    evictions_from,
     faults_of,
     our_taint,
     pods_on,
+    pods_told_evicted,
 )
 
 pytestmark = pytest.mark.timeout(240)
@@ -110,7 +110,7 @@ def test_an_xid_79_on_a_real_shaped_node_is_quarantined_evicted_once_and_recover
             f"{namespace}/train-0",
             f"{namespace}/train-1",
         ]
-        assert len(evictions_from(kube, bad)) == 2
+        assert len(pods_told_evicted(kube, bad)) == 2
         assert len(events_for(kube, bad, "GPUFaultQuarantined")) == 1
         assert our_taint(kube, good) is None
 
@@ -123,7 +123,7 @@ def test_an_xid_79_on_a_real_shaped_node_is_quarantined_evicted_once_and_recover
         name = record.metadata.name
         wait_for("record Resolved", lambda: phase(kube.get(GPUFault, name)) == "Resolved")
         assert len(faults_of(kube, bad)) == 1
-        assert len(evictions_from(kube, bad)) == 2
+        assert len(pods_told_evicted(kube, bad)) == 2
         assert len(events_for(kube, bad, "GPUFaultRecovered")) == 1
     finally:
         delete_nodes(kube, [bad, good])

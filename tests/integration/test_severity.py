@@ -22,10 +22,10 @@ from tests.integration.conftest import (
     StartController,
     controller_config,
     events_for,
-    evictions_from,
     faults_of,
     our_taint,
     pods_on,
+    pods_told_evicted,
 )
 from tests.integration.test_agent import StartAgent, node_annotations, start_agent
 
@@ -126,7 +126,7 @@ def test_a_hot_gpu_is_watched_for_the_p1_window_then_drained_once_or_resolved_wh
     for node in (stays_hot, worsens):
         assert len(events_for(kube, node, "GPUFaultEscalated")) == 1
         assert len(events_for(kube, node, "GPUFaultQuarantined")) == 1
-        assert len(evictions_from(kube, node)) == 1
+        assert len(pods_told_evicted(kube, node)) == 1
 
     # The cooled one: never touched, past its window too.
     left = WINDOW_S - (dt.datetime.now(dt.UTC) - opened).total_seconds()

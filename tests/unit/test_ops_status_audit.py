@@ -1,4 +1,5 @@
-"""`gpuheal status` and `gpuheal audit`: the pure analysis of a snapshot."""
+"""`gpuheal status` and `gpuheal audit`: the pure analysis of a snapshot of slim
+projections (the objects built here are decoded as the CLI decodes the API's)."""
 
 from __future__ import annotations
 
@@ -6,15 +7,16 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
+import msgspec
 import pytest
-from lightkube.generic_resource import GenericGlobalResource
-from lightkube.resources.core_v1 import Node, Pod
 from rich.console import Console
 
 from gpuheal.config import Config, parse_config
+from gpuheal.kube.projections import FaultJson, NodeJson, PodJson, fault_record
 from gpuheal.kube.resources import GPUFault
+from gpuheal.kube.snapshot import Snapshot
 from gpuheal.model import (
     CUDA_VERSION,
     DRIVER_VERSION,
@@ -24,9 +26,10 @@ from gpuheal.model import (
     STATUS,
     SUSPECT_DEVICES,
     TAINT_KEY,
+    FaultRecord,
 )
 from gpuheal.ops.audit import audit
-from gpuheal.ops.cluster import Snapshot, fault_records
+from gpuheal.ops.cluster import fault_records
 from gpuheal.ops.output import render
 from gpuheal.ops.selector import SelectorError, parse_selector, selected
 from gpuheal.ops.status import age, fleet_status
@@ -49,30 +52,28 @@ def node(
     labels: Mapping[str, str] | None = None,
     annotations: Mapping[str, str] | None = None,
     taints: Sequence[Mapping[str, str]] = (),
-) -> Node:
+) -> NodeJson:
     base = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": str(gpus)}
     if pool:
         base["gpuheal.io/pool"] = pool
     alloc = gpus if allocatable is None else allocatable
-    return cast(
-        Node,
-        Node.from_dict(
-            {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "metadata": {
-                    "name": name,
-                    "labels": {**base, **(labels or {})},
-                    "annotations": dict(annotations or {}),
-                },
-                "spec": {"taints": [dict(t) for t in taints]},
-                "status": {
-                    "capacity": {"cpu": "8", "nvidia.com/gpu": str(gpus)},
-                    "allocatable": {"cpu": "8", "nvidia.com/gpu": str(alloc)},
-                    "conditions": [{"type": "Ready", "status": ready}],
-                },
-            }
-        ),
+    return msgspec.convert(
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": name,
+                "labels": {**base, **(labels or {})},
+                "annotations": dict(annotations or {}),
+            },
+            "spec": {"taints": [dict(t) for t in taints]},
+            "status": {
+                "capacity": {"cpu": "8", "nvidia.com/gpu": str(gpus)},
+                "allocatable": {"cpu": "8", "nvidia.com/gpu": str(alloc)},
+                "conditions": [{"type": "Ready", "status": ready}],
+            },
+        },
+        NodeJson,
     )
 
 
@@ -85,7 +86,7 @@ def pod(
     uid: str = "",
     deleted_ago: float | None = None,
     finalizers: Sequence[str] = (),
-) -> Pod:
+) -> PodJson:
     meta: dict[str, Any] = {"name": name, "namespace": "ml", "uid": uid or f"uid-{name}"}
     if deleted_ago is not None:
         meta["deletionTimestamp"] = stamp(deleted_ago)
@@ -93,24 +94,24 @@ def pod(
     if finalizers:
         meta["finalizers"] = list(finalizers)
     resources = {"limits": {"nvidia.com/gpu": str(gpus)}} if gpus else {}
-    return cast(
-        Pod,
-        Pod.from_dict(
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": meta,
-                "spec": {
-                    "nodeName": on,
-                    "containers": [{"name": "c", "image": "x", "resources": resources}],
-                },
-                "status": {"phase": phase},
-            }
-        ),
+    return msgspec.convert(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": meta,
+            "spec": {
+                "nodeName": on,
+                "containers": [{"name": "c", "image": "x", "resources": resources}],
+            },
+            "status": {"phase": phase},
+        },
+        PodJson,
     )
 
 
-def fault(node_name: str, phase: str | None, *, scope: str = "node", ago: float = 300) -> Any:
+def fault(
+    node_name: str, phase: str | None, *, scope: str = "node", ago: float = 300
+) -> FaultRecord:
     body: dict[str, Any] = {
         "apiVersion": "gpuheal.io/v1alpha1",
         "kind": "GPUFault",
@@ -126,11 +127,11 @@ def fault(node_name: str, phase: str | None, *, scope: str = "node", ago: float 
     }
     if phase:
         body["status"] = {"phase": phase}
-    return GPUFault.from_dict(body)
+    return fault_record(msgspec.convert(body, FaultJson))
 
 
 def snap(
-    nodes: Sequence[Node], pods: Sequence[Pod] = (), faults: Sequence[GenericGlobalResource] = ()
+    nodes: Sequence[NodeJson], pods: Sequence[PodJson] = (), faults: Sequence[FaultRecord] = ()
 ) -> Snapshot:
     return Snapshot(nodes=list(nodes), pods=list(pods), faults=list(faults))
 
@@ -274,7 +275,7 @@ def test_gpu_nodes_outside_the_node_selector_are_reported() -> None:
     assert "has 8 GPU(s)" in found[0].detail
     # No labels at all, only capacity: still a GPU node, still reported.
     unlabelled = node("no-labels", pool=None, labels={"nvidia.com/gpu.present": "x"})
-    unlabelled.metadata.labels = {}  # type: ignore[union-attr]
+    unlabelled.metadata.labels = {}
     assert ("unmanaged", "no-labels") in kinds(audit(snap([unlabelled]), Config(), NOW))
 
 
@@ -325,7 +326,7 @@ def test_zero_allocatable_gpu_nodes_even_without_capacity() -> None:
         node("a2", allocatable=0, labels={STATE_LABEL: "maintenance"}),  # expected there
         node("cpu", pool=None, gpus=0, labels={"nvidia.com/gpu.present": "false"}),
     ]
-    nodes[3].metadata.labels.pop("nvidia.com/gpu.count")  # type: ignore[union-attr]
+    nodes[3].metadata.labels.pop("nvidia.com/gpu.count")
     report = audit(snap(nodes), Config(), NOW)
     assert kinds(report) == [("zero-allocatable", "a0"), ("zero-allocatable", "a1")]
     assert report.nodes == 3
@@ -333,7 +334,7 @@ def test_zero_allocatable_gpu_nodes_even_without_capacity() -> None:
 
 
 def test_driver_and_cuda_skew_against_the_prevailing_or_configured_version() -> None:
-    def versioned(name: str, pool: str, driver: str, cuda: str = "12.4") -> Node:
+    def versioned(name: str, pool: str, driver: str, cuda: str = "12.4") -> NodeJson:
         return node(name, pool=pool, annotations={DRIVER_VERSION: driver, CUDA_VERSION: cuda})
 
     nodes = [

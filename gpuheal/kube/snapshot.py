@@ -1,0 +1,170 @@
+"""A read-only snapshot of the fleet, for the operator CLI's read commands.
+
+Nodes, the pods bound to them and the GPUFault records are listed at once
+(concurrently, each in pages, no watch: a command is a snapshot) and decoded
+straight into the controller's slim projections (kube/projections.py): a Pod
+costs the few fields kept, not a full model. An object the projection cannot
+take is skipped with a warning naming it; the rest of its list goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+import msgspec
+
+from gpuheal.kube.api import ApiError, KubeApi, gpufault_path, node_path
+from gpuheal.kube.projections import FaultJson, NodeJson, PodJson, fault_record
+from gpuheal.model import FaultRecord
+
+log = logging.getLogger(__name__)
+
+LIST_PAGE = 500
+ALL_PODS = "/api/v1/pods"
+# Pods that hold a node's resources: bound, and neither Succeeded nor Failed (the
+# scheduler's cache of assigned pods uses this selector). The rest cannot matter
+# to a read command and would cost their transfer and decoding.
+LIVE_BOUND_PODS = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+
+J = TypeVar("J", bound=msgspec.Struct)  # the projection of one object
+T = TypeVar("T")  # what a page's items decode into: a projection, or msgspec.Raw
+
+
+class _ListMeta(msgspec.Struct):
+    # "continue" is a Python keyword: map it.
+    next_page: str = msgspec.field(default="", name="continue")
+
+
+class _Page(msgspec.Struct, Generic[T]):
+    metadata: _ListMeta = msgspec.field(default_factory=_ListMeta)
+    items: list[T] | None = None  # null in an empty list
+
+
+class _Name(msgspec.Struct):
+    name: str = "?"
+    namespace: str = ""
+
+
+class _Named(msgspec.Struct):
+    """Just enough of any object to name it when its projection fails."""
+
+    metadata: _Name = msgspec.field(default_factory=_Name)
+
+
+def _name(raw: msgspec.Raw) -> str:
+    try:
+        meta = msgspec.json.decode(raw, type=_Named).metadata
+    except msgspec.DecodeError:
+        return "?"
+    return f"{meta.namespace}/{meta.name}" if meta.namespace else meta.name
+
+
+class PageDecoder(Generic[J]):
+    """LIST pages of one kind into projections: a page in one pass; a page holding an
+    object the projection cannot take, one object at a time, skipping just that one."""
+
+    def __init__(self, json_type: type[J], kind: str) -> None:
+        self.kind = kind
+        self._page = msgspec.json.Decoder(_Page[json_type])  # type: ignore[valid-type]
+        self._object = msgspec.json.Decoder(json_type)
+
+    def decode(self, raw: bytes) -> tuple[list[J], str]:
+        """The page's objects and the token of the next page ("" on the last).
+        msgspec.DecodeError when the page itself is not a list."""
+        try:
+            page: _Page[J] = self._page.decode(raw)
+        except msgspec.ValidationError:
+            return self._one_by_one(raw)
+        return page.items or [], page.metadata.next_page
+
+    def _one_by_one(self, raw: bytes) -> tuple[list[J], str]:
+        page = msgspec.json.decode(raw, type=_Page[msgspec.Raw])
+        objects: list[J] = []
+        for item in page.items or ():
+            try:
+                objects.append(self._object.decode(item))
+            except msgspec.ValidationError as err:
+                name = _name(item)
+                log.warning(
+                    "%s %s skipped: it cannot be read (%s)",
+                    self.kind,
+                    name,
+                    err,
+                    extra={"kind": self.kind, "object": name},
+                )
+        return objects, page.metadata.next_page
+
+
+async def list_all(
+    api: KubeApi,
+    path: str,
+    json_type: type[J],
+    kind: str,
+    *,
+    label_selector: str = "",
+    field_selector: str = "",
+    page: int = LIST_PAGE,
+) -> list[J]:
+    """Every object at `path`, in pages of `page` objects."""
+    pages = PageDecoder(json_type, kind)
+    params = {"limit": str(page)}
+    if label_selector:
+        params["labelSelector"] = label_selector
+    if field_selector:
+        params["fieldSelector"] = field_selector
+    found: list[J] = []
+    while True:
+        objects, next_page = pages.decode(await api.get(path, params))
+        found += objects
+        if not next_page:
+            return found
+        params = {**params, "continue": next_page}
+
+
+@dataclass
+class Snapshot:
+    """The fleet as one read command sees it."""
+
+    nodes: list[NodeJson]
+    pods: list[PodJson]  # as listed: bound and live (LIVE_BOUND_PODS)
+    # The GPUFault records; None when not read, or when the cluster has no GPUFault CRD.
+    faults: list[FaultRecord] | None = None
+    pods_by_node: dict[str, list[PodJson]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        by_node: dict[str, list[PodJson]] = defaultdict(list)
+        for pod in self.pods:
+            if pod.spec.nodeName:
+                by_node[pod.spec.nodeName].append(pod)
+        self.pods_by_node = dict(by_node)
+
+
+async def _fault_records(api: KubeApi, page: int) -> list[FaultRecord] | None:
+    try:
+        records = await list_all(api, gpufault_path(), FaultJson, "GPUFault", page=page)
+    except ApiError as err:
+        if err.code != 404:
+            raise
+        return None  # no GPUFault CRD: the controller is not installed (yet)
+    return [fault_record(r) for r in records]
+
+
+async def _nothing() -> None:
+    return None
+
+
+async def read_snapshot(
+    api: KubeApi, *, faults: bool, node_selector: str = "", page: int = LIST_PAGE
+) -> Snapshot:
+    """Nodes (those matching `node_selector`, a labelSelector, when given), every live
+    pod bound to a node, and (`faults`) the GPUFault records, listed concurrently."""
+    nodes, pods, records = await asyncio.gather(
+        list_all(api, node_path(), NodeJson, "Node", label_selector=node_selector, page=page),
+        list_all(api, ALL_PODS, PodJson, "Pod", field_selector=LIVE_BOUND_PODS, page=page),
+        _fault_records(api, page) if faults else _nothing(),
+    )
+    return Snapshot(nodes=nodes, pods=pods, faults=records)

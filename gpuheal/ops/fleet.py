@@ -1,0 +1,94 @@
+"""The small facts the read commands (`status`, `audit`) derive from the slim
+projections of kube/snapshot.py: GPU quantities, readiness, liveness.
+
+The same facts of lightkube models are in ops/cluster.py, for the commands not
+yet on projections; the quantity arithmetic is here, once, for both.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+
+from gpuheal.config import Config
+from gpuheal.kube.projections import Container, NodeJson, PodJson, TaintJson
+from gpuheal.values import is_label_value
+
+
+def quantity(value: str | None) -> int:
+    """A whole-number resource quantity ("8", "8000m" is not a GPU count: 0)."""
+    try:
+        return int(value or "0")
+    except ValueError:
+        return 0
+
+
+def gpu_total(resources: Mapping[str, str] | None, config: Config) -> int:
+    """The sum of every GPU resource (nvidia.com/gpu and MIG profiles) in a resource map."""
+    return sum(quantity(v) for k, v in (resources or {}).items() if config.is_gpu_resource(k))
+
+
+def wanted_gpus(
+    limits: Mapping[str, str] | None, requests: Mapping[str, str] | None, config: Config
+) -> int:
+    """One container's GPUs: for extended resources a limit alone implies an equal request."""
+    return gpu_total({**(limits or {}), **(requests or {})}, config)
+
+
+def scheduled_gpus(containers: Iterable[int], init_containers: Iterable[int]) -> int:
+    """GPUs the scheduler counts for a pod, from its containers' counts: the larger of
+    the containers' sum and the largest init container (they run one at a time, first)."""
+    return max(sum(containers), max(init_containers, default=0))
+
+
+def _container_gpus(container: Container, config: Config) -> int:
+    return wanted_gpus(container.resources.limits, container.resources.requests, config)
+
+
+def pod_gpus(pod: PodJson, config: Config) -> int:
+    return scheduled_gpus(
+        (_container_gpus(c, config) for c in pod.spec.containers),
+        (_container_gpus(c, config) for c in pod.spec.initContainers),
+    )
+
+
+def pod_live(pod: PodJson) -> bool:
+    """Still holds its node's resources: not Succeeded or Failed."""
+    return pod.status.phase not in ("Succeeded", "Failed")
+
+
+def pod_name(pod: PodJson) -> str:
+    return f"{pod.metadata.namespace}/{pod.metadata.name}"
+
+
+def node_ready(node: NodeJson) -> bool | None:
+    """The Ready condition: True, False, or None when it is Unknown or absent."""
+    for condition in node.status.conditions:
+        if condition.type == "Ready":
+            return {"True": True, "False": False}.get(condition.status)
+    return None
+
+
+def gpu_node(node: NodeJson, config: Config) -> bool:
+    """Managed by gpuheal: matches the controller's nodeSelector (or has GPU capacity)."""
+    labels = node.metadata.labels
+    if config.node_selector:
+        return all(labels.get(k) == v for k, v in config.node_selector.items())
+    return gpu_total(node.status.capacity, config) > 0
+
+
+_LABEL_KEY = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_./]*$")
+
+
+def node_selector_query(config: Config) -> str:
+    """The controller's nodeSelector as a LIST labelSelector, so the API server sends
+    only GPU nodes; "" when it cannot say that exactly (no nodeSelector: GPU capacity
+    decides; a key or value no label can have). gpu_node still decides either way."""
+    terms = sorted(config.node_selector.items())
+    if not terms or not all(_LABEL_KEY.match(k) and is_label_value(v) for k, v in terms):
+        return ""
+    return ",".join(f"{k}={v}" for k, v in terms)
+
+
+def taint_of(node: NodeJson, key: str) -> TaintJson | None:
+    return next((t for t in node.spec.taints if t.key == key), None)

@@ -1,0 +1,136 @@
+"""What one remediation costs the API server, counted on the server's side.
+
+A node with 8 GPU pods reports a fault; the controller (as the audited user)
+taints it, evicts the pods and marks the fault handled. Its requests are read
+back from the API server's audit log (the Lease heartbeat aside): only the
+record that locks the fault and the taint reach the server before the taint
+does; each pass writes the record once, one Event per step on the Node, one
+Event for all the pods a pass evicts. docs/BENCHMARKS.md has the table.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+from lightkube import Client
+
+from gpuheal.kube.resources import GPUFault
+from gpuheal.sim import ControlPlane, audit
+from gpuheal.sim.workloads import apply, gpu_pod, wait_pods_running
+from tests.helpers import FakeNodes, wait_for
+from tests.integration.conftest import (
+    StartController,
+    controller_config,
+    faults_of,
+    handled_fault,
+    our_taint,
+    pods_on,
+    report_fault,
+)
+
+pytestmark = pytest.mark.timeout(180)
+
+GPU_PODS = 8
+MAX_BEFORE_TAINT = 2  # the record (the fault's lock), then the taint itself
+# The whole remediation, by verb (27 requests before each pass wrote its record
+# once and Events stopped coming per pod and per object).
+EXPECTED = {
+    "create gpufaults": 1,  # the lock
+    "patch nodes": 2,  # taint + state label; the handled mark once drained
+    "create pods/eviction": GPU_PODS,  # each pod once
+    "patch gpufaults/status": 3,  # the fence's pass, the eviction pass, Drained
+    "create events": 3,  # Detected, Quarantined, one for the 8 evictions
+}
+QUIET_S = 2.0  # after the record says Drained: anything still queued (Events) lands
+
+
+def _phase(kube: Client, name: str) -> str:
+    status: Any = kube.get(GPUFault, name).status or {}
+    return str(status.get("phase", ""))
+
+
+def _made(control_plane: ControlPlane, user: str, since: int) -> list[audit.Request]:
+    """The user's requests since `since`, the Lease heartbeat aside."""
+    found = audit.requests(control_plane.audit_log, user=user, since=since)
+    return [r for r in found if r.resource != "leases"]
+
+
+def _up_to_taint(made: list[audit.Request], node: str) -> Counter[str]:
+    """The requests the server completed up to (and with) the first node PATCH."""
+    at = next(
+        i for i, r in enumerate(made) if (r.verb, r.resource, r.name) == ("patch", "nodes", node)
+    )
+    return Counter(f"{r.verb} {r.resource}" for r in made[: at + 1])
+
+
+def test_one_remediation_of_a_node_with_8_gpu_pods_costs_at_most_12_requests(
+    kube: Client,
+    control_plane: ControlPlane,
+    namespace: str,
+    pool: dict[str, str],
+    fake_gpu_nodes: FakeNodes,
+    audited_controller_user: str,
+    start_controller: StartController,
+) -> None:
+    (node,) = fake_gpu_nodes(1, labels=pool)
+    for i in range(GPU_PODS):
+        apply(kube, gpu_pod(f"llama-70b-{i}", namespace, node_name=node))
+    wait_pods_running(kube, namespace, count=GPU_PODS)
+    start_controller(controller_config(pool), user=audited_controller_user).wait_leading()
+    time.sleep(QUIET_S)  # the start's lists and watches are behind us
+    since = audit.offset(control_plane.audit_log)
+
+    report_fault(kube, node, "xid-79-gpu-fell-off-the-bus")
+    wait_for("the taint", lambda: our_taint(kube, node) is not None, timeout_s=30)
+    wait_for("the GPU pods gone", lambda: not pods_on(kube, namespace, node))
+    wait_for("handled", lambda: handled_fault(kube, node) == "xid-79-gpu-fell-off-the-bus")
+    (record,) = faults_of(kube, node)
+    wait_for("record Drained", lambda: _phase(kube, str(record.metadata.name)) == "Drained")
+    time.sleep(QUIET_S)
+
+    made = _made(control_plane, audited_controller_user, since)
+    counts = Counter(f"{r.verb} {r.resource}" for r in made)
+    before_taint = _up_to_taint(made, node)
+    print(f"remediation: {len(made)} requests {dict(sorted(counts.items()))}")
+    print(f"up to the taint: {sum(before_taint.values())} {dict(sorted(before_taint.items()))}")
+
+    assert sum(before_taint.values()) <= MAX_BEFORE_TAINT, before_taint
+    assert counts == EXPECTED, counts
+
+
+def test_in_quarantine_mode_the_taint_carries_the_handled_mark(
+    kube: Client,
+    control_plane: ControlPlane,
+    namespace: str,
+    pool: dict[str, str],
+    fake_gpu_nodes: FakeNodes,
+    audited_controller_user: str,
+    start_controller: StartController,
+) -> None:
+    """Nothing to move: the node is handled once it is fenced, and one PATCH says both."""
+    (node,) = fake_gpu_nodes(1, labels=pool)
+    config = controller_config(pool, mode="quarantine")
+    start_controller(config, user=audited_controller_user).wait_leading()
+    time.sleep(QUIET_S)
+    since = audit.offset(control_plane.audit_log)
+
+    report_fault(kube, node, "xid-79-quarantine-only")
+    wait_for("handled", lambda: handled_fault(kube, node) == "xid-79-quarantine-only")
+    assert our_taint(kube, node) is not None
+    (record,) = faults_of(kube, node)
+    wait_for("record Quarantined", lambda: _phase(kube, str(record.metadata.name)) == "Quarantined")
+    time.sleep(QUIET_S)
+
+    made = _made(control_plane, audited_controller_user, since)
+    counts = Counter(f"{r.verb} {r.resource}" for r in made)
+    print(f"remediation: {len(made)} requests {dict(sorted(counts.items()))}")
+    assert sum(_up_to_taint(made, node).values()) <= MAX_BEFORE_TAINT
+    assert counts == {
+        "create gpufaults": 1,
+        "patch nodes": 1,  # taint, state label and handled mark together
+        "patch gpufaults/status": 1,
+        "create events": 2,  # Detected, Quarantined
+    }, counts
