@@ -60,6 +60,7 @@ def _cmd_agent(args: argparse.Namespace) -> int:
     from gpuheal.agent.config import load_agent_config  # noqa: PLC0415
     from gpuheal.agent.run import run_agent  # noqa: PLC0415
     from gpuheal.config import ConfigError  # noqa: PLC0415
+    from gpuheal.kube.kubeconfig import KubeconfigError  # noqa: PLC0415
 
     if not args.node:
         print("gpuheal agent: --node or $NODE_NAME is required", file=sys.stderr)
@@ -69,7 +70,11 @@ def _cmd_agent(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"gpuheal agent: {err}", file=sys.stderr)
         return 2
-    return run_agent(config, node=args.node, kubeconfig=args.kubeconfig)
+    try:
+        return run_agent(config, node=args.node, kubeconfig=args.kubeconfig)
+    except KubeconfigError as err:
+        print(f"gpuheal agent: cannot load a kubeconfig: {err}", file=sys.stderr)
+        return 2
 
 
 def _operator(args: argparse.Namespace) -> int:
@@ -411,7 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument(
         "--kubeconfig",
         type=Path,
-        help="kubeconfig (default: in-cluster, then $KUBECONFIG, then ~/.kube/config)",
+        help="kubeconfig (default: $KUBECONFIG, then ~/.kube/config, then in-cluster)",
     )
     agent.set_defaults(func=_cmd_agent)
     _add_operator_commands(commands)

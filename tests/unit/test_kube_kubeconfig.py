@@ -80,7 +80,16 @@ def test_in_cluster_needs_both_the_environment_and_the_mounted_token(tmp_path: P
         load_rest_config(None, environ={}, home=tmp_path, service_account_dir=mounted)
 
 
-@pytest.mark.parametrize("command", [["status"], ["audit"], ["controller"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["status"],
+        ["audit"],
+        ["doctor", "ip-10-0-12-34.us-west-2.compute.internal"],
+        ["controller"],
+        ["agent", "--node", "ip-10-0-12-34.us-west-2.compute.internal"],
+    ],
+)
 def test_every_command_says_plainly_that_there_is_no_kubeconfig(
     command: list[str],
     tmp_path: Path,
