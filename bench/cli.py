@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -29,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import build_fleet, emit, wait_settled
+from common import build_fleet, commit_of, emit, wait_settled
 from lightkube.resources.core_v1 import Node
 
 from gpuheal.model import DRIVER_VERSION, STATE_LABEL, STATE_MAINTENANCE
@@ -55,18 +54,6 @@ def timed(argv: list[str], code: Path | None = None) -> tuple[float, float, int]
     _, status, usage = os.wait4(child.pid, 0)  # this child's own rusage
     wall = time.monotonic() - started
     return wall, usage.ru_maxrss / 1024, os.waitstatus_to_exitcode(status)
-
-
-def commit_of(checkout: Path) -> str:
-    """The checkout's commit, so the results say what the baseline was."""
-    git = shutil.which("git")
-    if git is None:
-        return "an unknown commit"
-    done = subprocess.run(
-        [git, "-C", str(checkout), "rev-parse", "--short", "HEAD"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    return done.stdout.strip() or "an unknown commit"
 
 
 def seed(cp: ControlPlane, names: list[str]) -> None:

@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import signal
 import ssl
 import subprocess
@@ -186,3 +187,15 @@ def wait_settled(cp: ControlPlane, timeout_s: float = 900) -> float:
             raise TimeoutError("kwok did not mark every pod Running in time")
         time.sleep(2)
     return time.monotonic() - started
+
+
+def commit_of(checkout: Path) -> str:
+    """The checkout's commit, so the results say what the baseline was."""
+    git = shutil.which("git")
+    if git is None:
+        return "an unknown commit"
+    done = subprocess.run(
+        [git, "-C", str(checkout), "rev-parse", "--short", "HEAD"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    return done.stdout.strip() or "an unknown commit"

@@ -35,7 +35,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from common import build_fleet, emit, percentiles_ms, profiler, pyplot, stop_profiler
+from common import (
+    build_fleet,
+    commit_of,
+    emit,
+    percentiles_ms,
+    profiler,
+    pyplot,
+    stop_profiler,
+)
 
 from gpuheal.kube.api import KubeApi, node_path
 from gpuheal.model import FAULT_ID, FAULT_REASON, FAULT_TIME, HANDLED_FAULT_ID, STATUS, TAINT_KEY
@@ -222,7 +230,7 @@ async def api_cost(cp: ControlPlane, api: KubeApi, watcher: Watcher, node: str) 
 
 
 def start_controller(
-    cp: ControlPlane, workdir: Path, name: str, **config: Any
+    cp: ControlPlane, workdir: Path, name: str, code: Path | None, **config: Any
 ) -> ControllerProcess:
     settings = {
         "nodeSelector": POOL,
@@ -231,13 +239,22 @@ def start_controller(
         "recoveryWindowSeconds": 1,
         **config,
     }
-    controller = ControllerProcess(workdir, cp.kubeconfig_for(USER), settings, identity=name)
+    controller = ControllerProcess(
+        workdir, cp.kubeconfig_for(USER), settings, identity=name, code=code
+    )
     return controller.start().wait_leading()
 
 
 async def run(
-    cp: ControlPlane, workdir: Path, nodes: list[str], args: argparse.Namespace
+    cp: ControlPlane,
+    workdir: Path,
+    nodes: list[str],
+    args: argparse.Namespace,
+    code: Path | None = None,
 ) -> dict[str, Any]:
+    """Singles, storms and the API cost with the controller of this checkout, or of
+    the checkout `code`."""
+    tag = "base-" if code else ""
     api = KubeApi.from_kubeconfig(cp.kubeconfig)
     watcher = Watcher(api)
     await watcher.start()
@@ -245,22 +262,24 @@ async def run(
     try:
         used = args.singles
         if args.singles:
-            controller = start_controller(cp, workdir, "defaults")
+            controller = start_controller(cp, workdir, f"{tag}defaults", code)
             results["single"] = await singles(api, watcher, nodes[:used], args.spacing)
             controller.stop()
         # Storms: every safety throttle lifted, so what is measured is the machinery.
         controller = start_controller(
             cp,
             workdir,
-            "lifted",
+            f"{tag}lifted",
+            code,
             rateLimitPerSecond=100_000,
             rateLimitBurst=100_000,
             workers=args.workers,
         )
-        spy = profiler(controller.component.pid or 0, "profile-storms") if args.profile else None
+        profile = args.profile and code is None
+        spy = profiler(controller.component.pid or 0, "profile-storms") if profile else None
         for size in args.storms:
             results[f"storm-{size}"] = await storm(
-                api, watcher, nodes[used : used + size], f"storm{size}"
+                api, watcher, nodes[used : used + size], f"{tag}storm{size}"
             )
             used += size
         if spy is not None:
@@ -280,7 +299,7 @@ async def run(
 def summarise(raw: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, series in raw.items():
-        if name in {"api_cost", "watch_restarts"}:
+        if name.startswith(("api_cost", "watch_restarts")):
             out[name] = series
             continue
         floor = percentiles_ms(series["floor"])
@@ -303,7 +322,7 @@ def plot(raw: dict[str, Any]) -> list[str]:
     plt = pyplot()
     figure, axis = plt.subplots(figsize=(7, 4.5))
     for name, series in raw.items():
-        if name in {"api_cost", "watch_restarts"}:
+        if name.startswith(("api_cost", "watch_restarts")):
             continue
         for key, style in (("taint", "-"), ("floor", ":")):
             values = sorted(v * 1000 for v in series[key])
@@ -331,7 +350,16 @@ def main() -> int:
     parser.add_argument(
         "--profile", action="store_true", help="py-spy flame graph of the storms' controller"
     )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="a checkout to compare with: the same phases run with its controller, on "
+        "nodes of their own in the same fleet, after this checkout's",
+    )
     args = parser.parse_args()
+    if args.baseline and not (args.baseline / "gpuheal" / "cli.py").exists():
+        parser.error(f"--baseline {args.baseline}: not a checkout of gpuheal")
+    versions: list[Path | None] = [None, *([args.baseline.resolve()] if args.baseline else [])]
     config = ControlPlaneConfig(scheduler=False, controller_manager=False, audit_users=[USER])
     with ControlPlane(config) as cp, tempfile.TemporaryDirectory() as tmp:
         client = cp.client()
@@ -339,10 +367,16 @@ def main() -> int:
         audit.grant_cluster_admin(client, USER)
         create_namespace(client, "gpuheal-system")
         create_namespace(client, "work")
-        total = args.singles + sum(args.storms) + 1
-        nodes = build_fleet(cp, "q", total, pods_per_node=PODS_PER_NODE, labels=POOL)
-        raw = asyncio.run(run(cp, Path(tmp), nodes, args))
+        each = args.singles + sum(args.storms) + 1
+        nodes = build_fleet(cp, "q", each * len(versions), pods_per_node=PODS_PER_NODE, labels=POOL)
+        raw: dict[str, Any] = {}
+        for i, code in enumerate(versions):
+            measured = asyncio.run(run(cp, Path(tmp), nodes[i * each : (i + 1) * each], args, code))
+            suffix = " (baseline)" if code else ""
+            raw.update({f"{name}{suffix}": series for name, series in measured.items()})
     result = {"benchmark": "quarantine", **summarise(raw), "plots": plot(raw)}
+    if args.baseline:
+        result["baseline"] = f"{args.baseline} at {commit_of(args.baseline)}"
     lines = []
     for name, entry in result.items():
         if isinstance(entry, dict) and "time_to_taint_ms" in entry:
@@ -356,9 +390,10 @@ def main() -> int:
             if "nodes_tainted_per_second" in entry:
                 line += f"; {entry['nodes_tainted_per_second']} nodes/s"
             lines.append(line)
-    cost = result["api_cost"]
-    lines.append(f"API cost, one node with 8 GPU pods: remediation {cost['remediation']}")
-    lines.append(f"  recovery {cost['recovery']}")
+    for name in (n for n in result if n.startswith("api_cost")):
+        cost = result[name]
+        lines.append(f"{name}, one node with 8 GPU pods: remediation {cost['remediation']}")
+        lines.append(f"  recovery {cost['recovery']}")
     emit("quarantine", result, "\n".join(lines))
     return 0
 

@@ -71,15 +71,22 @@ class ControllerProcess:
         *,
         identity: str = "controller-0",
         env: Mapping[str, str] | None = None,
+        code: Path | None = None,
     ) -> None:
+        """`code`: run the controller from that checkout instead of this one (a
+        benchmark's A/B of two versions on one fleet)."""
         self.workdir = workdir
         self.identity = identity
         self.port = free_port()
         self.config_path = workdir / f"config-{identity}.yaml"
         self.config_path.write_text(yaml.safe_dump(dict(config)))
         self.env = dict(env or {})
+        if code is not None:
+            self.env["PYTHONPATH"] = str(code)
         argv = [
             sys.executable,
+            # -P: `-m` must not put the working directory (this checkout) first.
+            *(["-P"] if code is not None else []),
             "-m",
             "gpuheal.cli",
             "--log-level",
