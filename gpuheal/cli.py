@@ -286,7 +286,7 @@ def _add_operator_commands(
         ),
     )
     gate.add_argument("node", metavar="NODE")
-    gate.set_defaults(func=_operator, operate=ops.gate)
+    gate.set_defaults(func=_reader, read=ops.gate)
 
     doctor = commands.add_parser(
         "doctor",

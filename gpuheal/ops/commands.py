@@ -2,8 +2,9 @@
 
 Each takes the Context and the parsed arguments and returns an exit code
 (ops/exitcodes.py); the work is in the module named after the command. The
-read commands (status, audit) are coroutines given a ReadContext: the CLI runs
-them in one event loop around the API client it opens and closes.
+commands on kube/'s client (status, audit, gate) are coroutines given a
+ReadContext: the CLI runs them in one event loop around the API client it opens
+and closes. The others are on lightkube's client still (issue 17).
 """
 
 from __future__ import annotations
@@ -33,10 +34,10 @@ def maintenance_finish(ctx: Context, args: argparse.Namespace) -> int:
     return finish(ctx, args)
 
 
-def gate(ctx: Context, args: argparse.Namespace) -> int:
+async def gate(ctx: ReadContext, args: argparse.Namespace) -> int:
     from gpuheal.ops.gate import run_gate  # noqa: PLC0415
 
-    return run_gate(ctx, args.node)
+    return await run_gate(ctx, args.node)
 
 
 def doctor(ctx: Context, args: argparse.Namespace) -> int:

@@ -25,7 +25,7 @@ from rich.text import Text
 from gpuheal.ops.cluster import is_mirror_pod, labels_of, owner_kind, pod_live
 from gpuheal.ops.context import Context
 from gpuheal.ops.findings import pod_key
-from gpuheal.ops.gate import pods_on
+from gpuheal.ops.legacy import pods_on
 from gpuheal.ops.scheduling import selector_matches
 
 
