@@ -344,7 +344,7 @@ def _add_operator_commands(
             ),
         )
         decide.add_argument("fault", metavar="FAULT", help="the GPUFault name, or its fault id")
-        decide.set_defaults(func=_operator, operate=operate)
+        decide.set_defaults(func=_reader, read=operate)
 
 
 def build_parser() -> argparse.ArgumentParser:

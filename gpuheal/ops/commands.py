@@ -2,7 +2,7 @@
 
 Each takes the Context and the parsed arguments and returns an exit code
 (ops/exitcodes.py); the work is in the module named after the command. The
-commands on kube/'s client (status, audit, gate) are coroutines given a
+commands on kube/'s client (status, audit, gate, approve, reject) are coroutines given a
 ReadContext: the CLI runs them in one event loop around the API client it opens
 and closes. The others are on lightkube's client still (issue 17).
 """
@@ -52,15 +52,15 @@ async def audit(ctx: ReadContext, args: argparse.Namespace) -> int:
     return await run_audit(ctx, selector=args.selector, stuck_after_s=args.stuck_after)
 
 
-def approve(ctx: Context, args: argparse.Namespace) -> int:
+async def approve(ctx: ReadContext, args: argparse.Namespace) -> int:
     from gpuheal.model import APPROVED  # noqa: PLC0415
     from gpuheal.ops.approval import answer  # noqa: PLC0415
 
-    return answer(ctx, args.fault, APPROVED)
+    return await answer(ctx, args.fault, APPROVED)
 
 
-def reject(ctx: Context, args: argparse.Namespace) -> int:
+async def reject(ctx: ReadContext, args: argparse.Namespace) -> int:
     from gpuheal.model import REJECTED  # noqa: PLC0415
     from gpuheal.ops.approval import answer  # noqa: PLC0415
 
-    return answer(ctx, args.fault, REJECTED)
+    return await answer(ctx, args.fault, REJECTED)
