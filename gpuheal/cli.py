@@ -301,7 +301,7 @@ def _add_operator_commands(
         ),
     )
     doctor.add_argument("node", metavar="NODE")
-    doctor.set_defaults(func=_operator, operate=ops.doctor)
+    doctor.set_defaults(func=_reader, read=ops.doctor)
 
     audit = commands.add_parser(
         "audit",

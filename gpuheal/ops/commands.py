@@ -2,9 +2,10 @@
 
 Each takes the Context and the parsed arguments and returns an exit code
 (ops/exitcodes.py); the work is in the module named after the command. The
-commands on kube/'s client (status, audit, gate, approve, reject) are coroutines given a
-ReadContext: the CLI runs them in one event loop around the API client it opens
-and closes. The others are on lightkube's client still (issue 17).
+commands on kube/'s client (status, audit, gate, doctor, approve, reject) are
+coroutines given a ReadContext: the CLI runs them in one event loop around the
+API client it opens and closes. `maintenance` is on lightkube's client still
+(issue 17).
 """
 
 from __future__ import annotations
@@ -40,10 +41,10 @@ async def gate(ctx: ReadContext, args: argparse.Namespace) -> int:
     return await run_gate(ctx, args.node)
 
 
-def doctor(ctx: Context, args: argparse.Namespace) -> int:
+async def doctor(ctx: ReadContext, args: argparse.Namespace) -> int:
     from gpuheal.ops import doctor  # noqa: PLC0415 -- imports on call
 
-    return doctor.run(ctx, args.node)
+    return await doctor.run(ctx, args.node)
 
 
 async def audit(ctx: ReadContext, args: argparse.Namespace) -> int:

@@ -42,8 +42,8 @@ class Context(Session):
 
 @dataclass(kw_only=True)
 class ReadContext(Session):
-    """For the commands on kube/'s client (`status`, `audit`, `gate`, `approve`,
-    `reject`): the raw JSON client, whose answers decode into slim projections
+    """For the commands on kube/'s client (`status`, `audit`, `gate`, `doctor`,
+    `approve`, `reject`): the raw JSON client, whose answers decode into slim projections
     (kube/snapshot.py). The CLI opens and closes it around the command's coroutine."""
 
     api: KubeApi

@@ -1,6 +1,8 @@
-"""lightkube's side of the node reads and Events of `maintenance` and its drain,
-the operator commands not yet on kube/'s client (issue 17). `gate` reads the same
-facts as slim projections (ops/gate.py); this module goes when they move too.
+"""lightkube's side of `maintenance` and its drain, the operator commands not yet
+on kube/'s client (issue 17): their node and pod reads, the small facts they
+derive from lightkube's models, and their Events. `gate` and `doctor` read the
+same facts as projections (ops/gate.py, ops/cluster.py); this module goes when
+maintenance moves too.
 
 The Node Events the operator commands write (the gate's failure, maintenance
 start and finish) are best effort, like the controller's, never a reason to fail.
@@ -10,31 +12,108 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
+from collections.abc import Mapping
 
 import httpx2
+import msgspec
 from lightkube import ApiError, Client
+from lightkube.models.core_v1 import Container
+from lightkube.models.meta_v1 import LabelSelector
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.events_v1 import Event
 from rich.text import Text
 
 from gpuheal.config import Config
+from gpuheal.kube import details
 from gpuheal.kube.events import EVENT_NAMESPACE, event_body, node_ref
 from gpuheal.kube.projections import device_plugin_matcher
-from gpuheal.ops.cluster import (
-    LIST_PAGE,
-    annotations_of,
-    gpu_node,
-    labels_of,
-    name_of,
-    node_ready,
-    pod_live,
-    quantity,
-)
+from gpuheal.ops import scheduling
 from gpuheal.ops.context import Context
+from gpuheal.ops.fleet import gpu_total, quantity, scheduled_gpus, wanted_gpus
 from gpuheal.policy.gate import DevicePluginPod, GateFacts
 from gpuheal.policy.pools import driver_version, pool_of
 
 REPORTING_CONTROLLER = "gpuheal.io/cli"
+LIST_PAGE = 500
+
+
+def _container_gpus(container: Container, config: Config) -> int:
+    resources = container.resources
+    if resources is None:
+        return 0
+    return wanted_gpus(resources.limits, resources.requests, config)
+
+
+def pod_gpus(pod: Pod, config: Config) -> int:
+    """GPUs the scheduler counts for this pod (ops/fleet.py: scheduled_gpus)."""
+    spec = pod.spec
+    if spec is None:
+        return 0
+    return scheduled_gpus(
+        (_container_gpus(c, config) for c in spec.containers),
+        (_container_gpus(c, config) for c in spec.initContainers or ()),
+    )
+
+
+def node_ready(node: Node) -> bool | None:
+    """The Ready condition: True, False, or None when it is Unknown or absent."""
+    for condition in (node.status.conditions if node.status else None) or ():
+        if condition.type == "Ready":
+            return {"True": True, "False": False}.get(condition.status)
+    return None
+
+
+def owner_kind(pod: Pod) -> str:
+    """The kind of the pod's controller ("" for a bare pod)."""
+    for owner in (pod.metadata.ownerReferences if pod.metadata else None) or ():
+        if owner.controller:
+            return owner.kind
+    return ""
+
+
+def is_mirror_pod(pod: Pod) -> bool:
+    annotations = (pod.metadata.annotations if pod.metadata else None) or {}
+    return "kubernetes.io/config.mirror" in annotations
+
+
+def pod_live(pod: Pod) -> bool:
+    """Still holds its node's resources: not Succeeded or Failed."""
+    phase = pod.status.phase if pod.status else None
+    return phase not in ("Succeeded", "Failed")
+
+
+def gpu_node(node: Node, config: Config) -> bool:
+    """Managed by gpuheal: matches the controller's nodeSelector (or has GPU capacity)."""
+    labels = (node.metadata.labels if node.metadata else None) or {}
+    if config.node_selector:
+        return all(labels.get(k) == v for k, v in config.node_selector.items())
+    return gpu_total(node.status.capacity if node.status else None, config) > 0
+
+
+def labels_of(obj: Node | Pod) -> dict[str, str]:
+    return dict((obj.metadata.labels if obj.metadata else None) or {})
+
+
+def annotations_of(obj: Node | Pod) -> dict[str, str]:
+    return dict((obj.metadata.annotations if obj.metadata else None) or {})
+
+
+def name_of(obj: Node | Pod) -> str:
+    return (obj.metadata.name if obj.metadata else None) or ""
+
+
+def pod_key(pod: Pod) -> str:
+    meta = pod.metadata
+    return f"{(meta.namespace if meta else '') or ''}/{(meta.name if meta else '') or ''}"
+
+
+def selector_matches(selector: LabelSelector | None, labels: Mapping[str, str]) -> bool:
+    """ops/scheduling.selector_matches, of lightkube's LabelSelector."""
+    if selector is None:
+        return False
+    return scheduling.selector_matches(
+        msgspec.convert(selector.to_dict(), details.LabelSelector), labels
+    )
 
 
 def get_node(client: Client, name: str) -> Node | None:

@@ -39,12 +39,20 @@ from gpuheal.model import (
     XID_ERRORS,
 )
 from gpuheal.ops import exitcodes
-from gpuheal.ops.cluster import annotations_of, labels_of, pod_gpus, pod_live
 from gpuheal.ops.context import Context
 from gpuheal.ops.drain import DrainOptions, DrainResult, drain, skip_reason
-from gpuheal.ops.findings import pod_key
 from gpuheal.ops.gate import GateReport, gate_exit_code, maintenance_since
-from gpuheal.ops.legacy import emit_node_event, gather, get_node, pods_on
+from gpuheal.ops.legacy import (
+    annotations_of,
+    emit_node_event,
+    gather,
+    get_node,
+    labels_of,
+    pod_gpus,
+    pod_key,
+    pod_live,
+    pods_on,
+)
 from gpuheal.ops.output import Notes, Table, render
 from gpuheal.policy.gate import GATE_FAILED, evaluate
 from gpuheal.values import label_text
