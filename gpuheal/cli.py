@@ -116,8 +116,9 @@ def _operator(args: argparse.Namespace) -> int:
 
 
 def _reader(args: argparse.Namespace) -> int:
-    """Like _operator, for the read commands (status, audit): they run in one event
-    loop around the raw JSON client, whose lists decode into slim projections."""
+    """Like _operator, for the commands on kube/'s client (status, audit, gate, doctor,
+    approve, reject): they run in one event loop around the raw JSON client, whose
+    answers decode into msgspec projections."""
     import asyncio  # noqa: PLC0415
 
     import aiohttp  # noqa: PLC0415
