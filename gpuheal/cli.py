@@ -116,8 +116,9 @@ def _operator(args: argparse.Namespace) -> int:
 
 
 def _reader(args: argparse.Namespace) -> int:
-    """Like _operator, for the read commands (status, audit): they run in one event
-    loop around the raw JSON client, whose lists decode into slim projections."""
+    """Like _operator, for the commands on kube/'s client (status, audit, gate, doctor,
+    approve, reject): they run in one event loop around the raw JSON client, whose
+    answers decode into msgspec projections."""
     import asyncio  # noqa: PLC0415
 
     import aiohttp  # noqa: PLC0415
@@ -286,7 +287,7 @@ def _add_operator_commands(
         ),
     )
     gate.add_argument("node", metavar="NODE")
-    gate.set_defaults(func=_operator, operate=ops.gate)
+    gate.set_defaults(func=_reader, read=ops.gate)
 
     doctor = commands.add_parser(
         "doctor",
@@ -301,7 +302,7 @@ def _add_operator_commands(
         ),
     )
     doctor.add_argument("node", metavar="NODE")
-    doctor.set_defaults(func=_operator, operate=ops.doctor)
+    doctor.set_defaults(func=_reader, read=ops.doctor)
 
     audit = commands.add_parser(
         "audit",
@@ -344,7 +345,7 @@ def _add_operator_commands(
             ),
         )
         decide.add_argument("fault", metavar="FAULT", help="the GPUFault name, or its fault id")
-        decide.set_defaults(func=_operator, operate=operate)
+        decide.set_defaults(func=_reader, read=operate)
 
 
 def build_parser() -> argparse.ArgumentParser:

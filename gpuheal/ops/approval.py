@@ -13,20 +13,47 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from lightkube import ApiError
-from lightkube.resources.authentication_v1 import SelfSubjectReview
-from lightkube.types import PatchType
+import msgspec
 
-from gpuheal.kube.resources import GPUFault
+from gpuheal.kube.api import ApiError, gpufault_path
+from gpuheal.kube.projections import FaultJson, fault_record
+from gpuheal.kube.snapshot import list_all
 from gpuheal.model import APPROVED, FaultRecord
 from gpuheal.ops import exitcodes
-from gpuheal.ops.cluster import LIST_PAGE, fault_records
-from gpuheal.ops.context import Context
 from gpuheal.ops.output import Notes, Table, render
 from gpuheal.policy.approval import answer_patch, matching, refusal
 from gpuheal.policy.clock import iso
+
+if TYPE_CHECKING:
+    from gpuheal.ops.context import ReadContext
+
+SELF_SUBJECT_REVIEWS = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
+
+
+class _UserInfo(msgspec.Struct):
+    username: str | None = None
+
+
+class _ReviewStatus(msgspec.Struct):
+    userInfo: _UserInfo | None = None  # noqa: N815 -- API field name
+
+
+class _Review(msgspec.Struct):
+    """A SelfSubjectReview's answer: who the API server says the caller is."""
+
+    status: _ReviewStatus | None = None
+
+
+class _PlanStatus(msgspec.Struct):
+    plan: dict[str, Any] | None = None
+
+
+class _Planned(msgspec.Struct):
+    """A GPUFault's plan as written, whole: the answer shows it as the controller wrote it."""
+
+    status: _PlanStatus | None = None
 
 
 @dataclass(frozen=True)
@@ -66,17 +93,18 @@ class Answered:
         ]
 
 
-def whoami(ctx: Context) -> str:
+async def whoami(ctx: ReadContext) -> str:
     """The caller's user name, as the API server authenticated it."""
-    review = ctx.client.create(SelfSubjectReview())
-    user = review.status.userInfo if review.status else None
+    review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+    status = msgspec.json.decode(await ctx.api.create(SELF_SUBJECT_REVIEWS, review), type=_Review)
+    user = status.status.userInfo if status.status else None
     return (user.username if user else None) or ctx.actor
 
 
-def answer(ctx: Context, wanted: str, decision: str) -> int:
+async def answer(ctx: ReadContext, wanted: str, decision: str) -> int:
     prog = "gpuheal approve" if decision == APPROVED else "gpuheal reject"
-    raw = list(ctx.client.list(GPUFault, chunk_size=LIST_PAGE))
-    found = matching(fault_records(raw), wanted)
+    listed = await list_all(ctx.api, gpufault_path(), FaultJson, "GPUFault")
+    found = matching([fault_record(r) for r in listed], wanted)
     if not found:
         ctx.err.print(f"{prog}: no GPUFault named {wanted!r} or with that fault id")
         return exitcodes.NOT_FOUND
@@ -89,22 +117,20 @@ def answer(ctx: Context, wanted: str, decision: str) -> int:
     if why_not is not None:
         ctx.err.print(f"{prog}: {why_not}")
         return exitcodes.USAGE
-    by, at = whoami(ctx), iso(ctx.now().astimezone(dt.UTC))
+    by, at = await whoami(ctx), iso(ctx.now().astimezone(dt.UTC))
     try:
         body = answer_patch(record, decision, by, at)
-        ctx.client.patch(GPUFault.Status, record.name, body, patch_type=PatchType.MERGE)
+        written = await ctx.api.patch(gpufault_path(record.name, status=True), body)
     except ApiError as err:
-        if err.status.code != 409:
+        if err.code != 409:
             raise
         ctx.err.print(
             f"{prog}: GPUFault {record.name} changed meanwhile (answered, expired or cleared): "
             f"see kubectl get gf {record.name} -o yaml"
         )
         return exitcodes.ERROR
-    plan = next((dict(r.get("status", {}).get("plan") or {}) for r in raw if _named(r, record)), {})
+    # The plan as the record holds it: the resourceVersion guard means the one checked.
+    planned = msgspec.json.decode(written, type=_Planned).status
+    plan = (planned.plan if planned else None) or {}
     render(Answered(record, decision, by, at, plan), ctx.output, ctx.out)
     return exitcodes.OK
-
-
-def _named(obj: Any, record: FaultRecord) -> bool:
-    return bool(obj.metadata and obj.metadata.name == record.name)

@@ -2,8 +2,10 @@
 
 Each takes the Context and the parsed arguments and returns an exit code
 (ops/exitcodes.py); the work is in the module named after the command. The
-read commands (status, audit) are coroutines given a ReadContext: the CLI runs
-them in one event loop around the API client it opens and closes.
+commands on kube/'s client (status, audit, gate, doctor, approve, reject) are
+coroutines given a ReadContext: the CLI runs them in one event loop around the
+API client it opens and closes. `maintenance` is on lightkube's client still
+(issue 17).
 """
 
 from __future__ import annotations
@@ -33,16 +35,16 @@ def maintenance_finish(ctx: Context, args: argparse.Namespace) -> int:
     return finish(ctx, args)
 
 
-def gate(ctx: Context, args: argparse.Namespace) -> int:
+async def gate(ctx: ReadContext, args: argparse.Namespace) -> int:
     from gpuheal.ops.gate import run_gate  # noqa: PLC0415
 
-    return run_gate(ctx, args.node)
+    return await run_gate(ctx, args.node)
 
 
-def doctor(ctx: Context, args: argparse.Namespace) -> int:
+async def doctor(ctx: ReadContext, args: argparse.Namespace) -> int:
     from gpuheal.ops import doctor  # noqa: PLC0415 -- imports on call
 
-    return doctor.run(ctx, args.node)
+    return await doctor.run(ctx, args.node)
 
 
 async def audit(ctx: ReadContext, args: argparse.Namespace) -> int:
@@ -51,15 +53,15 @@ async def audit(ctx: ReadContext, args: argparse.Namespace) -> int:
     return await run_audit(ctx, selector=args.selector, stuck_after_s=args.stuck_after)
 
 
-def approve(ctx: Context, args: argparse.Namespace) -> int:
+async def approve(ctx: ReadContext, args: argparse.Namespace) -> int:
     from gpuheal.model import APPROVED  # noqa: PLC0415
     from gpuheal.ops.approval import answer  # noqa: PLC0415
 
-    return answer(ctx, args.fault, APPROVED)
+    return await answer(ctx, args.fault, APPROVED)
 
 
-def reject(ctx: Context, args: argparse.Namespace) -> int:
+async def reject(ctx: ReadContext, args: argparse.Namespace) -> int:
     from gpuheal.model import REJECTED  # noqa: PLC0415
     from gpuheal.ops.approval import answer  # noqa: PLC0415
 
-    return answer(ctx, args.fault, REJECTED)
+    return await answer(ctx, args.fault, REJECTED)

@@ -29,6 +29,8 @@ class Session:
     out: Console = field(default_factory=lambda: Console(soft_wrap=True))
     err: Console = field(default_factory=lambda: Console(stderr=True, soft_wrap=True))
     now: Callable[[], dt.datetime] = _utcnow
+    # Who is acting, for Events and annotations (the kubeconfig user, else "gpuheal-cli").
+    actor: str = "gpuheal-cli"
 
 
 @dataclass(kw_only=True)
@@ -36,13 +38,12 @@ class Context(Session):
     """For the commands that read and write through lightkube's client."""
 
     client: Client
-    # Who is acting, for Events and annotations (the kubeconfig user, else "gpuheal-cli").
-    actor: str = "gpuheal-cli"
 
 
 @dataclass(kw_only=True)
 class ReadContext(Session):
-    """For the read commands (`status`, `audit`): the raw JSON client, whose lists
-    decode into slim projections (kube/snapshot.py). The CLI opens and closes it."""
+    """For the commands on kube/'s client (`status`, `audit`, `gate`, `doctor`,
+    `approve`, `reject`): the raw JSON client, whose answers decode into slim projections
+    (kube/snapshot.py). The CLI opens and closes it around the command's coroutine."""
 
     api: KubeApi

@@ -19,9 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lightkube.resources.core_v1 import Node
-
 from gpuheal.config import Config
+from gpuheal.kube.details import Node
 from gpuheal.model import (
     MAINTENANCE_CORDONED,
     MAINTENANCE_REASON,
@@ -224,7 +223,7 @@ def question_ready(facts: Facts, config: Config) -> list[Finding]:
 def _schedulable(node: Node, facts: Facts, config: Config) -> list[Finding]:
     name, now = facts.name, facts.now
     annotations = annotations_of(node)
-    cordoned = bool(node.spec and node.spec.unschedulable)
+    cordoned = bool(node.spec.unschedulable)
     if labels_of(node).get(STATE_LABEL) == STATE_MAINTENANCE:
         since = parse_time(annotations.get(MAINTENANCE_SINCE))
         reason = annotations.get(MAINTENANCE_REASON) or "none recorded"

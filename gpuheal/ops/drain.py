@@ -22,11 +22,16 @@ from lightkube.resources.policy_v1 import PodDisruptionBudget
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from gpuheal.ops.cluster import is_mirror_pod, labels_of, owner_kind, pod_live
 from gpuheal.ops.context import Context
-from gpuheal.ops.findings import pod_key
-from gpuheal.ops.gate import pods_on
-from gpuheal.ops.scheduling import selector_matches
+from gpuheal.ops.legacy import (
+    is_mirror_pod,
+    labels_of,
+    owner_kind,
+    pod_key,
+    pod_live,
+    pods_on,
+    selector_matches,
+)
 
 
 def skip_reason(pod: Pod) -> str:

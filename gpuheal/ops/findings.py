@@ -12,10 +12,7 @@ import datetime as dt
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from lightkube.models.core_v1 import NodeCondition
-from lightkube.resources.core_v1 import Node, Pod, ResourceQuota
-from lightkube.resources.policy_v1 import PodDisruptionBudget
-
+from gpuheal.kube.details import Node, NodeCondition, Pod, PodDisruptionBudget, ResourceQuota
 from gpuheal.model import FaultRecord
 
 # Severities: ok (checked, fine), info (context, not a problem), warn, bad.
@@ -101,7 +98,7 @@ def pod_key(pod: Pod) -> str:
 
 
 def conditions_of(node: Node) -> list[NodeCondition]:
-    return list((node.status.conditions if node.status else None) or ())
+    return list(node.status.conditions or ())
 
 
 def condition_of(node: Node, type_: str) -> NodeCondition | None:

@@ -1,106 +1,105 @@
 """`gpuheal gate NODE`: gather a node's health-gate facts from the cluster, judge them
 with gpuheal.policy.gate (the controller's recovery uses the same checks), print them.
 
-Also the Node Events the operator commands write (the gate's failure, maintenance
-start and finish): best effort, like the controller's, never a reason to fail.
+The node, its pool's nodes and its pods are read as slim projections
+(kube/projections.py); `maintenance finish` runs the same checks.
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx2
-from lightkube import ApiError, Client
-from lightkube.resources.core_v1 import Node, Pod
-from lightkube.resources.events_v1 import Event
+import msgspec
 from rich.text import Text
 
 from gpuheal.config import Config
-from gpuheal.kube.events import EVENT_NAMESPACE, event_body, node_ref
-from gpuheal.kube.projections import device_plugin_matcher
+from gpuheal.kube.api import ApiError, KubeApi, node_path
+from gpuheal.kube.projections import NodeJson, PodJson, device_plugin_matcher
+from gpuheal.kube.snapshot import ALL_PODS, list_all
 from gpuheal.model import MAINTENANCE_SINCE
 from gpuheal.ops import exitcodes
-from gpuheal.ops.cluster import (
-    LIST_PAGE,
-    annotations_of,
+from gpuheal.ops.fleet import (
     gpu_node,
-    labels_of,
-    name_of,
     node_ready,
+    node_selector_query,
     pod_live,
+    pod_name,
     quantity,
 )
-from gpuheal.ops.context import Context
 from gpuheal.ops.output import Notes, Table, render
 from gpuheal.policy.clock import parse_time
 from gpuheal.policy.gate import DevicePluginPod, GateFacts, GateResult, Result, evaluate
 from gpuheal.policy.pools import driver_version, pool_of
 
-REPORTING_CONTROLLER = "gpuheal.io/cli"
+if TYPE_CHECKING:
+    from gpuheal.ops.context import ReadContext, Session
+
+_NODE = msgspec.json.Decoder(NodeJson)
 
 
-def get_node(client: Client, name: str) -> Node | None:
+async def get_node(api: KubeApi, name: str) -> NodeJson | None:
     try:
-        return client.get(Node, name)
+        return _NODE.decode(await api.get(node_path(name)))
     except ApiError as err:
-        if err.status.code == 404:
+        if err.code == 404:
             return None
         raise
 
 
-def pods_on(client: Client, node: str) -> list[Pod]:
-    return list(
-        client.list(Pod, namespace="*", fields={"spec.nodeName": node}, chunk_size=LIST_PAGE)
-    )
+async def pods_on(api: KubeApi, node: str) -> list[PodJson]:
+    return await list_all(api, ALL_PODS, PodJson, "Pod", field_selector=f"spec.nodeName={node}")
 
 
-def pod_ready(pod: Pod) -> bool:
-    conditions = (pod.status.conditions if pod.status else None) or ()
-    return any(c.type == "Ready" and c.status == "True" for c in conditions)
+def pod_ready(pod: PodJson) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or ())
 
 
-def gather(client: Client, config: Config, node: Node) -> GateFacts:
-    """The node's facts: itself, its device-plugin pods, its pool's other nodes' drivers."""
-    name = name_of(node)
-    labels = labels_of(node)
+async def gather(api: KubeApi, config: Config, node: NodeJson) -> GateFacts:
+    """The node's facts: itself, its device-plugin pods, its pool's other nodes' drivers
+    (the nodes and the pods listed at once)."""
+    name = node.metadata.name
+    labels = node.metadata.labels
     pool = pool_of(labels, config)
+    nodes, pods = await asyncio.gather(
+        list_all(api, node_path(), NodeJson, "Node", label_selector=node_selector_query(config)),
+        pods_on(api, name),
+    )
     peers: Counter[str] = Counter()
-    for other in client.list(Node, chunk_size=LIST_PAGE):
-        if name_of(other) == name or not gpu_node(other, config):
+    for other in nodes:
+        if other.metadata.name == name or not gpu_node(other, config):
             continue
-        other_labels = labels_of(other)
+        other_labels = other.metadata.labels
         if pool_of(other_labels, config) == pool:
-            version = driver_version(other_labels, annotations_of(other))
+            version = driver_version(other_labels, other.metadata.annotations)
             if version:
                 peers[version] += 1
     gate = config.health_gate
     is_plugin = device_plugin_matcher(gate.device_plugin_selector, gate.device_plugin_namespaces)
     plugins = tuple(
-        DevicePluginPod(f"{p.metadata.namespace}/{p.metadata.name}", pod_ready(p))
-        for p in pods_on(client, name)
-        if p.metadata is not None
-        and pod_live(p)
-        and is_plugin(p.metadata.namespace or "", labels_of(p))
+        DevicePluginPod(pod_name(p), pod_ready(p))
+        for p in pods
+        if pod_live(p) and is_plugin(p.metadata.namespace, p.metadata.labels)
     )
-    allocatable = (node.status.allocatable if node.status else None) or {}
     return GateFacts(
         node=name,
         ready=node_ready(node),
-        labels=labels,
-        annotations=annotations_of(node),
-        allocatable={k: quantity(v) for k, v in allocatable.items() if "/" in k},
+        labels=dict(labels),
+        annotations=dict(node.metadata.annotations),
+        allocatable={k: quantity(v) for k, v in node.status.allocatable.items() if "/" in k},
         pool_drivers=dict(peers),
         device_plugin_pods=plugins,
     )
 
 
-def maintenance_since(node: Node, ctx: Context) -> dt.datetime | None:
-    """When the node's maintenance began (the gate's `since`); warns if unreadable."""
-    raw = annotations_of(node).get(MAINTENANCE_SINCE, "")
+def maintenance_since(annotations: Mapping[str, str], ctx: Session) -> dt.datetime | None:
+    """When the node's maintenance began (the gate's `since`, from the node's
+    annotations); warns if unreadable."""
+    raw = annotations.get(MAINTENANCE_SINCE, "")
     since = parse_time(raw)
     if raw and since is None:
         ctx.err.print(
@@ -165,46 +164,13 @@ def _stamp(moment: dt.datetime) -> str:
     return moment.astimezone(dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def emit_node_event(
-    ctx: Context, node: Node, *, reason: str, note: str, action: str, warning: bool = False
-) -> None:
-    """One events.k8s.io/v1 Event on the Node (by its UID, so `kubectl describe node`
-    lists it); a failure is a warning, not an error."""
-    now = ctx.now().astimezone(dt.UTC)
-    # lightkube writes a whole second without its fraction, which a MicroTime refuses.
-    now = now.replace(microsecond=now.microsecond or 1)
-    meta = node.metadata
-    regarding = node_ref(
-        name_of(node),
-        (meta.uid if meta else None) or "",
-        (meta.resourceVersion if meta else None) or "",
-    )
-    body = event_body(
-        regarding,
-        reason=reason,
-        note=note,
-        action=action,
-        warning=warning,
-        related=None,
-        instance=ctx.actor or "gpuheal-cli",
-        now=now,
-        controller=REPORTING_CONTROLLER,
-    )
-    try:
-        event = Event.from_dict(body)
-        assert isinstance(event, Event)  # noqa: S101 -- from_dict is typed loosely
-        ctx.client.create(event, namespace=EVENT_NAMESPACE)
-    except (ApiError, httpx2.HTTPError) as err:
-        ctx.err.print(Text(f"warning: Event {reason} not recorded: {err}", style="yellow"))
-
-
-def run_gate(ctx: Context, name: str) -> int:
+async def run_gate(ctx: ReadContext, name: str) -> int:
     """Read-only: print the checks, exit 0 or 64 | the failing checks' bits."""
-    node = get_node(ctx.client, name)
+    node = await get_node(ctx.api, name)
     if node is None:
         ctx.err.print(Text(f"gpuheal gate: node {name} not found", style="bold red"))
         return exitcodes.NOT_FOUND
-    since = maintenance_since(node, ctx)
-    result = evaluate(gather(ctx.client, ctx.config, node), ctx.config, ctx.now(), since)
+    since = maintenance_since(node.metadata.annotations, ctx)
+    result = evaluate(await gather(ctx.api, ctx.config, node), ctx.config, ctx.now(), since)
     render(GateReport(result, since), ctx.output, ctx.out)
     return gate_exit_code(result)

@@ -39,17 +39,18 @@ from gpuheal.model import (
     XID_ERRORS,
 )
 from gpuheal.ops import exitcodes
-from gpuheal.ops.cluster import annotations_of, labels_of, pod_gpus, pod_live
 from gpuheal.ops.context import Context
 from gpuheal.ops.drain import DrainOptions, DrainResult, drain, skip_reason
-from gpuheal.ops.findings import pod_key
-from gpuheal.ops.gate import (
-    GateReport,
+from gpuheal.ops.gate import GateReport, gate_exit_code, maintenance_since
+from gpuheal.ops.legacy import (
+    annotations_of,
     emit_node_event,
-    gate_exit_code,
     gather,
     get_node,
-    maintenance_since,
+    labels_of,
+    pod_gpus,
+    pod_key,
+    pod_live,
     pods_on,
 )
 from gpuheal.ops.output import Notes, Table, render
@@ -446,7 +447,7 @@ def finish(ctx: Context, args: argparse.Namespace) -> int:
             )
         )
         return exitcodes.USAGE
-    since = maintenance_since(node, ctx)
+    since = maintenance_since(annotations_of(node), ctx)
     result = evaluate(gather(ctx.client, ctx.config, node), ctx.config, ctx.now(), since)
     if not result.passed:
         emit_node_event(

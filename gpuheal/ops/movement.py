@@ -16,11 +16,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from lightkube.models.core_v1 import Taint
-from lightkube.resources.core_v1 import Node, Pod
-from lightkube.resources.policy_v1 import PodDisruptionBudget
-
 from gpuheal.config import Config
+from gpuheal.kube.details import Node, Pod, PodDisruptionBudget, Taint
 from gpuheal.model import STATE_LABEL, STATE_MAINTENANCE, TAINT_KEY
 from gpuheal.ops.cluster import (
     is_mirror_pod,
@@ -85,7 +82,7 @@ def relevant_pending(node: Node, pending: Sequence[Pod], config: Config) -> list
 
 
 def _created(pod: Pod) -> dt.datetime:
-    created = pod.metadata.creationTimestamp if pod.metadata else None
+    created = pod.metadata.creationTimestamp
     return created or dt.datetime.min.replace(tzinfo=dt.UTC)
 
 
@@ -99,7 +96,7 @@ def evictable(pods: Sequence[Pod]) -> list[Pod]:
 def leaving_reasons(node: Node, config: Config) -> list[str]:
     """Why the node's pods should go elsewhere ([] when they may stay)."""
     reasons = []
-    if node.spec is not None and node.spec.unschedulable:
+    if node.spec.unschedulable:
         reasons.append("cordoned")
     keys = {t.key: t for t in taints_of(node)}
     maintenance = labels_of(node).get(STATE_LABEL) == STATE_MAINTENANCE
@@ -136,7 +133,7 @@ def question_workloads(node: Node, facts: Facts, config: Config) -> list[Finding
 
 
 def _deleting_since(pod: Pod) -> dt.datetime | None:
-    return pod.metadata.deletionTimestamp if pod.metadata else None
+    return pod.metadata.deletionTimestamp
 
 
 def _stuck_terminating(
@@ -148,7 +145,7 @@ def _stuck_terminating(
         deadline = _deleting_since(pod)
         if deadline is None or now < deadline:
             continue
-        finalizers = list((pod.metadata.finalizers if pod.metadata else None) or ())
+        finalizers = list(pod.metadata.finalizers or ())
         gpus = pod_gpus(pod, config)
         holds = f"; its {plural(gpus, 'GPU')} stay allocated until then" if gpus else ""
         if finalizers:
@@ -163,7 +160,7 @@ def _stuck_terminating(
             )
         elif now - deadline > STUCK_AFTER:
             down = "; the node is not Ready" if node_ready(node) is not True else ""
-            namespace = (pod.metadata.namespace if pod.metadata else None) or ""
+            namespace = pod.metadata.namespace or ""
             findings.append(
                 Finding(
                     BAD,
@@ -189,14 +186,13 @@ def _budgets(
     staying = [p for p in pods if _deleting_since(p) is None]
     for pdb in pdbs:
         status, meta = pdb.status, pdb.metadata
-        if status is None or meta is None or (status.disruptionsAllowed or 0) > 0:
+        if status is None or status.disruptionsAllowed > 0:
             continue
         covered = [
             p
             for p in staying
-            if p.metadata is not None
-            and p.metadata.namespace == meta.namespace
-            and selector_matches(pdb.spec.selector if pdb.spec else None, labels_of(p))
+            if p.metadata.namespace == meta.namespace
+            and selector_matches(pdb.spec.selector, labels_of(p))
         ]
         if not covered:
             continue
@@ -281,9 +277,9 @@ def _exclusions(
     out = []
     if node_ready(node) is not True:
         out.append(_Exclusion("candidates-not-ready", "not Ready"))
-    tolerations = list((pod.spec.tolerations if pod.spec else None) or ())
+    tolerations = list(pod.spec.tolerations or ())
     cordon = Taint(key=UNSCHEDULABLE_TAINT, effect="NoSchedule")
-    if node.spec is not None and node.spec.unschedulable and not tolerates(tolerations, cordon):
+    if node.spec.unschedulable and not tolerates(tolerations, cordon):
         out.append(_Exclusion("candidates-cordoned", "cordoned"))
     for taint in untolerated_taints(pod, node):
         if taint.key == UNSCHEDULABLE_TAINT:
@@ -337,7 +333,7 @@ def _pending(node: Node, facts: Facts, config: Config) -> list[Finding]:
 
 def _controller(pod: Pod) -> tuple[str, str, str]:
     """(kind, name, uid) of the pod's controller; ("", "", "") for a bare pod."""
-    for owner in (pod.metadata.ownerReferences if pod.metadata else None) or ():
+    for owner in pod.metadata.ownerReferences or ():
         if owner.controller:
             return owner.kind, owner.name, owner.uid
     return "", "", ""
@@ -347,7 +343,7 @@ def workloads_of(pods: Sequence[Pod]) -> list[list[Pod]]:
     """Pods grouped by their controller (replicas share one diagnosis), in first-seen order."""
     groups: dict[str, list[Pod]] = {}
     for pod in pods:
-        uid = _controller(pod)[2] or (pod.metadata.uid if pod.metadata else None) or pod_key(pod)
+        uid = _controller(pod)[2] or pod.metadata.uid or pod_key(pod)
         groups.setdefault(uid, []).append(pod)
     return list(groups.values())
 
@@ -379,7 +375,7 @@ def _subject(pods: Sequence[Pod]) -> _Subject:
     template_hash = labels_of(first).get("pod-template-hash", "")
     if kind == "ReplicaSet" and template_hash and name.endswith(f"-{template_hash}"):
         kind, name = "Deployment", name.removesuffix(f"-{template_hash}")
-    namespace = (first.metadata.namespace if first.metadata else None) or ""
+    namespace = first.metadata.namespace or ""
     names = listed(pod_key(p) for p in pods)
     return _Subject(f"{len(pods)} pods of {kind} {namespace}/{name} ({names})", one=False)
 
@@ -398,14 +394,14 @@ def pending_causes(
     said = [
         facts.scheduler_says[uid]
         for p in pods
-        if (uid := (p.metadata.uid if p.metadata else None) or "") in facts.scheduler_says
+        if (uid := p.metadata.uid or "") in facts.scheduler_says
     ]
     heard = (
         f"; the scheduler says: {said[0].rstrip('.')}"
         if said
         else f"; the scheduler has not reported on {who.verb('it', 'them')}"
     )
-    created = pod.metadata.creationTimestamp if pod.metadata else None
+    created = pod.metadata.creationTimestamp
     findings = [
         Finding(
             INFO,
@@ -452,7 +448,7 @@ def pending_causes(
             )
         )
     if fits:
-        affinity = pod.spec.affinity if pod.spec else None
+        affinity = pod.spec.affinity
         rules = (
             f"{who.its} pod affinity or anti-affinity may exclude them (doctor does not "
             "evaluate those); "
@@ -578,10 +574,10 @@ def _quotas(facts: Facts, config: Config) -> list[Finding]:
     for quota in facts.quotas:
         meta = quota.metadata
         status = quota.status
-        if meta is None or status is None:
+        if status is None:
             continue
-        used = status.used or {}
-        for key, hard in sorted((status.hard or {}).items()):
+        used = status.used
+        for key, hard in sorted(status.hard.items()):
             resource = key.removeprefix("requests.").removeprefix("limits.")
             if not (config.is_gpu_resource(resource) or key in ("pods", "count/pods")):
                 continue

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from lightkube.resources.core_v1 import Node
-
 from gpuheal.config import Config
+from gpuheal.kube.details import Node
 from gpuheal.model import STATE_LABEL, STATE_MAINTENANCE, TAINT_KEY
 from gpuheal.ops.cluster import annotations_of, gpu_node, labels_of, name_of, node_ready
 from gpuheal.ops.findings import INFO, OK, WARN, Facts, Finding, listed, plural

@@ -13,16 +13,17 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from lightkube.models.core_v1 import (
+from gpuheal.config import Config
+from gpuheal.kube.details import (
+    LabelSelector,
+    Node,
     NodeSelectorRequirement,
     NodeSelectorTerm,
+    Pod,
+    Resources,
     Taint,
     Toleration,
 )
-from lightkube.models.meta_v1 import LabelSelector
-from lightkube.resources.core_v1 import Node, Pod
-
-from gpuheal.config import Config
 from gpuheal.ops.cluster import labels_of, name_of, quantity
 
 # Taints that keep pods away; PreferNoSchedule only steers.
@@ -32,7 +33,7 @@ UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
 
 
 def taints_of(node: Node) -> list[Taint]:
-    return list((node.spec.taints if node.spec else None) or ())
+    return list(node.spec.taints or ())
 
 
 def tolerates(tolerations: Iterable[Toleration], taint: Taint) -> bool:
@@ -50,7 +51,7 @@ def tolerates(tolerations: Iterable[Toleration], taint: Taint) -> bool:
 
 def untolerated_taints(pod: Pod, node: Node) -> list[Taint]:
     """The node's NoSchedule/NoExecute taints the pod does not tolerate."""
-    tolerations = list((pod.spec.tolerations if pod.spec else None) or ())
+    tolerations = list(pod.spec.tolerations or ())
     return [
         t for t in taints_of(node) if t.effect in BLOCKING_EFFECTS and not tolerates(tolerations, t)
     ]
@@ -104,7 +105,7 @@ def _term_matches(term: NodeSelectorTerm, labels: Mapping[str, str], name: str) 
 
 
 def _required_terms(pod: Pod) -> list[NodeSelectorTerm] | None:
-    affinity = pod.spec.affinity if pod.spec else None
+    affinity = pod.spec.affinity
     node_affinity = affinity.nodeAffinity if affinity else None
     if node_affinity is None:
         return None
@@ -118,8 +119,6 @@ def admits(pod: Pod, node: Node) -> bool:
     Taints, resources and readiness are separate questions (see the callers).
     """
     spec = pod.spec
-    if spec is None:
-        return False
     if spec.nodeName:
         return spec.nodeName == name_of(node)
     labels = labels_of(node)
@@ -173,8 +172,6 @@ def gpu_requests(pod: Pod, config: Config) -> dict[str, int]:
     """Per GPU resource, what the scheduler reserves for the pod: the containers' sum
     or the largest init container's, whichever is larger (cluster.pod_gpus, by resource)."""
     spec = pod.spec
-    if spec is None:
-        return {}
     main: dict[str, int] = defaultdict(int)
     init: dict[str, int] = defaultdict(int)
     for container in spec.containers:
@@ -187,21 +184,17 @@ def gpu_requests(pod: Pod, config: Config) -> dict[str, int]:
     return {n: max(main[n], init[n]) for n in names if max(main[n], init[n]) > 0}
 
 
-def _container_requests(resources: object, config: Config) -> dict[str, int]:
-    if resources is None:
-        return {}
-    limits = getattr(resources, "limits", None) or {}
-    requests = getattr(resources, "requests", None) or {}
+def _container_requests(resources: Resources, config: Config) -> dict[str, int]:
     # Extended resources: a limit alone implies an equal request.
-    return gpu_resources({**limits, **requests}, config)
+    return gpu_resources({**resources.limits, **resources.requests}, config)
 
 
 def node_allocatable(node: Node, config: Config) -> dict[str, int]:
-    return gpu_resources(node.status.allocatable if node.status else None, config)
+    return gpu_resources(node.status.allocatable, config)
 
 
 def node_capacity(node: Node, config: Config) -> dict[str, int]:
-    return gpu_resources(node.status.capacity if node.status else None, config)
+    return gpu_resources(node.status.capacity, config)
 
 
 @dataclass(frozen=True)
@@ -218,8 +211,8 @@ def usage_by_node(pods: Sequence[Pod], config: Config) -> dict[str, Usage]:
     """What each node's bound, live pods hold (Terminating pods still hold theirs)."""
     held: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for pod in pods:
-        node = pod.spec.nodeName if pod.spec else None
-        phase = pod.status.phase if pod.status else None
+        node = pod.spec.nodeName
+        phase = pod.status.phase
         if not node or phase in ("Succeeded", "Failed"):
             continue
         for name, count in gpu_requests(pod, config).items():

@@ -7,10 +7,8 @@ and every taint with who put it there — including taints gpuheal left behind.
 
 from __future__ import annotations
 
-from lightkube.models.core_v1 import Taint
-from lightkube.resources.core_v1 import Node, Pod
-
 from gpuheal.config import Config
+from gpuheal.kube.details import Node, Pod, Taint
 from gpuheal.model import (
     FAULT_DEVICES,
     FAULT_ID,
@@ -252,7 +250,7 @@ def _device_plugin(facts: Facts, config: Config, offered: int) -> list[Finding]:
         ]
     findings = []
     for pod in pods:
-        statuses = list((pod.status.containerStatuses if pod.status else None) or ())
+        statuses = list(pod.status.containerStatuses or ())
         restarts = sum(s.restartCount for s in statuses)
         ready = all(s.ready for s in statuses) and bool(statuses)
         if not ready:
@@ -261,7 +259,7 @@ def _device_plugin(facts: Facts, config: Config, offered: int) -> list[Finding]:
                 for s in statuses
                 if s.state and s.state.waiting and s.state.waiting.reason
             ]
-            state = ", ".join(waiting) or (pod.status.phase if pod.status else None) or "unknown"
+            state = ", ".join(waiting) or pod.status.phase or "unknown"
             findings.append(
                 Finding(
                     BAD,
@@ -294,7 +292,7 @@ def _device_plugin(facts: Facts, config: Config, offered: int) -> list[Finding]:
 
 
 def _namespace(pod: Pod) -> str:
-    return (pod.metadata.namespace if pod.metadata else None) or ""
+    return pod.metadata.namespace or ""
 
 
 def _labels(node: Node, facts: Facts, config: Config) -> list[Finding]:
@@ -418,7 +416,7 @@ def _taints(node: Node, facts: Facts, config: Config) -> list[Finding]:
                 )
             )
     keys = {t.key for t in taints}
-    cordoned = bool(node.spec and node.spec.unschedulable)
+    cordoned = bool(node.spec.unschedulable)
     if in_maintenance and config.maintenance.taint_key not in keys and not cordoned:
         findings.append(
             Finding(

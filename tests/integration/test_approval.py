@@ -113,6 +113,7 @@ def test_nothing_moves_until_approved_then_exactly_one_remediation(
     assert code == 0, err
     answered = json.loads(out)
     assert (answered["decision"], answered["by"], answered["node"]) == ("approved", ADMIN, node)
+    assert answered["plan"] == plan  # as the controller wrote it, whole
 
     wait_for("the taint", lambda: our_taint(kube, node) is not None, timeout_s=30)
     wait_for("the drain", lambda: not pods_on(kube, namespace, node), timeout_s=30)

@@ -442,6 +442,30 @@ def test_gate_refuses_driver_drift_and_new_errors(
     assert node.spec is not None and node.spec.unschedulable  # not ours to undo
 
 
+def test_gate_judges_the_device_plugin_pod_on_its_node_only(
+    kube: Client, fake_gpu_nodes: FakeNodes, pool: dict[str, str], namespace: str, cli: Cli
+) -> None:
+    target, other = fake_gpu_nodes(2, labels=pool)
+    plugin = {"app": "nvidia-device-plugin-daemonset"}  # the config's default selector
+
+    def device_plugin_check() -> dict[str, Any]:
+        code, out, err = cli("gate", target, "-o", "json")
+        assert code == 0, err
+        return next(c for c in json.loads(out)["checks"] if c["name"] == "device-plugin")
+
+    apply(kube, gpu_pod("plugin-elsewhere", namespace, gpus=0, node_name=other, labels=plugin))
+    wait_pods_running(kube, namespace, count=1, labels=plugin)
+    assert device_plugin_check()["result"] == "skipped"  # another node's plugin says nothing
+
+    apply(kube, gpu_pod("plugin-here", namespace, gpus=0, node_name=target, labels=plugin))
+    wait_for(
+        "the gate to see the node's Ready device-plugin pod",
+        lambda: (
+            device_plugin_check()["reason"] == f"device-plugin pod {namespace}/plugin-here is Ready"
+        ),
+    )
+
+
 def test_finish_of_a_missing_node_and_gate_of_a_missing_node_exit_5(cli: Cli) -> None:
     assert cli("gate", "no-such-node")[0] == 5
     assert cli("maintenance", "finish", "no-such-node")[0] == 5

@@ -6,17 +6,25 @@ import datetime as dt
 import io
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
+import msgspec
 import pytest
 import yaml
-from lightkube.models.core_v1 import Taint, Toleration
-from lightkube.models.meta_v1 import LabelSelector, LabelSelectorRequirement
-from lightkube.resources.core_v1 import Event, Node, Pod, ResourceQuota
-from lightkube.resources.policy_v1 import PodDisruptionBudget
 from rich.console import Console
 
 from gpuheal.config import Config, ConfigError, parse_config
+from gpuheal.kube.details import (
+    Event,
+    LabelSelector,
+    LabelSelectorRequirement,
+    Node,
+    Pod,
+    PodDisruptionBudget,
+    ResourceQuota,
+    Taint,
+    Toleration,
+)
 from gpuheal.model import (
     FAULT_ID,
     MAINTENANCE_REASON,
@@ -52,8 +60,8 @@ GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"
 
 
 def load(kind: type[T], manifest: Mapping[str, Any]) -> T:
-    """An API object from its manifest, typed."""
-    return cast(T, kind.from_dict(dict(manifest)))  # type: ignore[attr-defined]
+    """An API object from its manifest, as the doctor decodes it (kube/details.py)."""
+    return msgspec.json.decode(json.dumps(manifest), type=kind)
 
 
 def stamp(ago_s: float) -> str:
@@ -676,6 +684,38 @@ def test_the_newest_scheduler_message_wins() -> None:
         )
 
     assert latest_messages([event("new", stamp(5)), event("old", stamp(50))]) == {"u1": "new"}
+
+
+def test_the_api_servers_nulls_decode_as_unknown_times() -> None:
+    # The scheduler writes events.k8s.io/v1 Events: read as core/v1, their old
+    # timestamps are null, the time is in eventTime or the series.
+    def event(message: str, **times: Any) -> Event:
+        return load(
+            Event,
+            {
+                "metadata": {"name": message, "namespace": "ml", "creationTimestamp": None},
+                "involvedObject": {"kind": "Pod", "uid": "u1"},
+                "message": message,
+                "firstTimestamp": None,
+                "lastTimestamp": None,
+                "eventTime": None,
+                "series": None,
+            }
+            | times,
+        )
+
+    newest = event("new", series={"lastObservedTime": "2025-03-01T11:59:00.123456Z", "count": 3})
+    older = event("old", eventTime="2025-03-01T11:58:00.654321Z")
+    unknown = event("unknown")
+    assert latest_messages([newest, older, unknown]) == {"u1": "new"}
+    assert latest_messages([unknown, older]) == {"u1": "old"}
+
+    manifest = gpu_node("n1", gpus=8, labels={"gpuheal.io/pool": "h100"})
+    manifest["status"]["conditions"] = [
+        {"type": "Ready", "status": "True", "lastTransitionTime": None}
+    ]
+    ready = diagnose(Facts(name="n1", node=load(Node, manifest), now=NOW), CONFIG).answers[0]
+    assert "Ready since an unknown time" in ready.findings[0].text
 
 
 def test_text_helpers() -> None:

@@ -29,13 +29,13 @@ from gpuheal.ops.drain import (
     pdb_blocker,
     skip_reason,
 )
+from gpuheal.ops.legacy import selector_matches
 from gpuheal.ops.maintenance import (
     baseline,
     finish_patch,
     leftovers,
     start_patch,
 )
-from gpuheal.ops.scheduling import selector_matches
 from gpuheal.values import label_text
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, 0, tzinfo=dt.UTC)

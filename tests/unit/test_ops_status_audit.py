@@ -4,7 +4,6 @@ projections (the objects built here are decoded as the CLI decodes the API's).""
 from __future__ import annotations
 
 import datetime as dt
-import logging
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -15,7 +14,6 @@ from rich.console import Console
 
 from gpuheal.config import Config, parse_config
 from gpuheal.kube.projections import FaultJson, NodeJson, PodJson, fault_record
-from gpuheal.kube.resources import GPUFault
 from gpuheal.kube.snapshot import Snapshot
 from gpuheal.model import (
     CUDA_VERSION,
@@ -29,7 +27,6 @@ from gpuheal.model import (
     FaultRecord,
 )
 from gpuheal.ops.audit import audit
-from gpuheal.ops.cluster import fault_records
 from gpuheal.ops.output import render
 from gpuheal.ops.selector import SelectorError, parse_selector, selected
 from gpuheal.ops.status import age, fleet_status
@@ -458,18 +455,3 @@ def test_the_stuck_threshold_is_adjustable() -> None:
     pods = [pod("stuck", "a0", deleted_ago=20)]
     assert audit(snap(nodes, pods), Config(), NOW).findings == ()
     assert kinds(audit(snap(nodes, pods), Config(), NOW, stuck_after_s=5)) == [("leak", "a0")]
-
-
-def test_a_gpufault_the_cli_cannot_read_is_skipped_with_a_warning_naming_it(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    good = {
-        "metadata": {"name": "ok"},
-        "spec": {"node": EKS_NODE, "faultID": "a"},
-        "status": {"phase": "Drained"},
-    }
-    bad = {"metadata": {"name": "broken"}, "spec": {"node": EKS_NODE, "faultID": 7}}
-    with caplog.at_level(logging.WARNING):
-        read = fault_records([GPUFault.from_dict(good), GPUFault.from_dict(bad)])
-    assert [r.fault_id for r in read] == ["a"]
-    assert "GPUFault broken skipped" in caplog.text
