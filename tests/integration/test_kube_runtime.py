@@ -22,6 +22,7 @@ from gpuheal.kube.projections import NodeJson, node_view
 from gpuheal.model import NodeView
 from gpuheal.sim import ControlPlane, ControlPlaneConfig
 from gpuheal.sim.nodes import create_gpu_nodes, delete_nodes
+from tests.corpus import unique_eks_node
 from tests.helpers import unique
 
 pytestmark = pytest.mark.timeout(120)
@@ -206,3 +207,25 @@ def leading(elector: LeaderElector) -> bool:
 
 async def _note(events: list[str], what: str) -> None:
     events.append(what)
+
+
+def test_our_writes_are_ours_in_managed_fields(control_plane: ControlPlane, kube: Client) -> None:
+    """kubectl --show-managed-fields names gpuheal for what it wrote: the API
+    server takes the manager from our User-Agent (no fieldManager needed)."""
+    [node] = create_gpu_nodes(kube, [unique_eks_node()])
+
+    async def mark() -> None:
+        api = KubeApi.from_kubeconfig(control_plane.kubeconfig)
+        try:
+            await api.patch(node_path(node), {"metadata": {"annotations": {"gpuheal.io/x": "1"}}})
+        finally:
+            await api.close()
+
+    try:
+        asyncio.run(mark())
+        found: Any = kube.get(Node, node)
+        managers = {f.manager: f.fieldsV1 for f in found.metadata.managedFields or [] if f.fieldsV1}
+        assert "gpuheal" in managers, sorted(managers)
+        assert "f:gpuheal.io/x" in json.dumps(managers["gpuheal"])
+    finally:
+        delete_nodes(kube, [node])
