@@ -14,6 +14,7 @@ per Emit, and one for all the pods the pass evicted. So nothing but the record
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
 import os
@@ -80,6 +81,8 @@ from gpuheal.policy.plan import (
 log = logging.getLogger(__name__)
 
 CONFLICT_RETRIES = 5
+# A pass's evictions in flight at once (a node's GPU pods: 8 on most GPU nodes).
+EVICTIONS_IN_FLIGHT = 8
 CRASH_ENV = "GPUHEAL_CRASH_AFTER"
 
 
@@ -229,8 +232,11 @@ class Executor:
         `flush` is False (the caller runs more of the same pass, and flushes)."""
         outcome = outcome or Outcome()
         try:
-            for action in plan.actions if actions is None else actions:
-                await self._run_one(plan, action, state, outcome)
+            for step in _steps(plan.actions if actions is None else actions):
+                if len(step) == 1:
+                    await self._run_one(plan, step[0], state, outcome)
+                else:
+                    await self._run_together(plan, step, state, outcome)
         except Exception:
             if flush:
                 await self.flush_after_failure(outcome, state)
@@ -238,6 +244,28 @@ class Executor:
         if flush:
             await self.flush(outcome, state)
         return outcome
+
+    async def _run_together(
+        self,
+        plan: Plan | DevicePlan,
+        evictions: tuple[Action | DeviceAction, ...],
+        state: NodeState,
+        outcome: Outcome,
+    ) -> None:
+        """A pass's evictions at once, up to EVICTIONS_IN_FLIGHT: each is its own
+        pod's request, and one after the other a storm's drains took four times
+        as long as its taints. All of them finish (and are recorded) before the
+        first error, if any, ends the pass."""
+        gate = asyncio.Semaphore(EVICTIONS_IN_FLIGHT)
+
+        async def one(action: Action | DeviceAction) -> None:
+            async with gate:
+                await self._run_one(plan, action, state, outcome)
+
+        results = await asyncio.gather(*(one(a) for a in evictions), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
 
     async def _run_one(
         self,
@@ -708,3 +736,17 @@ class Executor:
 
 def _pod_ref(pod: PodView) -> ObjectRef:
     return pod_ref(pod.namespace, pod.name, pod.uid, pod.resource_version)
+
+
+def _steps(
+    actions: tuple[Action | DeviceAction, ...],
+) -> list[tuple[Action | DeviceAction, ...]]:
+    """The actions in order, with each run of consecutive evictions as one step:
+    evictions are independent of each other, everything else keeps its order."""
+    steps: list[tuple[Action | DeviceAction, ...]] = []
+    for action in actions:
+        if isinstance(action, Evict) and steps and isinstance(steps[-1][-1], Evict):
+            steps[-1] = (*steps[-1], action)
+        else:
+            steps.append((action,))
+    return steps
