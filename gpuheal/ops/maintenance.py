@@ -225,25 +225,28 @@ async def request_checkpoint(
         return result
     result.deadline = stamp(ctx.now() + dt.timedelta(seconds=wait_s))
     if mode == "annotate":
-        patch = {"metadata": {"annotations": {CHECKPOINT_REQUESTED: result.deadline}}}
-        for pod in pods:
-            meta = pod.metadata
-            try:
-                await ctx.api.patch(pod_path(meta.namespace, meta.name), patch)
-            except ApiError as err:
-                if err.code != 404:  # gone meanwhile: nothing to ask
-                    raise
+        await asyncio.gather(*(_ask(ctx, p, result.deadline) for p in pods))
     else:
         result.webhook = await _call_webhook(ctx, node, reason, result.deadline, pods)
     return result
+
+
+async def _ask(ctx: Context, pod: Pod, deadline: str) -> None:
+    """The checkpoint request, on the pod itself (its own workload reads it)."""
+    patch = {"metadata": {"annotations": {CHECKPOINT_REQUESTED: deadline}}}
+    try:
+        await ctx.api.patch(pod_path(pod.metadata.namespace, pod.metadata.name), patch)
+    except ApiError as err:
+        if err.code != 404:  # gone meanwhile: nothing to ask
+            raise
 
 
 async def _call_webhook(
     ctx: Context, node: str, reason: str, deadline: str, pods: Sequence[Pod]
 ) -> str:
     """One POST; "ok", or what went wrong (a warning: the wait goes on regardless).
-    Like `curl`, it honours the shell's proxy variables; unlike it, it follows no
-    redirect (the pods' names go to the URL configured, nowhere else)."""
+    The shell's proxy variables are honoured; no redirect is followed (the pods'
+    names go to the URL configured, nowhere else)."""
     url = ctx.config.maintenance.checkpoint_webhook_url
     body = {
         "node": node,
