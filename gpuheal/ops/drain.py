@@ -17,12 +17,13 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import msgspec
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from gpuheal.kube.api import ApiError, KubeApi, pod_path
 from gpuheal.kube.details import Pod, PodDisruptionBudget
-from gpuheal.kube.snapshot import ALL_PODS, list_all
+from gpuheal.kube.snapshot import ALL_PODS, LIST_PAGE, list_all
 from gpuheal.ops.cluster import is_mirror_pod, labels_of, owner_kind, pod_live
 from gpuheal.ops.findings import pod_key
 from gpuheal.ops.scheduling import selector_matches
@@ -31,9 +32,30 @@ if TYPE_CHECKING:
     from gpuheal.ops.context import Context
 
 
+class _More(msgspec.Struct):
+    token: str = msgspec.field(default="", name="continue")
+
+
+class _Pods(msgspec.Struct):
+    metadata: _More = msgspec.field(default_factory=_More)
+    items: list[Pod] | None = None  # null in an empty list
+
+
+_PODS = msgspec.json.Decoder(_Pods)
+
+
 async def pods_on(api: KubeApi, node: str) -> list[Pod]:
-    """Every pod bound to the node, in every namespace."""
-    return await list_all(api, ALL_PODS, Pod, "Pod", field_selector=f"spec.nodeName={node}")
+    """Every pod bound to the node, in every namespace, in pages. A pod that cannot be
+    read fails the command (msgspec.DecodeError), unlike the read commands' lists
+    that skip it: the drain would not see it, and call the node drained with it there."""
+    params = {"limit": str(LIST_PAGE), "fieldSelector": f"spec.nodeName={node}"}
+    pods: list[Pod] = []
+    while True:
+        page = _PODS.decode(await api.get(ALL_PODS, params))
+        pods += page.items or ()
+        if not page.metadata.token:
+            return pods
+        params = {**params, "continue": page.metadata.token}
 
 
 def skip_reason(pod: Pod) -> str:
