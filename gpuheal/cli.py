@@ -78,47 +78,10 @@ def _cmd_agent(args: argparse.Namespace) -> int:
 
 
 def _operator(args: argparse.Namespace) -> int:
-    """Build the context of an operator command, run it, and turn the ways it can
-    fail before it starts (no kubeconfig, bad config, API unreachable) into exit codes."""
-    import httpx2  # noqa: PLC0415
-    from lightkube import ApiError  # noqa: PLC0415
-    from lightkube.core.exceptions import ConfigError as KubeConfigError  # noqa: PLC0415
-
-    from gpuheal.config import ConfigError, load_config  # noqa: PLC0415
-    from gpuheal.kube.client import operator_client  # noqa: PLC0415
-    from gpuheal.kube.kubeconfig import KubeconfigError, NoKubeconfigError  # noqa: PLC0415
-    from gpuheal.ops import exitcodes  # noqa: PLC0415
-    from gpuheal.ops.context import Context  # noqa: PLC0415
-
-    prog = f"gpuheal {args.command}"
-    try:
-        config = load_config(args.config)
-    except ConfigError as err:
-        print(f"{prog}: {err}", file=sys.stderr)
-        return exitcodes.USAGE
-    try:
-        client = operator_client(args.kubeconfig, args.context)
-    except NoKubeconfigError as err:
-        print(f"{prog}: {err}", file=sys.stderr)  # kubectl's plain "nothing found"
-        return exitcodes.USAGE
-    except (KubeconfigError, KubeConfigError, OSError) as err:
-        print(f"{prog}: cannot load a kubeconfig: {err}", file=sys.stderr)
-        return exitcodes.USAGE
-    try:
-        code: int = args.operate(Context(client=client, config=config, output=args.output), args)
-    except ApiError as err:
-        print(f"{prog}: the API server refused: {err.status.code} {err}", file=sys.stderr)
-        return exitcodes.ERROR
-    except httpx2.HTTPError as err:
-        print(f"{prog}: cannot reach the API server: {err}", file=sys.stderr)
-        return exitcodes.ERROR
-    return code
-
-
-def _reader(args: argparse.Namespace) -> int:
-    """Like _operator, for the commands on kube/'s client (status, audit, gate, doctor,
-    approve, reject): they run in one event loop around the raw JSON client, whose
-    answers decode into msgspec projections."""
+    """Run an operator command: build its Context, run its coroutine in one event loop
+    around kube/'s client (whose answers decode into msgspec projections), and turn
+    the ways it can fail outside the command (no kubeconfig, bad config, API
+    unreachable or refusing) into exit codes."""
     import asyncio  # noqa: PLC0415
 
     import aiohttp  # noqa: PLC0415
@@ -130,7 +93,7 @@ def _reader(args: argparse.Namespace) -> int:
     from gpuheal.kube.credentials import CredentialError  # noqa: PLC0415
     from gpuheal.kube.kubeconfig import KubeconfigError, NoKubeconfigError  # noqa: PLC0415
     from gpuheal.ops import exitcodes  # noqa: PLC0415
-    from gpuheal.ops.context import ReadContext  # noqa: PLC0415
+    from gpuheal.ops.context import Context  # noqa: PLC0415
 
     prog = f"gpuheal {args.command}"
     try:
@@ -147,17 +110,17 @@ def _reader(args: argparse.Namespace) -> int:
         print(f"{prog}: cannot load a kubeconfig: {err}", file=sys.stderr)
         return exitcodes.USAGE
 
-    async def read() -> int:
+    async def operate() -> int:
         try:
-            code: int = await args.read(
-                ReadContext(api=api, config=config, output=args.output), args
+            code: int = await args.operate(
+                Context(api=api, config=config, output=args.output), args
             )
             return code
         finally:
             await api.close()
 
     try:
-        return asyncio.run(read())
+        return asyncio.run(operate())
     except ApiError as err:
         print(f"{prog}: the API server refused: {err}", file=sys.stderr)
     except (aiohttp.ClientError, TimeoutError) as err:
@@ -215,7 +178,7 @@ def _add_operator_commands(
         default="",
         help="only GPU nodes with these labels (k=v,k2!=v2,k3); the breaker counts all",
     )
-    status.set_defaults(func=_reader, read=ops.status)
+    status.set_defaults(func=_operator, operate=ops.status)
 
     maintenance = commands.add_parser(
         "maintenance",
@@ -287,7 +250,7 @@ def _add_operator_commands(
         ),
     )
     gate.add_argument("node", metavar="NODE")
-    gate.set_defaults(func=_reader, read=ops.gate)
+    gate.set_defaults(func=_operator, operate=ops.gate)
 
     doctor = commands.add_parser(
         "doctor",
@@ -302,7 +265,7 @@ def _add_operator_commands(
         ),
     )
     doctor.add_argument("node", metavar="NODE")
-    doctor.set_defaults(func=_reader, read=ops.doctor)
+    doctor.set_defaults(func=_operator, operate=ops.doctor)
 
     audit = commands.add_parser(
         "audit",
@@ -327,7 +290,7 @@ def _add_operator_commands(
         metavar="SECONDS",
         help="a GPU pod Terminating this long past its grace period is a leak (default 60)",
     )
-    audit.set_defaults(func=_reader, read=ops.audit)
+    audit.set_defaults(func=_operator, operate=ops.audit)
 
     for verb, operate, what in (
         ("approve", ops.approve, "let the controller carry out"),
@@ -345,7 +308,7 @@ def _add_operator_commands(
             ),
         )
         decide.add_argument("fault", metavar="FAULT", help="the GPUFault name, or its fault id")
-        decide.set_defaults(func=_reader, read=operate)
+        decide.set_defaults(func=_operator, operate=operate)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,7 +1,8 @@
 """Fuller projections of Nodes and Pods, and of the PodDisruptionBudgets,
-ResourceQuotas and Events around them, for `gpuheal doctor`: what the scheduler
-and the eviction API decide by (taints against tolerations, node affinity,
-owners, budgets, quotas), and the times its sentences quote.
+ResourceQuotas and Events around them, for `gpuheal doctor` and the drain of
+`gpuheal maintenance`: what the scheduler and the eviction API decide by
+(taints against tolerations, node affinity, owners, budgets, quotas, emptyDir
+volumes), and the times their sentences quote.
 
 The controller's slim projections (kube/projections.py) keep less, for 40,000
 pods at once; these keep what one node's diagnosis reads, under the API's field
@@ -111,6 +112,12 @@ class Affinity(msgspec.Struct):
     podAntiAffinity: dict[str, Any] | None = None  # noqa: N815
 
 
+class Volume(msgspec.Struct):
+    name: str = ""
+    # Not modelled: only whether it is one (its data dies with the pod: the drain asks first).
+    emptyDir: dict[str, Any] | None = None  # noqa: N815
+
+
 class PodSpec(msgspec.Struct):
     nodeName: str | None = None  # noqa: N815
     containers: list[Container] = []
@@ -118,6 +125,7 @@ class PodSpec(msgspec.Struct):
     nodeSelector: dict[str, str] = {}  # noqa: N815
     tolerations: list[Toleration] = []
     affinity: Affinity | None = None
+    volumes: list[Volume] = []
 
 
 class Waiting(msgspec.Struct):

@@ -27,7 +27,7 @@ from gpuheal.policy.approval import answer_patch, matching, refusal
 from gpuheal.policy.clock import iso
 
 if TYPE_CHECKING:
-    from gpuheal.ops.context import ReadContext
+    from gpuheal.ops.context import Context
 
 SELF_SUBJECT_REVIEWS = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
 
@@ -93,7 +93,7 @@ class Answered:
         ]
 
 
-async def whoami(ctx: ReadContext) -> str:
+async def whoami(ctx: Context) -> str:
     """The caller's user name, as the API server authenticated it."""
     review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
     status = msgspec.json.decode(await ctx.api.create(SELF_SUBJECT_REVIEWS, review), type=_Review)
@@ -101,7 +101,7 @@ async def whoami(ctx: ReadContext) -> str:
     return (user.username if user else None) or ctx.actor
 
 
-async def answer(ctx: ReadContext, wanted: str, decision: str) -> int:
+async def answer(ctx: Context, wanted: str, decision: str) -> int:
     prog = "gpuheal approve" if decision == APPROVED else "gpuheal reject"
     listed = await list_all(ctx.api, gpufault_path(), FaultJson, "GPUFault")
     found = matching([fault_record(r) for r in listed], wanted)

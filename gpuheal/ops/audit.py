@@ -51,7 +51,7 @@ from gpuheal.policy.pools import (
 )
 
 if TYPE_CHECKING:
-    from gpuheal.ops.context import ReadContext
+    from gpuheal.ops.context import Context
 
 LEAK = "leak"
 ZOMBIE_PROCESS = "zombie-process"
@@ -500,7 +500,7 @@ def audit(
 
 
 async def run_audit(
-    ctx: ReadContext, *, selector: str = "", stuck_after_s: float = STUCK_AFTER_S
+    ctx: Context, *, selector: str = "", stuck_after_s: float = STUCK_AFTER_S
 ) -> int:
     """Print the audit; 3 (FINDINGS) when there is anything to fix, else 0."""
     try:

@@ -1,11 +1,9 @@
 """The operator commands' entry points, as the CLI calls them.
 
-Each takes the Context and the parsed arguments and returns an exit code
-(ops/exitcodes.py); the work is in the module named after the command. The
-commands on kube/'s client (status, audit, gate, doctor, approve, reject) are
-coroutines given a ReadContext: the CLI runs them in one event loop around the
-API client it opens and closes. `maintenance` is on lightkube's client still
-(issue 17).
+Each is a coroutine that takes the Context and the parsed arguments and returns
+an exit code (ops/exitcodes.py); the work is in the module named after the
+command. The CLI runs it in one event loop around kube/'s API client, which it
+opens and closes.
 """
 
 from __future__ import annotations
@@ -14,53 +12,53 @@ import argparse
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the CLI imports this module to build --help: keep it light
-    from gpuheal.ops.context import Context, ReadContext
+    from gpuheal.ops.context import Context
 
 
-async def status(ctx: ReadContext, args: argparse.Namespace) -> int:
+async def status(ctx: Context, args: argparse.Namespace) -> int:
     from gpuheal.ops.status import run_status  # noqa: PLC0415
 
     return await run_status(ctx, selector=args.selector)
 
 
-def maintenance_start(ctx: Context, args: argparse.Namespace) -> int:
+async def maintenance_start(ctx: Context, args: argparse.Namespace) -> int:
     from gpuheal.ops.maintenance import start  # noqa: PLC0415 -- keeps --help fast
 
-    return start(ctx, args)
+    return await start(ctx, args)
 
 
-def maintenance_finish(ctx: Context, args: argparse.Namespace) -> int:
+async def maintenance_finish(ctx: Context, args: argparse.Namespace) -> int:
     from gpuheal.ops.maintenance import finish  # noqa: PLC0415
 
-    return finish(ctx, args)
+    return await finish(ctx, args)
 
 
-async def gate(ctx: ReadContext, args: argparse.Namespace) -> int:
+async def gate(ctx: Context, args: argparse.Namespace) -> int:
     from gpuheal.ops.gate import run_gate  # noqa: PLC0415
 
     return await run_gate(ctx, args.node)
 
 
-async def doctor(ctx: ReadContext, args: argparse.Namespace) -> int:
+async def doctor(ctx: Context, args: argparse.Namespace) -> int:
     from gpuheal.ops import doctor  # noqa: PLC0415 -- imports on call
 
     return await doctor.run(ctx, args.node)
 
 
-async def audit(ctx: ReadContext, args: argparse.Namespace) -> int:
+async def audit(ctx: Context, args: argparse.Namespace) -> int:
     from gpuheal.ops.audit import run_audit  # noqa: PLC0415
 
     return await run_audit(ctx, selector=args.selector, stuck_after_s=args.stuck_after)
 
 
-async def approve(ctx: ReadContext, args: argparse.Namespace) -> int:
+async def approve(ctx: Context, args: argparse.Namespace) -> int:
     from gpuheal.model import APPROVED  # noqa: PLC0415
     from gpuheal.ops.approval import answer  # noqa: PLC0415
 
     return await answer(ctx, args.fault, APPROVED)
 
 
-async def reject(ctx: ReadContext, args: argparse.Namespace) -> int:
+async def reject(ctx: Context, args: argparse.Namespace) -> int:
     from gpuheal.model import REJECTED  # noqa: PLC0415
     from gpuheal.ops.approval import answer  # noqa: PLC0415
 

@@ -11,9 +11,7 @@ from rich.console import Console
 
 from gpuheal.config import Config
 
-if TYPE_CHECKING:  # the read commands must not pay for lightkube's models
-    from lightkube import Client
-
+if TYPE_CHECKING:
     from gpuheal.kube.api import KubeApi
 
 
@@ -22,7 +20,12 @@ def _utcnow() -> dt.datetime:
 
 
 @dataclass(kw_only=True)
-class Session:
+class Context:
+    """An operator command's world: kube/'s raw JSON client, whose answers decode
+    into projections (kube/projections.py, kube/details.py) and which writes merge
+    patches; the CLI opens and closes it around the command's coroutine."""
+
+    api: KubeApi
     config: Config
     output: str = "table"  # table | json | yaml (ops/output.py)
     # Results go to stdout; progress and warnings to stderr, so -o json stays parseable.
@@ -31,19 +34,3 @@ class Session:
     now: Callable[[], dt.datetime] = _utcnow
     # Who is acting, for Events and annotations (the kubeconfig user, else "gpuheal-cli").
     actor: str = "gpuheal-cli"
-
-
-@dataclass(kw_only=True)
-class Context(Session):
-    """For the commands that read and write through lightkube's client."""
-
-    client: Client
-
-
-@dataclass(kw_only=True)
-class ReadContext(Session):
-    """For the commands on kube/'s client (`status`, `audit`, `gate`, `doctor`,
-    `approve`, `reject`): the raw JSON client, whose answers decode into slim projections
-    (kube/snapshot.py). The CLI opens and closes it around the command's coroutine."""
-
-    api: KubeApi

@@ -33,7 +33,7 @@ from gpuheal.ops.output import render
 from gpuheal.values import node_label
 
 if TYPE_CHECKING:
-    from gpuheal.ops.context import ReadContext
+    from gpuheal.ops.context import Context
 
 T = TypeVar("T")
 S = TypeVar("S", bound=msgspec.Struct)
@@ -42,7 +42,7 @@ _OPTIONAL = (403, 404)
 FAILED_SCHEDULING = "reason=FailedScheduling,involvedObject.kind=Pod"
 
 
-async def run(ctx: ReadContext, node: str) -> int:
+async def run(ctx: Context, node: str) -> int:
     diagnosis = await examine(ctx.api, ctx.config, node, ctx.now())
     render(diagnosis, ctx.output, ctx.out)
     return diagnosis.exit_code

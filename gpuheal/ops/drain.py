@@ -10,28 +10,52 @@ finalizer, the flag to pass.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from lightkube import ApiError
-from lightkube.models.meta_v1 import DeleteOptions, ObjectMeta, Preconditions
-from lightkube.resources.core_v1 import Pod
-from lightkube.resources.policy_v1 import PodDisruptionBudget
+import msgspec
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from gpuheal.ops.context import Context
-from gpuheal.ops.legacy import (
-    is_mirror_pod,
-    labels_of,
-    owner_kind,
-    pod_key,
-    pod_live,
-    pods_on,
-    selector_matches,
-)
+from gpuheal.kube.api import ApiError, KubeApi, pod_path
+from gpuheal.kube.details import Pod, PodDisruptionBudget
+from gpuheal.kube.snapshot import ALL_PODS, LIST_PAGE, list_all
+from gpuheal.ops.cluster import is_mirror_pod, labels_of, owner_kind, pod_live
+from gpuheal.ops.findings import pod_key
+from gpuheal.ops.scheduling import selector_matches
+
+if TYPE_CHECKING:
+    from gpuheal.ops.context import Context
+
+
+class _More(msgspec.Struct):
+    token: str = msgspec.field(default="", name="continue")
+
+
+class _Pods(msgspec.Struct):
+    metadata: _More = msgspec.field(default_factory=_More)
+    items: list[Pod] | None = None  # null in an empty list
+
+
+_PODS = msgspec.json.Decoder(_Pods)
+
+
+async def pods_on(api: KubeApi, node: str) -> list[Pod]:
+    """Every pod bound to the node, in every namespace, in pages. A pod that cannot be
+    read fails the command (msgspec.DecodeError), unlike the read commands' lists
+    that skip it: the drain would not see it, and call the node drained with it there."""
+    params = {"limit": str(LIST_PAGE), "fieldSelector": f"spec.nodeName={node}"}
+    pods: list[Pod] = []
+    while True:
+        page = _PODS.decode(await api.get(ALL_PODS, params))
+        pods += page.items or ()
+        if not page.metadata.token:
+            return pods
+        params = {**params, "continue": page.metadata.token}
 
 
 def skip_reason(pod: Pod) -> str:
@@ -47,8 +71,7 @@ def skip_reason(pod: Pod) -> str:
 
 def held_back(pod: Pod, *, delete_emptydir_data: bool, force: bool) -> str:
     """Why the drain will not evict this pod without a flag ("" when it may)."""
-    volumes = (pod.spec.volumes if pod.spec else None) or ()
-    local = [v.name for v in volumes if v.emptyDir is not None]
+    local = [v.name for v in pod.spec.volumes if v.emptyDir is not None]
     if local and not delete_emptydir_data:
         return f"local storage: emptyDir volume {', '.join(local)} (pass --delete-emptydir-data)"
     if not owner_kind(pod) and not force:
@@ -58,7 +81,7 @@ def held_back(pod: Pod, *, delete_emptydir_data: bool, force: bool) -> str:
 
 def finalizer_blocker(pod: Pod) -> str:
     """A pod being deleted that stays: its finalizers ("" if it has none)."""
-    meta = pod.metadata or ObjectMeta()
+    meta = pod.metadata
     if meta.deletionTimestamp is None or not meta.finalizers:
         return ""
     return f"being deleted, held by finalizer {', '.join(meta.finalizers)}"
@@ -71,15 +94,14 @@ OVERDUE_S = 30.0
 def overdue(pod: Pod, now: dt.datetime) -> str:
     """A terminating pod well past its grace period: its kubelet is likely not there
     to finish it ("" while it is on its way out)."""
-    deadline = pod.metadata.deletionTimestamp if pod.metadata else None
+    deadline = pod.metadata.deletionTimestamp
     if deadline is None or (now - deadline).total_seconds() < OVERDUE_S:
         return ""
     return "terminating past its grace period: is the node's kubelet running?"
 
 
 def describe_pdb(pdb: PodDisruptionBudget) -> str:
-    meta = pdb.metadata or ObjectMeta()
-    status = pdb.status
+    meta, status = pdb.metadata, pdb.status
     if status is None:
         return f"PodDisruptionBudget {meta.namespace}/{meta.name} (no status yet)"
     return (
@@ -92,12 +114,31 @@ def describe_pdb(pdb: PodDisruptionBudget) -> str:
 def pdb_blocker(pdbs: Sequence[PodDisruptionBudget], pod: Pod, refusal: str) -> str:
     """The budgets that refused the pod's eviction, by name and numbers."""
     labels = labels_of(pod)
-    matching = [
-        describe_pdb(p)
-        for p in pdbs
-        if p.spec is not None and selector_matches(p.spec.selector, labels)
-    ]
+    matching = [describe_pdb(p) for p in pdbs if selector_matches(p.spec.selector, labels)]
     return "; ".join(matching) or f"eviction refused: {refusal}"
+
+
+def refusal(err: ApiError) -> str:
+    """What the API server said when it refused an eviction: its causes (a budget's
+    "The disruption budget train needs 2 healthy pods and has 2 currently"), else
+    its message."""
+    return "; ".join(c.message for c in err.causes if c.message) or err.message
+
+
+def eviction(pod: Pod) -> dict[str, object]:
+    """A policy/v1 Eviction, fenced by the pod's UID: a new pod of the same name
+    (its controller's replacement) is not evicted by a retry meant for the old one."""
+    meta = pod.metadata
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": meta.name, "namespace": meta.namespace},
+        "deleteOptions": {"preconditions": {"uid": meta.uid}},
+    }
+
+
+def pdb_path(namespace: str) -> str:
+    return f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets"
 
 
 @dataclass
@@ -129,28 +170,30 @@ class _Drain:
         self.result = DrainResult()
         self.next_try: dict[str, float] = {}  # pod -> when to try its eviction again
         self.asked: set[str] = set()  # pods whose eviction was accepted (uid-fenced)
+        # A step's budgets per namespace, read once for all the pods they refused.
+        self.pdbs: dict[str, list[PodDisruptionBudget]] = {}
 
-    def step(self, now: float) -> list[Pod]:
+    async def step(self, now: float) -> list[Pod]:
         """One look at the node: evict what is due; returns the pods still to go."""
         left: list[Pod] = []
         blockers: dict[str, str] = {}
-        for pod in pods_on(self.ctx.client, self.node):
+        self.pdbs = {}
+        for pod in await pods_on(self.ctx.api, self.node):
             key = pod_key(pod)
             why = skip_reason(pod)
             if why:
                 self.result.skipped[key] = why
                 continue
             left.append(pod)
-            blocker = self._blocker(pod, key, now)
+            blocker = await self._blocker(pod, key, now)
             if blocker:
                 blockers[key] = blocker
         self.result.blockers = blockers
         self.result.seen.update(blockers)
         return left
 
-    def _blocker(self, pod: Pod, key: str, now: float) -> str:
-        meta = pod.metadata or ObjectMeta()
-        if meta.deletionTimestamp is not None:
+    async def _blocker(self, pod: Pod, key: str, now: float) -> str:
+        if pod.metadata.deletionTimestamp is not None:
             return finalizer_blocker(pod) or overdue(pod, self.ctx.now())
         why = held_back(
             pod,
@@ -161,38 +204,42 @@ class _Drain:
             return why
         if now < self.next_try.get(key, 0.0):
             return self.result.blockers.get(key, "")
-        return self._evict(pod, key, now)
+        return await self._evict(pod, key, now)
 
-    def _evict(self, pod: Pod, key: str, now: float) -> str:
-        meta = pod.metadata or ObjectMeta()
-        eviction = Pod.Eviction(
-            metadata=ObjectMeta(name=meta.name, namespace=meta.namespace),
-            deleteOptions=DeleteOptions(preconditions=Preconditions(uid=meta.uid)),
-        )
+    async def _evict(self, pod: Pod, key: str, now: float) -> str:
+        meta = pod.metadata
         try:
-            self.ctx.client.create(eviction, name=meta.name or "", namespace=meta.namespace or "")
+            await self.ctx.api.create(
+                f"{pod_path(meta.namespace, meta.name)}/eviction", eviction(pod)
+            )
         except ApiError as err:
-            code = err.status.code
-            if code == 404 or (code == 409 and "UID" in str(err)):
+            if err.code == 404 or (err.code == 409 and "UID" in err.message):
                 return ""  # gone already, or replaced by a new pod of the same name
-            if code == 429 or (code == 500 and "disruption budget" in str(err).lower()):
+            # 500: more than one budget selects the pod, which the Eviction API refuses.
+            if err.code == 429 or (err.code == 500 and "disruption budget" in err.message.lower()):
                 self.next_try[key] = now + self.options.retry_s
-                pdbs = list(self.ctx.client.list(PodDisruptionBudget, namespace=meta.namespace))
-                return pdb_blocker(pdbs, pod, str(err))
+                return pdb_blocker(await self._budgets(meta.namespace), pod, refusal(err))
             raise
         if key not in self.asked:
             self.asked.add(key)
             self.result.evicted.append(key)
         return ""
 
+    async def _budgets(self, namespace: str) -> list[PodDisruptionBudget]:
+        if namespace not in self.pdbs:
+            self.pdbs[namespace] = await list_all(
+                self.ctx.api, pdb_path(namespace), PodDisruptionBudget, "PodDisruptionBudget"
+            )
+        return self.pdbs[namespace]
 
-def drain(
+
+async def drain(
     ctx: Context,
     node: str,
     options: DrainOptions,
     *,
     clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> DrainResult:
     """Evict until the node is empty (done) or the deadline passes (blockers kept)."""
     work = _Drain(ctx, node, options)
@@ -211,7 +258,7 @@ def drain(
         task = progress.add_task(node, total=None)
         total = 0
         while True:
-            left = work.step(clock())
+            left = await work.step(clock())
             total = max(total, len(left))
             progress.update(task, total=total or 1, completed=total - len(left) if total else 1)
             if work.result.blockers != shown:
@@ -223,7 +270,7 @@ def drain(
             remaining = deadline - clock()
             if remaining <= 0:
                 return work.result
-            sleep(min(POLL_S, remaining))
+            await sleep(min(POLL_S, remaining))
 
 
 def _print_blockers(ctx: Context, blockers: Mapping[str, str]) -> None:

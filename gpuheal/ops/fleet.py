@@ -1,9 +1,9 @@
 """The small facts the read commands (`status`, `audit`) derive from the slim
 projections of kube/snapshot.py: GPU quantities, readiness, liveness.
 
-The same facts of doctor's fuller projections (kube/details.py) are in
-ops/cluster.py, and of lightkube's models, for `maintenance` until it moves, in
-ops/legacy.py; the quantity arithmetic is here, once, for all.
+The same facts of the fuller projections of doctor and maintenance's drain
+(kube/details.py) are in ops/cluster.py; the quantity arithmetic is here, once,
+for all.
 """
 
 from __future__ import annotations

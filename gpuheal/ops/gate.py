@@ -37,7 +37,7 @@ from gpuheal.policy.gate import DevicePluginPod, GateFacts, GateResult, Result, 
 from gpuheal.policy.pools import driver_version, pool_of
 
 if TYPE_CHECKING:
-    from gpuheal.ops.context import ReadContext, Session
+    from gpuheal.ops.context import Context
 
 _NODE = msgspec.json.Decoder(NodeJson)
 
@@ -96,7 +96,7 @@ async def gather(api: KubeApi, config: Config, node: NodeJson) -> GateFacts:
     )
 
 
-def maintenance_since(annotations: Mapping[str, str], ctx: Session) -> dt.datetime | None:
+def maintenance_since(annotations: Mapping[str, str], ctx: Context) -> dt.datetime | None:
     """When the node's maintenance began (the gate's `since`, from the node's
     annotations); warns if unreadable."""
     raw = annotations.get(MAINTENANCE_SINCE, "")
@@ -164,7 +164,7 @@ def _stamp(moment: dt.datetime) -> str:
     return moment.astimezone(dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-async def run_gate(ctx: ReadContext, name: str) -> int:
+async def run_gate(ctx: Context, name: str) -> int:
     """Read-only: print the checks, exit 0 or 64 | the failing checks' bits."""
     node = await get_node(ctx.api, name)
     if node is None:

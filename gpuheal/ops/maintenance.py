@@ -11,21 +11,23 @@ cordoned). Both are safe to run again after an interruption.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime as dt
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx2
-from lightkube import ApiError
-from lightkube.resources.core_v1 import Node, Pod
-from lightkube.types import PatchType
+import aiohttp
+import msgspec
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from gpuheal.config import Config, url_origin, without_url_secrets
+from gpuheal.kube.api import ApiError, node_path, pod_path
+from gpuheal.kube.details import Pod
+from gpuheal.kube.projections import NodeJson
 from gpuheal.model import (
     CHECKPOINT_REQUESTED,
     COUNTERS_SINCE,
@@ -39,23 +41,17 @@ from gpuheal.model import (
     XID_ERRORS,
 )
 from gpuheal.ops import exitcodes
-from gpuheal.ops.context import Context
-from gpuheal.ops.drain import DrainOptions, DrainResult, drain, skip_reason
-from gpuheal.ops.gate import GateReport, gate_exit_code, maintenance_since
-from gpuheal.ops.legacy import (
-    annotations_of,
-    emit_node_event,
-    gather,
-    get_node,
-    labels_of,
-    pod_gpus,
-    pod_key,
-    pod_live,
-    pods_on,
-)
+from gpuheal.ops.cluster import pod_gpus, pod_live
+from gpuheal.ops.drain import DrainOptions, DrainResult, drain, pods_on, skip_reason
+from gpuheal.ops.events import emit_node_event
+from gpuheal.ops.findings import pod_key
+from gpuheal.ops.gate import GateReport, gate_exit_code, gather, get_node, maintenance_since
 from gpuheal.ops.output import Notes, Table, render
 from gpuheal.policy.gate import GATE_FAILED, evaluate
 from gpuheal.values import label_text
+
+if TYPE_CHECKING:
+    from gpuheal.ops.context import Context
 
 STARTED = "GPUMaintenanceStarted"
 FINISHED = "GPUMaintenanceFinished"
@@ -87,9 +83,13 @@ def baseline(annotations: Mapping[str, str]) -> tuple[str | None, str]:
     return json.dumps({"xid": xid, "ecc": ecc, "since": since}, separators=(",", ":")), ""
 
 
-def _taints(node: Node) -> list[dict[str, Any]]:
+_NODE = msgspec.json.Decoder(NodeJson)
+
+
+def _taints(node: NodeJson) -> list[dict[str, Any]]:
+    """The node's taints as written back: everyone else's exactly as read."""
     out = []
-    for t in (node.spec.taints if node.spec else None) or ():
+    for t in node.spec.taints:
         taint: dict[str, Any] = {"key": t.key, "effect": t.effect}
         if t.value:
             taint["value"] = t.value
@@ -99,15 +99,23 @@ def _taints(node: Node) -> list[dict[str, Any]]:
     return out
 
 
+def in_maintenance(node: NodeJson) -> bool:
+    """Put in maintenance by `start` (its label and its start time are there)."""
+    meta = node.metadata
+    return (
+        meta.labels.get(STATE_LABEL) == STATE_MAINTENANCE and MAINTENANCE_SINCE in meta.annotations
+    )
+
+
 def start_patch(
-    node: Node, reason: str, config: Config, now: dt.datetime
+    node: NodeJson, reason: str, config: Config, now: dt.datetime
 ) -> tuple[dict[str, Any], list[str]]:
     """The one write that puts the node in maintenance (resourceVersion-guarded), and
     warnings. Already in maintenance: its start, baseline and reason stay."""
-    labels, annotations = labels_of(node), annotations_of(node)
+    annotations = node.metadata.annotations
     warnings: list[str] = []
-    resumed = labels.get(STATE_LABEL) == STATE_MAINTENANCE and MAINTENANCE_SINCE in annotations
-    cordoned = bool(node.spec and node.spec.unschedulable)
+    resumed = in_maintenance(node)
+    cordoned = node.spec.unschedulable
     notes: dict[str, str | None] = {}
     if not resumed:
         notes[MAINTENANCE_REASON] = reason
@@ -127,7 +135,7 @@ def start_patch(
     taints.append({"key": key, "effect": effect, **({"value": value} if value else {})})
     patch = {
         "metadata": {
-            "resourceVersion": node.metadata.resourceVersion if node.metadata else None,
+            "resourceVersion": node.metadata.resourceVersion,
             "labels": {STATE_LABEL: STATE_MAINTENANCE},
             "annotations": notes,
         },
@@ -136,27 +144,26 @@ def start_patch(
     return patch, warnings
 
 
-def leftovers(node: Node, config: Config) -> list[str]:
+def leftovers(node: NodeJson, config: Config) -> list[str]:
     """What maintenance left on a node (its label, taint, annotations)."""
     found = []
-    if labels_of(node).get(STATE_LABEL) == STATE_MAINTENANCE:
+    if node.metadata.labels.get(STATE_LABEL) == STATE_MAINTENANCE:
         found.append(f"label {STATE_LABEL}={STATE_MAINTENANCE}")
-    if any(t["key"] == config.maintenance.taint_key for t in _taints(node)):
+    if any(t.key == config.maintenance.taint_key for t in node.spec.taints):
         found.append(f"taint {config.maintenance.taint_key}")
-    annotations = annotations_of(node)
+    annotations = node.metadata.annotations
     found += [f"annotation {k}" for k in MAINTENANCE_ANNOTATIONS if k in annotations]
     return found
 
 
-def finish_patch(node: Node, config: Config) -> tuple[dict[str, Any], bool]:
+def finish_patch(node: NodeJson, config: Config) -> tuple[dict[str, Any], bool]:
     """The one write that returns the node; True if it uncordons."""
-    annotations = annotations_of(node)
-    uncordon = annotations.get(MAINTENANCE_CORDONED) == "true"
+    uncordon = node.metadata.annotations.get(MAINTENANCE_CORDONED) == "true"
     metadata: dict[str, Any] = {
-        "resourceVersion": node.metadata.resourceVersion if node.metadata else None,
+        "resourceVersion": node.metadata.resourceVersion,
         "annotations": dict.fromkeys(MAINTENANCE_ANNOTATIONS),
     }
-    if labels_of(node).get(STATE_LABEL) == STATE_MAINTENANCE:
+    if node.metadata.labels.get(STATE_LABEL) == STATE_MAINTENANCE:
         metadata["labels"] = {STATE_LABEL: None}
     spec: dict[str, Any] = {
         "taints": [t for t in _taints(node) if t["key"] != config.maintenance.taint_key]
@@ -170,17 +177,18 @@ class WriteError(Exception):
     """The node could not be written (deleted meanwhile, endless conflicts)."""
 
 
-def _guarded_write(
-    ctx: Context, name: str, node: Node, build: Callable[[Node], dict[str, Any]]
-) -> Node:
-    """Patch under optimistic concurrency: on 409 read the node again and rebuild."""
+async def _guarded_write(
+    ctx: Context, name: str, node: NodeJson, build: Callable[[NodeJson], dict[str, Any]]
+) -> NodeJson:
+    """Merge-patch under optimistic concurrency (the resourceVersion in the patch):
+    on 409 read the node again and rebuild."""
     for _ in range(CONFLICT_RETRIES):
         try:
-            return ctx.client.patch(Node, name, build(node), patch_type=PatchType.MERGE)
+            return _NODE.decode(await ctx.api.patch(node_path(name), build(node)))
         except ApiError as err:
-            if err.status.code != 409:
+            if err.code != 409:
                 raise
-        fresh = get_node(ctx.client, name)
+        fresh = await get_node(ctx.api, name)
         if fresh is None:
             raise WriteError(f"node {name} was deleted")
         node = fresh
@@ -190,11 +198,11 @@ def _guarded_write(
 # -- checkpoint --------------------------------------------------------------------------
 
 
-def gpu_pods(ctx: Context, node: str) -> list[Pod]:
+async def gpu_pods(ctx: Context, node: str) -> list[Pod]:
     """The node's GPU workloads (what is asked to checkpoint and waited for)."""
     return [
         p
-        for p in pods_on(ctx.client, node)
+        for p in await pods_on(ctx.api, node)
         if pod_gpus(p, ctx.config) > 0 and not skip_reason(p) and pod_live(p)
     ]
 
@@ -208,30 +216,37 @@ class CheckpointResult:
     webhook: str = ""  # "ok" | what went wrong
 
 
-def request_checkpoint(
+async def request_checkpoint(
     ctx: Context, node: str, reason: str, mode: str, wait_s: float
 ) -> CheckpointResult:
-    pods = gpu_pods(ctx, node)
+    pods = await gpu_pods(ctx, node)
     result = CheckpointResult(mode=mode, asked=[pod_key(p) for p in pods])
     if mode == "none" or not pods:
         return result
     result.deadline = stamp(ctx.now() + dt.timedelta(seconds=wait_s))
     if mode == "annotate":
-        for pod in pods:
-            meta = pod.metadata
-            assert meta is not None and meta.name  # noqa: S101 -- listed pods have names
-            patch = {"metadata": {"annotations": {CHECKPOINT_REQUESTED: result.deadline}}}
-            try:
-                ctx.client.patch(Pod, meta.name, patch, namespace=meta.namespace)
-            except ApiError as err:
-                if err.status.code != 404:  # gone meanwhile: nothing to ask
-                    raise
+        await asyncio.gather(*(_ask(ctx, p, result.deadline) for p in pods))
     else:
-        result.webhook = _call_webhook(ctx, node, reason, result.deadline, pods)
+        result.webhook = await _call_webhook(ctx, node, reason, result.deadline, pods)
     return result
 
 
-def _call_webhook(ctx: Context, node: str, reason: str, deadline: str, pods: Sequence[Pod]) -> str:
+async def _ask(ctx: Context, pod: Pod, deadline: str) -> None:
+    """The checkpoint request, on the pod itself (its own workload reads it)."""
+    patch = {"metadata": {"annotations": {CHECKPOINT_REQUESTED: deadline}}}
+    try:
+        await ctx.api.patch(pod_path(pod.metadata.namespace, pod.metadata.name), patch)
+    except ApiError as err:
+        if err.code != 404:  # gone meanwhile: nothing to ask
+            raise
+
+
+async def _call_webhook(
+    ctx: Context, node: str, reason: str, deadline: str, pods: Sequence[Pod]
+) -> str:
+    """One POST; "ok", or what went wrong (a warning: the wait goes on regardless).
+    The shell's proxy variables are honoured; no redirect is followed (the pods'
+    names go to the URL configured, nowhere else)."""
     url = ctx.config.maintenance.checkpoint_webhook_url
     body = {
         "node": node,
@@ -240,28 +255,34 @@ def _call_webhook(ctx: Context, node: str, reason: str, deadline: str, pods: Seq
         "pods": [
             {"namespace": p.metadata.namespace, "name": p.metadata.name, "uid": p.metadata.uid}
             for p in pods
-            if p.metadata is not None
         ],
     }
+    timeout = aiohttp.ClientTimeout(total=WEBHOOK_TIMEOUT_S)
     try:
-        response = httpx2.post(url, json=body, timeout=WEBHOOK_TIMEOUT_S)
-        response.raise_for_status()
-    except httpx2.HTTPError as err:
-        # The URL is a secret (its path or query often is): its host only.
-        why = f"checkpoint webhook {url_origin(url)} failed: {without_url_secrets(str(err), url)}"
-        ctx.err.print(Text(f"warning: {why}; waiting for the GPU pods anyway", style="yellow"))
-        return why
-    return "ok"
+        async with (
+            aiohttp.ClientSession(timeout=timeout, trust_env=True) as http,
+            http.post(url, json=body, allow_redirects=False) as response,
+        ):
+            status, said = response.status, response.reason or ""
+        why = "" if status < 300 else f"HTTP {status} {said}".rstrip()
+    except (aiohttp.ClientError, TimeoutError, ValueError) as err:
+        why = str(err) or type(err).__name__
+    if not why:
+        return "ok"
+    # The URL is a secret (its path or query often is): its host only.
+    why = f"checkpoint webhook {url_origin(url)} failed: {without_url_secrets(why, url)}"
+    ctx.err.print(Text(f"warning: {why}; waiting for the GPU pods anyway", style="yellow"))
+    return why
 
 
-def wait_gpu_pods_gone(
+async def wait_gpu_pods_gone(
     ctx: Context,
     node: str,
     result: CheckpointResult,
     wait_s: float,
     *,
     clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> None:
     """Give the GPU pods up to `wait_s` to leave on their own, with a progress bar."""
     total = len(result.asked)
@@ -279,13 +300,13 @@ def wait_gpu_pods_gone(
     ) as progress:
         task = progress.add_task("checkpoint", total=total)
         while True:
-            left = {pod_key(p) for p in gpu_pods(ctx, node)}
+            left = {pod_key(p) for p in await gpu_pods(ctx, node)}
             result.gone = [k for k in result.asked if k not in left]
             progress.update(task, completed=len(result.gone))
             remaining = deadline - clock()
             if not left & set(result.asked) or remaining <= 0:
                 return
-            sleep(min(1.0, remaining))
+            await sleep(min(1.0, remaining))
 
 
 # -- start -----------------------------------------------------------------------------
@@ -366,34 +387,32 @@ class StartReport:
         return views
 
 
-def start(ctx: Context, args: argparse.Namespace) -> int:
+async def start(ctx: Context, args: argparse.Namespace) -> int:
     name: str = args.node
     config = ctx.config.maintenance
-    node = get_node(ctx.client, name)
+    node = await get_node(ctx.api, name)
     if node is None:
         ctx.err.print(Text(f"gpuheal maintenance start: node {name} not found", style="bold red"))
         return exitcodes.NOT_FOUND
-    resumed = labels_of(node).get(
-        STATE_LABEL
-    ) == STATE_MAINTENANCE and MAINTENANCE_SINCE in annotations_of(node)
+    resumed = in_maintenance(node)
     warnings: list[str] = []
 
-    def build(current: Node) -> dict[str, Any]:
+    def build(current: NodeJson) -> dict[str, Any]:
         patch, found = start_patch(current, args.reason, ctx.config, ctx.now())
         warnings[:] = found
         return patch
 
     try:
-        node = _guarded_write(ctx, name, node, build)
+        node = await _guarded_write(ctx, name, node, build)
     except WriteError as err:
         ctx.err.print(Text(f"gpuheal maintenance start: {err}", style="bold red"))
         return exitcodes.ERROR
     for warning in warnings:
         ctx.err.print(Text(f"warning: {warning}", style="yellow"))
-    annotations = annotations_of(node)
+    annotations = node.metadata.annotations
     reason = annotations.get(MAINTENANCE_REASON, args.reason)
     if not resumed:
-        emit_node_event(
+        await emit_node_event(
             ctx, node, reason=STARTED, note=f"maintenance started: {reason}", action="Maintenance"
         )
     mode = args.checkpoint or config.checkpoint
@@ -403,8 +422,8 @@ def start(ctx: Context, args: argparse.Namespace) -> int:
     wait_s = (
         config.checkpoint_wait_seconds if args.checkpoint_wait is None else args.checkpoint_wait
     )
-    checkpoint = request_checkpoint(ctx, name, reason, mode, wait_s)
-    wait_gpu_pods_gone(ctx, name, checkpoint, wait_s)
+    checkpoint = await request_checkpoint(ctx, name, reason, mode, wait_s)
+    await wait_gpu_pods_gone(ctx, name, checkpoint, wait_s)
     drained = None
     if not args.no_drain:
         options = DrainOptions(
@@ -413,7 +432,7 @@ def start(ctx: Context, args: argparse.Namespace) -> int:
             timeout_s=config.drain_timeout_seconds if args.timeout is None else args.timeout,
             retry_s=config.eviction_retry_seconds,
         )
-        drained = drain(ctx, name, options)
+        drained = await drain(ctx, name, options)
     report = StartReport(
         node=name,
         reason=reason,
@@ -433,9 +452,9 @@ def start(ctx: Context, args: argparse.Namespace) -> int:
 # -- finish ----------------------------------------------------------------------------
 
 
-def finish(ctx: Context, args: argparse.Namespace) -> int:
+async def finish(ctx: Context, args: argparse.Namespace) -> int:
     name: str = args.node
-    node = get_node(ctx.client, name)
+    node = await get_node(ctx.api, name)
     if node is None:
         ctx.err.print(Text(f"gpuheal maintenance finish: node {name} not found", style="bold red"))
         return exitcodes.NOT_FOUND
@@ -447,10 +466,10 @@ def finish(ctx: Context, args: argparse.Namespace) -> int:
             )
         )
         return exitcodes.USAGE
-    since = maintenance_since(annotations_of(node), ctx)
-    result = evaluate(gather(ctx.client, ctx.config, node), ctx.config, ctx.now(), since)
+    since = maintenance_since(node.metadata.annotations, ctx)
+    result = evaluate(await gather(ctx.api, ctx.config, node), ctx.config, ctx.now(), since)
     if not result.passed:
-        emit_node_event(
+        await emit_node_event(
             ctx,
             node,
             reason=GATE_FAILED,
@@ -463,22 +482,22 @@ def finish(ctx: Context, args: argparse.Namespace) -> int:
         return gate_exit_code(result)
     uncordoned = False
 
-    def build(current: Node) -> dict[str, Any]:
+    def build(current: NodeJson) -> dict[str, Any]:
         nonlocal uncordoned
         patch, uncordoned = finish_patch(current, ctx.config)
         return patch
 
     try:
-        written = _guarded_write(ctx, name, node, build)
+        written = await _guarded_write(ctx, name, node, build)
     except WriteError as err:
         ctx.err.print(Text(f"gpuheal maintenance finish: {err}", style="bold red"))
         return exitcodes.ERROR
     outcome = f"returned to service: removed {', '.join(left)}"
     if uncordoned:
         outcome += "; uncordoned"
-    elif written.spec is not None and written.spec.unschedulable:
+    elif written.spec.unschedulable:
         outcome += "; left cordoned (it was cordoned before maintenance began)"
-    emit_node_event(
+    await emit_node_event(
         ctx, written, reason=FINISHED, note=f"maintenance finished: {outcome}", action="Maintenance"
     )
     render(GateReport(result, since, outcome, finished=True), ctx.output, ctx.out)

@@ -50,7 +50,7 @@ from gpuheal.policy.plan import WOULD_QUARANTINE_ACTION
 from gpuheal.policy.pools import pool_of
 
 if TYPE_CHECKING:
-    from gpuheal.ops.context import ReadContext
+    from gpuheal.ops.context import Context
 
 HEALTHY = "healthy"
 SUSPECT = "suspect"
@@ -337,7 +337,7 @@ def fleet_status(
     )
 
 
-async def run_status(ctx: ReadContext, *, selector: str = "") -> int:
+async def run_status(ctx: Context, *, selector: str = "") -> int:
     """Print the fleet's status; 0 (status informs, it checks nothing), 2 for a bad selector."""
     try:
         wanted = parse_selector(selector)

@@ -19,7 +19,7 @@ from lightkube.models.rbac_v1 import RoleRef, Subject
 from lightkube.resources.core_v1 import Namespace, Node, ServiceAccount
 from lightkube.resources.rbac_authorization_v1 import ClusterRoleBinding
 
-from gpuheal.kube.client import sync_client
+from gpuheal.kube.lightkube_clients import sync_client
 from gpuheal.sim import ControlPlane
 from gpuheal.sim.kubeconfig import write_kubeconfig
 from gpuheal.sim.workloads import create_namespace

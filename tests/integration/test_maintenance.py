@@ -466,6 +466,34 @@ def test_gate_judges_the_device_plugin_pod_on_its_node_only(
     )
 
 
+# Runs `gpuheal` as given, then names the client libraries the process loaded.
+_LOADED = """
+import sys
+from gpuheal.cli import main
+code = main(sys.argv[1:])
+print(sorted({m.split(".")[0] for m in sys.modules} & {"lightkube", "httpx2", "httpx"}))
+sys.exit(code)
+"""
+
+
+def test_a_maintenance_round_trip_loads_no_other_kubernetes_or_http_client(
+    control_plane: ControlPlane, fake_gpu_nodes: FakeNodes, pool: dict[str, str], config_file: Path
+) -> None:
+    """kube/'s client (aiohttp) only: lightkube and httpx2 would be a second client
+    stack to keep right (kubeconfig, credentials, proxies) and their import in every
+    command. The import contract sees imports written down; this, what is loaded."""
+    (target,) = fake_gpu_nodes(1, labels=pool)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    options = ["--kubeconfig", str(control_plane.kubeconfig), "--config", str(config_file)]
+    for step in (["start", target, "--reason", "bios", "--no-drain"], ["finish", target]):
+        done = subprocess.run(
+            [sys.executable, "-c", _LOADED, "maintenance", *step, *options],
+            env=env, cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines()[-1] == "[]", (step, done.stdout)
+
+
 def test_finish_of_a_missing_node_and_gate_of_a_missing_node_exit_5(cli: Cli) -> None:
     assert cli("gate", "no-such-node")[0] == 5
     assert cli("maintenance", "finish", "no-such-node")[0] == 5

@@ -6,12 +6,13 @@ import datetime as dt
 import json
 from typing import Any
 
+import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
-from lightkube.resources.core_v1 import Node, Pod
-from lightkube.resources.policy_v1 import PodDisruptionBudget
 
 from gpuheal.config import Config
+from gpuheal.kube.details import Pod, PodDisruptionBudget
+from gpuheal.kube.projections import NodeJson
 from gpuheal.model import (
     COUNTERS_SINCE,
     ECC_ERRORS,
@@ -29,13 +30,13 @@ from gpuheal.ops.drain import (
     pdb_blocker,
     skip_reason,
 )
-from gpuheal.ops.legacy import selector_matches
 from gpuheal.ops.maintenance import (
     baseline,
     finish_patch,
     leftovers,
     start_patch,
 )
+from gpuheal.ops.scheduling import selector_matches
 from gpuheal.values import label_text
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, 0, tzinfo=dt.UTC)
@@ -48,8 +49,8 @@ def node(
     annotations: dict[str, str] | None = None,
     taints: list[dict[str, str]] | None = None,
     unschedulable: bool = False,
-) -> Node:
-    obj = Node.from_dict(
+) -> NodeJson:
+    return msgspec.convert(
         {
             "apiVersion": "v1",
             "kind": "Node",
@@ -60,25 +61,23 @@ def node(
                 "annotations": annotations or {},
             },
             "spec": {"taints": taints or [], "unschedulable": unschedulable},
-        }
+        },
+        NodeJson,
     )
-    assert isinstance(obj, Node)
-    return obj
 
 
 def pod(**spec: Any) -> Pod:
     meta = spec.pop("metadata", {})
-    obj = Pod.from_dict(
+    return msgspec.convert(
         {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": "p", "namespace": "ml", "labels": {"app": "train"}, **meta},
             "spec": {"containers": [{"name": "c", "image": "i"}], **spec},
             "status": {"phase": "Running"},
-        }
+        },
+        Pod,
     )
-    assert isinstance(obj, Pod)
-    return obj
 
 
 def owned_by(kind: str) -> dict[str, Any]:
@@ -214,7 +213,7 @@ def test_a_finalizer_holding_a_deleted_pod_is_named() -> None:
 
 
 def pdb(name: str, selector: dict[str, Any] | None, allowed: int = 0) -> PodDisruptionBudget:
-    obj = PodDisruptionBudget.from_dict(
+    return msgspec.convert(
         {
             "apiVersion": "policy/v1",
             "kind": "PodDisruptionBudget",
@@ -226,10 +225,9 @@ def pdb(name: str, selector: dict[str, Any] | None, allowed: int = 0) -> PodDisr
                 "desiredHealthy": 2,
                 "expectedPods": 2,
             },
-        }
+        },
+        PodDisruptionBudget,
     )
-    assert isinstance(obj, PodDisruptionBudget)
-    return obj
 
 
 def test_a_refused_eviction_names_the_budgets_that_select_the_pod() -> None:
@@ -251,7 +249,7 @@ def test_a_refused_eviction_names_the_budgets_that_select_the_pod() -> None:
 def test_label_selectors() -> None:
     labels = {"app": "train", "tier": "gpu"}
     assert not selector_matches(None, labels)
-    sel = pdb("x", {}).spec.selector  # type: ignore[union-attr]
+    sel = pdb("x", {}).spec.selector
     assert sel is not None and selector_matches(sel, labels)  # empty: every pod
     cases = {
         ("In", ("train",)): True,
@@ -262,7 +260,6 @@ def test_label_selectors() -> None:
     for (operator, values), expected in cases.items():
         expr = {"key": "app", "operator": operator, "values": list(values)}
         budget = pdb("x", {"matchExpressions": [expr]})
-        assert budget.spec is not None
         assert selector_matches(budget.spec.selector, labels) is expected, operator
 
 
