@@ -22,10 +22,10 @@ from pathlib import Path
 
 from common import emit, percentiles_ms
 
-from gpuheal.kube.resources import GPUFault
 from gpuheal.sim import ControlPlane, ControlPlaneConfig
 from gpuheal.sim.controller import ControllerProcess, install_crds
 from gpuheal.sim.nodes import create_gpu_nodes, wait_nodes_ready
+from gpuheal.sim.resources import GPUFault
 from gpuheal.sim.workloads import create_namespace
 
 TOKEN = "bench-token"  # noqa: S105 -- a throw-away token for a loopback benchmark

@@ -1,8 +1,7 @@
 """Kubernetes API clients built from a kubeconfig.
 
 `operator_api` is the CLI's: kubectl's search order and --context, and the
-proxy variables of an operator's shell honoured. (The lightkube clients of the
-local control plane and the tests are in kube/lightkube_clients.py.)
+proxy variables of an operator's shell honoured.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ import yaml
 from lightkube import ApiError, Client, codecs
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 
-from gpuheal.kube.resources import GPUFault
 from gpuheal.sim.process import Component, free_port, http_ok, stop_all
+from gpuheal.sim.resources import GPUFault
 
 CRD_FILE = Path(__file__).resolve().parents[2] / "deploy" / "crds" / "gpufaults.gpuheal.io.yaml"
 

@@ -27,8 +27,8 @@ from typing import Self
 
 from lightkube import Client
 
-from gpuheal.kube.lightkube_clients import sync_client
 from gpuheal.sim.binaries import Binaries, default_binaries
+from gpuheal.sim.client import sync_client
 from gpuheal.sim.kubeconfig import write_kubeconfig
 from gpuheal.sim.pki import CertPair, Pki, create_pki, issue_client_cert
 from gpuheal.sim.process import Component, ControlPlaneError, free_port, http_ok, stop_all

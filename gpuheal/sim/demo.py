@@ -28,7 +28,6 @@ from typing import Any, TextIO
 from lightkube import Client
 from lightkube.resources.core_v1 import Node, Pod
 
-from gpuheal.kube.resources import GPUFault
 from gpuheal.model import NODE_LABEL
 from gpuheal.sim.agent import AgentProcess
 from gpuheal.sim.controller import ControllerProcess, install_crds
@@ -36,6 +35,7 @@ from gpuheal.sim.controlplane import ControlPlane, ControlPlaneConfig
 from gpuheal.sim.gpustate import read_gpu_state, render
 from gpuheal.sim.nodes import create_gpu_nodes, wait_nodes_ready
 from gpuheal.sim.process import stop_all
+from gpuheal.sim.resources import GPUFault
 from gpuheal.sim.workloads import apply, create_namespace, gpu_deployment, wait_pods_running
 from gpuheal.values import node_label
 

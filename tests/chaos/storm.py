@@ -13,7 +13,6 @@ from lightkube import Client
 from lightkube.resources.core_v1 import Node, Pod
 
 from gpuheal.kube.leader import log as leader_log
-from gpuheal.kube.resources import GPUFault
 from gpuheal.model import (
     FAULT_ID,
     FAULT_REASON,
@@ -28,6 +27,7 @@ from gpuheal.sim.controller import ControllerProcess
 from gpuheal.sim.controlplane import KWOK
 from gpuheal.sim.nodes import create_gpu_nodes, wait_nodes_ready
 from gpuheal.sim.process import log_tail
+from gpuheal.sim.resources import GPUFault
 from gpuheal.sim.workloads import apply, create_namespace, gpu_pod, wait_pods_running
 from tests.chaos.conftest import CONTROLLER_USER
 from tests.corpus import eks_node_names

@@ -13,11 +13,11 @@ import pytest
 from lightkube import Client
 from lightkube.resources.core_v1 import Node
 
-from gpuheal.kube.resources import GPUFault
 from gpuheal.model import FAULT_ID, HANDLED_FAULT_ID, TAINT_KEY
 from gpuheal.sim import ControlPlane
 from gpuheal.sim.agent import AgentProcess
 from gpuheal.sim.nodes import create_gpu_nodes, wait_nodes_ready
+from gpuheal.sim.resources import GPUFault
 from tests.chaos.storm import Replicas
 from tests.helpers import unique, wait_for
 

@@ -19,8 +19,8 @@ from lightkube.models.rbac_v1 import RoleRef, Subject
 from lightkube.resources.core_v1 import Namespace, Node, ServiceAccount
 from lightkube.resources.rbac_authorization_v1 import ClusterRoleBinding
 
-from gpuheal.kube.lightkube_clients import sync_client
 from gpuheal.sim import ControlPlane
+from gpuheal.sim.client import sync_client
 from gpuheal.sim.kubeconfig import write_kubeconfig
 from gpuheal.sim.workloads import create_namespace
 from tests.helpers import unique

@@ -17,11 +17,11 @@ from lightkube import ApiError, Client
 from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.resources.rbac_authorization_v1 import ClusterRoleBinding
 
-from gpuheal.kube.resources import GPUFault
 from gpuheal.model import FAULT_ID, FAULT_REASON, FAULT_TIME, HANDLED_FAULT_ID, NODE_LABEL, STATUS
 from gpuheal.sim import ControlPlane
 from gpuheal.sim.audit import grant_cluster_admin
 from gpuheal.sim.controller import ControllerProcess, install_crds
+from gpuheal.sim.resources import GPUFault
 from gpuheal.sim.workloads import apply, create_namespace, gpu_pod, pod_disruption_budget
 from gpuheal.values import node_label
 from tests.conftest import AUDITED_CONTROLLER

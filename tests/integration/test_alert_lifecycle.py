@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from lightkube import Client
 
-from gpuheal.kube.resources import GPUFault
 from gpuheal.policy.clock import parse_time
 from gpuheal.sim import ControlPlane, audit
 from gpuheal.sim.controller import ControllerProcess
+from gpuheal.sim.resources import GPUFault
 from tests.conftest import AUDITED_CONTROLLER
 from tests.corpus import alert, dcgm_labels, webhook
 from tests.helpers import FakeNodes, wait_for

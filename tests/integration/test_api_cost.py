@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from lightkube import Client
 
-from gpuheal.kube.resources import GPUFault
 from gpuheal.sim import ControlPlane, audit
+from gpuheal.sim.resources import GPUFault
 from gpuheal.sim.workloads import apply, gpu_pod, wait_pods_running
 from tests.helpers import FakeNodes, wait_for
 from tests.integration.conftest import (

@@ -15,10 +15,10 @@ import pytest
 from lightkube import Client
 
 from gpuheal.cli import main
-from gpuheal.kube.resources import GPUFault
 from gpuheal.sim import ControlPlane
 from gpuheal.sim.controller import ControllerProcess
 from gpuheal.sim.controlplane import ADMIN
+from gpuheal.sim.resources import GPUFault
 from gpuheal.sim.workloads import apply, gpu_pod, wait_pods_running
 from tests.helpers import FakeNodes, wait_for
 from tests.integration.conftest import (

@@ -16,9 +16,9 @@ from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
 from gpuheal.cli import main
-from gpuheal.kube.resources import GPUFault
 from gpuheal.model import DRIVER_VERSION, GPU_PROCESSES, STATE_LABEL, TAINT_KEY
 from gpuheal.sim import ControlPlane
+from gpuheal.sim.resources import GPUFault
 from gpuheal.sim.workloads import gpu_pod, wait_pods_running
 from tests.helpers import FakeNodes, wait_for
 

@@ -20,8 +20,8 @@ from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
 from lightkube.types import PatchType
 
-from gpuheal.kube.lightkube_clients import sync_client
 from gpuheal.sim import ADMIN, ControlPlane
+from gpuheal.sim.client import sync_client
 from gpuheal.sim.kubeconfig import write_kubeconfig
 from gpuheal.sim.nodes import GPU_RESOURCE, delete_nodes, gpu_node, is_ready
 from gpuheal.sim.workloads import (

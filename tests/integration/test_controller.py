@@ -12,7 +12,7 @@ from lightkube.resources.core_v1 import Node
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
 
-from gpuheal.kube.resources import GPUFault
+from gpuheal.sim.resources import GPUFault
 from gpuheal.sim.workloads import (
     apply,
     gpu_deployment,

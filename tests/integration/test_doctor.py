@@ -15,11 +15,11 @@ from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
 from gpuheal.cli import main
-from gpuheal.kube.resources import GPUFault
 from gpuheal.model import TAINT_KEY, fault_record_name
 from gpuheal.ops import exitcodes
 from gpuheal.sim import ControlPlane
 from gpuheal.sim.records import PastFault, create_past_faults
+from gpuheal.sim.resources import GPUFault
 from gpuheal.sim.workloads import (
     apply,
     gpu_deployment,

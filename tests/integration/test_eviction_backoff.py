@@ -18,9 +18,9 @@ import pytest
 from lightkube import Client
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 
-from gpuheal.kube.resources import GPUFault
 from gpuheal.sim import ControlPlane, audit
 from gpuheal.sim.nodes import create_gpu_nodes, delete_nodes, wait_nodes_ready
+from gpuheal.sim.resources import GPUFault
 from gpuheal.sim.workloads import apply, gpu_deployment, pod_disruption_budget, wait_pods_running
 from tests.corpus import unique_eks_node
 from tests.helpers import wait_for

@@ -26,12 +26,12 @@ from lightkube.resources.admissionregistration_v1 import (
 from lightkube.resources.core_v1 import Namespace, Node
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
 
-from gpuheal.kube.resources import GPUFault
 from gpuheal.model import TAINT_KEY
 from gpuheal.sim import ControlPlane, audit
 from gpuheal.sim.controller import ControllerProcess
 from gpuheal.sim.monitoring import Monitoring
 from gpuheal.sim.nodes import create_gpu_nodes, delete_nodes, wait_nodes_ready
+from gpuheal.sim.resources import GPUFault
 from gpuheal.sim.workloads import apply, create_namespace
 from tests.conftest import AUDITED_CONTROLLER
 from tests.corpus import unique_eks_node

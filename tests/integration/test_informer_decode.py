@@ -15,9 +15,9 @@ from lightkube.types import PatchType
 from gpuheal.kube.api import KubeApi, gpufault_path
 from gpuheal.kube.informer import Informer
 from gpuheal.kube.projections import Meta
-from gpuheal.kube.resources import GPUFault
 from gpuheal.model import fault_record_name
 from gpuheal.sim import ControlPlane
+from gpuheal.sim.resources import GPUFault
 from gpuheal.values import node_label
 from tests import corpus
 from tests.helpers import FakeNodes, unique, wait_for

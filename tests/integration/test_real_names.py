@@ -19,7 +19,6 @@ from lightkube import Client
 from lightkube.resources.core_v1 import Node
 
 from gpuheal import values
-from gpuheal.kube.resources import GPUFault
 from gpuheal.model import (
     FAULT_DEVICES,
     FAULT_ID,
@@ -31,6 +30,7 @@ from gpuheal.model import (
 from gpuheal.sim import ControlPlane
 from gpuheal.sim.agent import AgentProcess
 from gpuheal.sim.nodes import create_gpu_nodes, delete_nodes, wait_nodes_ready
+from gpuheal.sim.resources import GPUFault
 from gpuheal.sim.workloads import apply, gpu_pod, wait_pods_running
 from tests.corpus import EKS_NODE, GPU_UUIDS, unique_eks_node, unique_fqdn
 from tests.helpers import wait_for

@@ -8,10 +8,10 @@ import datetime as dt
 
 from lightkube import Client
 
-from gpuheal.kube.resources import GPUFault
 from gpuheal.model import Phase
 from gpuheal.sim import ControlPlane
 from gpuheal.sim.records import PastFault, create_past_faults
+from gpuheal.sim.resources import GPUFault
 from tests.helpers import FakeNodes, wait_for
 from tests.integration.conftest import (
     StartController,

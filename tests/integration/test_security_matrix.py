@@ -40,7 +40,6 @@ from gpuheal.agent.facts import FACT_KEYS
 from gpuheal.agent.reporter import FAULT_KEYS
 from gpuheal.config import Config
 from gpuheal.kube import writes
-from gpuheal.kube.resources import GPUFault
 from gpuheal.model import (
     CANARY_LABEL,
     CHECKPOINT_REQUESTED,
@@ -70,6 +69,7 @@ from gpuheal.sim import ControlPlane
 from gpuheal.sim.agent import AgentProcess
 from gpuheal.sim.controller import ControllerProcess
 from gpuheal.sim.nodes import create_gpu_nodes, delete_nodes, wait_nodes_ready
+from gpuheal.sim.resources import GPUFault
 from gpuheal.sim.workloads import apply, create_namespace, gpu_pod, wait_pods_running
 from tests.corpus import eks_node_names
 from tests.helpers import FakeNodes, unique, wait_for

@@ -25,7 +25,6 @@ from gpuheal import values
 from gpuheal.api.alerts import Webhook, interpret
 from gpuheal.config import Config
 from gpuheal.kube.events import event_body, fault_ref, node_ref
-from gpuheal.kube.resources import GPUFault
 from gpuheal.kube.writes import fault_record, handled_patch, record_status, taint_patch
 from gpuheal.model import (
     FAULT_DEVICES,
@@ -43,6 +42,7 @@ from gpuheal.model import (
 )
 from gpuheal.policy.signals import fault_signal
 from gpuheal.sim.nodes import gpu_node
+from gpuheal.sim.resources import GPUFault
 from tests.corpus import NODE_NAMES, alert, webhook
 from tests.helpers import unique
 

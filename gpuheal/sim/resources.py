@@ -1,4 +1,5 @@
-"""lightkube resource types for our custom resources."""
+"""lightkube resource types for our custom resources (the local control plane and
+the tests build GPUFaults as lightkube objects)."""
 
 from __future__ import annotations
 
