@@ -38,6 +38,7 @@ from typing import Any
 from common import (
     build_fleet,
     commit_of,
+    cpu_seconds,
     emit,
     percentiles_ms,
     profiler,
@@ -49,6 +50,7 @@ from gpuheal.kube.api import KubeApi, node_path
 from gpuheal.model import FAULT_ID, FAULT_REASON, FAULT_TIME, HANDLED_FAULT_ID, STATUS, TAINT_KEY
 from gpuheal.sim import ControlPlane, ControlPlaneConfig, audit
 from gpuheal.sim.controller import ControllerProcess, install_crds
+from gpuheal.sim.controlplane import KUBE_APISERVER
 from gpuheal.sim.workloads import create_namespace
 
 USER = "gpuheal-controller"
@@ -190,14 +192,21 @@ async def singles(
     return {"floor": floor, "taint": taint, "evicted": drain}
 
 
-async def storm(api: KubeApi, watcher: Watcher, nodes: list[str], tag: str) -> dict[str, Any]:
+async def storm(
+    api: KubeApi, watcher: Watcher, nodes: list[str], tag: str, pids: dict[str, int]
+) -> dict[str, Any]:
+    """`pids`: the processes whose CPU the storm costs (the API server, the controller)."""
     sent = await asyncio.gather(*(mark_floor(api, n, tag) for n in nodes))
     await watcher.until("floor", lambda: all((n, tag) in watcher.floor for n in nodes))
     floor = [watcher.floor[(n, tag)] - t0 for n, t0 in zip(nodes, sent, strict=True)]
+    cpu = {name: cpu_seconds(pid) for name, pid in pids.items()}
     sent = await asyncio.gather(*(report_fault(api, n, f"{tag}-{n}") for n in nodes))
+    await watcher.until("tainted", lambda: all(n in watcher.tainted for n in nodes), 600)
+    to_taint = {name: cpu_seconds(pid) - cpu[name] for name, pid in pids.items()}
     await watcher.until("drained", lambda: all(n in watcher.drained for n in nodes), 600)
     # Let the storm finish (every node handled) before the next phase measures anything.
     await watcher.until("handled", lambda: all(n in watcher.handled for n in nodes), 600)
+    to_handled = {name: cpu_seconds(pid) - cpu[name] for name, pid in pids.items()}
     taint = [watcher.tainted[n] - t0 for n, t0 in zip(nodes, sent, strict=True)]
     drain = [watcher.drained[n] - t0 for n, t0 in zip(nodes, sent, strict=True)]
     span = max(watcher.tainted[n] for n in nodes) - min(sent)
@@ -206,6 +215,15 @@ async def storm(api: KubeApi, watcher: Watcher, nodes: list[str], tag: str) -> d
         "taint": taint,
         "evicted": drain,
         "nodes_per_second": len(nodes) / span,
+        # CPU per faulty node, until every node is tainted and until every node is
+        # drained and handled; the API server's includes serving this script's
+        # fault PATCHes and watches, as it did when the peer was measured.
+        "cpu_ms_per_node_to_taint": {
+            n: round(1000 * c / len(nodes), 1) for n, c in to_taint.items()
+        },
+        "cpu_ms_per_node_to_handled": {
+            n: round(1000 * c / len(nodes), 1) for n, c in to_handled.items()
+        },
     }
 
 
@@ -278,8 +296,12 @@ async def run(
         profile = args.profile and code is None
         spy = profiler(controller.component.pid or 0, "profile-storms") if profile else None
         for size in args.storms:
+            pids = {
+                "apiserver": cp.components[KUBE_APISERVER].pid or 0,
+                "controller": controller.component.pid or 0,
+            }
             results[f"storm-{size}"] = await storm(
-                api, watcher, nodes[used : used + size], f"{tag}storm{size}"
+                api, watcher, nodes[used : used + size], f"{tag}storm{size}", pids
             )
             used += size
         if spy is not None:
@@ -315,6 +337,8 @@ def summarise(raw: dict[str, Any]) -> dict[str, Any]:
         }
         if "nodes_per_second" in series:
             out[name]["nodes_tainted_per_second"] = round(series["nodes_per_second"], 1)
+            out[name]["cpu_ms_per_node_to_taint"] = series["cpu_ms_per_node_to_taint"]
+            out[name]["cpu_ms_per_node_to_handled"] = series["cpu_ms_per_node_to_handled"]
     return out
 
 
@@ -388,7 +412,11 @@ def main() -> int:
                 f"{entry['time_to_all_evicted_ms']['p99']} ms"
             )
             if "nodes_tainted_per_second" in entry:
-                line += f"; {entry['nodes_tainted_per_second']} nodes/s"
+                line += (
+                    f"; {entry['nodes_tainted_per_second']} nodes/s; CPU ms per node to taint "
+                    f"{entry['cpu_ms_per_node_to_taint']}, to handled "
+                    f"{entry['cpu_ms_per_node_to_handled']}"
+                )
             lines.append(line)
     for name in (n for n in result if n.startswith("api_cost")):
         cost = result[name]
