@@ -341,7 +341,7 @@ class Signals:
 
 
 @dataclass(frozen=True)
-class Api:
+class HttpApi:
     """The HTTP API: its tokens and limits (docs/api.md)."""
 
     # The API's bearer token(s), one a line, from a mounted Secret file; re-read when
@@ -368,7 +368,7 @@ class Runtime:
 
 
 @dataclass(frozen=True)
-class Config(Scope, Remediation, Eviction, Pace, Signals, Api, Runtime):
+class Config(Scope, Remediation, Eviction, Pace, Signals, HttpApi, Runtime):
     """The whole document: the top-level keys of each concern, and the sections."""
 
     device_health: DeviceHealthConfig = section(DeviceHealthConfig)
