@@ -167,15 +167,21 @@ def schema_of(kind: type[Any]) -> Schema:
     return {key: (f.name, f.metadata[_PARSE]) for key, f in keys_of(kind).items()}
 
 
-def schemas_of(kind: type[Any], path: str = "") -> dict[str, Schema]:
-    """Every section's keys by its place in the document (`pools.byName.<pool>`,
-    `conditions[]`): the docs have one table per section (tests/unit/test_config_docs.py)."""
-    found = {path: schema_of(kind)}
+def sections_of(kind: type[Any], path: str = "") -> dict[str, type[Any]]:
+    """Every section's dataclass by its place in the document (`pools.byName.<pool>`,
+    `conditions[]`; "": the top level)."""
+    found: dict[str, type[Any]] = {path: kind}
     for key, f in keys_of(kind).items():
         parse = f.metadata[_PARSE]
         if isinstance(parse, Section):
-            found |= schemas_of(parse.kind, parse.path(f"{path}.{key}" if path else key))
+            found |= sections_of(parse.kind, parse.path(f"{path}.{key}" if path else key))
     return found
+
+
+def schemas_of(kind: type[Any]) -> dict[str, Schema]:
+    """Every section's keys by its place in the document: the docs have one table
+    per section (tests/unit/test_config_docs.py)."""
+    return {place: schema_of(section) for place, section in sections_of(kind).items()}
 
 
 def refuse(title: str, problems: list[str]) -> None:
