@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,7 @@ import yaml
 from gpuheal import config as config_module
 from gpuheal.agent import config as agent_config
 from gpuheal.config import Config, ConfigError, load_config, parse_config
+from gpuheal.config.keys import keys_of
 from gpuheal.model import Mode, Severity
 
 
@@ -109,17 +111,20 @@ def test_files(tmp_path: Path) -> None:
 
 # -- every key, every odd value ---------------------------------------------------------
 
+SECTION_NAMES = [
+    "",
+    "leaderElection",
+    "deviceHealth",
+    "healthGate",
+    "maintenance",
+    "retention",
+    "pools",
+]
 # (section, schema): where each key lives in the document.
 SECTIONS: list[tuple[str, dict[str, tuple[str, Any]]]] = [
-    ("", config_module._TOP),
-    ("leaderElection", config_module._LEADER),
-    ("deviceHealth", config_module._DEVICE_HEALTH),
-    ("healthGate", config_module._HEALTH_GATE),
-    ("maintenance", config_module._MAINTENANCE),
-    ("retention", config_module._RETENTION),
-    ("pools", config_module._POOLS),
-    ("pools.byName.a3-highgpu-8g", config_module._POOL),
-    ("agent", agent_config._SCHEMA),
+    *((section, config_module.SCHEMAS[section]) for section in SECTION_NAMES),
+    ("pools.byName.a3-highgpu-8g", config_module.SCHEMAS["pools.byName.<pool>"]),
+    ("agent", agent_config.SCHEMA),
 ]
 KEYS = [(section, key) for section, schema in SECTIONS for key in schema]
 
@@ -206,11 +211,16 @@ def test_any_value_of_any_type_is_a_config_or_a_config_error(section: str, key: 
     ],
 )
 def test_regressions_are_refused_naming_the_key(tmp_path: Path, text: str, message: str) -> None:
+    assert message in refusal_of(tmp_path, text)
+
+
+def refusal_of(tmp_path: Path, text: str) -> str:
+    """The ConfigError's message for a config file holding `text`."""
     path = tmp_path / "config.yaml"
     path.write_text(text + "\n")
     with pytest.raises(ConfigError) as err:
         load_config(path)
-    assert message in str(err.value)
+    return str(err.value)
 
 
 def test_a_missing_or_unreadable_api_token_file_is_refused_naming_the_key(tmp_path: Path) -> None:
@@ -255,12 +265,9 @@ SLACK_PATH = f"/services/T0A1B2C3D/B0E4F5G6H/{SLACK_SECRET}"
     ],
 )  # fmt: skip
 def test_a_config_error_never_quotes_a_webhook_url(tmp_path: Path, text: str, message: str) -> None:
-    path = tmp_path / "config.yaml"
-    path.write_text(text + "\n")
-    with pytest.raises(ConfigError) as err:
-        load_config(path)
-    assert message in str(err.value)
-    assert SLACK_SECRET not in str(err.value) and "services" not in str(err.value)
+    refused = refusal_of(tmp_path, text)
+    assert message in refused
+    assert SLACK_SECRET not in refused and "services" not in refused
 
 
 @pytest.mark.parametrize(
@@ -318,3 +325,34 @@ def test_the_p1_fence_is_off_and_the_resync_is_five_minutes_unless_set() -> None
         parse_config({"resyncSeconds": 0})
     with pytest.raises(ConfigError, match="p1Taint: must be true or false, got 'on'"):
         parse_config({"p1Taint": "on"})
+
+
+def test_a_misspelt_section_is_refused_naming_the_sections() -> None:
+    # Before: the known keys listed the top-level values only, not the sections.
+    with pytest.raises(ConfigError) as err:
+        parse_config({"leaderElecton": {"enabled": False}})
+    message = str(err.value)
+    assert "leaderElecton: unknown key (known: " in message
+    assert all(f"{name}," in message for name in ("deviceHealth", "leaderElection", "pools"))
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        Config,
+        agent_config.AgentConfig,
+        config_module.ConditionRule,
+        config_module.NotificationSink,
+        config_module.LeaderElection,
+        config_module.DeviceHealthConfig,
+        config_module.PoolsConfig,
+        config_module.PoolConfig,
+        config_module.HealthGateConfig,
+        config_module.MaintenanceConfig,
+        config_module.ApprovalConfig,
+        config_module.RetentionConfig,
+    ],
+)
+def test_every_field_of_the_config_is_a_key(kind: type[Any]) -> None:
+    """A field declared without its parser could not be set from the document."""
+    assert [f.name for f in dataclasses.fields(kind)] == [f.name for f in keys_of(kind).values()]

@@ -1,0 +1,424 @@
+"""The controller's configuration: one YAML document, validated at start.
+
+Every problem is reported with the dotted path of the bad key
+(`breakerMaxPercent: must be between 0 and 100, got 250`), and the
+controller refuses to start. Each key is declared once, as a field below with
+its parser (gpuheal/config/keys.py); the top-level keys are grouped by concern
+into the classes `Config` is made of, the nested ones are their own sections.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuheal.config.keys import (
+    MAX_BODY_BYTES,
+    MAX_BURST,
+    MAX_CELSIUS,
+    MAX_COUNT,
+    MAX_DELAY_S,
+    MAX_GPUS,
+    MAX_NODES,
+    MAX_RATE,
+    MAX_WINDOW_S,
+    MAX_WORKERS,
+    ListOf,
+    MapOf,
+    bool_map,
+    boolean,
+    enum_of,
+    file_path,
+    integer,
+    load_yaml,
+    lowercase_strings,
+    mode_map,
+    number,
+    one_of,
+    optional,
+    parse_document,
+    refuse,
+    schemas_of,
+    section,
+    setting,
+    string,
+    string_map,
+    strings,
+)
+from gpuheal.config.keys import ConfigError as ConfigError
+from gpuheal.config.urls import url
+from gpuheal.config.urls import url_origin as url_origin
+from gpuheal.config.urls import without_url_secrets as without_url_secrets
+from gpuheal.model import GPU_HEALTHY_CONDITION, MAINTENANCE_TAINT_KEY, Mode, Severity, Taint
+
+TITLE = "invalid configuration"
+
+effect = one_of("NoSchedule", "NoExecute")
+
+_TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+def taint_spec(value: object) -> Taint:
+    """ "key[=value]:Effect", as kubectl taint writes it."""
+    text = string(value)
+    head, sep, effect_ = text.rpartition(":")
+    key, _, taint_value = head.partition("=")
+    if not sep or not key or effect_ not in _TAINT_EFFECTS:
+        choices = ", ".join(_TAINT_EFFECTS)
+        raise ValueError(f"must be key[=value]:Effect with Effect one of {choices}, got {text!r}")
+    return Taint(key=key, effect=effect_, value=taint_value)
+
+
+def taint_specs(value: object) -> tuple[Taint, ...]:
+    if not isinstance(value, list):
+        raise ValueError(f"must be a list of key[=value]:Effect, got {value!r}")
+    return tuple(taint_spec(item) for item in value)
+
+
+# -- the sections ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConditionRule:
+    """`conditions[]`: map a NodeCondition written by any detector to a fault signal."""
+
+    type: str = setting(string)
+    status: str = setting(string, "False")
+    reasons: tuple[str, ...] = setting(strings, ())  # empty: any reason
+    # Empty: the condition's own reason, else its type.
+    fault_reason: str = setting(string, "")
+    severity: Severity = setting(enum_of(Severity), Severity.P0)
+
+    def matches(self, type_: str, status: str, reason: str) -> bool:
+        return (
+            type_ == self.type
+            and status == self.status
+            and (not self.reasons or reason in self.reasons)
+        )
+
+
+@dataclass(frozen=True)
+class NotificationSink:
+    """`notificationSinks[]`: a webhook told after each remediation step."""
+
+    url: str = setting(url)  # a secret: logged only as url_origin(url)
+    format: str = setting(one_of("json", "slack"), "json")
+
+    @property
+    def shown(self) -> str:
+        return url_origin(self.url)
+
+
+@dataclass(frozen=True)
+class LeaderElection:
+    enabled: bool = setting(boolean, True)
+    namespace: str = setting(string, "gpuheal-system")
+    name: str = setting(string, "gpuheal-controller")
+    lease_seconds: float = setting(number(1, 3600), 15.0)
+    renew_deadline_seconds: float = setting(number(0.5, 3600), 10.0)
+    retry_period_seconds: float = setting(number(0.1, 3600), 2.0)
+
+
+@dataclass(frozen=True)
+class DeviceHealthConfig:
+    """Device-level health from Pod allocatedResourcesStatus (docs/controller.md)."""
+
+    enabled: bool = setting(boolean, True)
+    # A Healthy report not renewed for this long counts as Unknown; 0: never.
+    heartbeat_seconds: float = setting(number(0, MAX_DELAY_S), 0.0)
+    # Unknown for less than this: an Event and a metric; longer: the device is suspect.
+    unknown_tolerance_seconds: float = setting(number(0, MAX_DELAY_S), 300.0)
+    # A device quarantine lasts at least this long without a fresh Healthy report;
+    # a failed canary extends it by as much.
+    quarantine_seconds: float = setting(number(0, MAX_DELAY_S), 3600.0)
+    # Below this fraction of healthy devices the whole node is quarantined.
+    min_healthy_fraction: float = setting(number(0, 1), 0.5)
+    # This many device faults on one node within the window: the whole node.
+    escalate_after_faults: int = setting(integer(1, MAX_COUNT), 3)
+    escalation_window_seconds: float = setting(number(0, MAX_WINDOW_S), 86400.0)
+    # The same device failing again this soon after its release: the whole node.
+    repeat_window_seconds: float = setting(number(0, MAX_WINDOW_S), 7 * 86400.0)
+    # A device health message containing one of these (any case): the whole node.
+    whole_node_reasons: tuple[str, ...] = setting(
+        lowercase_strings, ("fallen off the bus", "nvlink", "fabric")
+    )
+    # Evictions of pods holding bad devices, per node.
+    evictions_per_minute: float = setting(number(0.01, MAX_RATE), 6.0)
+    eviction_burst: int = setting(integer(1, MAX_BURST), 2)
+    canary_image: str = setting(string, "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04")
+    canary_command: tuple[str, ...] = setting(strings, ("nvidia-smi",))
+    canary_namespace: str = setting(string, "gpuheal-system")
+    canary_timeout_seconds: float = setting(number(1, 86400), 300.0)
+    # Healthy after a passed canary for this long: the device is released.
+    observation_seconds: float = setting(number(0, MAX_DELAY_S), 600.0)
+    # Released this soon after its quarantine, with no canary failure: a false quarantine.
+    false_quarantine_seconds: float = setting(number(0, MAX_WINDOW_S), 3600.0)
+    # This many faults of one node within the window: flagged "contact support".
+    contact_support_after: int = setting(integer(1, MAX_COUNT), 3)
+    contact_support_window_seconds: float = setting(number(0, MAX_WINDOW_S), 3 * 86400.0)
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """What every node of one GPU pool should look like (the health gate, `audit`)."""
+
+    # GPUs each node should offer; None: the node's expectedGpusLabel, if any.
+    gpus_per_node: int | None = setting(integer(0, MAX_GPUS), None)
+    # The resource those GPUs are offered as (nvidia.com/gpu, or a MIG resource).
+    resource: str = setting(string, "nvidia.com/gpu")
+    # "": the version most nodes of the pool run.
+    driver_version: str = setting(string, "")
+    cuda_version: str = setting(string, "")
+    # `gpuheal audit`: labels ("*": any value) and taints this pool's nodes must carry,
+    # on top of the fleet-wide ones in PoolsConfig.
+    expected_labels: Mapping[str, str] = setting(string_map, factory=dict)
+    expected_taints: tuple[Taint, ...] = setting(taint_specs, ())
+
+
+@dataclass(frozen=True)
+class PoolsConfig:
+    # The node label naming a node's pool; then the fallbacks, in order.
+    label: str = setting(string, "gpuheal.io/pool")
+    fallback_labels: tuple[str, ...] = setting(strings, ("nvidia.com/gpu.product",))
+    # GPU feature discovery's per-node GPU count.
+    expected_gpus_label: str = setting(string, "nvidia.com/gpu.count")
+    by_name: Mapping[str, PoolConfig] = setting(MapOf(PoolConfig, entry="pool"), factory=dict)
+    # `gpuheal audit`: labels ("*": any value) and taints every GPU node must carry.
+    expected_labels: Mapping[str, str] = setting(string_map, factory=dict)
+    expected_taints: tuple[Taint, ...] = setting(taint_specs, ())
+    # Node labels naming a node's rack, first present wins (`gpuheal doctor`'s neighbours).
+    rack_labels: tuple[str, ...] = setting(strings, ("topology.kubernetes.io/rack", "rack"))
+
+
+@dataclass(frozen=True)
+class HealthGateConfig:
+    """Checks a node passes before it is returned (docs/operations.md)."""
+
+    # The controller's recovery runs the gate before it removes the fault taint.
+    on_recovery: bool = setting(boolean, True)
+    # The device-plugin pod on the node: found by these labels, in these namespaces
+    # (empty: any). Not required: a node without one passes this check.
+    device_plugin_selector: Mapping[str, str] = setting(
+        string_map, factory=lambda: {"app": "nvidia-device-plugin-daemonset"}
+    )
+    device_plugin_namespaces: tuple[str, ...] = setting(strings, ())
+    device_plugin_required: bool = setting(boolean, False)
+    # A diagnostics result (gpuheal.io/diagnostics) must be present, passing and fresh.
+    diagnostics_required: bool = setting(boolean, False)
+    diagnostics_max_age_seconds: float = setting(number(1, MAX_DELAY_S), 86400.0)
+
+
+@dataclass(frozen=True)
+class MaintenanceConfig:
+    taint_key: str = setting(string, MAINTENANCE_TAINT_KEY)
+    taint_effect: str = setting(effect, "NoSchedule")
+    # How GPU workloads are told to checkpoint.
+    checkpoint: str = setting(one_of("annotate", "webhook", "none"), "annotate")
+    checkpoint_webhook_url: str = setting(url, "")
+    # How long GPU pods get to leave on their own before the drain.
+    checkpoint_wait_seconds: float = setting(number(0, MAX_DELAY_S), 300.0)
+    drain_timeout_seconds: float = setting(number(1, MAX_DELAY_S), 1800.0)
+    eviction_retry_seconds: float = setting(number(0.1, 3600), 5.0)
+
+
+@dataclass(frozen=True)
+class ApprovalConfig:
+    """A person approves a fault's plan before its first taint or eviction."""
+
+    required: bool = setting(boolean, False)
+    # Fault reason -> required, over `required`.
+    by_reason: Mapping[str, bool] = setting(bool_map, factory=dict)
+    # An unanswered plan ends (record Failed, `approval-expired`) after this long.
+    expiry_seconds: float = setting(number(1, MAX_DELAY_S), 3600.0)
+
+    def required_for(self, reason: str) -> bool:
+        return self.by_reason.get(reason, self.required)
+
+
+@dataclass(frozen=True)
+class RetentionConfig:
+    """Closed GPUFault records are deleted, by age and by a count per node; open
+    ones never (docs/controller.md, "Retention")."""
+
+    enabled: bool = setting(boolean, True)
+    # A closed record older than this (since it was closed) is deleted.
+    resolved_max_age_seconds: float = setting(number(60, MAX_WINDOW_S), 30 * 86400.0)
+    # At most this many closed records per node: the newest are kept.
+    per_node_max: int = setting(integer(1, MAX_COUNT), 50)
+    # How often the leader looks for records to delete (in its informer cache).
+    interval_seconds: float = setting(number(1, 86400), 600.0)
+    # Deletes are paced: the API server is shared with remediation.
+    deletes_per_second: float = setting(number(0.1, 1000), 20.0)
+
+
+# -- the top-level keys, by concern ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Which nodes and pods are ours."""
+
+    # Which nodes are GPU nodes we manage (label equality, all must match).
+    node_selector: Mapping[str, str] = setting(
+        string_map, factory=lambda: {"nvidia.com/gpu.present": "true"}
+    )
+    # Resource names that make a pod a GPU pod; a trailing * matches a prefix (MIG).
+    gpu_resources: tuple[str, ...] = setting(strings, ("nvidia.com/gpu", "nvidia.com/mig-*"))
+    protected_namespaces: tuple[str, ...] = setting(strings, ("kube-system",))
+
+    def is_gpu_resource(self, name: str) -> bool:
+        return any(
+            name.startswith(pattern[:-1]) if pattern.endswith("*") else name == pattern
+            for pattern in self.gpu_resources
+        )
+
+
+@dataclass(frozen=True)
+class Remediation:
+    """What is done about a fault, and when."""
+
+    mode: Mode = setting(enum_of(Mode), Mode.FULL)
+    mode_by_reason: Mapping[str, Mode] = setting(mode_map, factory=dict)
+    taint_effect: str = setting(effect, "NoSchedule")
+    # A P1 fault still present after this long is handled as P0.
+    p1_escalation_seconds: float = setting(number(0, MAX_DELAY_S), 600.0)
+    # A P1 fault's node is tainted NoSchedule while it is watched (within the breaker).
+    p1_taint: bool = setting(boolean, False)
+    recovery_window_seconds: float = setting(number(0, MAX_DELAY_S), 300.0)
+    cooldown_seconds: float = setting(number(0, MAX_DELAY_S), 600.0)
+    dedupe_ttl_seconds: float = setting(number(0, MAX_DELAY_S), 3600.0)
+    hold_retry_seconds: float = setting(number(0.01, 3600), 10.0)
+    approval: ApprovalConfig = section(ApprovalConfig)
+    # Webhook sinks told after each remediation step.
+    notification_sinks: tuple[NotificationSink, ...] = setting(ListOf(NotificationSink), ())
+
+    def mode_for(self, reason: str) -> Mode:
+        return self.mode_by_reason.get(reason, self.mode)
+
+
+@dataclass(frozen=True)
+class Eviction:
+    """How the pods of a quarantined node are evicted."""
+
+    eviction_retry_base_seconds: float = setting(number(0.01, 3600), 2.0)
+    eviction_retry_max_seconds: float = setting(number(0.01, 86400), 60.0)
+    # Delete a pod whose eviction stays blocked this long; None: never delete.
+    eviction_delete_after_seconds: float | None = setting(optional(number(0, MAX_DELAY_S)), None)
+
+
+@dataclass(frozen=True)
+class Pace:
+    """How fast, and how many nodes at once: the rate limit and the blast-radius breaker."""
+
+    rate_limit_per_second: float = setting(number(0.001, MAX_RATE), 2.0)
+    rate_limit_burst: int = setting(integer(1, MAX_BURST), 2)
+    breaker_max_nodes: int = setting(integer(0, MAX_NODES), 10)
+    breaker_max_percent: float = setting(number(0, 100), 10.0)
+
+
+@dataclass(frozen=True)
+class Signals:
+    """Where faults come from besides the agent: conditions, alerts, DCGM."""
+
+    conditions: tuple[ConditionRule, ...] = setting(
+        ListOf(ConditionRule), (ConditionRule(type=GPU_HEALTHY_CONDITION, status="False"),)
+    )
+    # External signals (alerts, manual requests) stay active this long after they were
+    # last seen, unless resolved: longer than Alertmanager's repeat_interval.
+    external_signal_ttl_seconds: float = setting(number(1, MAX_DELAY_S), 6 * 3600.0)
+    # A resolved alert withdraws its signal; off: the signal stays until it expires.
+    resolved_alert_clears: bool = setting(boolean, False)
+    # Alert labels that name the node, in order; "instance" is matched to node addresses.
+    alert_node_labels: tuple[str, ...] = setting(
+        strings, ("node", "Hostname", "hostname", "instance")
+    )
+    # Optional DCGM source: dcgm-exporter series queried from this Prometheus.
+    dcgm_prometheus_url: str | None = setting(url, None)
+    dcgm_interval_seconds: float = setting(number(0.5, 3600), 30.0)
+    dcgm_temperature_warning_c: int = setting(integer(0, MAX_CELSIUS), 85)
+    dcgm_temperature_critical_c: int = setting(integer(0, MAX_CELSIUS), 95)
+
+
+@dataclass(frozen=True)
+class HttpApi:
+    """The HTTP API: its tokens and limits (docs/api.md)."""
+
+    # The API's bearer token(s), one a line, from a mounted Secret file; re-read when
+    # the file changes. None: every request that needs a token is refused.
+    api_token_file: Path | None = setting(file_path, None)
+    api_max_body_bytes: int = setting(integer(1024, MAX_BODY_BYTES), 1 << 20)
+    # The budget of each token; clients without a valid one share a small one per address.
+    api_client_rate_per_second: float = setting(number(0.01, MAX_RATE), 20.0)
+    api_client_burst: int = setting(integer(1, MAX_BURST), 40)
+    # GET /api/v1/faults (node and pod names) without a token: for a trusted network only.
+    api_open_reads: bool = setting(boolean, False)
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """The controller process: workers, watches, resync and the lease."""
+
+    workers: int = setting(integer(1, MAX_WORKERS), 4)
+    watch_timeout_seconds: int = setting(integer(1, 3600), 300)
+    watch_inactivity_seconds: float = setting(number(1, 3600), 90.0)
+    # Every managed node is reconciled from the caches this often, whatever the events.
+    resync_seconds: float = setting(number(1, 86400), 300.0)
+    leader_election: LeaderElection = section(LeaderElection)
+
+
+@dataclass(frozen=True)
+class Config(Scope, Remediation, Eviction, Pace, Signals, HttpApi, Runtime):
+    """The whole document: the top-level keys of each concern, and the sections."""
+
+    device_health: DeviceHealthConfig = section(DeviceHealthConfig)
+    pools: PoolsConfig = section(PoolsConfig)
+    health_gate: HealthGateConfig = section(HealthGateConfig)
+    maintenance: MaintenanceConfig = section(MaintenanceConfig)
+    retention: RetentionConfig = section(RetentionConfig)
+
+
+# Every section's keys by its place in the document ("": the top level).
+SCHEMAS = schemas_of(Config)
+
+
+def parse_config(raw: object) -> Config:
+    """Validate a decoded YAML document; raise ConfigError naming every bad key."""
+    return parse_document(Config, raw, TITLE, _cross_checks)
+
+
+def _cross_checks(config: Config) -> list[str]:
+    errors = []
+    if config.eviction_retry_max_seconds < config.eviction_retry_base_seconds:
+        errors.append("evictionRetryMaxSeconds: must be >= evictionRetryBaseSeconds")
+    m = config.maintenance
+    if m.checkpoint == "webhook" and not m.checkpoint_webhook_url:
+        errors.append("maintenance.checkpointWebhookUrl: required when checkpoint is webhook")
+    le = config.leader_election
+    if not le.retry_period_seconds < le.renew_deadline_seconds < le.lease_seconds:
+        errors.append(
+            "leaderElection: need retryPeriodSeconds < renewDeadlineSeconds < leaseSeconds"
+        )
+    return errors
+
+
+def load_config(path: Path | None, *, check_files: bool = False) -> Config:
+    """Read and validate the YAML file at `path`; None gives the defaults.
+
+    `check_files`: also read the files the config names that the controller
+    reads (`apiTokenFile`), as its start and reload do; the operator commands
+    share the document but not the files."""
+    config = Config() if path is None else parse_config(load_yaml(path))
+    if check_files:
+        refuse(TITLE, _file_checks(config))
+    return config
+
+
+def _file_checks(config: Config) -> list[str]:
+    errors = []
+    if config.api_token_file is not None:
+        try:
+            config.api_token_file.read_bytes()
+        except OSError as err:
+            errors.append(f"apiTokenFile: cannot read {config.api_token_file}: {err.strerror}")
+    return errors
