@@ -56,6 +56,7 @@ from gpuheal.model import (
     Severity,
 )
 from gpuheal.policy.backoff import backoff_delay
+from gpuheal.policy.clock import iso
 
 log = logging.getLogger(__name__)
 
@@ -399,7 +400,7 @@ class Agent:
             healthy_rounds=self.config.healthy_rounds,
             immediate_p0=self.config.immediate_p0_xid,
             new_fault_id=self._new_fault_id(),
-            now=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            now=iso(dt.datetime.now(dt.UTC), "seconds"),
         )
         if before is None and self.state.reported is not None:
             log.warning(

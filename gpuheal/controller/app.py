@@ -45,8 +45,7 @@ from gpuheal.kube.projections import (
 )
 from gpuheal.kube.workqueue import WorkQueue
 from gpuheal.metrics import ControllerMetrics
-from gpuheal.model import CANARY_LABEL, FaultRecord, NodeView, PodView
-from gpuheal.policy.devices import CanaryView
+from gpuheal.model import CANARY_LABEL, CanaryView, FaultRecord, NodeView, PodView
 
 log = logging.getLogger(__name__)
 

@@ -42,6 +42,7 @@ from gpuheal.model import (
     TAINT_KEY,
     UNKNOWN_DEVICES,
     ActionEntry,
+    CanaryView,
     FaultRecord,
     FaultSignal,
     NodeView,
@@ -51,7 +52,6 @@ from gpuheal.model import (
 from gpuheal.policy import history
 from gpuheal.policy.clock import iso, parse_time
 from gpuheal.policy.devices import (
-    CanaryView,
     CreateCanary,
     CreateDeviceRecord,
     DeleteCanary,

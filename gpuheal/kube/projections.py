@@ -21,6 +21,7 @@ from gpuheal.model import (
     CANARY_LABEL,
     DECISIONS,
     ActionEntry,
+    CanaryView,
     Condition,
     DeviceHealth,
     DeviceReport,
@@ -31,7 +32,6 @@ from gpuheal.model import (
     Severity,
     Taint,
 )
-from gpuheal.policy.devices import CanaryView
 
 
 class OwnerRef(msgspec.Struct):

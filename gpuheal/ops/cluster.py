@@ -1,16 +1,17 @@
 """The small facts `gpuheal doctor` derives from the objects it read (ops/findings.py:
-Facts), as kube/details.py decodes them: GPU quantities, readiness, ownership.
+Facts), as kube/details.py decodes them: GPU quantities, liveness, ownership.
 
 Facts about a node's pool and expected state come from gpuheal.policy.pools, so
-all commands and the controller agree; the quantity arithmetic is ops/fleet.py's.
+all commands and the controller agree; the quantity arithmetic, readiness and
+whether a node is a GPU node are ops/fleet.py's, for both projections.
 """
 
 from __future__ import annotations
 
 from gpuheal.config import Config
 from gpuheal.kube.details import Container, Node, Pod
-from gpuheal.ops.fleet import gpu_total, scheduled_gpus, wanted_gpus
 from gpuheal.ops.fleet import quantity as quantity  # noqa: PLC0414 -- re-exported, commands read it here
+from gpuheal.ops.fleet import scheduled_gpus, wanted_gpus
 
 
 def _container_gpus(container: Container, config: Config) -> int:
@@ -25,14 +26,6 @@ def pod_gpus(pod: Pod, config: Config) -> int:
     )
 
 
-def node_ready(node: Node) -> bool | None:
-    """The Ready condition: True, False, or None when it is Unknown or absent."""
-    for condition in node.status.conditions:
-        if condition.type == "Ready":
-            return {"True": True, "False": False}.get(condition.status)
-    return None
-
-
 def owner_kind(pod: Pod) -> str:
     """The kind of the pod's controller ("" for a bare pod)."""
     return next((o.kind for o in pod.metadata.ownerReferences if o.controller), "")
@@ -45,14 +38,6 @@ def is_mirror_pod(pod: Pod) -> bool:
 def pod_live(pod: Pod) -> bool:
     """Still holds its node's resources: not Succeeded or Failed."""
     return pod.status.phase not in ("Succeeded", "Failed")
-
-
-def gpu_node(node: Node, config: Config) -> bool:
-    """Managed by gpuheal: matches the controller's nodeSelector (or has GPU capacity)."""
-    labels = node.metadata.labels
-    if config.node_selector:
-        return all(labels.get(k) == v for k, v in config.node_selector.items())
-    return gpu_total(node.status.capacity, config) > 0
 
 
 def labels_of(obj: Node | Pod) -> dict[str, str]:

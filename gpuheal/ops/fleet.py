@@ -2,8 +2,8 @@
 projections of kube/snapshot.py: GPU quantities, readiness, liveness.
 
 The same facts of the fuller projections of doctor and maintenance's drain
-(kube/details.py) are in ops/cluster.py; the quantity arithmetic is here, once,
-for all.
+(kube/details.py) are in ops/cluster.py; the quantity arithmetic, readiness
+(model.ready) and the GPU-node rule (policy/nodes.py) are here, once, for both.
 """
 
 from __future__ import annotations
@@ -12,7 +12,10 @@ import re
 from collections.abc import Iterable, Mapping
 
 from gpuheal.config import Config
+from gpuheal.kube.details import Node
 from gpuheal.kube.projections import Container, NodeJson, PodJson, TaintJson
+from gpuheal.model import ready
+from gpuheal.policy import nodes
 from gpuheal.values import is_label_value
 
 
@@ -62,20 +65,14 @@ def pod_name(pod: PodJson) -> str:
     return f"{pod.metadata.namespace}/{pod.metadata.name}"
 
 
-def node_ready(node: NodeJson) -> bool | None:
+def node_ready(node: Node | NodeJson) -> bool | None:
     """The Ready condition: True, False, or None when it is Unknown or absent."""
-    for condition in node.status.conditions:
-        if condition.type == "Ready":
-            return {"True": True, "False": False}.get(condition.status)
-    return None
+    return ready(node.status.conditions)
 
 
-def gpu_node(node: NodeJson, config: Config) -> bool:
-    """Managed by gpuheal: matches the controller's nodeSelector (or has GPU capacity)."""
-    labels = node.metadata.labels
-    if config.node_selector:
-        return all(labels.get(k) == v for k, v in config.node_selector.items())
-    return gpu_total(node.status.capacity, config) > 0
+def gpu_node(node: Node | NodeJson, config: Config) -> bool:
+    """Managed by gpuheal (policy/nodes.py), its GPU capacity every GPU resource's."""
+    return nodes.gpu_node(node.metadata.labels, gpu_total(node.status.capacity, config), config)
 
 
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_./]*$")
