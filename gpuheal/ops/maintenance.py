@@ -41,10 +41,10 @@ from gpuheal.model import (
     XID_ERRORS,
 )
 from gpuheal.ops import exitcodes
-from gpuheal.ops.cluster import pod_gpus, pod_live
 from gpuheal.ops.drain import DrainOptions, DrainResult, drain, pods_on, skip_reason
 from gpuheal.ops.events import emit_node_event
 from gpuheal.ops.findings import pod_key
+from gpuheal.ops.fleet import pod_gpus, pod_live
 from gpuheal.ops.gate import GateReport, gate_exit_code, gather, get_node, maintenance_since
 from gpuheal.ops.output import Notes, Table, render
 from gpuheal.policy.clock import iso

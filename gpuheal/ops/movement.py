@@ -24,8 +24,6 @@ from gpuheal.ops.cluster import (
     labels_of,
     name_of,
     owner_kind,
-    pod_gpus,
-    pod_live,
     quantity,
 )
 from gpuheal.ops.findings import (
@@ -40,7 +38,7 @@ from gpuheal.ops.findings import (
     pod_key,
     when,
 )
-from gpuheal.ops.fleet import node_ready
+from gpuheal.ops.fleet import node_ready, pod_gpus, pod_live
 from gpuheal.ops.scheduling import (
     UNSCHEDULABLE_TAINT,
     Usage,

@@ -23,7 +23,7 @@ from gpuheal.model import (
     STATUS_FAULTY,
     TAINT_KEY,
 )
-from gpuheal.ops.cluster import annotations_of, labels_of, name_of, pod_gpus, pod_live
+from gpuheal.ops.cluster import annotations_of, labels_of, name_of
 from gpuheal.ops.findings import (
     BAD,
     INFO,
@@ -38,7 +38,7 @@ from gpuheal.ops.findings import (
     said,
     when,
 )
-from gpuheal.ops.fleet import gpu_node
+from gpuheal.ops.fleet import gpu_node, pod_gpus, pod_live
 from gpuheal.ops.scheduling import (
     UNSCHEDULABLE_TAINT,
     node_allocatable,

@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from gpuheal.config import Config
 from gpuheal.model import (
@@ -253,14 +254,20 @@ class Baseline:
     since: str
 
 
-def parse_baseline(value: str) -> Baseline:
-    """MAINTENANCE_BASELINE's JSON {"xid", "ecc", "since"}; MalformedError (a ValueError)."""
+def _json_object(key: str, value: str) -> dict[str, Any]:
+    """An annotation's JSON object; MalformedError naming the annotation otherwise."""
     try:
         raw = json.loads(value)
     except ValueError:
-        raise MalformedError(f"{MAINTENANCE_BASELINE} is not JSON: {value[:64]!r}") from None
+        raise MalformedError(f"{key} is not JSON: {value[:64]!r}") from None
     if not isinstance(raw, dict):
-        raise MalformedError(f"{MAINTENANCE_BASELINE} is not a JSON object")
+        raise MalformedError(f"{key} is not a JSON object")
+    return raw
+
+
+def parse_baseline(value: str) -> Baseline:
+    """MAINTENANCE_BASELINE's JSON {"xid", "ecc", "since"}; MalformedError (a ValueError)."""
+    raw = _json_object(MAINTENANCE_BASELINE, value)
     xid, ecc, since = raw.get("xid", 0), raw.get("ecc", 0), raw.get("since", "")
     if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in (xid, ecc)):
         raise MalformedError(f"{MAINTENANCE_BASELINE} has no whole xid/ecc counts: {value[:64]!r}")
@@ -351,12 +358,7 @@ def _diagnostics(
 
 
 def _parse_diagnostics(value: str) -> tuple[str, dt.datetime, str]:
-    try:
-        raw = json.loads(value)
-    except ValueError:
-        raise MalformedError(f"{DIAGNOSTICS} is not JSON: {value[:64]!r}") from None
-    if not isinstance(raw, dict):
-        raise MalformedError(f"{DIAGNOSTICS} is not a JSON object")
+    raw = _json_object(DIAGNOSTICS, value)
     result, at, tool = raw.get("result"), raw.get("time"), raw.get("tool", "")
     if not isinstance(result, str) or not result:
         raise MalformedError(f"{DIAGNOSTICS} has no result")

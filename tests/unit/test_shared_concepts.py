@@ -12,11 +12,11 @@ import msgspec
 import pytest
 
 from gpuheal.config import Config
-from gpuheal.controller.reconciler import Fleet
 from gpuheal.kube.details import Node
 from gpuheal.kube.projections import NodeJson, decode_node
 from gpuheal.model import MAINTENANCE_TAINT_KEY, STATE_LABEL, STATE_MAINTENANCE, NodeView, Severity
 from gpuheal.ops.fleet import gpu_node, node_ready
+from gpuheal.policy import nodes
 from gpuheal.policy.clock import iso, parse_time
 from gpuheal.policy.nodes import in_maintenance
 from gpuheal.sim.nodes import gpu_node as gpu_node_manifest
@@ -56,7 +56,8 @@ def test_the_controller_and_the_commands_agree_on_which_nodes_are_gpu_nodes(
     config: Config, changes: dict[str, Any], expected: bool
 ) -> None:
     view, slim, full = _views(_node(**changes))
-    assert Fleet(config).selected(view) is expected
+    # The controller's Fleet.selected: the rule on its NodeView (GPU capacity: node.gpus).
+    assert nodes.gpu_node(view.labels, view.gpus, config) is expected
     assert gpu_node(slim, config) is expected
     assert gpu_node(full, config) is expected
 
