@@ -195,6 +195,18 @@ async def _guarded_write(
     raise WriteError(f"node {name} kept changing: {CONFLICT_RETRIES} writes in a row conflicted")
 
 
+async def _write(
+    ctx: Context, verb: str, node: NodeJson, build: Callable[[NodeJson], dict[str, Any]]
+) -> NodeJson | None:
+    """_guarded_write for `maintenance <verb>`: the node as written, or None once
+    the failure is said on stderr."""
+    try:
+        return await _guarded_write(ctx, node.metadata.name, node, build)
+    except WriteError as err:
+        ctx.err.print(Text(f"gpuheal maintenance {verb}: {err}", style="bold red"))
+        return None
+
+
 # -- checkpoint --------------------------------------------------------------------------
 
 
@@ -402,11 +414,10 @@ async def start(ctx: Context, args: argparse.Namespace) -> int:
         warnings[:] = found
         return patch
 
-    try:
-        node = await _guarded_write(ctx, name, node, build)
-    except WriteError as err:
-        ctx.err.print(Text(f"gpuheal maintenance start: {err}", style="bold red"))
+    written = await _write(ctx, "start", node, build)
+    if written is None:
         return exitcodes.ERROR
+    node = written
     for warning in warnings:
         ctx.err.print(Text(f"warning: {warning}", style="yellow"))
     annotations = node.metadata.annotations
@@ -487,10 +498,8 @@ async def finish(ctx: Context, args: argparse.Namespace) -> int:
         patch, uncordoned = finish_patch(current, ctx.config)
         return patch
 
-    try:
-        written = await _guarded_write(ctx, name, node, build)
-    except WriteError as err:
-        ctx.err.print(Text(f"gpuheal maintenance finish: {err}", style="bold red"))
+    written = await _write(ctx, "finish", node, build)
+    if written is None:
         return exitcodes.ERROR
     outcome = f"returned to service: removed {', '.join(left)}"
     if uncordoned:
