@@ -84,6 +84,16 @@ class Severity(StrEnum):
     P1 = "P1"  # act, rate limited
     P2 = "P2"  # record and notify
 
+    @classmethod
+    def written(cls, value: str) -> Severity:
+        """A severity as gpuheal itself wrote it (a record's spec.severity, the agent's
+        own annotation before a restart); P0 when there is none, as an absent
+        severity is read everywhere. Input from outside goes through policy/signals."""
+        try:
+            return cls(value)
+        except ValueError:
+            return cls.P0
+
     @property
     def rank(self) -> int:
         """0 for the worst: sorting by rank puts the most urgent first."""

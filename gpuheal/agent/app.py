@@ -445,7 +445,7 @@ class Agent:
                 annotations.get(FAULT_REASON, ""),
                 "reported before the agent restarted",
                 devices,
-                _severity(annotations.get(FAULT_SEVERITY, "")),
+                Severity.written(annotations.get(FAULT_SEVERITY, "")),
             )
             self.state = Debounce(reported=report)
             log.info(
@@ -488,14 +488,6 @@ class Agent:
                 self.follower.stop()
             if self.watcher is not None:
                 self.watcher.stop()
-
-
-def _severity(written: str) -> Severity:
-    """The severity this agent wrote before a restart (P0 when it wrote none)."""
-    try:
-        return Severity(written)
-    except ValueError:
-        return Severity.P0
 
 
 def serve_metrics(agent: Agent, port: int) -> int:

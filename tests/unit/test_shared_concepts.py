@@ -102,3 +102,13 @@ def test_times_are_written_in_utc_with_a_z_at_each_precision() -> None:
     assert iso(moment, "microseconds") == "2026-11-29T12:04:05.678901Z"
     for precision in ("seconds", "milliseconds", "microseconds"):
         assert parse_time(iso(moment, precision)) is not None
+
+
+def test_a_severity_gpuheal_wrote_reads_back_and_anything_else_is_p0() -> None:
+    assert [Severity.written(s) for s in ("P0", "P1", "P2")] == [
+        Severity.P0,
+        Severity.P1,
+        Severity.P2,
+    ]
+    assert Severity.written("") is Severity.P0
+    assert Severity.written("p1") is Severity.P0  # case is policy/signals' business
