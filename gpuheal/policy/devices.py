@@ -191,8 +191,10 @@ class DevicePlan:
 # -- observation -----------------------------------------------------------------
 
 
-def node_ready(node: NodeView) -> bool:
-    """False when the node is NotReady/Unknown or carries an unreachable taint."""
+def node_reachable(node: NodeView) -> bool:
+    """False when the node is NotReady/Unknown or carries an unreachable taint: its
+    devices' reports cannot be trusted. Not model.ready: a node without a Ready
+    condition yet counts as reachable here."""
     ready = node.condition("Ready")
     if ready is not None and ready.status != "True":
         return False
@@ -322,7 +324,7 @@ def plan_devices(state: DeviceState, config: Config, now: dt.datetime) -> Device
         return DevicePlan(suppressed="opt-out")
     devices = devices_of(state.entries, cfg, now)
     summary = _summary(devices, state, now)
-    if not node_ready(node):
+    if not node_reachable(node):
         # Every device of a lost node reads Unknown or stale: not N device faults.
         return DevicePlan(suppressed="node-not-ready", summary=summary)
     work = _Pass(state, config, now, budget=max(0, state.evictions_allowed))
