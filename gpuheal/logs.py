@@ -8,6 +8,8 @@ import logging
 import sys
 from typing import Any
 
+from gpuheal.policy.clock import iso
+
 # Attributes every LogRecord has; anything else came in through `extra=`.
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
 
@@ -15,9 +17,7 @@ _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
-            "time": dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(
-                timespec="milliseconds"
-            ),
+            "time": iso(dt.datetime.fromtimestamp(record.created, dt.UTC)),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),

@@ -1,4 +1,5 @@
-"""Prometheus metrics (names from DESIGN.md), on a registry of their own."""
+"""Prometheus metrics (named in docs/controller.md, "Observability", and docs/agent.md),
+on a registry of their own."""
 
 from __future__ import annotations
 

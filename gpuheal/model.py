@@ -8,10 +8,20 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Protocol
 
-# The agent contract (DESIGN.md): annotations the agent writes on its Node.
+# The GPUFault custom resource (deploy/crds/gpufaults.gpuheal.io.yaml).
+GPUFAULT_GROUP = "gpuheal.io"
+GPUFAULT_VERSION = "v1alpha1"
+GPUFAULT_API_VERSION = f"{GPUFAULT_GROUP}/{GPUFAULT_VERSION}"
+GPUFAULT_KIND = "GPUFault"
+GPUFAULT_PLURAL = "gpufaults"
+
+# The agent contract (docs/controller.md, "What it reacts to"; docs/agent.md, "Reporting"):
+# annotations the agent writes on its Node.
 ANNOTATION_PREFIX = "gpuheal.io/"
 STATUS = "gpuheal.io/status"
 FAULT_ID = "gpuheal.io/fault-id"
@@ -74,6 +84,24 @@ class Severity(StrEnum):
     P1 = "P1"  # act, rate limited
     P2 = "P2"  # record and notify
 
+    @classmethod
+    def written(cls, value: str) -> Severity:
+        """A severity as gpuheal itself wrote it (a record's spec.severity, the agent's
+        own annotation before a restart); P0 when there is none, as an absent
+        severity is read everywhere. Input from outside goes through policy/signals."""
+        try:
+            return cls(value)
+        except ValueError:
+            return cls.P0
+
+    @property
+    def rank(self) -> int:
+        """0 for the worst: sorting by rank puts the most urgent first."""
+        return _SEVERITY_ORDER.index(self)
+
+
+_SEVERITY_ORDER = (Severity.P0, Severity.P1, Severity.P2)
+
 
 class Mode(StrEnum):
     OBSERVE = "observe"  # record and notify only
@@ -133,6 +161,23 @@ class Condition:
     last_transition_time: str = ""
 
 
+class _ConditionLike(Protocol):
+    @property
+    def type(self) -> str: ...
+
+    @property
+    def status(self) -> str: ...
+
+
+def ready(conditions: Iterable[_ConditionLike]) -> bool | None:
+    """A node's Ready condition: True, False, or None when it is Unknown or absent.
+    Any projection's conditions (NodeView's, kube/details', kube/projections')."""
+    for condition in conditions:
+        if condition.type == "Ready":
+            return {"True": True, "False": False}.get(condition.status)
+    return None
+
+
 @dataclass(frozen=True)
 class NodeView:
     name: str
@@ -155,6 +200,10 @@ class NodeView:
 
     def condition(self, type_: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == type_), None)
+
+    @property
+    def ready(self) -> bool | None:
+        return ready(self.conditions)
 
 
 class DeviceHealth(StrEnum):
@@ -201,6 +250,15 @@ class PodView:
     @property
     def terminal(self) -> bool:
         return self.phase in ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class CanaryView:
+    """One of our canary pods (CANARY_LABEL), finished ones included."""
+
+    name: str
+    node: str
+    phase: str
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,7 @@ from gpuheal.model import (
     Severity,
 )
 from gpuheal.policy.backoff import backoff_delay
+from gpuheal.policy.clock import iso
 
 log = logging.getLogger(__name__)
 
@@ -399,7 +400,7 @@ class Agent:
             healthy_rounds=self.config.healthy_rounds,
             immediate_p0=self.config.immediate_p0_xid,
             new_fault_id=self._new_fault_id(),
-            now=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            now=iso(dt.datetime.now(dt.UTC), "seconds"),
         )
         if before is None and self.state.reported is not None:
             log.warning(
@@ -444,7 +445,7 @@ class Agent:
                 annotations.get(FAULT_REASON, ""),
                 "reported before the agent restarted",
                 devices,
-                _severity(annotations.get(FAULT_SEVERITY, "")),
+                Severity.written(annotations.get(FAULT_SEVERITY, "")),
             )
             self.state = Debounce(reported=report)
             log.info(
@@ -487,14 +488,6 @@ class Agent:
                 self.follower.stop()
             if self.watcher is not None:
                 self.watcher.stop()
-
-
-def _severity(written: str) -> Severity:
-    """The severity this agent wrote before a restart (P0 when it wrote none)."""
-    try:
-        return Severity(written)
-    except ValueError:
-        return Severity.P0
 
 
 def serve_metrics(agent: Agent, port: int) -> int:

@@ -79,8 +79,5 @@ def step(
     return Debounce(reported=None, failing=failing, healthy=0)
 
 
-_RANK = {Severity.P0: 0, Severity.P1: 1, Severity.P2: 2}
-
-
 def worst(a: Severity, b: Severity) -> Severity:
-    return a if _RANK[a] <= _RANK[b] else b
+    return a if a.rank <= b.rank else b

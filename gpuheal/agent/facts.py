@@ -26,6 +26,7 @@ from gpuheal.model import (
     LAST_GPU_ERROR,
     XID_ERRORS,
 )
+from gpuheal.policy.clock import iso
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +54,6 @@ _POD_UID = re.compile(
     r"|[0-9a-f]{32}"
     r")(?:\.slice)?(?:/|$)"
 )
-
-
-def rfc3339(moment: dt.datetime) -> str:
-    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def cuda_text(version: int) -> str:
@@ -115,7 +112,7 @@ class Counters:
     """
 
     def __init__(self, started: dt.datetime) -> None:
-        self.since = rfc3339(started)
+        self.since = iso(started, "seconds")
         self._lock = threading.Lock()
         self.xids = 0
         self.ecc: int | None = None
@@ -124,13 +121,13 @@ class Counters:
     def xid(self, at: dt.datetime) -> None:
         with self._lock:
             self.xids += 1
-            self.last_error = rfc3339(at)
+            self.last_error = iso(at, "seconds")
 
     def ecc_total(self, total: int, at: dt.datetime) -> None:
         """The round's uncorrectable total; an increase is a new error (first seen now)."""
         with self._lock:
             if total > (self.ecc or 0):
-                self.last_error = rfc3339(at)
+                self.last_error = iso(at, "seconds")
             self.ecc = total
 
     def facts(self) -> dict[str, str]:

@@ -51,9 +51,6 @@ class Verdict:
     immediate: bool = False
 
 
-_ORDER = {Severity.P0: 0, Severity.P1: 1, Severity.P2: 2}
-
-
 def verdict(results: list[ProbeResult]) -> Verdict:
     """Combine one round of probe results.
 
@@ -64,7 +61,7 @@ def verdict(results: list[ProbeResult]) -> Verdict:
     """
     faults = sorted(
         (f for r in results for f in r.findings if f.severity in NODE_FAULT),
-        key=lambda f: _ORDER[f.severity],
+        key=lambda f: f.severity.rank,
     )
     if faults:
         devices = tuple(dict.fromkeys(d for f in faults for d in f.devices))

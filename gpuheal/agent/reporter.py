@@ -28,6 +28,7 @@ from gpuheal.model import (
     STATUS,
     STATUS_FAULTY,
 )
+from gpuheal.policy.clock import iso
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ def desired(report: Report | None, seen: Verdict) -> Desired:
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return iso(dt.datetime.now(dt.UTC), "seconds")
 
 
 class NodeReporter:

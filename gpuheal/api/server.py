@@ -50,6 +50,7 @@ from gpuheal.api.fields import (
 )
 from gpuheal.api.token import ApiTokens
 from gpuheal.model import APPROVED, REJECTED, FaultSignal, Severity
+from gpuheal.policy.clock import iso
 from gpuheal.policy.ratelimit import TokenBucket
 
 log = logging.getLogger(__name__)
@@ -307,7 +308,7 @@ class Api:
             reason=wanted.reason,
             source="manual",
             severity=severity,
-            detected_at=now.isoformat(timespec="seconds"),
+            detected_at=iso(now, "seconds"),
         )
         new = self.intake.submit(signal)
         return web.json_response({"node": wanted.node, "faultId": fault_id, "new": new}, status=202)

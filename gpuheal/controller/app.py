@@ -31,7 +31,7 @@ from gpuheal.controller.retention import RecordCollector
 from gpuheal.controller.worker import RECONCILE_FAILED, ReconcileFailures, work
 from gpuheal.kube.api import KubeApi, gpufault_path, node_path, pod_path
 from gpuheal.kube.events import EventRecorder, ObjectRef, node_ref
-from gpuheal.kube.informer import Informer
+from gpuheal.kube.informer import Informer, J, V, default_key_of
 from gpuheal.kube.leader import LeaderElector
 from gpuheal.kube.projections import (
     FaultJson,
@@ -45,8 +45,7 @@ from gpuheal.kube.projections import (
 )
 from gpuheal.kube.workqueue import WorkQueue
 from gpuheal.metrics import ControllerMetrics
-from gpuheal.model import CANARY_LABEL, FaultRecord, NodeView, PodView
-from gpuheal.policy.devices import CanaryView
+from gpuheal.model import CANARY_LABEL, CanaryView, FaultRecord, NodeView, PodView
 
 log = logging.getLogger(__name__)
 
@@ -73,19 +72,11 @@ class Controller:
         self.api = api
         self.identity = identity
         self.metrics = ControllerMetrics()
-        self.nodes: Informer[NodeJson, NodeView] = Informer(
-            api,
-            node_path(),
-            NodeJson,
-            node_view,
-            lambda n: n.name,
-            name="nodes",
-            on_decode_error=self._decode_error_counter("nodes"),
-            watch_timeout_s=config.watch_timeout_seconds,
-            inactivity_s=config.watch_inactivity_seconds,
+        self.nodes: Informer[NodeJson, NodeView] = self._informer(
+            "nodes", node_path(), NodeJson, node_view, lambda n: n.name
         )
-        self.pods: Informer[PodJson, PodView] = Informer(
-            api,
+        self.pods: Informer[PodJson, PodView] = self._informer(
+            "pods",
             "/api/v1/pods",
             PodJson,
             pod_view_factory(
@@ -96,36 +87,20 @@ class Controller:
                 ),
             ),
             lambda p: p.key,
-            name="pods",
-            on_decode_error=self._decode_error_counter("pods"),
             field_selector=POD_FIELD_SELECTOR,
-            watch_timeout_s=config.watch_timeout_seconds,
-            inactivity_s=config.watch_inactivity_seconds,
         )
-        self.records: Informer[FaultJson, FaultRecord] = Informer(
-            api,
-            gpufault_path(),
-            FaultJson,
-            fault_record,
-            lambda r: r.name,
-            name="gpufaults",
-            on_decode_error=self._decode_error_counter("gpufaults"),
-            watch_timeout_s=config.watch_timeout_seconds,
-            inactivity_s=config.watch_inactivity_seconds,
+        self.records: Informer[FaultJson, FaultRecord] = self._informer(
+            "gpufaults", gpufault_path(), FaultJson, fault_record, lambda r: r.name
         )
         # Our canary pods, finished ones included (the pod informer drops those).
-        self.canaries: Informer[PodJson, CanaryView] = Informer(
-            api,
+        self.canaries: Informer[PodJson, CanaryView] = self._informer(
+            "canaries",
             pod_path(config.device_health.canary_namespace),
             PodJson,
             canary_view,
             lambda c: c.name,
-            name="canaries",
             key_of=lambda _namespace, name: name,
-            on_decode_error=self._decode_error_counter("canaries"),
             label_selector=f"{CANARY_LABEL}=true",
-            watch_timeout_s=config.watch_timeout_seconds,
-            inactivity_s=config.watch_inactivity_seconds,
         )
         # Failed reconciles and refused device evictions back off as documented for
         # evictions (node evictions keep their own per-pod schedule, same settings).
@@ -220,6 +195,35 @@ class Controller:
     def _decode_error_counter(self, informer: str) -> Callable[[], None]:
         counter = self.metrics.informer_decode_errors.labels(informer)  # exported from 0
         return counter.inc
+
+    def _informer(
+        self,
+        name: str,
+        path: str,
+        json_type: type[J],
+        to_view: Callable[[J], V],
+        key: Callable[[V], str],
+        *,
+        field_selector: str = "",
+        label_selector: str = "",
+        key_of: Callable[[str, str], str] = default_key_of,
+    ) -> Informer[J, V]:
+        """One of the controller's caches: its decode errors counted under its name,
+        its watches as configured."""
+        return Informer(
+            self.api,
+            path,
+            json_type,
+            to_view,
+            key,
+            name=name,
+            field_selector=field_selector,
+            label_selector=label_selector,
+            key_of=key_of,
+            on_decode_error=self._decode_error_counter(name),
+            watch_timeout_s=self.config.watch_timeout_seconds,
+            inactivity_s=self.config.watch_inactivity_seconds,
+        )
 
     @property
     def synced(self) -> bool:

@@ -42,6 +42,7 @@ from gpuheal.model import (
     TAINT_KEY,
     UNKNOWN_DEVICES,
     ActionEntry,
+    CanaryView,
     FaultRecord,
     FaultSignal,
     NodeView,
@@ -51,7 +52,6 @@ from gpuheal.model import (
 from gpuheal.policy import history
 from gpuheal.policy.clock import iso, parse_time
 from gpuheal.policy.devices import (
-    CanaryView,
     CreateCanary,
     CreateDeviceRecord,
     DeleteCanary,
@@ -373,18 +373,9 @@ class Executor:
 
     async def _create_record(self, action: CreateRecord, outcome: Outcome) -> str:
         sig = action.signal
-        body = writes.fault_record(action.name, sig, action.mode)
-        try:
-            raw = await self.api.create(gpufault_path(), body)
-        except ApiError as err:
-            if err.code != 409:
-                raise
-            # AlreadyExists: the fault is owned (by us before a restart, or another replica).
-            self.metrics.duplicates_suppressed.labels("record").inc()
-            self.caches.put_record(decode_fault(await self.api.get(gpufault_path(action.name))))
-            raise Replan(f"GPUFault {action.name} already exists") from err
-        record = decode_fault(raw)
-        self.caches.put_record(record)
+        record = await self._create_lock(
+            action.name, writes.fault_record(action.name, sig, action.mode)
+        )
         self.metrics.faults_detected.labels(record.source, record.reason, sig.severity.value).inc()
         if sig.altered:
             self._input_altered(sig)
@@ -394,6 +385,22 @@ class Executor:
         entry = ActionEntry(time=now, action="detect", result="ok", detail=sig.source)
         outcome.news[action.name] = RecordNews(action.phase, [(entry, False)])
         return "created"
+
+    async def _create_lock(self, name: str, body: dict[str, Any]) -> FaultRecord:
+        """Create a GPUFault record, the fault's cross-replica lock. AlreadyExists: the
+        fault is owned (by us before a restart, or another replica): the cache takes
+        the record as it is and the node is planned again (Replan)."""
+        try:
+            raw = await self.api.create(gpufault_path(), body)
+        except ApiError as err:
+            if err.code != 409:
+                raise
+            self.metrics.duplicates_suppressed.labels("record").inc()
+            self.caches.put_record(decode_fault(await self.api.get(gpufault_path(name))))
+            raise Replan(f"GPUFault {name} already exists") from err
+        record = decode_fault(raw)
+        self.caches.put_record(record)
+        return record
 
     def _input_altered(self, sig: FaultSignal) -> None:
         """Said once per fault (its record is created once): the source reported
@@ -409,16 +416,9 @@ class Executor:
         """The device fault's record: created first, it is the lock (node, resource,
         resourceID, episode are in its name), as for node faults."""
         rec = action.record
-        body = writes.device_record(rec, self.config.mode_for(rec.reason))
-        try:
-            raw = await self.api.create(gpufault_path(), body)
-        except ApiError as err:
-            if err.code != 409:
-                raise
-            self.metrics.duplicates_suppressed.labels("record").inc()
-            self.caches.put_record(decode_fault(await self.api.get(gpufault_path(rec.name))))
-            raise Replan(f"GPUFault {rec.name} already exists") from err
-        self.caches.put_record(decode_fault(raw))
+        await self._create_lock(
+            rec.name, writes.device_record(rec, self.config.mode_for(rec.reason))
+        )
         self.metrics.faults_detected.labels(rec.source, rec.reason, rec.severity.value).inc()
         if rec.contact_support:
             self.metrics.contact_support.inc()
@@ -632,14 +632,12 @@ class Executor:
                 if pod.key not in self._blocked_reported:  # one Event per blocked pod
                     self._blocked_reported.add(pod.key)
                     detail = "; ".join(c.message for c in err.causes if c.message)
-                    self.recorder.emit(
-                        _pod_ref(pod),
-                        reason=EVICTION_BLOCKED,
-                        note=f"eviction of {pod.key} for fault {action.fault_id} refused by "
+                    self._warn_on_pod(
+                        pod,
+                        EVICTION_BLOCKED,
+                        f"eviction of {pod.key} for fault {action.fault_id} refused by "
                         f"{by}: {detail or err.message}; retrying with backoff",
                         action="Evict",
-                        warning=True,
-                        related=self._node_ref(pod.node),
                     )
                 return "blocked"
             self._count_eviction(action, "failed")
@@ -691,15 +689,13 @@ class Executor:
                 return "gone"
             raise
         self._pod_leaving(pod, outcome, "deleted")
-        # Rare and past a budget: said on the Pod itself, in its namespace.
-        self.recorder.emit(
-            _pod_ref(pod),
-            reason=EVICTED,
-            note=f"deleted GPU pod {pod.key} for fault {action.fault_id}: eviction stayed "
+        # Rare and past a budget: said on the Pod itself.
+        self._warn_on_pod(
+            pod,
+            EVICTED,
+            f"deleted GPU pod {pod.key} for fault {action.fault_id}: eviction stayed "
             f"blocked for {self.config.eviction_delete_after_seconds:g}s",
             action="Delete",
-            warning=True,
-            related=self._node_ref(pod.node),
         )
         return "deleted"
 
@@ -711,6 +707,18 @@ class Executor:
         if node is None and state is not None and state.node.name == name:
             node = state.node
         return node_ref(name, node.uid, node.resource_version) if node else node_ref(name)
+
+    def _warn_on_pod(self, pod: PodView, reason: str, note: str, *, action: str) -> None:
+        """A Warning Event on the Pod, in its namespace (where its owner looks), its
+        Node named as related."""
+        self.recorder.emit(
+            _pod_ref(pod),
+            reason=reason,
+            note=note,
+            action=action,
+            warning=True,
+            related=self._node_ref(pod.node),
+        )
 
     def _emit(self, action: Emit, state: NodeState) -> None:
         record = self.caches.record(action.record) if action.record else None

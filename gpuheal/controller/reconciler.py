@@ -31,8 +31,7 @@ from gpuheal.kube.workqueue import WorkQueue
 from gpuheal.metrics import ControllerMetrics
 from gpuheal.model import (
     MANAGED_LABEL,
-    STATE_LABEL,
-    STATE_MAINTENANCE,
+    CanaryView,
     FaultRecord,
     Mode,
     NodeView,
@@ -42,13 +41,13 @@ from gpuheal.model import (
 from gpuheal.policy.backoff import Blocked, refused_again
 from gpuheal.policy.dedupe import BoundedSet, TtlSet
 from gpuheal.policy.devices import (
-    CanaryView,
     DeviceAction,
     DevicePlan,
     DeviceState,
     escalation_signal,
     plan_devices,
 )
+from gpuheal.policy.nodes import gpu_node, in_maintenance
 from gpuheal.policy.plan import (
     Action,
     AddTaint,
@@ -98,10 +97,7 @@ class Fleet:
         self.pool_drivers: dict[str, Counter[str]] = defaultdict(Counter)
 
     def selected(self, node: NodeView) -> bool:
-        selector = self.config.node_selector
-        if selector:
-            return all(node.labels.get(k) == v for k, v in selector.items())
-        return node.gpus > 0
+        return gpu_node(node.labels, node.gpus, self.config)
 
     def has_gpus(self, node: NodeView) -> bool:
         """GPU capacity (nvidia.com/gpu), or allocatable GPU resources (MIG profiles)."""
@@ -415,7 +411,7 @@ class Reconciler:
     async def _reconcile_devices(self, node: NodeView, now: dt.datetime) -> float | None:
         if not (self.config.device_health.enabled and self.fleet.selected(node)):
             return None
-        if node.labels.get(STATE_LABEL) == STATE_MAINTENANCE:
+        if in_maintenance(node.labels):
             return None  # devices misbehave while people work on them: not faults
         state = self.device_state_of(node)
         decided = plan_devices(state, self.config, now)

@@ -25,6 +25,7 @@ import aiohttp
 
 from gpuheal.kube.credentials import Credential, Credentials, credentials_for, tls_context
 from gpuheal.kube.kubeconfig import RestConfig, load_rest_config
+from gpuheal.model import GPUFAULT_API_VERSION, GPUFAULT_PLURAL
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
@@ -276,12 +277,8 @@ def pod_path(namespace: str, name: str = "") -> str:
     return f"{base}/{name}" if name else base
 
 
-GPUFAULT_GROUP = "gpuheal.io"
-GPUFAULT_VERSION = "v1alpha1"
-
-
 def gpufault_path(name: str = "", status: bool = False) -> str:
-    base = f"/apis/{GPUFAULT_GROUP}/{GPUFAULT_VERSION}/gpufaults"
+    base = f"/apis/{GPUFAULT_API_VERSION}/{GPUFAULT_PLURAL}"
     if not name:
         return base
     return f"{base}/{name}/status" if status else f"{base}/{name}"

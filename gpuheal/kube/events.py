@@ -17,7 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpuheal import values
-from gpuheal.kube.api import GPUFAULT_GROUP, GPUFAULT_VERSION, KubeApi
+from gpuheal.kube.api import KubeApi
+from gpuheal.model import GPUFAULT_API_VERSION, GPUFAULT_KIND
+from gpuheal.policy.clock import iso
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +60,9 @@ def node_ref(name: str, uid: str = "", resource_version: str = "") -> ObjectRef:
 
 def fault_ref(name: str, uid: str = "", resource_version: str = "") -> ObjectRef:
     return ObjectRef(
-        "GPUFault",
+        GPUFAULT_KIND,
         name,
-        f"{GPUFAULT_GROUP}/{GPUFAULT_VERSION}",
+        GPUFAULT_API_VERSION,
         uid,
         resource_version=resource_version,
     )
@@ -94,7 +96,7 @@ def event_body(
             "name": values.object_name(regarding.name, secrets.token_hex(8)),
             "namespace": regarding.namespace or EVENT_NAMESPACE,
         },
-        "eventTime": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "eventTime": iso(now, "microseconds"),
         "reportingController": controller,
         "reportingInstance": values.utf8_text(instance, values.EVENT_WORD_MAX),
         "action": values.utf8_text(action, values.EVENT_WORD_MAX),

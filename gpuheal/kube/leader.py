@@ -25,12 +25,13 @@ from typing import Any
 
 from gpuheal.kube.api import ApiError, KubeApi
 from gpuheal.kube.failures import Streaks, describe, failure_reason
+from gpuheal.policy.clock import iso
 
 log = logging.getLogger(__name__)
 
 
 def _micro_time(moment: dt.datetime) -> str:
-    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return iso(moment, "microseconds")
 
 
 class LeaderElector:

@@ -21,6 +21,7 @@ from gpuheal.model import (
     CANARY_LABEL,
     DECISIONS,
     ActionEntry,
+    CanaryView,
     Condition,
     DeviceHealth,
     DeviceReport,
@@ -31,7 +32,6 @@ from gpuheal.model import (
     Severity,
     Taint,
 )
-from gpuheal.policy.devices import CanaryView
 
 
 class OwnerRef(msgspec.Struct):
@@ -341,13 +341,6 @@ def _phase(value: str) -> Phase:
         return Phase.DETECTED
 
 
-def _severity(value: str) -> Severity:
-    try:
-        return Severity(value)
-    except ValueError:
-        return Severity.P0
-
-
 def fault_record(fault: FaultJson) -> FaultRecord:
     spec, status = fault.spec, fault.status
     return FaultRecord(
@@ -357,7 +350,7 @@ def fault_record(fault: FaultJson) -> FaultRecord:
         phase=_phase(status.phase),
         resource_version=fault.metadata.resourceVersion,
         reason=spec.reason,
-        severity=_severity(spec.severity),
+        severity=Severity.written(spec.severity),
         source=spec.source,
         detected_at=spec.detectedAt,
         recovering_since=status.recoveringSince or "",

@@ -12,8 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from gpuheal import values
-from gpuheal.kube.api import GPUFAULT_GROUP, GPUFAULT_VERSION
 from gpuheal.model import (
+    GPUFAULT_API_VERSION,
+    GPUFAULT_KIND,
     HANDLED_AT,
     HANDLED_FAULT_ID,
     LAST_PROCESS_TIME,
@@ -28,8 +29,6 @@ from gpuheal.model import (
     Phase,
 )
 from gpuheal.policy.clock import parse_time
-
-GPUFAULT_API_VERSION = f"{GPUFAULT_GROUP}/{GPUFAULT_VERSION}"
 
 
 def _time(value: str) -> str:
@@ -49,7 +48,7 @@ def fault_record(name: str, signal: FaultSignal, mode: Mode) -> dict[str, Any]:
     """A node-scope GPUFault: created first, it is the fault's exactly-once lock."""
     return {
         "apiVersion": GPUFAULT_API_VERSION,
-        "kind": "GPUFault",
+        "kind": GPUFAULT_KIND,
         "metadata": _record_meta(name, signal.node),
         "spec": {
             "node": signal.node,
@@ -70,7 +69,7 @@ def device_record(record: FaultRecord, mode: Mode) -> dict[str, Any]:
     """A device-scope GPUFault (resource name and resourceID come from the kubelet)."""
     return {
         "apiVersion": GPUFAULT_API_VERSION,
-        "kind": "GPUFault",
+        "kind": GPUFAULT_KIND,
         "metadata": _record_meta(record.name, record.node),
         "spec": {
             "node": record.node,

@@ -34,12 +34,13 @@ from rich.text import Text
 from gpuheal.config import Config
 from gpuheal.kube.projections import NodeJson, PodJson
 from gpuheal.kube.snapshot import Snapshot, read_snapshot
-from gpuheal.model import GPU_PROCESSES, MANAGED_LABEL, STATE_LABEL, STATE_MAINTENANCE, Taint
+from gpuheal.model import GPU_PROCESSES, MANAGED_LABEL, Taint
 from gpuheal.ops import exitcodes
 from gpuheal.ops.fleet import gpu_node, gpu_total, node_ready, pod_gpus, pod_live, pod_name
 from gpuheal.ops.output import Notes, Table, render
 from gpuheal.ops.selector import Requirement, SelectorError, parse_selector, selected
 from gpuheal.policy.clock import parse_time
+from gpuheal.policy.nodes import in_maintenance
 from gpuheal.policy.pools import (
     NO_POOL,
     cuda_version,
@@ -158,10 +159,6 @@ def gpu_labelled(node: NodeJson, config: Config) -> bool:
         return True
     count = labels.get(config.pools.expected_gpus_label, "")
     return count.isdigit() and int(count) > 0
-
-
-def _in_maintenance(node: NodeJson) -> bool:
-    return node.metadata.labels.get(STATE_LABEL) == STATE_MAINTENANCE
 
 
 def _listed(items: Sequence[str]) -> str:
@@ -479,7 +476,9 @@ def audit(
         findings += _unmanaged(node, pool, config)
         findings += _leaks(node, pods, pool, config, now=now, stuck_after_s=stuck_after_s)
         findings += _processes(node, pods, pool, warnings)
-        if gpu_total(node.status.allocatable, config) == 0 and not _in_maintenance(node):
+        if gpu_total(node.status.allocatable, config) == 0 and not in_maintenance(
+            node.metadata.labels
+        ):
             capacity = gpu_total(node.status.capacity, config)
             findings.append(
                 Finding(

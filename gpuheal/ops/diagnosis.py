@@ -50,6 +50,7 @@ from gpuheal.ops.neighbours import question_affected
 from gpuheal.ops.output import Notes, Table
 from gpuheal.ops.visibility import question_gpus
 from gpuheal.policy.clock import parse_time
+from gpuheal.policy.nodes import in_maintenance
 
 QUESTIONS = (
     ("ready", "Is the node registered and Ready?"),
@@ -224,7 +225,7 @@ def _schedulable(node: Node, facts: Facts, config: Config) -> list[Finding]:
     name, now = facts.name, facts.now
     annotations = annotations_of(node)
     cordoned = bool(node.spec.unschedulable)
-    if labels_of(node).get(STATE_LABEL) == STATE_MAINTENANCE:
+    if in_maintenance(labels_of(node)):
         since = parse_time(annotations.get(MAINTENANCE_SINCE))
         reason = annotations.get(MAINTENANCE_REASON) or "none recorded"
         return [

@@ -25,9 +25,9 @@ from gpuheal.kube.details import Event, Node, Pod, PodDisruptionBudget, Resource
 from gpuheal.kube.projections import FaultJson, fault_record
 from gpuheal.kube.snapshot import ALL_PODS, LIVE_BOUND_PODS, list_all
 from gpuheal.model import NODE_LABEL
-from gpuheal.ops.cluster import pod_gpus
 from gpuheal.ops.diagnosis import Diagnosis, diagnose
 from gpuheal.ops.findings import Facts
+from gpuheal.ops.fleet import pod_gpus
 from gpuheal.ops.movement import PENDING_SHOWN, evictable, relevant_pending
 from gpuheal.ops.output import render
 from gpuheal.values import node_label

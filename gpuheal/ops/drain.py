@@ -24,8 +24,9 @@ from rich.text import Text
 from gpuheal.kube.api import ApiError, KubeApi, pod_path
 from gpuheal.kube.details import Pod, PodDisruptionBudget
 from gpuheal.kube.snapshot import ALL_PODS, LIST_PAGE, list_all
-from gpuheal.ops.cluster import is_mirror_pod, labels_of, owner_kind, pod_live
+from gpuheal.ops.cluster import is_mirror_pod, labels_of, owner_kind
 from gpuheal.ops.findings import pod_key
+from gpuheal.ops.fleet import pod_live
 from gpuheal.ops.scheduling import selector_matches
 
 if TYPE_CHECKING:

@@ -1,9 +1,10 @@
 """The small facts the read commands (`status`, `audit`) derive from the slim
 projections of kube/snapshot.py: GPU quantities, readiness, liveness.
 
-The same facts of the fuller projections of doctor and maintenance's drain
-(kube/details.py) are in ops/cluster.py; the quantity arithmetic is here, once,
-for all.
+The facts both projections share (GPU counts, liveness, readiness, the GPU-node
+rule) are here for both, so `doctor` and maintenance's drain (the fuller
+projections of kube/details.py) read them here too; ops/cluster.py has the facts
+only the fuller projections carry.
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ import re
 from collections.abc import Iterable, Mapping
 
 from gpuheal.config import Config
+from gpuheal.kube import details
 from gpuheal.kube.projections import Container, NodeJson, PodJson, TaintJson
+from gpuheal.model import ready
+from gpuheal.policy import nodes
 from gpuheal.values import is_label_value
 
 
@@ -42,18 +46,19 @@ def scheduled_gpus(containers: Iterable[int], init_containers: Iterable[int]) ->
     return max(sum(containers), max(init_containers, default=0))
 
 
-def _container_gpus(container: Container, config: Config) -> int:
+def _container_gpus(container: Container | details.Container, config: Config) -> int:
     return wanted_gpus(container.resources.limits, container.resources.requests, config)
 
 
-def pod_gpus(pod: PodJson, config: Config) -> int:
+def pod_gpus(pod: PodJson | details.Pod, config: Config) -> int:
+    """GPUs the scheduler counts for this pod (scheduled_gpus)."""
     return scheduled_gpus(
         (_container_gpus(c, config) for c in pod.spec.containers),
         (_container_gpus(c, config) for c in pod.spec.initContainers),
     )
 
 
-def pod_live(pod: PodJson) -> bool:
+def pod_live(pod: PodJson | details.Pod) -> bool:
     """Still holds its node's resources: not Succeeded or Failed."""
     return pod.status.phase not in ("Succeeded", "Failed")
 
@@ -62,20 +67,14 @@ def pod_name(pod: PodJson) -> str:
     return f"{pod.metadata.namespace}/{pod.metadata.name}"
 
 
-def node_ready(node: NodeJson) -> bool | None:
+def node_ready(node: NodeJson | details.Node) -> bool | None:
     """The Ready condition: True, False, or None when it is Unknown or absent."""
-    for condition in node.status.conditions:
-        if condition.type == "Ready":
-            return {"True": True, "False": False}.get(condition.status)
-    return None
+    return ready(node.status.conditions)
 
 
-def gpu_node(node: NodeJson, config: Config) -> bool:
-    """Managed by gpuheal: matches the controller's nodeSelector (or has GPU capacity)."""
-    labels = node.metadata.labels
-    if config.node_selector:
-        return all(labels.get(k) == v for k, v in config.node_selector.items())
-    return gpu_total(node.status.capacity, config) > 0
+def gpu_node(node: NodeJson | details.Node, config: Config) -> bool:
+    """Managed by gpuheal (policy/nodes.py), its GPU capacity every GPU resource's."""
+    return nodes.gpu_node(node.metadata.labels, gpu_total(node.status.capacity, config), config)
 
 
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_./]*$")

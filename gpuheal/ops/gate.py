@@ -32,7 +32,7 @@ from gpuheal.ops.fleet import (
     quantity,
 )
 from gpuheal.ops.output import Notes, Table, render
-from gpuheal.policy.clock import parse_time
+from gpuheal.policy.clock import iso, parse_time
 from gpuheal.policy.gate import DevicePluginPod, GateFacts, GateResult, Result, evaluate
 from gpuheal.policy.pools import driver_version, pool_of
 
@@ -132,7 +132,7 @@ class GateReport:
             "node": self.result.node,
             "passed": self.result.passed,
             "exitCode": gate_exit_code(self.result),
-            "since": _stamp(self.since) if self.since else None,
+            "since": iso(self.since, "seconds") if self.since else None,
             "checks": [
                 {"name": c.name, "result": c.result.value, "reason": c.reason, "bit": c.bit}
                 for c in self.result.checks
@@ -158,10 +158,6 @@ class GateReport:
         if self.outcome:
             lines.append(("ok" if self.finished else "warn", self.outcome))
         return (table, Notes("", lines))
-
-
-def _stamp(moment: dt.datetime) -> str:
-    return moment.astimezone(dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 async def run_gate(ctx: Context, name: str) -> int:

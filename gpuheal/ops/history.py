@@ -12,8 +12,7 @@ from gpuheal.model import FaultRecord
 from gpuheal.ops.findings import when
 from gpuheal.ops.output import Table
 from gpuheal.policy.clock import iso
-from gpuheal.policy.devices import opened_at
-from gpuheal.policy.retention import closed_at
+from gpuheal.policy.history import closed_at, opened_at
 
 # A record's action entries as people say them; others are shown by their name.
 _DONE = {

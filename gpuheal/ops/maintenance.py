@@ -41,12 +41,13 @@ from gpuheal.model import (
     XID_ERRORS,
 )
 from gpuheal.ops import exitcodes
-from gpuheal.ops.cluster import pod_gpus, pod_live
 from gpuheal.ops.drain import DrainOptions, DrainResult, drain, pods_on, skip_reason
 from gpuheal.ops.events import emit_node_event
 from gpuheal.ops.findings import pod_key
+from gpuheal.ops.fleet import pod_gpus, pod_live
 from gpuheal.ops.gate import GateReport, gate_exit_code, gather, get_node, maintenance_since
 from gpuheal.ops.output import Notes, Table, render
+from gpuheal.policy.clock import iso
 from gpuheal.policy.gate import GATE_FAILED, evaluate
 from gpuheal.values import label_text
 
@@ -63,10 +64,6 @@ MAINTENANCE_ANNOTATIONS = (
     MAINTENANCE_BASELINE,
     MAINTENANCE_CORDONED,
 )
-
-
-def stamp(moment: dt.datetime) -> str:
-    return moment.astimezone(dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def baseline(annotations: Mapping[str, str]) -> tuple[str | None, str]:
@@ -99,8 +96,11 @@ def _taints(node: NodeJson) -> list[dict[str, Any]]:
     return out
 
 
-def in_maintenance(node: NodeJson) -> bool:
-    """Put in maintenance by `start` (its label and its start time are there)."""
+def resumable(node: NodeJson) -> bool:
+    """Put in maintenance by `start` (its label and its start time are there): a
+    second `start` resumes it, keeping its start, baseline and reason. Stricter than
+    policy/nodes.py's in_maintenance (the label alone): a label put on by hand has
+    no start time to keep."""
     meta = node.metadata
     return (
         meta.labels.get(STATE_LABEL) == STATE_MAINTENANCE and MAINTENANCE_SINCE in meta.annotations
@@ -114,12 +114,12 @@ def start_patch(
     warnings. Already in maintenance: its start, baseline and reason stay."""
     annotations = node.metadata.annotations
     warnings: list[str] = []
-    resumed = in_maintenance(node)
+    resumed = resumable(node)
     cordoned = node.spec.unschedulable
     notes: dict[str, str | None] = {}
     if not resumed:
         notes[MAINTENANCE_REASON] = reason
-        notes[MAINTENANCE_SINCE] = stamp(now)
+        notes[MAINTENANCE_SINCE] = iso(now, "seconds")
         counters, why = baseline(annotations)
         notes[MAINTENANCE_BASELINE] = counters
         if counters is None and why.startswith("unreadable"):
@@ -195,6 +195,18 @@ async def _guarded_write(
     raise WriteError(f"node {name} kept changing: {CONFLICT_RETRIES} writes in a row conflicted")
 
 
+async def _write(
+    ctx: Context, verb: str, node: NodeJson, build: Callable[[NodeJson], dict[str, Any]]
+) -> NodeJson | None:
+    """_guarded_write for `maintenance <verb>`: the node as written, or None once
+    the failure is said on stderr."""
+    try:
+        return await _guarded_write(ctx, node.metadata.name, node, build)
+    except WriteError as err:
+        ctx.err.print(Text(f"gpuheal maintenance {verb}: {err}", style="bold red"))
+        return None
+
+
 # -- checkpoint --------------------------------------------------------------------------
 
 
@@ -223,7 +235,7 @@ async def request_checkpoint(
     result = CheckpointResult(mode=mode, asked=[pod_key(p) for p in pods])
     if mode == "none" or not pods:
         return result
-    result.deadline = stamp(ctx.now() + dt.timedelta(seconds=wait_s))
+    result.deadline = iso(ctx.now() + dt.timedelta(seconds=wait_s), "seconds")
     if mode == "annotate":
         await asyncio.gather(*(_ask(ctx, p, result.deadline) for p in pods))
     else:
@@ -394,7 +406,7 @@ async def start(ctx: Context, args: argparse.Namespace) -> int:
     if node is None:
         ctx.err.print(Text(f"gpuheal maintenance start: node {name} not found", style="bold red"))
         return exitcodes.NOT_FOUND
-    resumed = in_maintenance(node)
+    resumed = resumable(node)
     warnings: list[str] = []
 
     def build(current: NodeJson) -> dict[str, Any]:
@@ -402,11 +414,10 @@ async def start(ctx: Context, args: argparse.Namespace) -> int:
         warnings[:] = found
         return patch
 
-    try:
-        node = await _guarded_write(ctx, name, node, build)
-    except WriteError as err:
-        ctx.err.print(Text(f"gpuheal maintenance start: {err}", style="bold red"))
+    written = await _write(ctx, "start", node, build)
+    if written is None:
         return exitcodes.ERROR
+    node = written
     for warning in warnings:
         ctx.err.print(Text(f"warning: {warning}", style="yellow"))
     annotations = node.metadata.annotations
@@ -487,10 +498,8 @@ async def finish(ctx: Context, args: argparse.Namespace) -> int:
         patch, uncordoned = finish_patch(current, ctx.config)
         return patch
 
-    try:
-        written = await _guarded_write(ctx, name, node, build)
-    except WriteError as err:
-        ctx.err.print(Text(f"gpuheal maintenance finish: {err}", style="bold red"))
+    written = await _write(ctx, "finish", node, build)
+    if written is None:
         return exitcodes.ERROR
     outcome = f"returned to service: removed {', '.join(left)}"
     if uncordoned:

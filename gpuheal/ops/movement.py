@@ -18,15 +18,12 @@ from dataclasses import dataclass
 
 from gpuheal.config import Config
 from gpuheal.kube.details import Node, Pod, PodDisruptionBudget, Taint
-from gpuheal.model import STATE_LABEL, STATE_MAINTENANCE, TAINT_KEY
+from gpuheal.model import TAINT_KEY
 from gpuheal.ops.cluster import (
     is_mirror_pod,
     labels_of,
     name_of,
-    node_ready,
     owner_kind,
-    pod_gpus,
-    pod_live,
     quantity,
 )
 from gpuheal.ops.findings import (
@@ -41,6 +38,7 @@ from gpuheal.ops.findings import (
     pod_key,
     when,
 )
+from gpuheal.ops.fleet import node_ready, pod_gpus, pod_live
 from gpuheal.ops.scheduling import (
     UNSCHEDULABLE_TAINT,
     Usage,
@@ -56,6 +54,7 @@ from gpuheal.ops.scheduling import (
     untolerated_taints,
     usage_by_node,
 )
+from gpuheal.policy.nodes import in_maintenance
 
 # Pending pods explained one by one; the rest are counted.
 PENDING_SHOWN = 20
@@ -99,7 +98,7 @@ def leaving_reasons(node: Node, config: Config) -> list[str]:
     if node.spec.unschedulable:
         reasons.append("cordoned")
     keys = {t.key: t for t in taints_of(node)}
-    maintenance = labels_of(node).get(STATE_LABEL) == STATE_MAINTENANCE
+    maintenance = in_maintenance(labels_of(node))
     if maintenance or config.maintenance.taint_key in keys:
         reasons.append("in maintenance")
     if TAINT_KEY in keys:

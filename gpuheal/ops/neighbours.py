@@ -12,10 +12,12 @@ from collections.abc import Callable, Sequence
 
 from gpuheal.config import Config
 from gpuheal.kube.details import Node
-from gpuheal.model import STATE_LABEL, STATE_MAINTENANCE, TAINT_KEY
-from gpuheal.ops.cluster import annotations_of, gpu_node, labels_of, name_of, node_ready
+from gpuheal.model import TAINT_KEY
+from gpuheal.ops.cluster import annotations_of, labels_of, name_of
 from gpuheal.ops.findings import INFO, OK, WARN, Facts, Finding, listed, plural
+from gpuheal.ops.fleet import gpu_node, node_ready
 from gpuheal.ops.scheduling import node_allocatable, taints_of
+from gpuheal.policy.nodes import in_maintenance
 from gpuheal.policy.pools import NO_POOL, driver_version, expected_driver, pool_config, pool_of
 
 
@@ -34,12 +36,6 @@ def node_troubles(node: Node, config: Config) -> list[str]:
     if gpu_node(node, config) and sum(node_allocatable(node, config).values()) == 0:
         troubles.append("zero allocatable")
     return troubles
-
-
-def in_maintenance(node: Node, config: Config) -> bool:
-    return labels_of(node).get(STATE_LABEL) == STATE_MAINTENANCE or any(
-        t.key == config.maintenance.taint_key for t in taints_of(node)
-    )
 
 
 _HINTS = {
@@ -145,7 +141,7 @@ def _group(
                 f"{the_others} of {title} {'serves' if len(others) == 1 else 'serve'}{local}.",
             )
         )
-    maintenance = [name_of(n) for n in others if in_maintenance(n, config)]
+    maintenance = [name_of(n) for n in others if in_maintenance(labels_of(n))]
     if maintenance:
         findings.append(
             Finding(

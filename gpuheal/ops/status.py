@@ -22,8 +22,6 @@ from gpuheal.kube.projections import NodeJson
 from gpuheal.kube.snapshot import Snapshot, read_snapshot
 from gpuheal.model import (
     QUARANTINED_DEVICES,
-    STATE_LABEL,
-    STATE_MAINTENANCE,
     STATUS,
     STATUS_FAULTY,
     SUSPECT_DEVICES,
@@ -46,6 +44,7 @@ from gpuheal.ops.output import Notes, Table, render
 from gpuheal.ops.selector import Requirement, SelectorError, parse_selector, selected
 from gpuheal.policy.breaker import quarantine_capacity
 from gpuheal.policy.clock import parse_time
+from gpuheal.policy.nodes import in_maintenance
 from gpuheal.policy.plan import WOULD_QUARANTINE_ACTION
 from gpuheal.policy.pools import pool_of
 
@@ -82,7 +81,7 @@ def node_state(node: NodeJson, faults: Sequence[FaultRecord]) -> str:
     whole_node = {f.phase for f in faults if f.scope == "node"}
     rules: tuple[tuple[str, Callable[[], bool]], ...] = (
         (NOT_READY, lambda: node_ready(node) is not True),
-        (MAINTENANCE, lambda: node.metadata.labels.get(STATE_LABEL) == STATE_MAINTENANCE),
+        (MAINTENANCE, lambda: in_maintenance(node.metadata.labels)),
         (HELD, lambda: Phase.HELD in whole_node),
         (DRAINING, lambda: Phase.DRAINING in whole_node),
         (QUARANTINED, lambda: bool(taint_of(node, TAINT_KEY) or whole_node & _QUARANTINE_PHASES)),

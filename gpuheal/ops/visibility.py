@@ -23,7 +23,7 @@ from gpuheal.model import (
     STATUS_FAULTY,
     TAINT_KEY,
 )
-from gpuheal.ops.cluster import annotations_of, gpu_node, labels_of, name_of, pod_gpus, pod_live
+from gpuheal.ops.cluster import annotations_of, labels_of, name_of
 from gpuheal.ops.findings import (
     BAD,
     INFO,
@@ -38,6 +38,7 @@ from gpuheal.ops.findings import (
     said,
     when,
 )
+from gpuheal.ops.fleet import gpu_node, pod_gpus, pod_live
 from gpuheal.ops.scheduling import (
     UNSCHEDULABLE_TAINT,
     node_allocatable,
@@ -47,6 +48,7 @@ from gpuheal.ops.scheduling import (
     toleration_text,
 )
 from gpuheal.policy.clock import parse_time
+from gpuheal.policy.nodes import in_maintenance
 from gpuheal.policy.pools import NO_POOL, expected_gpus, pool_config, pool_of
 from gpuheal.values import taint_value
 
@@ -357,7 +359,7 @@ def _labels(node: Node, facts: Facts, config: Config) -> list[Finding]:
 
 def _taints(node: Node, facts: Facts, config: Config) -> list[Finding]:
     name, now = facts.name, facts.now
-    in_maintenance = labels_of(node).get(STATE_LABEL) == STATE_MAINTENANCE
+    labelled = in_maintenance(labels_of(node))
     findings = []
     taints = [t for t in taints_of(node) if t.key != UNSCHEDULABLE_TAINT]  # the cordon: Q1
     for taint in taints:
@@ -367,7 +369,7 @@ def _taints(node: Node, facts: Facts, config: Config) -> list[Finding]:
         elif taint.key == config.maintenance.taint_key:
             since = parse_time(annotations_of(node).get(MAINTENANCE_SINCE))
             overdue = MAINTENANCE_OVERDUE_FACTOR * config.maintenance.drain_timeout_seconds
-            if not in_maintenance:
+            if not labelled:
                 findings.append(
                     Finding(
                         BAD,
@@ -417,7 +419,7 @@ def _taints(node: Node, facts: Facts, config: Config) -> list[Finding]:
             )
     keys = {t.key for t in taints}
     cordoned = bool(node.spec.unschedulable)
-    if in_maintenance and config.maintenance.taint_key not in keys and not cordoned:
+    if labelled and config.maintenance.taint_key not in keys and not cordoned:
         findings.append(
             Finding(
                 WARN,

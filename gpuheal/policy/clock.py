@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Literal
+
+Precision = Literal["seconds", "milliseconds", "microseconds"]
 
 
-def iso(moment: dt.datetime) -> str:
-    """RFC 3339 in UTC with milliseconds: windows of a few seconds must not lose one."""
-    return moment.astimezone(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+def iso(moment: dt.datetime, precision: Precision = "milliseconds") -> str:
+    """RFC 3339 in UTC, "Z"-suffixed: the one writer of times gpuheal puts in the API
+    and shows people. Milliseconds by default (windows of a few seconds must not lose
+    one); whole seconds where people read them (annotations, gate reasons, kubelet
+    heartbeats); microseconds for the API's MicroTime fields (Lease, Event)."""
+    return moment.astimezone(dt.UTC).isoformat(timespec=precision).replace("+00:00", "Z")
 
 
 def parse_time(value: str | None) -> dt.datetime | None:

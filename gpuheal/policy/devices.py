@@ -36,6 +36,7 @@ from gpuheal.model import (
     SUSPECT_DEVICES,
     UNKNOWN_DEVICES,
     ActionEntry,
+    CanaryView,
     DeviceHealth,
     DeviceReport,
     FaultRecord,
@@ -49,6 +50,7 @@ from gpuheal.model import (
 )
 from gpuheal.policy.clock import iso, parse_time
 from gpuheal.policy.gate import GATE_FAILED
+from gpuheal.policy.history import opened_at
 from gpuheal.policy.plan import DETECTED, RECOVERED, Emit, Evict, UpdateRecord
 
 SOURCE = "pod-status"
@@ -97,13 +99,6 @@ class Device:
     @property
     def key(self) -> tuple[str, str]:
         return (self.resource, self.device_id)
-
-
-@dataclass(frozen=True)
-class CanaryView:
-    name: str
-    node: str
-    phase: str
 
 
 @dataclass(frozen=True)
@@ -196,8 +191,10 @@ class DevicePlan:
 # -- observation -----------------------------------------------------------------
 
 
-def node_ready(node: NodeView) -> bool:
-    """False when the node is NotReady/Unknown or carries an unreachable taint."""
+def node_reachable(node: NodeView) -> bool:
+    """False when the node is NotReady/Unknown or carries an unreachable taint: its
+    devices' reports cannot be trusted. Not model.ready: a node without a Ready
+    condition yet counts as reachable here."""
     ready = node.condition("Ready")
     if ready is not None and ready.status != "True":
         return False
@@ -245,11 +242,6 @@ def canary_name(record: str, attempt: int) -> str:
     """Deterministic per record and attempt: a restarted controller finds its canary.
     A record name ends in a 12-hex digest of its identity (model.fault_record_name)."""
     return f"gpuheal-canary-{record[-12:]}-{attempt}"
-
-
-def opened_at(record: FaultRecord) -> dt.datetime | None:
-    times = [t for a in record.actions if (t := parse_time(a.time)) is not None]
-    return min(times) if times else parse_time(record.created_at)
 
 
 def _last(record: FaultRecord, action: str) -> ActionEntry | None:
@@ -332,7 +324,7 @@ def plan_devices(state: DeviceState, config: Config, now: dt.datetime) -> Device
         return DevicePlan(suppressed="opt-out")
     devices = devices_of(state.entries, cfg, now)
     summary = _summary(devices, state, now)
-    if not node_ready(node):
+    if not node_reachable(node):
         # Every device of a lost node reads Unknown or stale: not N device faults.
         return DevicePlan(suppressed="node-not-ready", summary=summary)
     work = _Pass(state, config, now, budget=max(0, state.evictions_allowed))

@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from gpuheal.config import Config
 from gpuheal.model import (
@@ -30,7 +31,7 @@ from gpuheal.model import (
     NodeView,
     PodView,
 )
-from gpuheal.policy.clock import parse_time
+from gpuheal.policy.clock import iso, parse_time
 from gpuheal.policy.pools import (
     NO_POOL,
     driver_version,
@@ -140,11 +141,9 @@ def facts_from_views(
     node: NodeView, pods: Sequence[PodView], pool_drivers: Mapping[str, int]
 ) -> GateFacts:
     """The controller's facts: its cached projections of the node and its pods."""
-    condition = node.condition("Ready")
-    ready = {"True": True, "False": False}.get(condition.status) if condition else None
     return GateFacts(
         node=node.name,
-        ready=ready,
+        ready=node.ready,
         labels=node.labels,
         annotations=node.annotations,
         allocatable=dict(node.allocatable),
@@ -255,14 +254,20 @@ class Baseline:
     since: str
 
 
-def parse_baseline(value: str) -> Baseline:
-    """MAINTENANCE_BASELINE's JSON {"xid", "ecc", "since"}; MalformedError (a ValueError)."""
+def _json_object(key: str, value: str) -> dict[str, Any]:
+    """An annotation's JSON object; MalformedError naming the annotation otherwise."""
     try:
         raw = json.loads(value)
     except ValueError:
-        raise MalformedError(f"{MAINTENANCE_BASELINE} is not JSON: {value[:64]!r}") from None
+        raise MalformedError(f"{key} is not JSON: {value[:64]!r}") from None
     if not isinstance(raw, dict):
-        raise MalformedError(f"{MAINTENANCE_BASELINE} is not a JSON object")
+        raise MalformedError(f"{key} is not a JSON object")
+    return raw
+
+
+def parse_baseline(value: str) -> Baseline:
+    """MAINTENANCE_BASELINE's JSON {"xid", "ecc", "since"}; MalformedError (a ValueError)."""
+    raw = _json_object(MAINTENANCE_BASELINE, value)
     xid, ecc, since = raw.get("xid", 0), raw.get("ecc", 0), raw.get("since", "")
     if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in (xid, ecc)):
         raise MalformedError(f"{MAINTENANCE_BASELINE} has no whole xid/ecc counts: {value[:64]!r}")
@@ -281,7 +286,7 @@ def _gpu_errors(facts: GateFacts, since: dt.datetime | None) -> Check:
         return Check(GPU_ERRORS, Result.FAIL, f"cannot tell: {err}")
     if trouble:
         return Check(GPU_ERRORS, Result.FAIL, trouble)
-    after = f" since {_iso(since)}" if since is not None else ""
+    after = f" since {iso(since, 'seconds')}" if since is not None else ""
     return Check(GPU_ERRORS, Result.PASS, f"no Xid or uncorrectable ECC error{after}")
 
 
@@ -297,13 +302,17 @@ def _new_errors(annotations: Mapping[str, str], since: dt.datetime | None) -> st
     if since is None:
         # No start to tell new errors from old: only a clean count passes.
         return f"{counts} reported and no start time to tell new from old" if xid or ecc else ""
-    when = _iso(since)
+    when = iso(since, "seconds")
     if last is not None and last > since:
-        return f"a GPU error at {_iso(last)}, after {when}"
+        return f"a GPU error at {iso(last, 'seconds')}, after {when}"
     if counted is None or counted > since:
         # No start of counting, or the counters restarted (agent restart, reboot)
         # after `since`: everything they count may be new.
-        span = f"since {_iso(counted)}, after {when}" if counted else f"without {COUNTERS_SINCE}"
+        span = (
+            f"since {iso(counted, 'seconds')}, after {when}"
+            if counted
+            else f"without {COUNTERS_SINCE}"
+        )
         return f"{counts} reported {span}" if xid or ecc else ""
     if MAINTENANCE_BASELINE not in annotations:
         return ""  # counters from before `since`, no baseline: the last error's time decides
@@ -333,14 +342,14 @@ def _diagnostics(
         outcome, at, tool = _parse_diagnostics(value)
     except MalformedError as err:
         return Check(DIAGNOSTICS_CHECK, Result.FAIL, str(err))
-    what = f"{tool or 'diagnostics'} {outcome} at {_iso(at)}"
+    what = f"{tool or 'diagnostics'} {outcome} at {iso(at, 'seconds')}"
     if outcome != "pass":
         return Check(DIAGNOSTICS_CHECK, Result.FAIL, f"{what}: not passing")
     stale = ""
     if (now - at).total_seconds() > gate.diagnostics_max_age_seconds:
         stale = f"older than {gate.diagnostics_max_age_seconds:g}s"
     elif since is not None and at < since:
-        stale = f"from before {_iso(since)}"
+        stale = f"from before {iso(since, 'seconds')}"
     if not stale:
         return Check(DIAGNOSTICS_CHECK, Result.PASS, what)
     # An old result says nothing about the node now: it counts only when required.
@@ -349,12 +358,7 @@ def _diagnostics(
 
 
 def _parse_diagnostics(value: str) -> tuple[str, dt.datetime, str]:
-    try:
-        raw = json.loads(value)
-    except ValueError:
-        raise MalformedError(f"{DIAGNOSTICS} is not JSON: {value[:64]!r}") from None
-    if not isinstance(raw, dict):
-        raise MalformedError(f"{DIAGNOSTICS} is not a JSON object")
+    raw = _json_object(DIAGNOSTICS, value)
     result, at, tool = raw.get("result"), raw.get("time"), raw.get("tool", "")
     if not isinstance(result, str) or not result:
         raise MalformedError(f"{DIAGNOSTICS} has no result")
@@ -378,7 +382,3 @@ def _device_plugin(facts: GateFacts, config: Config) -> Check:
             f"no device-plugin pod ({selector}) on the node; healthGate.devicePluginRequired",
         )
     return Check(DEVICE_PLUGIN, Result.SKIPPED, f"no device-plugin pod ({selector}); not required")
-
-
-def _iso(moment: dt.datetime) -> str:
-    return moment.astimezone(dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")

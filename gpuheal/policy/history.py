@@ -11,11 +11,13 @@ dropped after them, and the newest follow.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from collections.abc import Sequence
 from dataclasses import replace
 
-from gpuheal.model import ActionEntry
+from gpuheal.model import ActionEntry, FaultRecord
+from gpuheal.policy.clock import parse_time
 from gpuheal.values import DETAIL_MAX, text
 
 MAX_KEPT = 50  # entries in status.actions (the CRD allows 100)
@@ -26,6 +28,20 @@ ELIDED = "elided"
 _REPEAT = re.compile(r" \((\d+) times since (\S+)\)$")
 _REPEAT_ROOM = 48  # the longest such suffix, with room to spare
 _ELIDED_COUNT = re.compile(r"^(\d+) ")
+
+
+def opened_at(record: FaultRecord) -> dt.datetime | None:
+    """When the fault was first seen: the record's first action entry (milliseconds),
+    else the object's creationTimestamp (whole seconds: up to a second early)."""
+    times = [t for a in record.actions if (t := parse_time(a.time)) is not None]
+    return min(times) if times else parse_time(record.created_at)
+
+
+def closed_at(record: FaultRecord) -> dt.datetime | None:
+    """When the record was closed: its newest action entry (the resolution), else
+    when it was made."""
+    times = [t for a in record.actions if (t := parse_time(a.time)) is not None]
+    return max(times) if times else parse_time(record.created_at)
 
 
 def _unfolded(entry: ActionEntry) -> tuple[str, int, str]:

@@ -24,7 +24,6 @@ from gpuheal.model import (
     MANAGED_LABEL,
     REJECTED,
     STATE_LABEL,
-    STATE_MAINTENANCE,
     TAINT_KEY,
     TAINTED_PHASES,
     ActionEntry,
@@ -41,9 +40,11 @@ from gpuheal.policy.backoff import Blocked
 from gpuheal.policy.breaker import breaker_allows
 from gpuheal.policy.clock import iso, parse_time
 from gpuheal.policy.gate import GATE_FAILED, GateResult, evaluate, facts_from_views
+from gpuheal.policy.history import opened_at
+from gpuheal.policy.nodes import in_maintenance
 from gpuheal.policy.signals import fault_signal
 
-# Event reasons (DESIGN.md).
+# Event reasons (docs/controller.md, "Observability").
 DETECTED = "GPUFaultDetected"
 QUARANTINED = "GPUFaultQuarantined"
 HELD = "GPUFaultHeld"
@@ -207,7 +208,7 @@ def plan(state: NodeState, config: Config, now: dt.datetime) -> Plan:
     node = state.node
     if node.labels.get(MANAGED_LABEL) == "false":
         return Plan(suppressed="opt-out")
-    if node.labels.get(STATE_LABEL) == STATE_MAINTENANCE:
+    if in_maintenance(node.labels):
         # A person took the node out (`gpuheal maintenance`): what it reports meanwhile
         # is the work being done, not a fault. `maintenance finish` gates its return.
         return Plan(suppressed="maintenance")
@@ -231,24 +232,14 @@ def _label_follows_taint(node: NodeView, decided: Plan) -> Plan:
     return replace(decided, actions=(*decided.actions, RemoveTaint(node.name)))
 
 
-_RANK = {Severity.P0: 0, Severity.P1: 1, Severity.P2: 2}
-
-
 def current_signal(state: NodeState, config: Config) -> FaultSignal | None:
     """The node's own report wins (agent annotations, detector conditions); else
     the most severe external signal (ties: the oldest fault id, for stability)."""
     own = fault_signal(state.node, config)
     if own is not None:
         return own
-    ranked = sorted(state.external, key=lambda s: (_RANK[s.severity], s.fault_id))
+    ranked = sorted(state.external, key=lambda s: (s.severity.rank, s.fault_id))
     return ranked[0] if ranked else None
-
-
-def _first_seen(record: FaultRecord) -> dt.datetime | None:
-    """When the record was made: its first action entry (milliseconds), else the
-    object's creationTimestamp (whole seconds: up to a second early)."""
-    times = [t for a in record.actions if (t := parse_time(a.time)) is not None]
-    return min(times) if times else parse_time(record.created_at)
 
 
 def _escalated(record: FaultRecord | None, config: Config, now: dt.datetime) -> bool:
@@ -258,7 +249,7 @@ def _escalated(record: FaultRecord | None, config: Config, now: dt.datetime) -> 
         return False
     if any(a.action == ESCALATE_ACTION for a in record.actions):
         return True
-    since = _first_seen(record)
+    since = opened_at(record)
     return since is not None and (now - since).total_seconds() >= config.p1_escalation_seconds
 
 
@@ -347,7 +338,7 @@ def _remediate(  # noqa: PLR0911 -- one return per rule reads best here
     elif fault.mode is Mode.OBSERVE:
         return _observed(fault, config, now, actions, base)
     elif watching:
-        created = _first_seen(record) or now
+        created = opened_at(record) or now
         remaining = config.p1_escalation_seconds - (now - created).total_seconds()
         fence = _p1_fence(fault, config, now)
         return _with(
@@ -479,7 +470,7 @@ def _p1_pending(fault: _Fault, config: Config, now: dt.datetime) -> float | None
         a.action == WOULD_QUARANTINE_ACTION for a in record.actions
     ):
         return None
-    since = _first_seen(record) or now
+    since = opened_at(record) or now
     return max(config.p1_escalation_seconds - (now - since).total_seconds(), 0.1)
 
 

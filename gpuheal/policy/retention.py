@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from gpuheal.config import RetentionConfig
 from gpuheal.model import FaultRecord
-from gpuheal.policy.clock import parse_time
+from gpuheal.policy.history import closed_at
 
 AGE = "age"
 COUNT = "count"
@@ -28,13 +28,6 @@ class Collectable:
     node: str
     resource_version: str  # deleted only as read: a record changed since is left alone
     why: str  # AGE or COUNT
-
-
-def closed_at(record: FaultRecord) -> dt.datetime | None:
-    """When the record was closed: its newest action entry (the resolution), else
-    when it was made."""
-    times = [t for a in record.actions if (t := parse_time(a.time)) is not None]
-    return max(times) if times else parse_time(record.created_at)
 
 
 def collectable(

@@ -16,6 +16,7 @@ import yaml
 from lightkube import ApiError, Client, codecs
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 
+from gpuheal.model import GPUFAULT_API_VERSION, GPUFAULT_KIND
 from gpuheal.sim.process import Component, free_port, http_ok, stop_all
 from gpuheal.sim.resources import GPUFault
 
@@ -45,8 +46,8 @@ def _warm_up(client: Client) -> None:
     """The API server answers the first write of a new custom resource ~2 s late
     (measured); a dry-run create pays that once here, not in the first remediation."""
     probe = {
-        "apiVersion": "gpuheal.io/v1alpha1",
-        "kind": "GPUFault",
+        "apiVersion": GPUFAULT_API_VERSION,
+        "kind": GPUFAULT_KIND,
         "metadata": {"name": "warm-up"},
         "spec": {
             "node": "warm-up",

@@ -5,4 +5,6 @@ from __future__ import annotations
 
 from lightkube.generic_resource import create_global_resource
 
-GPUFault = create_global_resource("gpuheal.io", "v1alpha1", "GPUFault", "gpufaults")
+from gpuheal.model import GPUFAULT_GROUP, GPUFAULT_KIND, GPUFAULT_PLURAL, GPUFAULT_VERSION
+
+GPUFault = create_global_resource(GPUFAULT_GROUP, GPUFAULT_VERSION, GPUFAULT_KIND, GPUFAULT_PLURAL)

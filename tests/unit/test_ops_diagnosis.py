@@ -27,6 +27,7 @@ from gpuheal.kube.details import (
 )
 from gpuheal.model import (
     FAULT_ID,
+    FAULT_TIME,
     MAINTENANCE_REASON,
     MAINTENANCE_SINCE,
     STATE_LABEL,
@@ -603,6 +604,17 @@ def test_a_local_problem_is_called_local() -> None:
     assert "local to n1" in text_of(diagnosis, "pool-healthy")
 
 
+def test_neighbours_in_maintenance_are_the_labelled_ones_as_everywhere_else() -> None:
+    # One rule (policy/nodes.py): the state label. A maintenance taint left behind
+    # without it is a stale taint (doctor says so on that node), not a maintenance.
+    labelled = node("n2", labels={STATE_LABEL: "maintenance"})
+    stale_taint = node("n3", taints=[{"key": "gpuheal.io/maintenance", "effect": "NoSchedule"}])
+    target = node("n1")
+    diagnosis = diagnose(facts(target, nodes=[target, labelled, stale_taint], faults=[]), CONFIG)
+    text = text_of(diagnosis, "pool-maintenance")
+    assert text.startswith("1 other node of pool h100 is in maintenance (n2)")
+
+
 def test_rack_and_driver_neighbours() -> None:
     driver = {"gpuheal.io/driver-version": "550.54"}
     rack = {"topology.kubernetes.io/rack": "r7"}
@@ -742,7 +754,7 @@ def test_malformed_annotations_are_read_as_unknown_not_a_crash() -> None:
         annotations={
             MAINTENANCE_SINCE: "last tuesday",
             STATUS: "faulty",
-            "gpuheal.io/fault-time": "?",
+            FAULT_TIME: "?",
         },
         taints=[{"key": "gpuheal.io/maintenance", "effect": "NoSchedule"}],
     )
