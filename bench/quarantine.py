@@ -228,6 +228,20 @@ async def storm(
 
 
 async def api_cost(cp: ControlPlane, api: KubeApi, watcher: Watcher, node: str) -> dict[str, Any]:
+    """Every request of the controller's user about this node's objects (itself,
+    its pods, its record, its Events: all named after it) and its Lease, from the
+    fault to handled-and-drained, then from the fault cleared to untainted; a
+    storm's stragglers written in the same window are not this node's cost."""
+
+    def this_node(since: int, until: int) -> list[audit.Request]:
+        return [
+            r
+            for r in audit.requests(cp.audit_log, user=USER, since=since, until=until)
+            if r.resource == "leases"
+            or r.name == node
+            or r.name.startswith((f"{node}-", f"{node}."))
+        ]
+
     await asyncio.sleep(3)  # quiet: the storms' last status writes are done
     start = audit.offset(cp.audit_log)
     await report_fault(api, node, "cost")
@@ -237,20 +251,15 @@ async def api_cost(cp: ControlPlane, api: KubeApi, watcher: Watcher, node: str) 
     await clear_fault(api, node)
     await watcher.until("untainted", lambda: node in watcher.untainted)
     await asyncio.sleep(2)
-
-    def this_node(since: int) -> dict[str, int]:
-        """The requests about this node's objects (itself, its pods, its record, its
-        Events: all named after it), and the Lease: a storm's stragglers may still
-        be written in the window and are not this remediation's cost."""
-        return audit.by_verb_and_resource(
-            r
-            for r in audit.requests(cp.audit_log, user=USER, since=since)
-            if r.resource == "leases"
-            or r.name == node
-            or r.name.startswith((f"{node}-", f"{node}."))
-        )
-
-    return {"remediation": this_node(start), "recovery": this_node(middle)}
+    end = audit.offset(cp.audit_log)
+    remediation = this_node(start, middle)
+    return {
+        "remediation": audit.by_verb_and_resource(iter(remediation)),
+        "recovery": audit.by_verb_and_resource(iter(this_node(middle, end))),
+        "remediation_in_order": [
+            f"{r.verb} {r.resource}" for r in remediation if r.resource != "leases"
+        ],
+    }
 
 
 def start_controller(

@@ -30,13 +30,19 @@ class Request:
     at: str  # the stage timestamp, RFC 3339 with microseconds
 
 
-def requests(path: Path, *, user: str | None = None, since: int = 0) -> Iterator[Request]:
-    """Completed requests (a watch counts when it starts) from byte offset `since`."""
+def requests(
+    path: Path, *, user: str | None = None, since: int = 0, until: int | None = None
+) -> Iterator[Request]:
+    """Completed requests (a watch counts when it starts) from byte offset `since`,
+    up to offset `until` (both from `offset()`; None: to the end)."""
     if not path.exists():
         return
     with path.open("rb") as log:
         log.seek(since)
-        for raw in log:
+        while until is None or log.tell() < until:
+            raw = log.readline()
+            if not raw:
+                break
             event = json.loads(raw)
             verb = event.get("verb", "")
             if event.get("stage") != ("ResponseStarted" if verb == "watch" else "ResponseComplete"):

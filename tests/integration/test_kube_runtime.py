@@ -229,3 +229,28 @@ def test_our_writes_are_ours_in_managed_fields(control_plane: ControlPlane, kube
         assert "f:gpuheal.io/x" in json.dumps(managers["gpuheal"])
     finally:
         delete_nodes(kube, [node])
+
+
+def test_a_list_in_pages_fills_the_cache_with_every_object(
+    control_plane: ControlPlane, kube: Client
+) -> None:
+    """Pages of 2 over 7 nodes: the next page is asked for while one is decoded,
+    and every page is taken once (no object lost, none from a stale page)."""
+    pool = unique("pages")
+    names = create_gpu_nodes(
+        kube, [unique_eks_node() for _ in range(7)], labels={"gpuheal.test/pool": pool}
+    )
+
+    async def fill() -> set[str]:
+        api = KubeApi.from_kubeconfig(control_plane.kubeconfig)
+        try:
+            informer = node_informer(api, f"gpuheal.test/pool={pool}", page_size=2)
+            await informer._list()
+            return set(informer.store)
+        finally:
+            await api.close()
+
+    try:
+        assert asyncio.run(fill()) == set(names)
+    finally:
+        delete_nodes(kube, names)
