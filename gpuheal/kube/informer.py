@@ -57,12 +57,6 @@ class _ListMeta(msgspec.Struct):
     next_page: str = msgspec.field(default="", name="continue")
 
 
-class _PageMeta(msgspec.Struct):
-    """A LIST page's metadata alone: the next page's token, before the items."""
-
-    metadata: _ListMeta
-
-
 class _Status(msgspec.Struct):
     code: int = 0
     reason: str = ""
@@ -155,15 +149,6 @@ class Informer(Generic[J, V]):
             f"{json_type.__name__}List",
             [("metadata", _ListMeta), ("items", list[msgspec.Raw])],
         )
-        # A page in one pass; the Raw list above only for a page that holds an
-        # object the projection cannot take (a third faster at 40,000 pods).
-        self._next_page = msgspec.json.Decoder(_PageMeta)
-        self._page: msgspec.json.Decoder[Any] = msgspec.json.Decoder(
-            msgspec.defstruct(
-                f"{json_type.__name__}Page",
-                [("metadata", _ListMeta), ("items", list[json_type])],  # type: ignore[valid-type]
-            )
-        )
         self.store: dict[str, V] = {}
         self._versions: dict[str, str] = {}
         # key -> resourceVersion of its deletion, so a late write-through of an object
@@ -239,23 +224,13 @@ class Informer(Generic[J, V]):
         seen: dict[str, tuple[Any, str]] = {}
         skipped: set[str] = set()
         params = {**self._params, "limit": str(self._page_size)}
-        # The next page is asked for before this one is decoded, so the API server
-        # serves it while we decode (40,000 pods: 3.05 s sequential, 2.15 s so).
-        ahead = asyncio.ensure_future(self.api.get(self.path, params))
-        try:
-            while True:
-                raw = await ahead
-                after = self._next_page.decode(raw).metadata.next_page
-                if after:
-                    ahead = asyncio.ensure_future(
-                        self.api.get(self.path, {**params, "continue": after})
-                    )
-                meta = self._take_page(raw, seen, skipped)
-                if not after:
-                    self.resource_version = meta.resourceVersion
-                    break
-        finally:
-            ahead.cancel()  # a page no one will read, when decoding failed
+        while True:
+            raw = await self.api.get(self.path, params)
+            meta = self._take_page(raw, seen, skipped)
+            if not meta.next_page:
+                self.resource_version = meta.resourceVersion
+                break
+            params["continue"] = meta.next_page
         # A skipped object is still there: keep what the cache had for it.
         for key in [k for k in self.store if k not in seen and k not in skipped]:
             self._apply(key, None, self.resource_version)
@@ -268,23 +243,8 @@ class Informer(Generic[J, V]):
     def _take_page(
         self, raw: bytes, seen: dict[str, tuple[Any, str]], skipped: set[str]
     ) -> _ListMeta:
-        """Decode one LIST page into `seen`; the keys of items that cannot be
-        projected go to `skipped`."""
-        try:
-            whole = self._page.decode(raw)
-            views = [(self._to_view(item), item.metadata.resourceVersion) for item in whole.items]
-        except Exception:  # any failure: item by item, skipping just the bad ones
-            return self._take_page_by_item(raw, seen, skipped)
-        for view, rv in views:
-            key = self._key(view)
-            self._reported.pop(key, None)
-            seen[key] = (view, rv)
-        meta: _ListMeta = whole.metadata
-        return meta
-
-    def _take_page_by_item(
-        self, raw: bytes, seen: dict[str, tuple[Any, str]], skipped: set[str]
-    ) -> _ListMeta:
+        """Decode one LIST page item by item into `seen`; the keys of items that
+        cannot be projected go to `skipped`."""
         page = msgspec.json.decode(raw, type=self._list_type)
         for item in page.items:  # type: ignore[attr-defined]
             decoded = self._project(item)
