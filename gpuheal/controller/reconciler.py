@@ -52,8 +52,9 @@ log = logging.getLogger(__name__)
 # The Warning Event on a node with GPUs outside the nodeSelector that reports a fault.
 UNMANAGED = "GPUNodeUnmanaged"
 
-# What a pass whose plan changed under it answers: look again at once.
-REPLAN = Result(requeue_after=0.0)
+# Look again at once (at the end of the queue): the world moved under the pass's
+# plan, or a new quarantine's drain waits for the node's next turn.
+AT_ONCE = Result(requeue_after=0.0)
 
 
 def _not_in(actions: tuple[Action, ...], done: tuple[Action, ...]) -> tuple[Action, ...]:
@@ -233,7 +234,7 @@ class Reconciler:
             outcome = await self.executor.run(decided, NodeState(node=node))
         except Replan as why:
             log.info("replanning devices", extra={"node": node.name, "why": str(why)})
-            return REPLAN
+            return AT_ONCE
         self._notify(node.name, decided.fault_id, decided.actions, outcome)
         if outcome.blocked:
             # A refused device eviction is tried again after the node's backoff.
@@ -310,7 +311,7 @@ class Reconciler:
                 locked = await self._fence_locked(name, first, now, pass_)
         except Replan as why:
             log.info("replanning", extra={"node": name, "why": str(why)})
-            return REPLAN
+            return AT_ONCE
         if isinstance(locked, Result):
             return locked
         decided, state, fenced = locked
@@ -325,7 +326,7 @@ class Reconciler:
         fence = first + decided.record + decided.fence
         if decided.moves_pods:
             await self._execute(decided, state, now, (), pass_, done=fence)
-            return REPLAN
+            return AT_ONCE
         rest = _not_in(decided.drain + decided.mark + decided.release, first)
         return await self._execute(decided, state, now, rest, pass_, done=fence)
 
@@ -398,7 +399,7 @@ class Reconciler:
             outcome = await self.executor.run(decided, state, actions, outcome)
         except Replan as why:
             log.info("replanning", extra={"node": name, "why": str(why)})
-            return REPLAN
+            return AT_ONCE
         self._after(name, decided, done + actions, outcome, now)
         # A refused eviction is not a failed reconcile: its backoff is the pod's own
         # (self.blocked, planned by the policy), not the queue's failure count.

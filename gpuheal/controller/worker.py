@@ -2,12 +2,11 @@
 the result says. Several run side by side while this replica leads.
 
 The worker alone keeps the queue's books for a node (as controller-runtime's
-does): a Result asking for a rate-limited retry, or a failure, is retried
-after the node's exponential backoff; any other Result forgets the backoff and
-is looked at again when it asks (`requeue_after`), else when an event says.
+does): a failure, or a Result asking for a rate-limited retry, is retried after
+the node's exponential backoff; any other Result ends the backoff streak and the
+node is looked at again when it asks (`requeue_after`), else when an event says.
 
-A reconcile that fails is retried with the queue's per-node exponential
-backoff. Every failure is counted by reason; the first failure of a streak is
+Every failure is counted by reason; the first failure of a streak is
 logged (with the traceback only when it is not an answer from the API server)
 and put on the Node as a Warning Event; the repeats are logged only when the
 reason changes or once per `repeat_s`, with how many went untold.
