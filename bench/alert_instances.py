@@ -22,8 +22,10 @@ from prometheus_client import CollectorRegistry
 from gpuheal.api.alerts import decode_webhook, interpret
 from gpuheal.config import parse_config
 from gpuheal.controller.executor import Caches, Executor
+from gpuheal.controller.fleet import Fleet
 from gpuheal.controller.intake import ControllerIntake
 from gpuheal.controller.reconciler import Reconciler
+from gpuheal.controller.signals import ExternalSignals
 from gpuheal.kube.api import KubeApi
 from gpuheal.kube.events import EventRecorder
 from gpuheal.kube.informer import Handler
@@ -88,13 +90,20 @@ def main() -> int:
         put_record=lambda _: None, put_pod=lambda _: None,
     )  # fmt: skip
     executor = Executor(
-        api, caches=caches, recorder=EventRecorder(api, "bench"), metrics=metrics, config=config
-    )
-    reconciler = Reconciler(
-        config=config, nodes=nodes, pods=pods, records=records, queue=WorkQueue(),
-        executor=executor, metrics=metrics,
+        api, caches=caches, recorder=EventRecorder(api, "bench"), metrics=metrics,
+        config=lambda: config,
     )  # fmt: skip
-    intake = ControllerIntake(reconciler, nodes, records, synced=lambda: True, leading=lambda: True)
+    fleet = Fleet(lambda: config)
+    fleet.watch(nodes, pods, records)
+    reconciler = Reconciler(
+        config=lambda: config, nodes=nodes, pods=pods, records=records, fleet=fleet,
+        external=ExternalSignals(config.external_signal_ttl_seconds), executor=executor,
+        metrics=metrics,
+    )  # fmt: skip
+    queue = WorkQueue()
+    intake = ControllerIntake(
+        reconciler, nodes, records, enqueue=queue.add, synced=lambda: True, leading=lambda: True
+    )
     names = [
         f"ip-10-{i >> 8 & 255}-{i & 255}-{i % 7}.us-west-2.compute.internal"
         for i in range(args.nodes)

@@ -97,14 +97,19 @@ class NodeFinder:
         nodes: Store[NodeView],
         managed: Callable[[NodeView | None], bool],
         known: Iterable[str] = (),
+        *,
+        index: AddressIndex | None = None,
     ) -> None:
+        """`index`: one kept current elsewhere (the fleet's); else this finder keeps
+        its own, from the nodes in `known` and every change as it comes."""
         self.nodes = nodes
         self.managed = managed
-        self.index = AddressIndex()
-        # Nodes the store already holds, then every change as it comes.
-        for name in known:
-            self.index.on_node(None, nodes.get(name))
-        nodes.handlers.append(self.index.on_node)
+        if index is None:
+            index = AddressIndex()
+            for name in known:
+                index.on_node(None, nodes.get(name))
+            nodes.handlers.append(index.on_node)
+        self.index = index
 
     def find(self, label: str, value: str) -> str | None:
         if label == "instance":

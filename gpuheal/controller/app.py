@@ -24,10 +24,13 @@ from gpuheal.config import Config, ConfigError, load_config
 from gpuheal.controller.dcgm import queries as dcgm_queries
 from gpuheal.controller.dcgm_source import DcgmSource
 from gpuheal.controller.executor import Caches, Crashpoint, Executor
+from gpuheal.controller.fleet import Fleet
+from gpuheal.controller.handlers import EventHandlers
 from gpuheal.controller.intake import ControllerIntake
 from gpuheal.controller.notify import Notifier
 from gpuheal.controller.reconciler import Reconciler
 from gpuheal.controller.retention import RecordCollector
+from gpuheal.controller.signals import ExternalSignals
 from gpuheal.controller.worker import RECONCILE_FAILED, ReconcileFailures, work
 from gpuheal.kube.api import KubeApi, gpufault_path, node_path, pod_path
 from gpuheal.kube.events import EventRecorder, ObjectRef, node_ref
@@ -136,23 +139,33 @@ class Controller:
             caches=caches,
             recorder=self.recorder,
             metrics=self.metrics,
-            config=config,
+            config=lambda: self.config,
             crashpoint=Crashpoint.from_env(),
         )
         self.notifier = Notifier(config.notification_sinks, self.metrics.registry)
+        # The fleet's indexes see each event first, then the reconciler's memories,
+        # then the handlers that decide what to queue.
+        self.fleet = Fleet(lambda: self.config)
+        self.fleet.watch(self.nodes, self.pods, self.records)
+        self.external = ExternalSignals(config.external_signal_ttl_seconds)
         self.reconciler = Reconciler(
-            config=config,
+            config=lambda: self.config,
             nodes=self.nodes,
             pods=self.pods,
             records=self.records,
-            queue=self.queue,
+            fleet=self.fleet,
+            external=self.external,
             executor=self.executor,
             metrics=self.metrics,
             notify=self.notifier.notify,
             canaries=self.canaries.store,
             pods_synced=self.pods.synced.is_set,
         )
-        self.canaries.handlers.append(self.reconciler.on_canary)
+        self.handlers = EventHandlers(
+            self.queue, self.fleet, self.records, external_nodes=self.external.nodes
+        )
+        self.handlers.watch(self.nodes, self.pods, self.records, self.canaries)
+        _read_at_scrape(self.metrics, self.fleet, self.queue)
         self.collector = RecordCollector(
             api,
             records=self.records.values,
@@ -165,6 +178,7 @@ class Controller:
             self.reconciler,
             self.nodes,
             self.records,
+            enqueue=self.queue.add,
             synced=lambda: self.synced,
             leading=lambda: self.leading,
         )
@@ -249,7 +263,7 @@ class Controller:
 
     async def _start_leading(self) -> None:
         self.metrics.leader.set(1)
-        self.reconciler.active = True
+        self.handlers.active = True
         self._workers = [
             asyncio.create_task(
                 work(
@@ -263,12 +277,12 @@ class Controller:
             for i in range(self.config.workers)
         ]
         # Level-triggered start: look at every node once, whatever happened before we led.
-        self.reconciler.enqueue_all()
+        self.handlers.enqueue_all()
         self._collecting = asyncio.create_task(self.collector.run(), name="retention")
 
     async def _stop_leading(self) -> None:
         self.metrics.leader.set(0)
-        self.reconciler.active = False
+        self.handlers.active = False
         workers, self._workers = self._workers, []
         if self._collecting is not None:
             workers.append(self._collecting)
@@ -295,8 +309,8 @@ class Controller:
         caches (no API request): a safety net for a change no event announced."""
         while True:
             await asyncio.sleep(self.config.resync_seconds)
-            if self.reconciler.active:
-                self.reconciler.enqueue_all()
+            if self.handlers.active:
+                self.handlers.enqueue_all()
                 log.debug("resync", extra={"queued": len(self.queue)})
 
     async def _watch_api_tokens(self) -> None:
@@ -328,8 +342,13 @@ class Controller:
             return False
         if config.leader_election != self.config.leader_election:
             log.warning("leaderElection changes need a restart; the rest is applied")
+        # What reads the config where it needs it (fleet, reconciler, executor,
+        # retention) sees the new one from here; the rest takes it here.
         self.config = config
-        self.reconciler.apply_config(config)
+        self.queue.set_backoff(
+            config.eviction_retry_base_seconds, config.eviction_retry_max_seconds
+        )
+        self.external.ttl_s = config.external_signal_ttl_seconds
         self.notifier.sinks = config.notification_sinks
         self.api_tokens.use(config.api_token_file)
         if self._http is not None:
@@ -337,7 +356,7 @@ class Controller:
                 log.warning("apiMaxBodyBytes changes need a restart; the rest is applied")
             self._http.configure(_api_settings(config, self._http.settings.max_body_bytes))
         log.info("config reloaded", extra={"mode": config.mode.value})
-        self.reconciler.enqueue_all()  # a mode switch applies to what is open now
+        self.handlers.enqueue_all()  # a mode switch applies to what is open now
         return True
 
     async def _watch_config(self, path: Path, hangup: asyncio.Event) -> None:
@@ -413,6 +432,15 @@ class Controller:
         await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         for future in waiting:
             future.cancel()
+
+
+def _read_at_scrape(metrics: ControllerMetrics, fleet: Fleet, queue: WorkQueue) -> None:
+    """The fleet's gauges read the indexes when scraped, not pushed on each event."""
+    metrics.quarantined_nodes.set_function(lambda: len(fleet.quarantined))
+    metrics.unmanaged_gpu_nodes.set_function(lambda: len(fleet.unmanaged))
+    metrics.held_faults.set_function(lambda: len(fleet.held))
+    metrics.breaker_open.set_function(lambda: 1 if fleet.held else 0)
+    metrics.queue_depth.set_function(lambda: len(queue))
 
 
 def _api_settings(config: Config, max_body_bytes: int | None = None) -> ApiSettings:

@@ -207,14 +207,14 @@ class Executor:
         caches: Caches,
         recorder: EventRecorder,
         metrics: ControllerMetrics,
-        config: Config,
+        config: Callable[[], Config],
         crashpoint: Crashpoint | None = None,
     ) -> None:
         self.api = api
         self.caches = caches
         self.recorder = recorder
         self.metrics = metrics
-        self.config = config
+        self.config = config  # the controller's current config, read where needed
         self.crashpoint = crashpoint or Crashpoint(None)
         self._blocked_reported: set[str] = set()
 
@@ -417,7 +417,7 @@ class Executor:
         resourceID, episode are in its name), as for node faults."""
         rec = action.record
         await self._create_lock(
-            rec.name, writes.device_record(rec, self.config.mode_for(rec.reason))
+            rec.name, writes.device_record(rec, self.config().mode_for(rec.reason))
         )
         self.metrics.faults_detected.labels(rec.source, rec.reason, rec.severity.value).inc()
         if rec.contact_support:
@@ -444,7 +444,7 @@ class Executor:
         return "marked"
 
     async def _create_canary(self, action: CreateCanary) -> str:
-        cfg = self.config.device_health
+        cfg = self.config().device_health
         body = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -481,7 +481,9 @@ class Executor:
 
     async def _delete_canary(self, action: DeleteCanary) -> str:
         try:
-            await self.api.delete(pod_path(self.config.device_health.canary_namespace, action.name))
+            await self.api.delete(
+                pod_path(self.config().device_health.canary_namespace, action.name)
+            )
         except ApiError as err:
             if err.code != 404:
                 raise
@@ -694,7 +696,7 @@ class Executor:
             pod,
             EVICTED,
             f"deleted GPU pod {pod.key} for fault {action.fault_id}: eviction stayed "
-            f"blocked for {self.config.eviction_delete_after_seconds:g}s",
+            f"blocked for {self.config().eviction_delete_after_seconds:g}s",
             action="Delete",
         )
         return "deleted"

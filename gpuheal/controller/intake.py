@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from typing import Any
 
 from gpuheal.controller.addresses import NodeFinder
@@ -22,15 +23,17 @@ class ControllerIntake:
         nodes: Store[NodeView],
         records: Store[FaultRecord],
         *,
+        enqueue: Callable[[str], None],
         synced: Any,
         leading: Any,
     ) -> None:
         self.reconciler = reconciler
         self.nodes = nodes
         self.records = records
+        self.enqueue = enqueue  # a signal taken or dropped is news about its node
         self._synced = synced
         self._leading = leading
-        self.finder = NodeFinder(nodes, self._managed, known=list(reconciler.fleet.gpu_nodes))
+        self.finder = NodeFinder(nodes, self._managed, index=reconciler.fleet.addresses)
 
     def synced(self) -> bool:
         return bool(self._synced())
@@ -56,7 +59,7 @@ class ControllerIntake:
 
     def submit(self, signal: FaultSignal) -> bool:
         new = self.reconciler.external.add(signal)
-        self.reconciler.queue.add(signal.node)
+        self.enqueue(signal.node)
         return new
 
     def resolve(self, node: str, fault_id: str | None, source: str | None) -> int:
@@ -70,7 +73,7 @@ class ControllerIntake:
             if fault_id is None or s.fault_id == fault_id
         )
         if count:
-            self.reconciler.queue.add(node)
+            self.enqueue(node)
         return count
 
     async def answer(self, wanted: str, decision: str, by: str) -> tuple[int, dict[str, Any]]:

@@ -1,8 +1,12 @@
 """A reconcile worker: take a node from the queue, reconcile it, requeue it as
 the result says. Several run side by side while this replica leads.
 
-A reconcile that fails is retried with the queue's per-node exponential
-backoff. Every failure is counted by reason; the first failure of a streak is
+The worker alone keeps the queue's books for a node (as controller-runtime's
+does): a failure, or a Result asking for a rate-limited retry, is retried after
+the node's exponential backoff; any other Result ends the backoff streak and the
+node is looked at again when it asks (`requeue_after`), else when an event says.
+
+Every failure is counted by reason; the first failure of a streak is
 logged (with the traceback only when it is not an answer from the API server)
 and put on the Node as a Warning Event; the repeats are logged only when the
 reason changes or once per `repeat_s`, with how many went untold.
@@ -14,6 +18,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+from gpuheal.controller.result import Result
 from gpuheal.kube.api import NotLeaderError
 from gpuheal.kube.failures import UNEXPECTED, Streaks, describe, failure_reason
 from gpuheal.kube.workqueue import WorkQueue
@@ -80,9 +85,19 @@ class ReconcileFailures:
             )
 
 
+def requeue(queue: WorkQueue, key: str, result: Result) -> None:
+    """Turn a reconcile's Result into the queue's bookkeeping for its node."""
+    if result.rate_limited:
+        queue.add_rate_limited(key)
+    else:
+        queue.forget(key)
+    if result.requeue_after is not None:
+        queue.add_after(key, result.requeue_after)  # the earliest pending look wins
+
+
 async def work(
     queue: WorkQueue,
-    reconcile: Callable[[str], Awaitable[float | None]],
+    reconcile: Callable[[str], Awaitable[Result]],
     *,
     not_leader_retry_s: float,
     failures: ReconcileFailures,
@@ -91,7 +106,7 @@ async def work(
     while True:
         key = await queue.get()
         try:
-            again = await reconcile(key)
+            result = await reconcile(key)
         except NotLeaderError:
             # The lease looked stale for a moment (a renewal slower than the renew
             # deadline) and the write gate refused; nothing was written. Keep the key:
@@ -105,7 +120,6 @@ async def work(
             failures.failed(key, err, queue.add_rate_limited(key))
         else:
             failures.succeeded(key)
-            if again is not None:
-                queue.add_after(key, again)
+            requeue(queue, key, result)
         finally:
             queue.done(key)

@@ -10,7 +10,7 @@ the record (the lock) first, the durable record of an action after the action.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from gpuheal import values
@@ -42,6 +42,7 @@ from gpuheal.policy.clock import iso, parse_time
 from gpuheal.policy.gate import GATE_FAILED, GateResult, evaluate, facts_from_views
 from gpuheal.policy.history import opened_at
 from gpuheal.policy.nodes import in_maintenance
+from gpuheal.policy.recent import handled_lately
 from gpuheal.policy.signals import fault_signal
 
 # Event reasons (docs/controller.md, "Observability").
@@ -170,13 +171,38 @@ Action = (
 
 @dataclass(frozen=True)
 class Plan:
-    actions: tuple[Action, ...] = ()
+    """A node's actions in stages, each named for what it does and run in this order
+    (the order of the safety rules): `record`, the fault's record (the lock) and
+    what is decided about records before the node is touched; `fence`, our taint
+    on the node with its record entry and Event; `drain`, the GPU pods evicted (or
+    deleted) with the drain round's record entry; `mark`, the node marked handled
+    and its record drained; `release`, the way back (recovery window, health gate,
+    untaint) and our state label following our taint.
+
+    The controller runs the stages by name: a new quarantine's fence under the
+    breaker lock, its drain on the node's next turn."""
+
+    record: tuple[Action, ...] = ()
+    fence: tuple[Action, ...] = ()
+    drain: tuple[Action, ...] = ()
+    mark: tuple[Action, ...] = ()
+    release: tuple[Action, ...] = ()
     requeue_after: float | None = None
     # Why nothing (more) is done: a dedupe layer or a rule; logged and counted.
     suppressed: str | None = None
-    # The plan starts a quarantine: take a rate-limit token before running it.
+    # The plan starts a quarantine: take a rate-limit token before its fence.
     new_quarantine: bool = False
     fault_id: str = ""
+
+    @property
+    def actions(self) -> tuple[Action, ...]:
+        """Every stage's actions, in order."""
+        return self.record + self.fence + self.drain + self.mark + self.release
+
+    @property
+    def moves_pods(self) -> bool:
+        """The drain evicts or deletes a pod now (not only records pods already leaving)."""
+        return any(isinstance(a, Evict | DeletePod) for a in self.drain)
 
 
 @dataclass(frozen=True)
@@ -196,6 +222,9 @@ class NodeState:
     # Driver versions of the other GPU nodes of this node's pool (version -> nodes),
     # for the health gate's driver check.
     pool_drivers: Mapping[str, int] = field(default_factory=dict)
+    # Fault ids this controller marked handled on this node within dedupeTtlSeconds
+    # (its memory: empty after a restart), for the recently-handled rule.
+    handled_lately: frozenset[str] = frozenset()
 
 
 def _entry(now: dt.datetime, action: str, result: str = "ok", detail: str = "") -> ActionEntry:
@@ -205,14 +234,17 @@ def _entry(now: dt.datetime, action: str, result: str = "ok", detail: str = "") 
 
 
 def plan(state: NodeState, config: Config, now: dt.datetime) -> Plan:
+    """The node's plan; its current signal is decided here, once."""
     node = state.node
+    signal = current_signal(state, config)
+    if signal is not None and handled_lately(node, signal, state.handled_lately, config):
+        return Plan(suppressed="memory", fault_id=signal.fault_id)
     if node.labels.get(MANAGED_LABEL) == "false":
         return Plan(suppressed="opt-out")
     if in_maintenance(node.labels):
         # A person took the node out (`gpuheal maintenance`): what it reports meanwhile
         # is the work being done, not a fault. `maintenance finish` gates its return.
         return Plan(suppressed="maintenance")
-    signal = current_signal(state, config)
     if signal is None:
         decided = _recover(state, config, now)
     else:
@@ -229,7 +261,7 @@ def _label_follows_taint(node: NodeView, decided: Plan) -> Plan:
     if any(isinstance(a, AddTaint | RemoveTaint) for a in decided.actions):
         return decided
     # Without our taint on the node, the executor's RemoveTaint removes the label alone.
-    return replace(decided, actions=(*decided.actions, RemoveTaint(node.name)))
+    return replace(decided, release=(*decided.release, RemoveTaint(node.name)))
 
 
 def current_signal(state: NodeState, config: Config) -> FaultSignal | None:
@@ -296,7 +328,7 @@ def _escalation(fault: _Fault, config: Config, now: dt.datetime) -> list[Action]
 def plan_node_gone(records: tuple[FaultRecord, ...], now: dt.datetime) -> Plan:
     """The Node object was deleted: close its open records (nothing left to act on)."""
     return Plan(
-        actions=tuple(
+        record=tuple(
             UpdateRecord(r.name, Phase.RESOLVED, _entry(now, "node-deleted"))
             for r in records
             if r.open
@@ -343,7 +375,8 @@ def _remediate(  # noqa: PLR0911 -- one return per rule reads best here
         fence = _p1_fence(fault, config, now)
         return _with(
             base,
-            actions + fence,
+            actions,
+            fence=fence,
             suppressed=None if fence else "watching",
             requeue_after=max(remaining, 0.1),
             new_quarantine=_quarantines(fence),
@@ -405,10 +438,11 @@ def _first_sight(  # noqa: PLR0911 -- one return per rule, as in _remediate
     if watching and mode is not Mode.OBSERVE:
         # P1: notify now, act only if it is still there after the observation window.
         fence = _p1_fence(fault, config, now)
-        actions += [CreateRecord(name, signal, Phase.DETECTED, mode), *announced, *fence]
+        actions += [CreateRecord(name, signal, Phase.DETECTED, mode), *announced]
         return _with(
             base,
             actions,
+            fence=fence,
             requeue_after=config.p1_escalation_seconds,
             new_quarantine=_quarantines(fence),
         )
@@ -652,21 +686,24 @@ def _quarantines(actions: list[Action]) -> bool:
 def _advance(
     fault: _Fault, config: Config, now: dt.datetime, actions: list[Action], base: Plan
 ) -> Plan:
-    taint_actions, respected = _quarantine_step(fault, config, now)
-    actions += taint_actions
-    new_quarantine = _quarantines(taint_actions)
+    fence, respected = _quarantine_step(fault, config, now)
+    new_quarantine = _quarantines(fence)
     node, signal = fault.state.node, fault.signal
+    handled = [] if fault.handled else [MarkHandled(node.name, signal.fault_id)]
     if respected:
-        if not fault.handled:
-            actions.append(MarkHandled(node.name, signal.fault_id))
-        return _with(base, actions, suppressed="manual-untaint")
+        return _with(base, actions, fence=fence, mark=handled, suppressed="manual-untaint")
     if fault.mode is Mode.QUARANTINE:
-        if not fault.handled:
-            actions.append(MarkHandled(node.name, signal.fault_id))
-        return _with(base, actions, new_quarantine=new_quarantine)
-    drain_actions, requeue = _drain_step(fault, config, now)
-    actions += drain_actions
-    return _with(base, actions, new_quarantine=new_quarantine, requeue_after=requeue)
+        return _with(base, actions, fence=fence, mark=handled, new_quarantine=new_quarantine)
+    drain, mark, requeue = _drain_step(fault, config, now)
+    return _with(
+        base,
+        actions,
+        fence=fence,
+        drain=drain,
+        mark=mark,
+        new_quarantine=new_quarantine,
+        requeue_after=requeue,
+    )
 
 
 def _quarantine_step(
@@ -738,9 +775,9 @@ def _quarantine_step(
 
 def _drain_step(
     fault: _Fault, config: Config, now: dt.datetime
-) -> tuple[list[Action], float | None]:
-    """Evict the GPU pods; once none is left, mark handled. Also when to look again
-    (None: drained)."""
+) -> tuple[list[Action], list[Action], float | None]:
+    """Evict the GPU pods (the drain); once none is left, mark handled (the mark).
+    Also when to look again (None: drained)."""
     state, signal, record = fault.state, fault.signal, fault.record
     gpu_pods = _gpu_pods(state)
     to_evict = [p for p in gpu_pods if not p.deleting]
@@ -771,13 +808,13 @@ def _drain_step(
         for wait in waits.values():
             if wait > 0:
                 requeue = _soonest(requeue, wait)
-        return actions, requeue
+        return actions, [], requeue
     # Drained: only now mark the fault handled, then its record.
     if not fault.handled:
         actions.append(MarkHandled(state.node.name, signal.fault_id))
     if record.phase is not Phase.DRAINED:
         actions.append(UpdateRecord(record.name, Phase.DRAINED, _entry(now, "drain")))
-    return actions, None
+    return [], actions, None
 
 
 def _refusal(pod: PodView, fault: _Fault) -> Blocked | None:
@@ -866,7 +903,7 @@ def _recover(state: NodeState, config: Config, now: dt.datetime) -> Plan:
                 record.name,
             ),
         ]
-    return Plan(actions=tuple(actions), requeue_after=requeue)
+    return Plan(release=tuple(actions), requeue_after=requeue)
 
 
 def _cleared(record: FaultRecord, now: dt.datetime) -> ActionEntry:
@@ -923,14 +960,20 @@ def _soonest(current: float | None, candidate: float) -> float:
 
 def _with(
     base: Plan,
-    actions: list[Action],
+    record: Sequence[Action],
     *,
+    fence: Sequence[Action] = (),
+    drain: Sequence[Action] = (),
+    mark: Sequence[Action] = (),
     suppressed: str | None = None,
     requeue_after: float | None = None,
     new_quarantine: bool = False,
 ) -> Plan:
     return Plan(
-        actions=tuple(actions),
+        record=tuple(record),
+        fence=tuple(fence),
+        drain=tuple(drain),
+        mark=tuple(mark),
         requeue_after=requeue_after,
         suppressed=suppressed,
         new_quarantine=new_quarantine,

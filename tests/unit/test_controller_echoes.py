@@ -9,12 +9,15 @@ record) a loop of about 10 evictions and 10 record writes a second.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import cast
 
 from gpuheal.config import Config
 from gpuheal.controller.executor import Caches, Executor
+from gpuheal.controller.fleet import Fleet
+from gpuheal.controller.handlers import EventHandlers, reconciling
 from gpuheal.controller.reconciler import Reconciler
+from gpuheal.controller.signals import ExternalSignals
 from gpuheal.kube.api import KubeApi, gpufault_path, node_path
 from gpuheal.kube.events import EventRecorder
 from gpuheal.kube.informer import Informer
@@ -25,9 +28,19 @@ from gpuheal.model import FaultRecord, NodeView, Phase, PodView
 from tests.corpus import EKS_NODE, GKE_NODE
 
 
-def _reconciler() -> tuple[
-    Reconciler, Informer[FaultJson, FaultRecord], Informer[PodJson, PodView]
-]:
+@dataclass
+class Loop:
+    """The controller's loop over in-memory informers: indexes, handlers, reconciler."""
+
+    reconciler: Reconciler
+    handlers: EventHandlers
+    fleet: Fleet
+    queue: WorkQueue
+    external: ExternalSignals
+    nodes: Informer[NodeJson, NodeView]
+
+
+def _reconciler() -> tuple[Loop, Informer[FaultJson, FaultRecord], Informer[PodJson, PodView]]:
     api = cast(KubeApi, None)  # nothing here talks to a server
     config = Config()
     nodes: Informer[NodeJson, NodeView] = Informer(
@@ -48,19 +61,29 @@ def _reconciler() -> tuple[
         put_pod=lambda v: pods.upsert(v, v.resource_version),
     )
     executor = Executor(
-        api, caches=caches, recorder=EventRecorder(api, "unit"), metrics=metrics, config=config
+        api,
+        caches=caches,
+        recorder=EventRecorder(api, "unit"),
+        metrics=metrics,
+        config=lambda: config,
     )
+    fleet, queue = Fleet(lambda: config), WorkQueue()
+    fleet.watch(nodes, pods, records)
+    external = ExternalSignals(config.external_signal_ttl_seconds)
     reconciler = Reconciler(
-        config=config,
+        config=lambda: config,
         nodes=nodes,
         pods=pods,
         records=records,
-        queue=WorkQueue(),
+        fleet=fleet,
+        external=external,
         executor=executor,
         metrics=metrics,
     )
-    reconciler.active = True
-    return reconciler, records, pods
+    handlers = EventHandlers(queue, fleet, records, external_nodes=external.nodes)
+    handlers.watch(nodes, pods, records)
+    handlers.active = True
+    return Loop(reconciler, handlers, fleet, queue, external, nodes), records, pods
 
 
 def _record(node: str, version: str) -> FaultRecord:
@@ -69,21 +92,21 @@ def _record(node: str, version: str) -> FaultRecord:
 
 def test_our_own_writes_while_reconciling_a_node_do_not_queue_it_again() -> None:
     async def run() -> None:
-        reconciler, records, pods = _reconciler()
-        with reconciler.reconciling(EKS_NODE):
+        loop, records, pods = _reconciler()
+        with reconciling(EKS_NODE):
             records.upsert(_record(EKS_NODE, "10"), "10")  # our status write
             pod = PodView("ml", "trainer-0", "uid-0", EKS_NODE, "Running", "11", gpu=True)
             pods.upsert(pod, "11")
             # Another node's change seen meanwhile is news.
             records.upsert(_record(GKE_NODE, "12"), "12")
-        assert reconciler.echoes_ignored == 2
-        assert len(reconciler.queue) == 1
-        assert await reconciler.queue.get() == GKE_NODE
+        assert loop.handlers.echoes_ignored == 2
+        assert len(loop.queue) == 1
+        assert await loop.queue.get() == GKE_NODE
         # The same kind of change from anyone else (a watch event, outside any
         # reconcile) queues the node.
         records.upsert(_record(EKS_NODE, "13"), "13")
-        assert len(reconciler.queue) == 1
-        assert reconciler.fleet.records_by_node[EKS_NODE]  # the indexes saw every write
+        assert len(loop.queue) == 1
+        assert loop.fleet.records_by_node[EKS_NODE]  # the indexes saw every write
 
     asyncio.run(run())
 
@@ -93,20 +116,19 @@ def test_retention_deleting_closed_records_queues_no_node() -> None:
     reconciles ahead of a fault; an open record deleted (by a person) is news."""
 
     async def run() -> None:
-        reconciler, records, _ = _reconciler()
+        loop, records, _ = _reconciler()
         closed = replace(_record(EKS_NODE, "20"), phase=Phase.RESOLVED)
         records.upsert(closed, "20")
-        reconciler.queue.done(await reconciler.queue.get())  # its creation was news
+        loop.queue.done(await loop.queue.get())  # its creation was news
         records._apply(closed.name, None, "21")  # the watch's DELETED event
-        assert len(reconciler.queue) == 0
+        assert len(loop.queue) == 0
         assert (
-            EKS_NODE not in reconciler.fleet.records_by_node
-            or not (reconciler.fleet.records_by_node[EKS_NODE])
+            EKS_NODE not in loop.fleet.records_by_node or not (loop.fleet.records_by_node[EKS_NODE])
         )
         opened = _record(GKE_NODE, "22")
         records.upsert(opened, "22")
-        reconciler.queue.done(await reconciler.queue.get())
+        loop.queue.done(await loop.queue.get())
         records._apply(opened.name, None, "23")
-        assert len(reconciler.queue) == 1
+        assert len(loop.queue) == 1
 
     asyncio.run(run())

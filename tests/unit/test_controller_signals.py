@@ -37,19 +37,20 @@ def test_the_reconcile_of_a_node_holding_a_signal_answers_when_it_expires() -> N
     # Before: nothing looked at the node when its alert expired, so a quarantine
     # caused only by the alert stayed until some unrelated event touched the node.
     async def run() -> None:
-        reconciler, _records, _pods = _reconciler()
-        reconciler.external.ttl_s = 120
+        loop, _records, _pods = _reconciler()
+        reconciler = loop.reconciler
+        loop.external.ttl_s = 120
         # A node the controller does not manage (no GPU label): no plan, no request.
-        nodes = reconciler.nodes
+        nodes = loop.nodes
         assert isinstance(nodes, Informer)
         nodes.upsert(NodeView(EKS_NODE, "1"), "1")
-        assert await reconciler.reconcile(EKS_NODE) is None
-        reconciler.external.add(_alert())
-        again = await reconciler.reconcile(EKS_NODE)
+        assert (await reconciler.reconcile(EKS_NODE)).requeue_after is None
+        loop.external.add(_alert())
+        again = (await reconciler.reconcile(EKS_NODE)).requeue_after
         assert again is not None and 119 < again <= 120
         # A node deleted meanwhile: its expiry still ends the signal, once.
-        reconciler.external.add(_alert(GKE_NODE), now=0.0)
-        assert await reconciler.reconcile(GKE_NODE) is None  # long expired
-        assert reconciler.external.nodes() == [EKS_NODE]
+        loop.external.add(_alert(GKE_NODE), now=0.0)
+        assert (await reconciler.reconcile(GKE_NODE)).requeue_after is None  # long expired
+        assert loop.external.nodes() == [EKS_NODE]
 
     asyncio.run(run())

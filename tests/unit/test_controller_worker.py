@@ -13,6 +13,7 @@ import time
 import aiohttp
 import pytest
 
+from gpuheal.controller.result import Result
 from gpuheal.controller.worker import ReconcileFailures, work
 from gpuheal.kube.api import ApiError, NotLeaderError
 from gpuheal.kube.credentials import CredentialError
@@ -65,7 +66,7 @@ async def _run(
     seen: list[tuple[str, float]] = []
     done = asyncio.Event()
 
-    async def reconcile(key: str) -> float | None:
+    async def reconcile(key: str) -> Result:
         seen.append((key, time.monotonic()))
         result = reconcile_results[key].pop(0)
         if not reconcile_results[key] and all(not r for r in reconcile_results.values()):
@@ -73,7 +74,7 @@ async def _run(
         if isinstance(result, BaseException):
             raise result
         assert result is None or isinstance(result, float)
-        return result
+        return Result(requeue_after=result)
 
     worker = asyncio.create_task(work(queue, reconcile, not_leader_retry_s=0.01, failures=failures))
     for key in keys:

@@ -10,7 +10,7 @@ from dataclasses import replace
 import msgspec
 
 from gpuheal.config import Config, HealthGateConfig
-from gpuheal.controller.reconciler import Fleet
+from gpuheal.controller.fleet import Fleet
 from gpuheal.kube.projections import PodJson, decode_node, device_plugin_matcher, pod_view_factory
 from gpuheal.model import (
     DRIVER_VERSION,
@@ -140,7 +140,7 @@ def test_a_manual_untaint_resolves_without_the_gate() -> None:
 
 
 def test_the_breaker_counts_only_the_fault_taint_not_maintenance() -> None:
-    fleet = Fleet(Config(node_selector={"nvidia.com/gpu.present": "true"}))
+    fleet = Fleet(lambda: Config(node_selector={"nvidia.com/gpu.present": "true"}))
     fleet.on_node(None, in_maintenance(node("m1", taints=())))
     fleet.on_node(None, node("q1"))
     assert fleet.gpu_nodes == {"m1", "q1"}
@@ -151,7 +151,7 @@ def test_the_breaker_counts_only_the_fault_taint_not_maintenance() -> None:
 
 
 def test_the_fleet_keeps_driver_versions_per_pool() -> None:
-    fleet = Fleet(Config(node_selector={"nvidia.com/gpu.present": "true"}))
+    fleet = Fleet(lambda: Config(node_selector={"nvidia.com/gpu.present": "true"}))
     views = [
         node(f"n{i}", annotations={DRIVER_VERSION: v}) for i, v in enumerate(("550", "550", "535"))
     ]

@@ -1,0 +1,149 @@
+"""The fleet's indexes over the informer caches, kept current by their change
+handlers: which nodes are GPU nodes, quarantined or unmanaged; each node's pods
+and GPUFault records; held faults; driver versions per pool; nodes by address.
+
+Facts the breaker and the health gate need about the whole fleet, and lookups
+that would otherwise scan every cache on every reconcile or alert.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Callable
+
+from gpuheal.config import Config
+from gpuheal.controller.addresses import AddressIndex
+from gpuheal.kube.informer import Store
+from gpuheal.model import MANAGED_LABEL, FaultRecord, NodeView, Phase, PodView
+from gpuheal.policy.nodes import gpu_node
+from gpuheal.policy.pools import driver_version, pool_of
+
+
+class Fleet:
+    """Indexes over the caches; `config` is read when an event comes (a reloaded
+    nodeSelector applies to the nodes' next events)."""
+
+    def __init__(self, config: Callable[[], Config]) -> None:
+        self.config = config
+        self.gpu_nodes: set[str] = set()
+        # Nodes with GPUs that the nodeSelector does not match (and not opted out):
+        # their faults do nothing, which must not go unsaid.
+        self.unmanaged: set[str] = set()
+        self.quarantined: set[str] = set()
+        self.pods_by_node: dict[str, set[str]] = defaultdict(set)
+        self.records_by_node: dict[str, set[str]] = defaultdict(set)
+        self.held: set[str] = set()  # record names in phase Held
+        # Driver versions per pool, for the health gate: node -> (pool, version),
+        # and per pool the count of each version.
+        self.driver_of: dict[str, tuple[str, str]] = {}
+        self.pool_drivers: dict[str, Counter[str]] = defaultdict(Counter)
+        # Every node by name and address, for alerts that name a scrape target.
+        self.addresses = AddressIndex()
+
+    def watch(
+        self, nodes: Store[NodeView], pods: Store[PodView], records: Store[FaultRecord]
+    ) -> None:
+        """Keep the indexes current: called before anything else that handles the
+        same events, so that those handlers see them current."""
+        nodes.handlers.append(self.on_node)
+        pods.handlers.append(self.on_pod)
+        records.handlers.append(self.on_record)
+
+    def selected(self, node: NodeView) -> bool:
+        return gpu_node(node.labels, node.gpus, self.config())
+
+    def has_gpus(self, node: NodeView) -> bool:
+        """GPU capacity (nvidia.com/gpu), or allocatable GPU resources (MIG profiles)."""
+        config = self.config()
+        return node.gpus > 0 or any(
+            n > 0 and config.is_gpu_resource(name) for name, n in node.allocatable
+        )
+
+    def unmanaged_gpu_node(self, node: NodeView) -> bool:
+        return (
+            not self.selected(node)
+            and node.labels.get(MANAGED_LABEL) != "false"
+            and self.has_gpus(node)
+        )
+
+    def on_node(self, old: NodeView | None, new: NodeView | None) -> None:
+        self.addresses.on_node(old, new)
+        if new is None:
+            if old is not None:
+                self.gpu_nodes.discard(old.name)
+                self.unmanaged.discard(old.name)
+                self.quarantined.discard(old.name)
+                self._note_driver(old.name, None)
+            return
+        if self.selected(new):
+            self.gpu_nodes.add(new.name)
+        else:
+            self.gpu_nodes.discard(new.name)
+        if self.unmanaged_gpu_node(new):
+            self.unmanaged.add(new.name)
+        else:
+            self.unmanaged.discard(new.name)
+        # Only the fault taint counts for the breaker: a node in maintenance carries
+        # the maintenance taint, which is a person's decision, not a fault.
+        if new.taint() is not None and new.name in self.gpu_nodes:
+            self.quarantined.add(new.name)
+        else:
+            self.quarantined.discard(new.name)
+        version = driver_version(new.labels, new.annotations)
+        selected = new.name in self.gpu_nodes and version
+        self._note_driver(
+            new.name, (pool_of(new.labels, self.config()), version) if selected else None
+        )
+
+    def _note_driver(self, node: str, entry: tuple[str, str] | None) -> None:
+        old = self.driver_of.pop(node, None)
+        if old is not None:
+            counts = self.pool_drivers[old[0]]
+            counts[old[1]] -= 1
+            if counts[old[1]] <= 0:
+                del counts[old[1]]
+            if not counts:
+                del self.pool_drivers[old[0]]
+        if entry is not None:
+            self.driver_of[node] = entry
+            self.pool_drivers[entry[0]][entry[1]] += 1
+
+    def drivers_besides(self, node: NodeView) -> dict[str, int]:
+        """Driver versions of the other nodes of the node's pool: version -> nodes."""
+        counts = Counter(self.pool_drivers.get(pool_of(node.labels, self.config()), {}))
+        own = self.driver_of.get(node.name)
+        if own is not None:
+            counts[own[1]] -= 1
+        return {version: n for version, n in counts.items() if n > 0}
+
+    def on_pod(self, old: PodView | None, new: PodView | None) -> None:
+        if old is not None and old.node and (new is None or new.node != old.node):
+            self.pods_by_node[old.node].discard(old.key)
+            if not self.pods_by_node[old.node]:
+                del self.pods_by_node[old.node]
+        if new is not None and new.node:
+            self.pods_by_node[new.node].add(new.key)
+
+    def on_record(self, old: FaultRecord | None, new: FaultRecord | None) -> None:
+        if old is not None and (new is None or new.node != old.node):
+            self.records_by_node[old.node].discard(old.name)
+        if new is not None:
+            self.records_by_node[new.node].add(new.name)
+            if new.phase is Phase.HELD:
+                self.held.add(new.name)
+            else:
+                self.held.discard(new.name)
+        elif old is not None:
+            self.held.discard(old.name)
+
+    def records_of(self, node: str, records: Store[FaultRecord]) -> tuple[FaultRecord, ...]:
+        """The node's records, as the cache holds them now."""
+        return tuple(
+            r for name in self.records_by_node.get(node, ()) if (r := records.get(name)) is not None
+        )
+
+    def has_open_record(self, node: str, records: Store[FaultRecord]) -> bool:
+        return any(
+            (r := records.get(name)) is not None and r.open
+            for name in self.records_by_node.get(node, ())
+        )

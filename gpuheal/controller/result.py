@@ -1,0 +1,28 @@
+"""What a reconcile answers about its node, for the worker to turn into queue
+bookkeeping (controller-runtime's reconcile.Result): the reconcile itself never
+touches the queue."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Result:
+    # Look at the node again after this many seconds (0: at once); None: only
+    # when an event or the resync brings it back.
+    requeue_after: float | None = None
+    # Look at it again after its backoff, which grows with each such answer in a
+    # row (a refused device eviction); failures take the same backoff.
+    rate_limited: bool = False
+
+    def combine(self, other: Result) -> Result:
+        """Both answers at once: the sooner look, rate-limited if either asks."""
+        afters = [a for a in (self.requeue_after, other.requeue_after) if a is not None]
+        return Result(
+            requeue_after=min(afters) if afters else None,
+            rate_limited=self.rate_limited or other.rate_limited,
+        )
+
+
+DONE = Result()

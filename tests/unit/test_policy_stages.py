@@ -1,0 +1,95 @@
+"""A plan names its stages: the controller runs a new quarantine's fence under the
+breaker lock and its drain on the node's next turn by name, not by the position of
+an action of some kind in one list."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import replace
+
+from gpuheal.model import STATE_LABEL, Mode, Phase
+from gpuheal.policy.clock import iso
+from gpuheal.policy.plan import (
+    AddTaint,
+    CreateRecord,
+    Emit,
+    Evict,
+    MarkHandled,
+    NodeState,
+    Plan,
+    RemoveTaint,
+    UpdateRecord,
+    plan,
+)
+from tests.unit.test_policy_plan import CONFIG, NOW, faulty, gpu_pod, record, tainted
+
+
+def names(actions: tuple[object, ...]) -> list[str]:
+    return [type(a).__name__ for a in actions]
+
+
+def every_stage(p: Plan) -> tuple[object, ...]:
+    return p.record + p.fence + p.drain + p.mark + p.release
+
+
+def test_a_new_fault_in_full_mode_records_fences_then_drains() -> None:
+    pods = (gpu_pod("a"), gpu_pod("b"))
+    p = plan(NodeState(faulty(), pods=pods, gpu_nodes=10), CONFIG, NOW)
+    assert names(p.record) == ["CreateRecord", "Emit"]
+    assert names(p.fence) == ["AddTaint", "UpdateRecord", "Emit"]
+    assert names(p.drain) == ["Evict", "Evict", "UpdateRecord"]
+    assert p.mark == () and p.release == ()
+    assert p.new_quarantine and p.moves_pods
+    assert p.actions == every_stage(p)
+    assert isinstance(p.record[0], CreateRecord)  # the lock first
+    assert isinstance(p.fence[0], AddTaint)
+    assert all(isinstance(a, Evict) for a in p.drain[:-1])
+
+
+def test_a_node_without_gpu_pods_is_fenced_then_marked_in_one_pass() -> None:
+    p = plan(NodeState(faulty(), gpu_nodes=10), CONFIG, NOW)
+    assert names(p.fence) == ["AddTaint", "UpdateRecord", "Emit"]
+    assert p.drain == () and not p.moves_pods
+    assert names(p.mark) == ["MarkHandled", "UpdateRecord"]
+    drained = p.mark[1]
+    assert isinstance(drained, UpdateRecord) and drained.phase is Phase.DRAINED
+
+
+def test_quarantine_mode_fences_and_marks_without_a_drain() -> None:
+    config = replace(CONFIG, mode=Mode.QUARANTINE)
+    p = plan(NodeState(faulty(), pods=(gpu_pod("a"),), gpu_nodes=10), config, NOW)
+    assert names(p.fence)[0] == "AddTaint" and p.drain == ()
+    assert p.mark == (MarkHandled(faulty().name, p.fault_id),)
+
+
+def test_pods_only_terminating_make_a_drain_that_moves_none() -> None:
+    leaving = (replace(gpu_pod("a"), deleting=True),)
+    p = plan(NodeState(faulty(), pods=leaving, gpu_nodes=10), CONFIG, NOW)
+    assert names(p.drain) == ["UpdateRecord"] and not p.moves_pods
+
+
+def test_a_full_breaker_holds_the_fault_in_its_record_stage_alone() -> None:
+    config = replace(CONFIG, breaker_max_nodes=0)
+    p = plan(NodeState(faulty(), gpu_nodes=10), config, NOW)
+    assert names(p.record) == ["CreateRecord", "Emit", "Emit"]
+    assert p.fence == p.drain == p.mark == () and not p.new_quarantine
+
+
+def test_recovery_and_our_label_are_the_release() -> None:
+    since = iso(NOW - dt.timedelta(hours=1))  # past the recovery window
+    recovering = record(Phase.RECOVERING, recovering_since=since)
+    healed = replace(tainted(faulty()), annotations={})
+    p = plan(NodeState(healed, records=(recovering,)), CONFIG, NOW)
+    assert names(p.release) == ["RemoveTaint", "UpdateRecord", "Emit"]
+    assert p.record == p.fence == p.drain == p.mark == ()
+    # A person's untaint: noted (fence), marked, and our label follows (release).
+    labelled = replace(faulty(), labels={**faulty().labels, STATE_LABEL: "quarantined"})
+    respected = plan(NodeState(labelled, records=(record(Phase.DRAINED),)), CONFIG, NOW)
+    assert [names(respected.fence), names(respected.mark), names(respected.release)] == [
+        ["UpdateRecord"],
+        ["MarkHandled"],
+        ["RemoveTaint"],
+    ]
+    assert isinstance(respected.fence[0], UpdateRecord)
+    assert isinstance(respected.release[0], RemoveTaint)
+    assert not any(isinstance(a, Emit) for a in respected.actions)
