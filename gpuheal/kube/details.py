@@ -18,6 +18,9 @@ from typing import Any
 
 import msgspec
 
+# A container's resources are the same two maps in both projections.
+from gpuheal.kube.projections import Container
+
 
 class OwnerReference(msgspec.Struct):
     kind: str = ""
@@ -77,24 +80,19 @@ class Node(msgspec.Struct):
     status: NodeStatus = msgspec.field(default_factory=NodeStatus)
 
 
-class Resources(msgspec.Struct):
-    limits: dict[str, str] = {}
-    requests: dict[str, str] = {}
+class SelectorRequirement(msgspec.Struct):
+    """One requirement of a node selector term or a label selector: the API's
+    NodeSelectorRequirement and LabelSelectorRequirement have these same fields;
+    node selectors also allow Gt and Lt (ops/scheduling.py)."""
 
-
-class Container(msgspec.Struct):
-    resources: Resources = msgspec.field(default_factory=Resources)
-
-
-class NodeSelectorRequirement(msgspec.Struct):
     key: str
     operator: str
     values: list[str] = []
 
 
 class NodeSelectorTerm(msgspec.Struct):
-    matchExpressions: list[NodeSelectorRequirement] = []  # noqa: N815
-    matchFields: list[NodeSelectorRequirement] = []  # noqa: N815
+    matchExpressions: list[SelectorRequirement] = []  # noqa: N815
+    matchFields: list[SelectorRequirement] = []  # noqa: N815
 
 
 class NodeSelector(msgspec.Struct):
@@ -159,17 +157,11 @@ class Pod(msgspec.Struct):
     status: PodStatus = msgspec.field(default_factory=PodStatus)
 
 
-class LabelSelectorRequirement(msgspec.Struct):
-    key: str
-    operator: str
-    values: list[str] = []
-
-
 class LabelSelector(msgspec.Struct):
     """A metav1.LabelSelector (ops/scheduling.selector_matches)."""
 
     matchLabels: dict[str, str] = {}  # noqa: N815
-    matchExpressions: list[LabelSelectorRequirement] = []  # noqa: N815
+    matchExpressions: list[SelectorRequirement] = []  # noqa: N815
 
 
 class PdbSpec(msgspec.Struct):

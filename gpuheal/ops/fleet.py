@@ -46,7 +46,7 @@ def scheduled_gpus(containers: Iterable[int], init_containers: Iterable[int]) ->
     return max(sum(containers), max(init_containers, default=0))
 
 
-def _container_gpus(container: Container | details.Container, config: Config) -> int:
+def _container_gpus(container: Container, config: Config) -> int:
     return wanted_gpus(container.resources.limits, container.resources.requests, config)
 
 

@@ -17,13 +17,13 @@ from gpuheal.config import Config
 from gpuheal.kube.details import (
     LabelSelector,
     Node,
-    NodeSelectorRequirement,
     NodeSelectorTerm,
     Pod,
-    Resources,
+    SelectorRequirement,
     Taint,
     Toleration,
 )
+from gpuheal.kube.projections import Resources
 from gpuheal.ops.cluster import labels_of, name_of, quantity
 
 # Taints that keep pods away; PreferNoSchedule only steers.
@@ -72,7 +72,7 @@ def toleration_text(taint: Taint) -> str:
     return f"{{key: {taint.key}, operator: Exists, effect: {taint.effect}}}"
 
 
-def _requirement_matches(req: NodeSelectorRequirement, labels: Mapping[str, str]) -> bool:
+def _requirement_matches(req: SelectorRequirement, labels: Mapping[str, str]) -> bool:
     value = labels.get(req.key)
     values = list(req.values or ())
     if req.operator in ("Gt", "Lt"):
@@ -142,7 +142,7 @@ def constraint_text(pod: Pod) -> str:
 
 
 def _term_text(term: NodeSelectorTerm) -> str:
-    def one(r: NodeSelectorRequirement) -> str:
+    def one(r: SelectorRequirement) -> str:
         values = ",".join(r.values or ())
         return f"{r.key} {r.operator} ({values})" if values else f"{r.key} {r.operator}"
 

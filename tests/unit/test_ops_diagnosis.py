@@ -17,11 +17,11 @@ from gpuheal.config import Config, ConfigError, parse_config
 from gpuheal.kube.details import (
     Event,
     LabelSelector,
-    LabelSelectorRequirement,
     Node,
     Pod,
     PodDisruptionBudget,
     ResourceQuota,
+    SelectorRequirement,
     Taint,
     Toleration,
 )
@@ -666,9 +666,9 @@ def test_label_selectors() -> None:
     assert not selector_matches(None, labels)
     assert selector_matches(LabelSelector(), labels)
     assert selector_matches(LabelSelector(matchLabels={"app": "srv"}), labels)
-    expression = LabelSelectorRequirement(key="tier", operator="NotIn", values=["cpu"])
+    expression = SelectorRequirement(key="tier", operator="NotIn", values=["cpu"])
     assert selector_matches(LabelSelector(matchExpressions=[expression]), labels)
-    absent = LabelSelectorRequirement(key="tier", operator="DoesNotExist")
+    absent = SelectorRequirement(key="tier", operator="DoesNotExist")
     assert not selector_matches(LabelSelector(matchExpressions=[absent]), labels)
 
 
