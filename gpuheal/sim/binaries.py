@@ -10,41 +10,28 @@ ENV_DIR = "GPUHEAL_TESTENV_DIR"
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
+class _Binary:
+    """A file of the binaries' directory, read as an attribute (`binaries.etcd`)."""
+
+    def __init__(self, file: str) -> None:
+        self.file = file
+
+    def __get__(self, binaries: Binaries, owner: type[Binaries]) -> Path:
+        return binaries.directory / self.file
+
+
 @dataclass(frozen=True)
 class Binaries:
     directory: Path
 
-    @property
-    def etcd(self) -> Path:
-        return self.directory / "etcd"
-
-    @property
-    def kube_apiserver(self) -> Path:
-        return self.directory / "kube-apiserver"
-
-    @property
-    def kube_scheduler(self) -> Path:
-        return self.directory / "kube-scheduler"
-
-    @property
-    def kube_controller_manager(self) -> Path:
-        return self.directory / "kube-controller-manager"
-
-    @property
-    def kwok(self) -> Path:
-        return self.directory / "kwok"
-
-    @property
-    def kwok_stages(self) -> Path:
-        return self.directory / "kwok-stages.yaml"
-
-    @property
-    def kubectl(self) -> Path:
-        return self.directory / "kubectl"
-
-    @property
-    def helm(self) -> Path:
-        return self.directory / "helm"
+    etcd = _Binary("etcd")
+    kube_apiserver = _Binary("kube-apiserver")
+    kube_scheduler = _Binary("kube-scheduler")
+    kube_controller_manager = _Binary("kube-controller-manager")
+    kwok = _Binary("kwok")
+    kwok_stages = _Binary("kwok-stages.yaml")
+    kubectl = _Binary("kubectl")
+    helm = _Binary("helm")
 
 
 def default_binaries() -> Binaries:
