@@ -5,7 +5,6 @@ set in the past, which is what retention reads."""
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -13,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from gpuheal.kube import writes
-from gpuheal.kube.api import ApiError, KubeApi, gpufault_path
+from gpuheal.kube.api import KubeApi, gpufault_path
 from gpuheal.model import ActionEntry, FaultSignal, Mode, Phase, fault_record_name
 from gpuheal.policy.clock import iso
+from gpuheal.sim.bulk import create_new, write_each
 
 
 @dataclass(frozen=True)
@@ -45,32 +45,15 @@ class PastFault:
         )
 
 
-async def _create_all(kubeconfig: Path, faults: list[PastFault], concurrency: int) -> int:
-    api = KubeApi.from_kubeconfig(kubeconfig, timeout_s=60)
-    gate = asyncio.Semaphore(concurrency)
-    created = 0
-
-    async def create(fault: PastFault) -> None:
-        nonlocal created
-        body, status = fault.bodies()
-        async with gate:
-            try:
-                await api.create(gpufault_path(), body)
-            except ApiError as err:
-                if err.code != 409:
-                    raise
-            await api.patch(gpufault_path(fault.name, status=True), status)
-            created += 1
-
-    try:
-        await asyncio.gather(*(create(f) for f in faults))
-    finally:
-        await api.close()
-    return created
+async def _create(api: KubeApi, fault: PastFault) -> bool:
+    body, status = fault.bodies()
+    await create_new(api, gpufault_path(), body)
+    await api.patch(gpufault_path(fault.name, status=True), status)
+    return True
 
 
 def create_past_faults(
     kubeconfig: Path, faults: Iterable[PastFault], *, concurrency: int = 32
 ) -> int:
     """Create every record with its past history, `concurrency` at a time."""
-    return asyncio.run(_create_all(kubeconfig, list(faults), concurrency))
+    return write_each(kubeconfig, faults, _create, concurrency=concurrency)
