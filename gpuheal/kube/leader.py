@@ -141,12 +141,8 @@ class LeaderElector:
         spec["holderIdentity"] = self.identity
         spec["leaseDurationSeconds"] = int(self.lease_s)
         spec["renewTime"] = _micro_time(now)
-        try:
-            await self.api.update(self.path, lease, ungated=True)
-        except Exception as err:
-            self._failed("update", err)
+        if not await self._write("update", self.api.update(self.path, lease, ungated=True)):
             return False
-        self._working()
         self._observed, self._observed_at = (self.identity, spec["renewTime"]), mono
         return True
 
@@ -163,10 +159,14 @@ class LeaderElector:
                 "leaseTransitions": 0,
             },
         }
+        return await self._write("create", self.api.create(self.create_path, body, ungated=True))
+
+    async def _write(self, step: str, request: Awaitable[object]) -> bool:
+        """Send a lease write: False (told by _failed) when it fails, True when it worked."""
         try:
-            await self.api.create(self.create_path, body, ungated=True)
+            await request
         except Exception as err:
-            self._failed("create", err)
+            self._failed(step, err)
             return False
         self._working()
         return True
