@@ -6,12 +6,16 @@ import argparse
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from gpuheal import __version__
 from gpuheal.logs import setup_logging
+
+if TYPE_CHECKING:  # --help stays fast: the operator commands import on call
+    from gpuheal.ops.context import Context
 
 
 def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -132,14 +136,28 @@ def _operator(args: argparse.Namespace) -> int:
     return exitcodes.ERROR
 
 
-def _operator_options() -> argparse.ArgumentParser:
-    """kubectl's habits, shared by every operator command."""
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
+def _add_kubeconfig(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
         "--kubeconfig",
         type=Path,
         help="kubeconfig (default: $KUBECONFIG, then ~/.kube/config, then in-cluster)",
     )
+
+
+def _add_selector(parser: argparse.ArgumentParser, scope: str, note: str) -> None:
+    """kubectl's -l: a label selector."""
+    parser.add_argument(
+        "-l",
+        "--selector",
+        default="",
+        help=f"only {scope} with these labels (k=v,k2!=v2,k3); {note}",
+    )
+
+
+def _operator_options() -> argparse.ArgumentParser:
+    """kubectl's habits, shared by every operator command."""
+    common = argparse.ArgumentParser(add_help=False)
+    _add_kubeconfig(common)
     common.add_argument("--context", help="kubeconfig context (default: its current context)")
     common.add_argument(
         "-o",
@@ -162,9 +180,27 @@ def _add_operator_commands(
     from gpuheal.ops import commands as ops  # noqa: PLC0415 -- thin: imports on call
 
     common = _operator_options()
-    status = commands.add_parser(
+
+    def command(
+        under: argparse._SubParsersAction[argparse.ArgumentParser],
+        name: str,
+        operate: Callable[[Context, argparse.Namespace], Awaitable[int]],
+        *,
+        help: str,
+        description: str | None = None,
+        node: bool = False,
+    ) -> argparse.ArgumentParser:
+        """An operator command: kubectl's options, run by _operator; `node`: it takes a NODE."""
+        parser = under.add_parser(name, parents=[common], help=help, description=description)
+        if node:
+            parser.add_argument("node", metavar="NODE")
+        parser.set_defaults(func=_operator, operate=operate)
+        return parser
+
+    status = command(
+        commands,
         "status",
-        parents=[common],
+        ops.status,
         help="the GPU fleet at a glance: node states, GPUs per pool, faults, breaker budget",
         description=(
             "GPU nodes by state (healthy, suspect, quarantined, draining, held, "
@@ -172,22 +208,18 @@ def _add_operator_commands(
             "the open faults and the breaker's remaining budget."
         ),
     )
-    status.add_argument(
-        "-l",
-        "--selector",
-        default="",
-        help="only GPU nodes with these labels (k=v,k2!=v2,k3); the breaker counts all",
-    )
-    status.set_defaults(func=_operator, operate=ops.status)
+    _add_selector(status, "GPU nodes", "the breaker counts all")
 
     maintenance = commands.add_parser(
         "maintenance",
         help="take a GPU node out for maintenance and bring it back through the health gate",
     )
     steps = maintenance.add_subparsers(dest="step", required=True, metavar="STEP")
-    start = steps.add_parser(
+    start = command(
+        steps,
         "start",
-        parents=[common],
+        ops.maintenance_start,
+        node=True,
         help="label, taint and cordon the node, ask GPU workloads to checkpoint, then drain",
         description=(
             "Mark NODE in maintenance (label gpuheal.io/state=maintenance, a NoSchedule "
@@ -197,7 +229,6 @@ def _add_operator_commands(
             "not faults and do not count against the breaker."
         ),
     )
-    start.add_argument("node", metavar="NODE")
     start.add_argument("--reason", required=True, help="why (recorded on the node and in Events)")
     start.add_argument(
         "--checkpoint",
@@ -229,19 +260,18 @@ def _add_operator_commands(
     start.add_argument(
         "--no-drain", action="store_true", help="mark, taint and cordon only; do not evict"
     )
-    start.set_defaults(func=_operator, operate=ops.maintenance_start)
-
-    finish = steps.add_parser(
+    command(
+        steps,
         "finish",
-        parents=[common],
+        ops.maintenance_finish,
+        node=True,
         help="run the health gate; only if it passes, remove our taint and label and uncordon",
     )
-    finish.add_argument("node", metavar="NODE")
-    finish.set_defaults(func=_operator, operate=ops.maintenance_finish)
-
-    gate = commands.add_parser(
+    command(
+        commands,
         "gate",
-        parents=[common],
+        ops.gate,
+        node=True,
         help="run the health gate on a node and change nothing",
         description=(
             "The checks a node must pass before it is returned: Ready, GPU count, "
@@ -249,12 +279,11 @@ def _add_operator_commands(
             "Exit 0 when all pass, else 64 + the failing checks' bits."
         ),
     )
-    gate.add_argument("node", metavar="NODE")
-    gate.set_defaults(func=_operator, operate=ops.gate)
-
-    doctor = commands.add_parser(
+    command(
+        commands,
         "doctor",
-        parents=[common],
+        ops.doctor,
+        node=True,
         help="why a GPU node or its workloads are stuck, in plain sentences",
         description=(
             "Answers, in order: is NODE registered and Ready; does the scheduler see its "
@@ -264,12 +293,10 @@ def _add_operator_commands(
             "is not registered."
         ),
     )
-    doctor.add_argument("node", metavar="NODE")
-    doctor.set_defaults(func=_operator, operate=ops.doctor)
-
-    audit = commands.add_parser(
+    audit = command(
+        commands,
         "audit",
-        parents=[common],
+        ops.audit,
         help="fleet audit: leaked GPUs, zombie GPU processes, version skew, missing labels",
         description=(
             "Per node: allocatable GPUs against live pods' requests (leaks), GPU processes "
@@ -277,12 +304,7 @@ def _add_operator_commands(
             "a pool, GPU nodes missing the expected taint or labels. Exit 3 on findings."
         ),
     )
-    audit.add_argument(
-        "-l",
-        "--selector",
-        default="",
-        help="only nodes with these labels (k=v,k2!=v2,k3); pools are judged on those nodes",
-    )
+    _add_selector(audit, "nodes", "pools are judged on those nodes")
     audit.add_argument(
         "--stuck-after",
         type=float,
@@ -290,15 +312,15 @@ def _add_operator_commands(
         metavar="SECONDS",
         help="a GPU pod Terminating this long past its grace period is a leak (default 60)",
     )
-    audit.set_defaults(func=_operator, operate=ops.audit)
 
     for verb, operate, what in (
         ("approve", ops.approve, "let the controller carry out"),
         ("reject", ops.reject, "refuse"),
     ):
-        decide = commands.add_parser(
+        decide = command(
+            commands,
             verb,
-            parents=[common],
+            operate,
             help=f"{what} a fault's plan awaiting approval (approval mode)",
             description=(
                 f"{verb.capitalize()} the plan of a GPUFault in phase AwaitingApproval: written "
@@ -308,7 +330,6 @@ def _add_operator_commands(
             ),
         )
         decide.add_argument("fault", metavar="FAULT", help="the GPUFault name, or its fault id")
-        decide.set_defaults(func=_operator, operate=operate)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -349,11 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     controller.add_argument("--config", type=Path, help="YAML config file (default: built-in)")
-    controller.add_argument(
-        "--kubeconfig",
-        type=Path,
-        help="kubeconfig (default: $KUBECONFIG, then ~/.kube/config, then in-cluster)",
-    )
+    _add_kubeconfig(controller)
     controller.add_argument(
         "--identity", default="", help="leader-election identity (default: $POD_NAME)"
     )
@@ -377,11 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--node", default=os.environ.get("NODE_NAME", ""), help="this node (default: $NODE_NAME)"
     )
     agent.add_argument("--config", type=Path, help="YAML config file (default: built-in)")
-    agent.add_argument(
-        "--kubeconfig",
-        type=Path,
-        help="kubeconfig (default: $KUBECONFIG, then ~/.kube/config, then in-cluster)",
-    )
+    _add_kubeconfig(agent)
     agent.set_defaults(func=_cmd_agent)
     _add_operator_commands(commands)
     return parser
