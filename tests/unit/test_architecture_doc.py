@@ -39,6 +39,10 @@ def pending(path: str) -> bool:
     return any(path.startswith(p) and not (ROOT / p).is_dir() for p in PENDING)
 
 
+def pending_module(name: str) -> bool:
+    return pending(name.replace(".", "/") + "/")
+
+
 def slug(heading: str) -> str:
     """The anchor GitHub gives a heading."""
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
@@ -100,9 +104,7 @@ def test_every_cited_path_and_name_exists() -> None:
 def test_every_cited_module_exists() -> None:
     modules = set(_MODULE.findall(TEXT))
     assert "gpuheal.policy" in modules
-    absent = sorted(
-        m for m in modules if not pending(m.replace(".", "/") + "/") and not importable(m)
-    )
+    absent = sorted(m for m in modules if not pending_module(m) and not importable(m))
     assert not absent, f"modules in docs/architecture.md that do not exist: {absent}"
 
 
@@ -111,7 +113,11 @@ def test_the_layers_are_the_import_linter_contract() -> None:
     (layers,) = [c["layers"] for c in contracts["contracts"] if c["type"] == "layers"]
     block = re.search(r"```\n(.*?)```", section("## Layers"), re.DOTALL)
     assert block is not None, "no layer list under ## Layers"
-    assert block.group(1).splitlines() == layers
+    described = [
+        " | ".join(m for m in layer.split(" | ") if not (pending_module(m) and not importable(m)))
+        for layer in block.group(1).splitlines()
+    ]
+    assert [layer for layer in described if layer] == layers
 
 
 def collected_at_scrape() -> set[str]:
