@@ -20,8 +20,8 @@ GPUFAULT_API_VERSION = f"{GPUFAULT_GROUP}/{GPUFAULT_VERSION}"
 GPUFAULT_KIND = "GPUFault"
 GPUFAULT_PLURAL = "gpufaults"
 
-# The agent contract (docs/controller.md, "What it reacts to"; docs/agent.md, "Reporting"):
-# annotations the agent writes on its Node.
+# The node-annotation contract (who writes and reads each key:
+# docs/architecture.md#node-annotations): annotations the agent writes on its Node.
 ANNOTATION_PREFIX = "gpuheal.io/"
 STATUS = "gpuheal.io/status"
 FAULT_ID = "gpuheal.io/fault-id"
@@ -331,7 +331,8 @@ _NAME_UNSAFE = re.compile(r"[^a-z0-9.-]+")
 
 
 def fault_record_name(node: str, fault_id: str, device: str = "") -> str:
-    """Deterministic GPUFault name: creating it is the cross-replica lock.
+    """Deterministic GPUFault name: creating it is the cross-replica lock
+    (docs/architecture.md#exactly-once).
 
     Readable prefix (the node), a hash of the full identity so any fault id
     (any characters, any length) maps to one valid DNS-1123 name.

@@ -2,7 +2,8 @@
 and the HTTP endpoints, and run until told to stop.
 
 Every replica runs the informers (standbys keep warm caches); only the leader
-runs workers, and the API layer's write gate refuses writes from anyone else.
+runs workers, and the API layer's write gate refuses writes from anyone else
+(docs/architecture.md#the-write-gate).
 """
 
 from __future__ import annotations

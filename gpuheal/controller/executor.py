@@ -387,7 +387,8 @@ class Executor:
         return "created"
 
     async def _create_lock(self, name: str, body: dict[str, Any]) -> FaultRecord:
-        """Create a GPUFault record, the fault's cross-replica lock. AlreadyExists: the
+        """Create a GPUFault record, the fault's cross-replica lock
+        (docs/architecture.md#exactly-once). AlreadyExists: the
         fault is owned (by us before a restart, or another replica): the cache takes
         the record as it is and the node is planned again (Replan)."""
         try:

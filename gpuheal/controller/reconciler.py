@@ -279,7 +279,8 @@ class Reconciler:
         return decided, state
 
     async def _quarantine(self, decided: Plan, state: NodeState, now: dt.datetime) -> Result:
-        """Breaker check and taint are one atomic step across workers.
+        """Breaker check and taint are one atomic step across workers
+        (docs/architecture.md#the-breaker).
 
         The record stage comes first, outside the lock: the record is the fault's
         own exactly-once lock and uses none of the breaker's budget, so workers

@@ -9,7 +9,8 @@ List/watch responses stay bytes, so they can be decoded straight into slim
 projections (kube/projections.py) instead of full models.
 
 Every mutating request passes the write gate first: a replica that is not the
-leader (or has just lost the lease) cannot write, whatever code path tries.
+leader (or has just lost the lease) cannot write, whatever code path tries
+(docs/architecture.md#the-write-gate).
 """
 
 from __future__ import annotations

@@ -80,6 +80,7 @@ class LeaderElector:
         return self._leading and time.monotonic() - self._last_renew < self.renew_deadline_s
 
     def may_write(self) -> bool:
+        """The controller's write gate (docs/architecture.md#the-write-gate)."""
         return self.is_leader
 
     def _is_released(self) -> bool:

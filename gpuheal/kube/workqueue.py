@@ -7,7 +7,7 @@
 - `add` hands a key out now and drops its pending delay: the reconcile it
   starts answers when to look again (level-triggered). So only events that
   mean something may reach `add`: the controller does not queue the echoes
-  of its own writes (see Reconciler), and a step that must wait (a refused
+  of its own writes (see controller/handlers.py), and a step that must wait (a refused
   eviction) keeps its schedule in the state it plans from, not in this queue.
 - Per-key failure count feeds exponential backoff (base, doubling, capped,
   less up to `jitter` of it); `forget` resets it.

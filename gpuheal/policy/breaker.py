@@ -1,4 +1,5 @@
-"""Blast-radius breaker: how many GPU nodes may be quarantined at once."""
+"""Blast-radius breaker: how many GPU nodes may be quarantined at once. Where the
+controller applies it, atomically across workers: docs/architecture.md#the-breaker."""
 
 from __future__ import annotations
 

@@ -45,7 +45,7 @@ from gpuheal.policy.nodes import in_maintenance
 from gpuheal.policy.recent import handled_lately
 from gpuheal.policy.signals import fault_signal
 
-# Event reasons (docs/controller.md, "Observability").
+# Event reasons (all of them: docs/architecture.md#events).
 DETECTED = "GPUFaultDetected"
 QUARANTINED = "GPUFaultQuarantined"
 HELD = "GPUFaultHeld"
@@ -180,7 +180,8 @@ class Plan:
     untaint) and our state label following our taint.
 
     The controller runs the stages by name: a new quarantine's fence under the
-    breaker lock, its drain on the node's next turn."""
+    breaker lock, its drain on the node's next turn
+    (docs/architecture.md#the-plan-and-its-stages)."""
 
     record: tuple[Action, ...] = ()
     fence: tuple[Action, ...] = ()

@@ -1,7 +1,8 @@
 """The recently-handled rule: a fault this controller marked handled a moment ago,
 and whose taint is still ours, is skipped before any plan is made.
 
-This is the second dedupe layer, after the persisted records: it spares a node
+This is the second dedupe layer, after the persisted records (all of them:
+docs/architecture.md#exactly-once): it spares a node
 that keeps repeating its fault (each annotation rewrite, each repeated alert)
 the work of a full plan. The memory is this process's only (a restart forgets
 it, and the records and the handled mark stop the repeat instead); time is

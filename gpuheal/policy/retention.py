@@ -4,7 +4,7 @@ A record is the fault's audit trail; once the fault is closed (Resolved or
 Failed) it is history, and a fleet of thousands of nodes would keep it forever.
 An open record is the fault's lock and its state: it is never chosen. Nor is one
 whose fault its node still reports (`keep`): without its record the fault would
-be seen as new.
+be seen as new (docs/architecture.md#retention).
 """
 
 from __future__ import annotations
