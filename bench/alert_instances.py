@@ -31,7 +31,7 @@ from gpuheal.kube.events import EventRecorder
 from gpuheal.kube.informer import Handler
 from gpuheal.kube.kubeconfig import RestConfig
 from gpuheal.kube.workqueue import WorkQueue
-from gpuheal.metrics import ControllerMetrics
+from gpuheal.metrics.controller import ControllerMetrics
 from gpuheal.model import NodeView
 from tests.corpus import alert, dcgm_labels, webhook
 

@@ -13,14 +13,12 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import msgspec
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client import start_http_server
 
 from gpuheal.agent.config import AgentConfig
 from gpuheal.agent.debounce import Debounce, Report, step
@@ -42,6 +40,7 @@ from gpuheal.agent.smi import run_smi
 from gpuheal.agent.statefile import load_state
 from gpuheal.agent.timeouts import GuardedProbe
 from gpuheal.kube.blocking import BlockingKube
+from gpuheal.metrics.agent import AgentMetrics
 from gpuheal.model import (
     CUDA_VERSION,
     DRIVER_VERSION,
@@ -59,80 +58,6 @@ from gpuheal.policy.backoff import backoff_delay
 from gpuheal.policy.clock import iso
 
 log = logging.getLogger(__name__)
-
-
-class AgentMetrics:
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        r = self.registry
-        self.probe_duration = Histogram(
-            "gpuheal_agent_probe_duration_seconds",
-            "One probe call.",
-            ["probe"],
-            registry=r,
-            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10),
-        )
-        self.probe_failures = Counter(
-            "gpuheal_agent_probe_failures_total",
-            "Probe calls that could not run.",
-            ["probe"],
-            registry=r,
-        )
-        self.xids = Counter("gpuheal_agent_xid_total", "Xid events seen.", ["xid"], registry=r)
-        self.rounds = Counter("gpuheal_agent_rounds_total", "Probe rounds.", registry=r)
-        self.reports = Counter("gpuheal_agent_reports_total", "Writes to the Node.", registry=r)
-        self.report_failures = Counter(
-            "gpuheal_agent_report_failures_total", "Node writes that failed.", registry=r
-        )
-        self.faulty = Gauge("gpuheal_agent_faulty", "1 while a fault is reported.", registry=r)
-        self.state_file_errors = Counter(
-            "gpuheal_agent_state_file_errors_total",
-            "State files that could not be read, set aside as <file>.corrupt (a fresh start).",
-            ["file"],
-            registry=r,
-        )
-        for state_file in ("cursor", "faults"):
-            self.state_file_errors.labels(state_file)  # exported from 0
-
-    def follow_kmsg(self, follower: KmsgFollower) -> None:
-        """Export the kernel-log follower's counters, read at scrape time."""
-        self.registry.register(KmsgCollector(follower))
-
-
-class KmsgCollector(Collector):
-    """Whether the agent is reading the kernel log at all: records, errors, and
-    how long since the newest record (since the follower started, before any)."""
-
-    def __init__(self, follower: KmsgFollower) -> None:
-        self.follower = follower
-
-    def collect(self) -> Iterator[Metric]:
-        f = self.follower
-        yield CounterMetricFamily(
-            "gpuheal_agent_kmsg_records", "Kernel log records read.", value=f.lines
-        )
-        yield CounterMetricFamily(
-            "gpuheal_agent_kmsg_parse_errors",
-            "Kernel log records that could not be parsed (skipped).",
-            value=f.parse_errors,
-        )
-        yield CounterMetricFamily(
-            "gpuheal_agent_kmsg_read_errors",
-            "Failed opens and reads of the kernel log (retried every 2 s).",
-            value=f.errors,
-        )
-        last = f.last_record_at
-        yield GaugeMetricFamily(
-            "gpuheal_agent_kmsg_last_record_timestamp_seconds",
-            "Unix time of the newest kernel log record read (0: none yet).",
-            value=last or 0.0,
-        )
-        yield GaugeMetricFamily(
-            "gpuheal_agent_kmsg_last_record_age_seconds",
-            "Seconds since the newest kernel log record was read (before any: since the"
-            " follower started).",
-            value=max(0.0, time.time() - (last if last is not None else f.started_at)),
-        )
 
 
 class StickyItem(msgspec.Struct):

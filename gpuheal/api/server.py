@@ -132,6 +132,18 @@ class _Limiter:
         return wait
 
 
+class ApiMetrics(Protocol):
+    """What the API counts and serves on /metrics: the controller's metrics
+    (gpuheal/metrics/controller.py), declared there with the rest."""
+
+    @property
+    def registry(self) -> CollectorRegistry: ...
+    @property
+    def api_requests(self) -> Counter: ...
+    @property
+    def alerts(self) -> Counter: ...
+
+
 class Api:
     """The request handlers, bound to the controller through `intake`."""
 
@@ -139,7 +151,7 @@ class Api:
         self,
         intake: Intake,
         settings: ApiSettings,
-        registry: CollectorRegistry,
+        metrics: ApiMetrics,
         *,
         tokens: ApiTokens,
         reasons: Callable[[], list[str]] = list,
@@ -148,18 +160,9 @@ class Api:
         self.reasons = reasons  # for /readyz: why not ready, or ready but unable to lead
         self.settings = settings
         self.tokens = tokens
-        self.registry = registry
-        self.requests = Counter(
-            "gpuheal_api_requests_total", "API requests by route and status code.",
-            ["route", "code"], registry=registry,
-        )  # fmt: skip
-        self.alerts = Counter(
-            "gpuheal_alerts_total",
-            "Alerts received, by what became of them"
-            " (accepted, duplicate, resolved, skipped, invalid).",
-            ["result"],
-            registry=registry,
-        )
+        self.registry = metrics.registry
+        self.requests = metrics.api_requests
+        self.alerts = metrics.alerts
         self.authenticated = _Limiter(settings.client_rate_per_second, settings.client_burst)
         self.anonymous = _Limiter(ANONYMOUS_RATE_PER_SECOND, ANONYMOUS_BURST)
 

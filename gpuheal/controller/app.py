@@ -48,7 +48,7 @@ from gpuheal.kube.projections import (
     pod_view_factory,
 )
 from gpuheal.kube.workqueue import WorkQueue
-from gpuheal.metrics import ControllerMetrics
+from gpuheal.metrics.controller import ControllerMetrics
 from gpuheal.model import CANARY_LABEL, CanaryView, FaultRecord, NodeView, PodView
 
 log = logging.getLogger(__name__)
@@ -143,7 +143,10 @@ class Controller:
             config=lambda: self.config,
             crashpoint=Crashpoint.from_env(),
         )
-        self.notifier = Notifier(config.notification_sinks, self.metrics.registry)
+        self.notifier = Notifier(
+            config.notification_sinks,
+            counted=lambda result: self.metrics.notifications.labels(result).inc(),
+        )
         # The fleet's indexes see each event first, then the reconciler's memories,
         # then the handlers that decide what to queue.
         self.fleet = Fleet(lambda: self.config)
@@ -166,7 +169,7 @@ class Controller:
             self.queue, self.fleet, self.records, external_nodes=self.external.nodes
         )
         self.handlers.watch(self.nodes, self.pods, self.records, self.canaries)
-        _read_at_scrape(self.metrics, self.fleet, self.queue)
+        _read_at_scrape(self.metrics, self.fleet, self.queue, self.reconciler)
         self.collector = RecordCollector(
             api,
             records=self.records.values,
@@ -299,7 +302,7 @@ class Controller:
         self._http = Api(
             self.intake,
             _api_settings(self.config),
-            self.metrics.registry,
+            self.metrics,
             tokens=self.api_tokens,
             reasons=self.unready_reasons,
         )
@@ -435,13 +438,18 @@ class Controller:
             future.cancel()
 
 
-def _read_at_scrape(metrics: ControllerMetrics, fleet: Fleet, queue: WorkQueue) -> None:
-    """The fleet's gauges read the indexes when scraped, not pushed on each event."""
-    metrics.quarantined_nodes.set_function(lambda: len(fleet.quarantined))
-    metrics.unmanaged_gpu_nodes.set_function(lambda: len(fleet.unmanaged))
-    metrics.held_faults.set_function(lambda: len(fleet.held))
-    metrics.breaker_open.set_function(lambda: 1 if fleet.held else 0)
-    metrics.queue_depth.set_function(lambda: len(queue))
+def _read_at_scrape(
+    metrics: ControllerMetrics, fleet: Fleet, queue: WorkQueue, reconciler: Reconciler
+) -> None:
+    """The gauges of the fleet's state read the indexes and the reconciler's device
+    counts when scraped, not pushed on each event or reconcile."""
+    metrics.read_fleet(
+        quarantined=lambda: len(fleet.quarantined),
+        unmanaged=lambda: len(fleet.unmanaged),
+        held=lambda: len(fleet.held),
+        queued=lambda: len(queue),
+    )
+    metrics.read_devices(reconciler.device_counts.values)
 
 
 def _api_settings(config: Config, max_body_bytes: int | None = None) -> ApiSettings:

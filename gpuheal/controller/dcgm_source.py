@@ -32,7 +32,7 @@ from gpuheal.controller.dcgm import (
     run_starts_query,
     signal_for,
 )
-from gpuheal.metrics import ControllerMetrics
+from gpuheal.metrics.controller import ControllerMetrics
 from gpuheal.model import FaultSignal
 from gpuheal.values import text
 

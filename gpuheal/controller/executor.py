@@ -31,7 +31,7 @@ from gpuheal.kube import writes
 from gpuheal.kube.api import ApiError, KubeApi, gpufault_path, node_path, pod_path
 from gpuheal.kube.events import EventRecorder, ObjectRef, fault_ref, node_ref, pod_ref
 from gpuheal.kube.projections import decode_fault, decode_node
-from gpuheal.metrics import ControllerMetrics
+from gpuheal.metrics.controller import ControllerMetrics
 from gpuheal.model import (
     CANARY_LABEL,
     FAULT_TIME,

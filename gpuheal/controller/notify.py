@@ -15,11 +15,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-from prometheus_client import CollectorRegistry, Counter
 
 from gpuheal.config import NotificationSink, without_url_secrets
 from gpuheal.policy.backoff import backoff_delay
@@ -58,17 +58,14 @@ class Notifier:
     def __init__(
         self,
         sinks: tuple[NotificationSink, ...],
-        registry: CollectorRegistry,
         *,
+        counted: Callable[[str], None] = lambda _result: None,
         retry_base_s: float = 1.0,
     ) -> None:
         self.sinks = sinks
+        self.counted = counted  # by result: sent, failed, dropped
         self.retry_base_s = retry_base_s
         self.queue: asyncio.Queue[Notice] = asyncio.Queue(maxsize=10_000)
-        self.sent = Counter(
-            "gpuheal_notifications_total", "Notifications by result (sent, failed, dropped).",
-            ["result"], registry=registry,
-        )  # fmt: skip
         self._task: asyncio.Task[None] | None = None
 
     def notify(self, notice: Notice) -> None:
@@ -77,7 +74,7 @@ class Notifier:
         try:
             self.queue.put_nowait(notice)
         except asyncio.QueueFull:
-            self.sent.labels("dropped").inc()
+            self.counted("dropped")
             log.warning("notification queue full", extra={"node": notice.node})
 
     def start(self) -> None:
@@ -104,7 +101,7 @@ class Notifier:
             try:
                 async with session.post(sink.url, json=body) as response:
                     if response.status < 300:
-                        self.sent.labels("sent").inc()
+                        self.counted("sent")
                         return
                     why = f"HTTP {response.status}"
             except (aiohttp.ClientError, TimeoutError, ValueError) as err:
@@ -112,7 +109,7 @@ class Notifier:
                 why = without_url_secrets(str(err), sink.url) or type(err).__name__
             if attempt < ATTEMPTS:
                 await asyncio.sleep(backoff_delay(attempt, self.retry_base_s, 60.0))
-        self.sent.labels("failed").inc()
+        self.counted("failed")
         log.warning(
             "notification failed",
             extra={"node": notice.node, "sink": sink.shown, "error": why},

@@ -30,7 +30,7 @@ from gpuheal.controller.result import DONE, Result
 from gpuheal.controller.signals import ExternalSignals
 from gpuheal.kube.events import node_ref
 from gpuheal.kube.informer import Store
-from gpuheal.metrics import ControllerMetrics
+from gpuheal.metrics.controller import ControllerMetrics, DeviceCounts
 from gpuheal.model import CanaryView, FaultRecord, NodeView, PodView
 from gpuheal.policy.backoff import Blocked, refused_again
 from gpuheal.policy.dedupe import BoundedSet
@@ -103,9 +103,10 @@ class Reconciler:
         self.leaving = LeavingPods()
         self.canaries: Mapping[str, CanaryView] = canaries if canaries is not None else {}
         self.device_reports = DeviceReports(pods_synced)
-        # Per node: the eviction rate limit of partial drains, and the device counts.
+        # Per node: the eviction rate limit of partial drains, and the device counts
+        # (the device gauges sum them when scraped).
         self.device_buckets: dict[str, TokenBucket] = {}
-        self.device_counts: dict[str, tuple[int, int, int]] = {}
+        self.device_counts: dict[str, DeviceCounts] = {}
         self._breaker_lock = asyncio.Lock()
         pods.handlers.append(self._on_pod)
 
@@ -209,8 +210,7 @@ class Reconciler:
     def _forget(self, name: str) -> None:
         """The node is gone: what this process kept about it goes too."""
         self.device_buckets.pop(name, None)
-        if self.device_counts.pop(name, None) is not None:
-            self._device_gauges()
+        self.device_counts.pop(name, None)
         self.blocked.pop(name, None)
         self.handled.forget(name)
 
@@ -248,13 +248,6 @@ class Reconciler:
         for waited in summary.unknown_for:
             self.metrics.device_unknown_duration.observe(waited)
         self.device_counts[name] = (summary.unknown, summary.suspect, summary.quarantined)
-        self._device_gauges()
-
-    def _device_gauges(self) -> None:
-        counts = self.device_counts.values()
-        self.metrics.devices_unknown.set(sum(c[0] for c in counts))
-        self.metrics.devices_suspect.set(sum(c[1] for c in counts))
-        self.metrics.devices_quarantined.set(sum(c[2] for c in counts))
 
     async def _reconcile_node(self, node: NodeView, now: dt.datetime) -> Result:
         decision = self._decide(node, now)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from gpuheal.config import Config
 from gpuheal.kube.api import ApiError, KubeApi, NotLeaderError, gpufault_path
 from gpuheal.kube.failures import describe, failure_reason
-from gpuheal.metrics import ControllerMetrics
+from gpuheal.metrics.controller import ControllerMetrics
 from gpuheal.model import FaultRecord, fault_record_name
 from gpuheal.policy.retention import Collectable, collectable
 

@@ -25,7 +25,7 @@ from lightkube import Client
 from gpuheal.controller.dcgm import Query, host_matchers, run_starts_query
 from gpuheal.controller.dcgm import queries as dcgm_queries
 from gpuheal.controller.dcgm_source import DcgmSource
-from gpuheal.metrics import ControllerMetrics
+from gpuheal.metrics.controller import ControllerMetrics
 from gpuheal.model import FaultSignal, Severity
 from gpuheal.sim.monitoring import FakeDcgmExporter, Monitoring
 from gpuheal.sim.nodes import create_gpu_nodes, delete_nodes, wait_nodes_ready

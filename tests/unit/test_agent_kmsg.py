@@ -12,7 +12,6 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuheal.agent.app import AgentMetrics
 from gpuheal.agent.kmsg import (
     Cursor,
     GpuAt,
@@ -24,6 +23,7 @@ from gpuheal.agent.kmsg import (
     parse_message,
     parse_record,
 )
+from gpuheal.metrics.agent import AgentMetrics
 from gpuheal.model import Severity
 from gpuheal.xid import classify
 

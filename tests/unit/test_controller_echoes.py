@@ -23,7 +23,7 @@ from gpuheal.kube.events import EventRecorder
 from gpuheal.kube.informer import Informer
 from gpuheal.kube.projections import FaultJson, NodeJson, PodJson, fault_record, node_view
 from gpuheal.kube.workqueue import WorkQueue
-from gpuheal.metrics import ControllerMetrics
+from gpuheal.metrics.controller import ControllerMetrics
 from gpuheal.model import FaultRecord, NodeView, Phase, PodView
 from tests.corpus import EKS_NODE, GKE_NODE
 

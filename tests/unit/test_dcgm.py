@@ -24,7 +24,7 @@ from gpuheal.controller.dcgm import (
     signal_for,
 )
 from gpuheal.controller.dcgm_source import DcgmSource
-from gpuheal.metrics import ControllerMetrics
+from gpuheal.metrics.controller import ControllerMetrics
 from gpuheal.model import Severity
 from gpuheal.sim.process import free_port
 from gpuheal.values import FIELD_MAX, LABEL_VALUE_MAX, is_label_value

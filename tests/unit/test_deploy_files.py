@@ -9,25 +9,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry
-
-from gpuheal.agent.app import AgentMetrics
-from gpuheal.api.server import Api, ApiSettings
-from gpuheal.api.token import ApiTokens
-from gpuheal.controller.notify import Notifier
-from gpuheal.metrics import ControllerMetrics
+from gpuheal.metrics.agent import AgentMetrics
+from gpuheal.metrics.controller import ControllerMetrics
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
 
 def metric_names() -> set[str]:
-    registry = ControllerMetrics().registry
-    Api(intake=None, settings=ApiSettings(), registry=registry, tokens=ApiTokens(None))  # type: ignore[arg-type]
-    names = {m.name for m in registry.collect()}
+    """Every program's metrics: the controller's (its API and notifier included) and the agent's."""
+    names = {m.name for m in ControllerMetrics().registry.collect()}
     names |= {m.name for m in AgentMetrics().registry.collect()}
-    notifier_registry = CollectorRegistry()
-    Notifier((), notifier_registry)
-    names |= {m.name for m in notifier_registry.collect()}
     # Counters are exposed with _total, histograms with _bucket/_sum/_count.
     return names | {f"{n}_total" for n in names} | {f"{n}_bucket" for n in names}
 

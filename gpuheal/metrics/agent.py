@@ -1,0 +1,92 @@
+"""Everything the node agent exports (docs/agent.md, "Metrics"): its probe rounds
+and reports, and the kernel-log follower's counters, read when scraped."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Protocol
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gpuheal.metrics.declare import Metrics, counter, gauge, histogram
+
+STATE_FILES = ("cursor", "faults")
+
+
+class KernelLogReading(Protocol):
+    """What the kernel-log follower counts (agent/kmsg.py's KmsgFollower)."""
+
+    lines: int
+    parse_errors: int
+    errors: int
+    started_at: float
+    last_record_at: float | None
+
+
+class AgentMetrics(Metrics):
+    probe_duration = histogram(
+        "gpuheal_agent_probe_duration_seconds",
+        "One probe call.",
+        "probe",
+        buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10),
+    )
+    probe_failures = counter(
+        "gpuheal_agent_probe_failures_total", "Probe calls that could not run.", "probe"
+    )
+    xids = counter("gpuheal_agent_xid_total", "Xid events seen.", "xid")
+    rounds = counter("gpuheal_agent_rounds_total", "Probe rounds.")
+    reports = counter("gpuheal_agent_reports_total", "Writes to the Node.")
+    report_failures = counter("gpuheal_agent_report_failures_total", "Node writes that failed.")
+    faulty = gauge("gpuheal_agent_faulty", "1 while a fault is reported.")
+    state_file_errors = counter(
+        "gpuheal_agent_state_file_errors_total",
+        "State files that could not be read, set aside as <file>.corrupt (a fresh start).",
+        "file",
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        for state_file in STATE_FILES:
+            self.state_file_errors.labels(state_file)  # exported from 0
+
+    def follow_kmsg(self, follower: KernelLogReading) -> None:
+        """Export the kernel-log follower's counters, read at scrape time."""
+        self.registry.register(KmsgCollector(follower))
+
+
+class KmsgCollector(Collector):
+    """Whether the agent is reading the kernel log at all: records, errors, and
+    how long since the newest record (since the follower started, before any)."""
+
+    def __init__(self, follower: KernelLogReading) -> None:
+        self.follower = follower
+
+    def collect(self) -> Iterator[Metric]:
+        f = self.follower
+        yield CounterMetricFamily(
+            "gpuheal_agent_kmsg_records", "Kernel log records read.", value=f.lines
+        )
+        yield CounterMetricFamily(
+            "gpuheal_agent_kmsg_parse_errors",
+            "Kernel log records that could not be parsed (skipped).",
+            value=f.parse_errors,
+        )
+        yield CounterMetricFamily(
+            "gpuheal_agent_kmsg_read_errors",
+            "Failed opens and reads of the kernel log (retried every 2 s).",
+            value=f.errors,
+        )
+        last = f.last_record_at
+        yield GaugeMetricFamily(
+            "gpuheal_agent_kmsg_last_record_timestamp_seconds",
+            "Unix time of the newest kernel log record read (0: none yet).",
+            value=last or 0.0,
+        )
+        yield GaugeMetricFamily(
+            "gpuheal_agent_kmsg_last_record_age_seconds",
+            "Seconds since the newest kernel log record was read (before any: since the"
+            " follower started).",
+            value=max(0.0, time.time() - (last if last is not None else f.started_at)),
+        )
