@@ -19,8 +19,9 @@ Two kinds of source:
 
 Adding a source is one module in this package (SOURCE, OWN, signals()) and one
 line in SOURCES, plus a row of the severity table in docs/api.md; a pushed
-source also needs its intake route or poller in the I/O shell. The store takes
-no signal from a source that is not registered.
+source also needs its intake route or poller in the I/O shell. The controller's
+intake (ControllerIntake.submit) takes no signal from a source that is not
+registered: held, it would never be acted on.
 
 Pure: no I/O, no clock reads.
 """
