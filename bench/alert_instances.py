@@ -19,7 +19,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from gpuheal.api.alerts import decode_webhook, interpret
+from gpuheal.api.server import decode_webhook
 from gpuheal.config import parse_config
 from gpuheal.controller.executor import Caches, Executor
 from gpuheal.controller.fleet import Fleet
@@ -33,6 +33,7 @@ from gpuheal.kube.kubeconfig import RestConfig
 from gpuheal.kube.workqueue import WorkQueue
 from gpuheal.metrics.controller import ControllerMetrics
 from gpuheal.model import NodeView
+from gpuheal.sources.alertmanager import interpret
 from tests.corpus import alert, dcgm_labels, webhook
 
 

@@ -88,7 +88,7 @@ class Severity(StrEnum):
     def written(cls, value: str) -> Severity:
         """A severity as gpuheal itself wrote it (a record's spec.severity, the agent's
         own annotation before a restart); P0 when there is none, as an absent
-        severity is read everywhere. Input from outside goes through policy/signals."""
+        severity is read everywhere. Input from outside goes through gpuheal/sources."""
         try:
             return cls(value)
         except ValueError:

@@ -41,21 +41,10 @@ from gpuheal.agent.statefile import load_state
 from gpuheal.agent.timeouts import GuardedProbe
 from gpuheal.kube.blocking import BlockingKube
 from gpuheal.metrics.agent import AgentMetrics
-from gpuheal.model import (
-    CUDA_VERSION,
-    DRIVER_VERSION,
-    FAULT_DEVICES,
-    FAULT_ID,
-    FAULT_REASON,
-    FAULT_SEVERITY,
-    FAULT_TIME,
-    GPU_PROCESSES,
-    STATUS,
-    STATUS_FAULTY,
-    Severity,
-)
+from gpuheal.model import CUDA_VERSION, DRIVER_VERSION, GPU_PROCESSES, Severity
 from gpuheal.policy.backoff import backoff_delay
 from gpuheal.policy.clock import iso
+from gpuheal.sources.annotations import written
 
 log = logging.getLogger(__name__)
 
@@ -358,19 +347,15 @@ class Agent:
 
     def _adopt(self, annotations: dict[str, str]) -> None:
         """Continue a fault this agent reported before a restart, with the same id."""
-        if (
-            annotations.get(STATUS) == STATUS_FAULTY
-            and annotations.get(FAULT_ID)
-            and self.state.reported is None
-        ):
-            devices = tuple(d for d in annotations.get(FAULT_DEVICES, "").split(",") if d)
+        earlier = written(annotations)
+        if earlier is not None and self.state.reported is None:
             report = Report(
-                annotations[FAULT_ID],
-                annotations.get(FAULT_TIME, ""),
-                annotations.get(FAULT_REASON, ""),
+                earlier.fault_id,
+                earlier.fault_time,
+                earlier.reason,
                 "reported before the agent restarted",
-                devices,
-                Severity.written(annotations.get(FAULT_SEVERITY, "")),
+                earlier.devices,
+                earlier.severity,
             )
             self.state = Debounce(reported=report)
             log.info(

@@ -18,21 +18,11 @@ from gpuheal.agent.findings import Health, Verdict
 from gpuheal.kube.api import STRATEGIC_PATCH, node_path
 from gpuheal.kube.blocking import BlockingKube
 from gpuheal.kube.projections import NodeJson
-from gpuheal.model import (
-    FAULT_DEVICES,
-    FAULT_ID,
-    FAULT_REASON,
-    FAULT_SEVERITY,
-    FAULT_TIME,
-    GPU_HEALTHY_CONDITION,
-    STATUS,
-    STATUS_FAULTY,
-)
+from gpuheal.model import FAULT_ID, GPU_HEALTHY_CONDITION
 from gpuheal.policy.clock import iso
+from gpuheal.sources.annotations import KEYS, Annotated, encode
 
 log = logging.getLogger(__name__)
-
-FAULT_KEYS = (STATUS, FAULT_ID, FAULT_TIME, FAULT_REASON, FAULT_DEVICES, FAULT_SEVERITY)
 
 
 @dataclass(frozen=True)
@@ -49,18 +39,13 @@ def desired(report: Report | None, seen: Verdict) -> Desired:
     """The condition follows the reported fault (debounced), or the round's verdict
     while nothing is reported (True, or Unknown when the probes could not run)."""
     if report is not None:
-        annotations: dict[str, str | None] = {
-            STATUS: STATUS_FAULTY,
-            FAULT_ID: report.fault_id,
-            FAULT_TIME: report.fault_time,
-            FAULT_REASON: report.reason,
-            FAULT_DEVICES: ",".join(report.devices),
-            FAULT_SEVERITY: report.severity.value,
-        }
-        return Desired(
-            Health.FAULTY, report.reason, report.message[:1024], tuple(annotations.items())
+        said = Annotated(
+            report.fault_id, report.fault_time, report.reason, report.devices, report.severity
         )
-    cleared = tuple((key, None) for key in FAULT_KEYS)
+        return Desired(
+            Health.FAULTY, report.reason, report.message[:1024], tuple(encode(said).items())
+        )
+    cleared = tuple(encode(None).items())
     if seen.health is Health.UNKNOWN:
         return Desired(Health.UNKNOWN, seen.reason, seen.message[:1024], cleared)
     return Desired(Health.HEALTHY, "GPUsHealthy", "all GPU probes passed", cleared)
@@ -90,9 +75,9 @@ class NodeReporter:
         current = next((c for c in conditions if c.type == GPU_HEALTHY_CONDITION), None)
         if current is not None:
             self._transition = current.lastTransitionTime or ""
-            ours = tuple((k, annotations.get(k)) for k in FAULT_KEYS)
+            ours = tuple((k, annotations.get(k)) for k in KEYS)
             self.written = Desired(Health(current.status), current.reason, current.message, ours)
-        return {k: v for k, v in annotations.items() if k in FAULT_KEYS}
+        return {k: v for k, v in annotations.items() if k in KEYS}
 
     def sync(self, want: Desired, facts: Mapping[str, str] | None = None) -> bool:
         """PATCH when `want` or a fact differs from what was written last (a fact

@@ -38,20 +38,11 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
-from gpuheal import values
-from gpuheal.api.alerts import PayloadError, decode_webhook, interpret
-from gpuheal.api.fields import (
-    IDENTIFIER_RULE,
-    NODE_RULE,
-    TEXT_RULE,
-    is_identifier,
-    is_text,
-    shown,
-)
 from gpuheal.api.token import ApiTokens
-from gpuheal.model import APPROVED, REJECTED, FaultSignal, Severity
-from gpuheal.policy.clock import iso
+from gpuheal.model import APPROVED, REJECTED, FaultSignal
 from gpuheal.policy.ratelimit import TokenBucket
+from gpuheal.sources import alertmanager, manual
+from gpuheal.sources.alertmanager import PayloadError, Webhook
 
 log = logging.getLogger(__name__)
 
@@ -104,11 +95,25 @@ class ApiSettings:
 
 
 class ManualRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """POST /api/v1/process's body (its meaning: gpuheal.sources.manual)."""
+
     node: str
-    action: str = "quarantine"
+    action: str = manual.QUARANTINE
     reason: str = "ManualRequest"
     severity: str = "P0"
     faultID: str = ""  # noqa: N815
+
+
+def decode_webhook(body: bytes) -> Webhook:
+    """POST /api/v1/alerts's body (its meaning: gpuheal.sources.alertmanager), or
+    PayloadError saying where it is not a webhook."""
+    try:
+        hook = msgspec.json.decode(body, type=Webhook)
+    except msgspec.ValidationError as err:
+        raise PayloadError(f"not an Alertmanager webhook: {err}") from None
+    except msgspec.DecodeError as err:
+        raise PayloadError(f"malformed JSON: {err}") from None
+    return alertmanager.checked(hook)
 
 
 def _problem(status: int, message: str, **headers: str) -> web.Response:
@@ -250,7 +255,7 @@ class Api:
         body: dict[str, list[dict[str, Any]]] = {
             "accepted": [], "duplicates": [], "resolved": [], "skipped": [],
         }  # fmt: skip
-        outcomes = interpret(
+        outcomes = alertmanager.interpret(
             hook, node_labels=self.settings.node_labels, find_node=self.intake.find_node
         )
         invalid = [o.skipped for o in outcomes if o.invalid]
@@ -269,7 +274,7 @@ class Api:
                 result, entry = "skipped", {**entry, "reason": outcome.skipped}
             elif outcome.status == "resolved":
                 withdrawn = self.settings.resolved_alert_clears and bool(
-                    self.intake.resolve(outcome.node, outcome.fault_id, "alertmanager")
+                    self.intake.resolve(outcome.node, outcome.fault_id, alertmanager.SOURCE)
                 )
                 result, entry = "resolved", {**entry, "withdrawn": withdrawn}
             elif outcome.signal is not None and self.intake.submit(outcome.signal):
@@ -286,8 +291,13 @@ class Api:
             return _problem(503, "not the leader; retry", **{"Retry-After": "2"})
         try:
             wanted = msgspec.json.decode(await request.read(), type=ManualRequest)
-            _check_manual(wanted)
-            severity = _manual_severity(wanted)
+            severity = manual.checked(
+                node=wanted.node,
+                action=wanted.action,
+                reason=wanted.reason,
+                severity=wanted.severity,
+                fault_id=wanted.faultID,
+            )
         except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as err:
             return _problem(400, f"invalid request: {err}")
         status = self.intake.node_status(wanted.node)
@@ -299,22 +309,19 @@ class Api:
                 else "not managed by gpuheal (node selector or opt-out)"
             )
             return _problem(code, f"node {wanted.node!r} {why}")
-        if wanted.action == "clear":
-            count = self.intake.resolve(wanted.node, wanted.faultID or None, "manual")
+        if wanted.action == manual.CLEAR:
+            count = self.intake.resolve(wanted.node, wanted.faultID or None, manual.SOURCE)
             return web.json_response({"node": wanted.node, "cleared": count})
-        now = dt.datetime.now(dt.UTC)
-        # Fault ids are per node: the node's name (up to 253 characters) is not in it.
-        fault_id = wanted.faultID or f"manual-{now:%Y%m%dT%H%M%SZ}"
-        signal = FaultSignal(
+        signal = manual.signal(
             node=wanted.node,
-            fault_id=fault_id,
             reason=wanted.reason,
-            source="manual",
             severity=severity,
-            detected_at=iso(now, "seconds"),
+            fault_id=wanted.faultID,
+            now=dt.datetime.now(dt.UTC),
         )
         new = self.intake.submit(signal)
-        return web.json_response({"node": wanted.node, "faultId": fault_id, "new": new}, status=202)
+        body = {"node": wanted.node, "faultId": signal.fault_id, "new": new}
+        return web.json_response(body, status=202)
 
     async def post_approve(self, request: web.Request) -> web.Response:
         return await self._answer(request, APPROVED)
@@ -341,25 +348,6 @@ class Api:
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def _check_manual(wanted: ManualRequest) -> None:
-    """Values the record cannot carry are refused here, not by the API server later."""
-    if not values.is_subdomain(wanted.node):
-        raise ValueError(f"$.node: want {NODE_RULE}, got {shown(wanted.node)}")
-    if wanted.faultID and not is_identifier(wanted.faultID):
-        raise ValueError(f"$.faultID: want {IDENTIFIER_RULE}, got {shown(wanted.faultID)}")
-    if not is_text(wanted.reason):
-        raise ValueError(f"$.reason: want {TEXT_RULE}, got {shown(wanted.reason)}")
-
-
-def _manual_severity(wanted: ManualRequest) -> Severity:
-    if wanted.action not in ("quarantine", "clear"):
-        raise ValueError(f"$.action: want quarantine or clear, got {wanted.action!r}")
-    try:
-        return Severity(wanted.severity)
-    except ValueError:
-        raise ValueError(f"$.severity: want P0, P1 or P2, got {wanted.severity!r}") from None
 
 
 def _presented(request: web.Request) -> bytes:

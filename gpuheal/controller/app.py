@@ -22,7 +22,6 @@ from gpuheal.api import token as api_token
 from gpuheal.api.server import Api, ApiSettings, serve
 from gpuheal.api.token import ApiTokens
 from gpuheal.config import Config, ConfigError, load_config
-from gpuheal.controller.dcgm import queries as dcgm_queries
 from gpuheal.controller.dcgm_source import DcgmSource
 from gpuheal.controller.executor import Caches, Crashpoint, Executor
 from gpuheal.controller.fleet import Fleet
@@ -50,6 +49,7 @@ from gpuheal.kube.projections import (
 from gpuheal.kube.workqueue import WorkQueue
 from gpuheal.metrics.controller import ControllerMetrics
 from gpuheal.model import CANARY_LABEL, CanaryView, FaultRecord, NodeView, PodView
+from gpuheal.sources.dcgm import queries as dcgm_queries
 
 log = logging.getLogger(__name__)
 

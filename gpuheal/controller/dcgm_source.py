@@ -1,5 +1,5 @@
 """The DCGM source's poller: ask Prometheus at each instant of the grid, name
-each finding by its episode (`gpuheal.controller.dcgm`), submit and resolve.
+each finding by its episode (`gpuheal.sources.dcgm`), submit and resolve.
 
 Nothing Prometheus answers stops it: a query whose answer is unusable is
 skipped for that poll (the others go on), a Prometheus that cannot be reached
@@ -19,7 +19,9 @@ from dataclasses import dataclass
 import aiohttp
 
 from gpuheal.config import without_url_secrets
-from gpuheal.controller.dcgm import (
+from gpuheal.metrics.controller import ControllerMetrics
+from gpuheal.model import FaultSignal
+from gpuheal.sources.dcgm import (
     Dropped,
     Episode,
     Finding,
@@ -32,8 +34,6 @@ from gpuheal.controller.dcgm import (
     run_starts_query,
     signal_for,
 )
-from gpuheal.metrics.controller import ControllerMetrics
-from gpuheal.model import FaultSignal
 from gpuheal.values import text
 
 log = logging.getLogger(__name__)

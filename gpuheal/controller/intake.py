@@ -14,6 +14,7 @@ from gpuheal.kube.projections import decode_fault
 from gpuheal.model import MANAGED_LABEL, FaultRecord, FaultSignal, NodeView
 from gpuheal.policy.approval import answer_patch, matching, refusal
 from gpuheal.policy.clock import iso
+from gpuheal.sources import registered
 
 
 class ControllerIntake:
@@ -58,6 +59,9 @@ class ControllerIntake:
         return "managed" if self._managed(node) else "unmanaged"
 
     def submit(self, signal: FaultSignal) -> bool:
+        if not registered(signal.source):
+            # The plan hears only registered sources: held, it would never be acted on.
+            raise ValueError(f"signal from source {signal.source!r}, not in gpuheal.sources")
         new = self.reconciler.external.add(signal)
         self.enqueue(signal.node)
         return new

@@ -34,18 +34,20 @@ from gpuheal.metrics.controller import ControllerMetrics, DeviceCounts
 from gpuheal.model import CanaryView, FaultRecord, NodeView, PodView
 from gpuheal.policy.backoff import Blocked, refused_again
 from gpuheal.policy.dedupe import BoundedSet
-from gpuheal.policy.devices import (
-    DeviceAction,
-    DevicePlan,
-    DeviceState,
-    escalation_signal,
-    plan_devices,
-)
+from gpuheal.policy.devices import DeviceAction, DevicePlan, DeviceState, plan_devices
 from gpuheal.policy.nodes import in_maintenance
-from gpuheal.policy.plan import Action, NodeState, Plan, plan, plan_node_gone
+from gpuheal.policy.plan import (
+    Action,
+    NodeState,
+    Plan,
+    current_signal,
+    plan,
+    plan_node_gone,
+    reported,
+)
 from gpuheal.policy.ratelimit import TokenBucket
 from gpuheal.policy.recent import HandledFaults
-from gpuheal.policy.signals import fault_signal
+from gpuheal.sources import Seen
 
 log = logging.getLogger(__name__)
 
@@ -116,13 +118,14 @@ class Reconciler:
         self.device_reports.on_pod(old, new)
 
     def reported_faults(self, name: str) -> tuple[str, ...]:
-        """The fault ids the node reports now: its own, and active external signals."""
+        """The fault ids the node's sources report now (without the node: the
+        external signals held for it)."""
         node = self.nodes.get(name)
-        own = fault_signal(node, self.config()) if node is not None else None
-        return (
-            *((own.fault_id,) if own is not None else ()),
-            *(s.fault_id for s in self.external.active(name)),
-        )
+        external = self.external.active(name)
+        if node is None:
+            return tuple(s.fault_id for s in external)
+        records = self.fleet.records_of(name, self.records)
+        return tuple(s.fault_id for s in reported(Seen(node, self.config(), external, records)))
 
     # -- state ------------------------------------------------------------------
 
@@ -133,9 +136,6 @@ class Reconciler:
             if (p := self.pods.get(key))
         )
         records = self.fleet.records_of(node.name, self.records)
-        # Device faults that escalated stand for one node-level fault of the node plan.
-        device_health = self.config().device_health.enabled
-        escalated = escalation_signal(records) if device_health else None
         return NodeState(
             node=node,
             pods=pods,
@@ -143,7 +143,8 @@ class Reconciler:
             gpu_nodes=len(self.fleet.gpu_nodes),
             quarantined=frozenset(self.fleet.quarantined),
             blocked=dict(self.blocked.get(node.name, {})),
-            external=(*self.external.active(node.name), *((escalated,) if escalated else ())),
+            external=self.external.active(node.name),
+            device_records=tuple(r for r in records if r.device_scope),
             pool_drivers=self.fleet.drivers_besides(node),
             handled_lately=self.handled.of(node.name, time.monotonic()),
         )
@@ -351,7 +352,8 @@ class Reconciler:
         if node.name not in self.fleet.unmanaged:
             return
         config = self.config()
-        signal = fault_signal(node, config)  # its own report: it holds no external signal
+        # Its own report: an unmanaged node holds no external signal, nor records.
+        signal = current_signal(Seen(node, config))
         if signal is None or not self.unmanaged_told.add(f"{node.name}/{signal.fault_id}"):
             return
         selector = ",".join(f"{k}={v}" for k, v in sorted(config.node_selector.items()))

@@ -40,7 +40,6 @@ from gpuheal.model import (
     DeviceHealth,
     DeviceReport,
     FaultRecord,
-    FaultSignal,
     Mode,
     NodeView,
     Phase,
@@ -52,11 +51,10 @@ from gpuheal.policy.clock import iso, parse_time
 from gpuheal.policy.gate import GATE_FAILED
 from gpuheal.policy.history import opened_at
 from gpuheal.policy.plan import DETECTED, RECOVERED, Emit, Evict, UpdateRecord
+from gpuheal.sources.escalation import ESCALATE_ACTION
 
 SOURCE = "pod-status"
-ESCALATION_SOURCE = "device-health"
 REASON = "DeviceUnhealthy"
-ESCALATION_REASON = "DeviceEscalation"
 
 # Event reasons for devices (the fault ones are shared with plan.py).
 DEVICE_UNKNOWN = "GPUDeviceUnknown"
@@ -248,34 +246,6 @@ def _last(record: FaultRecord, action: str) -> ActionEntry | None:
     return next((a for a in reversed(record.actions) if a.action == action), None)
 
 
-def _escalated(record: FaultRecord) -> bool:
-    return _last(record, "escalate") is not None
-
-
-def escalation_signal(records: Iterable[FaultRecord]) -> FaultSignal | None:
-    """The node-level fault that escalated device faults stand for, while one is open.
-
-    Its id comes from the first escalated record (stable while it stays open) and is a
-    valid taint value (the record name's digest: no '#', under 63 characters).
-    """
-    escalated = sorted(
-        (r for r in records if r.device_scope and r.open and _escalated(r)),
-        key=lambda r: (r.created_at, r.name),
-    )
-    if not escalated:
-        return None
-    first = escalated[0]
-    entry = _last(first, "escalate")
-    return FaultSignal(
-        node=first.node,
-        fault_id=f"devices-{first.name[-12:]}",
-        reason=ESCALATION_REASON,
-        source=ESCALATION_SOURCE,
-        severity=Severity.P0,
-        detected_at=entry.time if entry else first.created_at,
-    )
-
-
 # -- the plan ---------------------------------------------------------------------
 
 
@@ -384,7 +354,7 @@ def _open_fault(work: _Pass, device: Device) -> FaultRecord:
     contact = len(recent) + 1 >= cfg.contact_support_after
     entries = [work.entry("detect", detail=device.message or SOURCE)]
     if why:
-        entries.append(work.entry("escalate", detail=why))
+        entries.append(work.entry(ESCALATE_ACTION, detail=why))
     record = FaultRecord(
         name=name,
         node=node.name,

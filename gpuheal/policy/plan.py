@@ -43,7 +43,7 @@ from gpuheal.policy.gate import GATE_FAILED, GateResult, evaluate, facts_from_vi
 from gpuheal.policy.history import opened_at
 from gpuheal.policy.nodes import in_maintenance
 from gpuheal.policy.recent import handled_lately
-from gpuheal.policy.signals import fault_signal
+from gpuheal.sources import SOURCES, Seen, Source
 
 # Event reasons (all of them: docs/architecture.md#events).
 DETECTED = "GPUFaultDetected"
@@ -218,8 +218,11 @@ class NodeState:
     quarantined: frozenset[str] = frozenset()
     # Pod key -> its refused eviction (429) and when to try again, in this process's memory.
     blocked: Mapping[str, Blocked] = field(default_factory=dict)
-    # Signals about this node from outside it: alerts, DCGM metrics, manual requests.
+    # Signals pushed about this node from outside it (alerts, DCGM metrics, manual
+    # requests), held by the controller until resolved or expired.
     external: tuple[FaultSignal, ...] = ()
+    # The node's device-level records (the device plan's; sources read them).
+    device_records: tuple[FaultRecord, ...] = ()
     # Driver versions of the other GPU nodes of this node's pool (version -> nodes),
     # for the health gate's driver check.
     pool_drivers: Mapping[str, int] = field(default_factory=dict)
@@ -234,10 +237,13 @@ def _entry(now: dt.datetime, action: str, result: str = "ok", detail: str = "") 
     )
 
 
-def plan(state: NodeState, config: Config, now: dt.datetime) -> Plan:
-    """The node's plan; its current signal is decided here, once."""
+def plan(
+    state: NodeState, config: Config, now: dt.datetime, sources: Sequence[Source] = SOURCES
+) -> Plan:
+    """The node's plan; its current signal is decided here, once, from `sources`."""
     node = state.node
-    signal = current_signal(state, config)
+    seen = Seen(node, config, state.external, (*state.records, *state.device_records))
+    signal = current_signal(seen, sources)
     if signal is not None and handled_lately(node, signal, state.handled_lately, config):
         return Plan(suppressed="memory", fault_id=signal.fault_id)
     if node.labels.get(MANAGED_LABEL) == "false":
@@ -265,14 +271,27 @@ def _label_follows_taint(node: NodeView, decided: Plan) -> Plan:
     return replace(decided, release=(*decided.release, RemoveTaint(node.name)))
 
 
-def current_signal(state: NodeState, config: Config) -> FaultSignal | None:
-    """The node's own report wins (agent annotations, detector conditions); else
-    the most severe external signal (ties: the oldest fault id, for stability)."""
-    own = fault_signal(state.node, config)
-    if own is not None:
-        return own
-    ranked = sorted(state.external, key=lambda s: (s.severity.rank, s.fault_id))
-    return ranked[0] if ranked else None
+def reported(seen: Seen, sources: Sequence[Source] = SOURCES) -> tuple[FaultSignal, ...]:
+    """What the sources report about the node, the current signal first: the node's
+    own report (the first signal of an OWN source, in the sources' order; the own
+    sources after it are not asked), then every other source's signal, the most
+    severe first (ties: the oldest fault id, for stability)."""
+    own: FaultSignal | None = None
+    for source in sources:
+        if source.OWN:
+            own = next(iter(source.signals(seen)), None)
+            if own is not None:
+                break
+    others = sorted(
+        (signal for source in sources if not source.OWN for signal in source.signals(seen)),
+        key=lambda s: (s.severity.rank, s.fault_id),
+    )
+    return (own, *others) if own is not None else tuple(others)
+
+
+def current_signal(seen: Seen, sources: Sequence[Source] = SOURCES) -> FaultSignal | None:
+    """The signal the node's plan acts on (reported's first), or None."""
+    return next(iter(reported(seen, sources)), None)
 
 
 def _escalated(record: FaultRecord | None, config: Config, now: dt.datetime) -> bool:

@@ -22,13 +22,13 @@ import aiohttp
 import pytest
 from lightkube import Client
 
-from gpuheal.controller.dcgm import Query, host_matchers, run_starts_query
-from gpuheal.controller.dcgm import queries as dcgm_queries
 from gpuheal.controller.dcgm_source import DcgmSource
 from gpuheal.metrics.controller import ControllerMetrics
 from gpuheal.model import FaultSignal, Severity
 from gpuheal.sim.monitoring import FakeDcgmExporter, Monitoring
 from gpuheal.sim.nodes import create_gpu_nodes, delete_nodes, wait_nodes_ready
+from gpuheal.sources.dcgm import Query, host_matchers, run_starts_query
+from gpuheal.sources.dcgm import queries as dcgm_queries
 from gpuheal.values import is_label_value
 from tests.corpus import FQDN_253, GPU_UUIDS, dcgm_labels, unique_eks_node
 from tests.helpers import wait_for

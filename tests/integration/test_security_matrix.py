@@ -37,7 +37,6 @@ from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBi
 from lightkube.types import PatchType
 
 from gpuheal.agent.facts import FACT_KEYS
-from gpuheal.agent.reporter import FAULT_KEYS
 from gpuheal.config import Config
 from gpuheal.kube import writes
 from gpuheal.model import (
@@ -71,6 +70,7 @@ from gpuheal.sim.controller import ControllerProcess
 from gpuheal.sim.nodes import create_gpu_nodes, delete_nodes, wait_nodes_ready
 from gpuheal.sim.resources import GPUFault
 from gpuheal.sim.workloads import apply, create_namespace, gpu_pod, wait_pods_running
+from gpuheal.sources.annotations import KEYS as FAULT_KEYS
 from tests.corpus import eks_node_names
 from tests.helpers import FakeNodes, unique, wait_for
 from tests.integration.chart import Release, as_token, bind, forbidden, installed, token_for

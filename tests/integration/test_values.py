@@ -22,7 +22,6 @@ from lightkube import ApiError, Client, codecs
 from lightkube.types import PatchType
 
 from gpuheal import values
-from gpuheal.api.alerts import Webhook, interpret
 from gpuheal.config import Config
 from gpuheal.kube.events import event_body, fault_ref, node_ref
 from gpuheal.kube.writes import fault_record, handled_patch, record_status, taint_patch
@@ -40,9 +39,11 @@ from gpuheal.model import (
     Phase,
     fault_record_name,
 )
-from gpuheal.policy.signals import fault_signal
+from gpuheal.policy.plan import current_signal
 from gpuheal.sim.nodes import gpu_node
 from gpuheal.sim.resources import GPUFault
+from gpuheal.sources import Seen
+from gpuheal.sources.alertmanager import Webhook, interpret
 from tests.corpus import NODE_NAMES, alert, webhook
 from tests.helpers import unique
 
@@ -152,8 +153,8 @@ def test_whatever_an_annotation_says_every_write_is_accepted(
         FAULT_TIME: time,
         FAULT_DEVICES: ",".join(devices),
     }
-    signal = fault_signal(
-        NodeView(name=node, resource_version="", annotations=annotations), Config()
+    signal = current_signal(
+        Seen(NodeView(name=node, resource_version="", annotations=annotations), Config())
     )
     if signal is None:  # a blank fault id is no fault: the agent contract
         assert not (fault_id or "x").strip()

@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
-from gpuheal.api.alerts import decode_webhook, interpret
+from gpuheal.api.server import decode_webhook
 from gpuheal.controller.addresses import AddressIndex, NodeFinder, instance_host
 from gpuheal.kube.informer import Handler
 from gpuheal.model import NodeView
+from gpuheal.sources.alertmanager import interpret
 from tests.corpus import EKS_NODE, EKS_NODES, FQDN_253, alert, dcgm_labels, webhook
 
 LABELS = ("node", "Hostname", "hostname", "instance")

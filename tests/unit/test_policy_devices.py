@@ -39,11 +39,11 @@ from gpuheal.policy.devices import (
     DeviceState,
     MarkDevices,
     canary_name,
-    escalation_signal,
     plan_devices,
 )
 from gpuheal.policy.gate import GATE_FAILED
 from gpuheal.policy.plan import Emit, Evict, UpdateRecord
+from gpuheal.sources.escalation import escalation_signal
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, 0, tzinfo=dt.UTC)
 GPU = "nvidia.com/gpu"

@@ -41,9 +41,10 @@ from gpuheal.policy.plan import (
     NodeState,
     RemoveTaint,
     UpdateRecord,
+    current_signal,
     plan,
 )
-from gpuheal.policy.signals import fault_signal
+from gpuheal.sources import Seen
 from gpuheal.values import taint_value
 from tests.corpus import EKS_NODES
 
@@ -105,6 +106,11 @@ def refused(
     fault_id: str, *, since: dt.datetime, retry_at: dt.datetime, attempts: int = 1
 ) -> Blocked:
     return Blocked(fault_id, since, attempts, retry_at, "PodDisruptionBudget ml/budget")
+
+
+def fault_signal(node: NodeView, config: Config) -> FaultSignal | None:
+    """The node's own report, as the plan reads it from the registered sources."""
+    return current_signal(Seen(node, config))
 
 
 def kinds(p: object) -> list[str]:

@@ -16,14 +16,13 @@ from gpuheal.model import (
     STATE_MAINTENANCE,
     FaultSignal,
     Mode,
-    NodeView,
     Phase,
     Severity,
 )
-from gpuheal.policy import plan as plan_module
 from gpuheal.policy.plan import NodeState, plan
 from gpuheal.policy.recent import HandledFaults, handled_lately
-from gpuheal.policy.signals import fault_signal
+from gpuheal.sources import Seen
+from gpuheal.sources import annotations as contract
 from tests.unit.test_controller_echoes import _reconciler
 from tests.unit.test_policy_plan import CONFIG, F1, N1, NOW, faulty, record, tainted
 
@@ -82,12 +81,12 @@ def test_one_look_at_a_node_decides_its_signal_once(monkeypatch: pytest.MonkeyPa
     # rule, then the plan computed it again (two reads of the annotations per look).
     reads: list[str] = []
 
-    def counted(node: NodeView, config: Config) -> FaultSignal | None:
-        reads.append(node.name)
-        return real(node, config)
+    def counted(seen: Seen) -> tuple[FaultSignal, ...]:
+        reads.append(seen.node.name)
+        return real(seen)
 
-    real = fault_signal
-    monkeypatch.setattr(plan_module, "fault_signal", counted)
+    real = contract.signals
+    monkeypatch.setattr(contract, "signals", counted)
 
     async def run() -> None:
         loop, _records, _pods = _reconciler()

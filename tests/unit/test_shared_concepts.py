@@ -111,4 +111,4 @@ def test_a_severity_gpuheal_wrote_reads_back_and_anything_else_is_p0() -> None:
         Severity.P2,
     ]
     assert Severity.written("") is Severity.P0
-    assert Severity.written("p1") is Severity.P0  # case is policy/signals' business
+    assert Severity.written("p1") is Severity.P0  # case is sources/annotations' business

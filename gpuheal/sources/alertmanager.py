@@ -1,4 +1,6 @@
-"""Alertmanager webhook payloads (version 4) -> fault signals. Pure functions.
+"""Alertmanager webhook payloads (version 4) -> fault signals. A pushed source:
+its route, POST /api/v1/alerts (gpuheal.api.server), decodes the body into a
+Webhook and hands it here. Pure functions.
 
 A firing alert becomes a signal about one node; its fault id comes from the
 alert's fingerprint and startsAt, so Alertmanager's repeats of one alert are
@@ -16,15 +18,20 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-
-import msgspec
+from dataclasses import dataclass, field
 
 from gpuheal import values
-from gpuheal.api.fields import TIME_RULE, rfc3339, shown
 from gpuheal.model import FaultSignal, Severity
+from gpuheal.sources.base import Seen, claimed
+from gpuheal.sources.fields import TIME_RULE, rfc3339, shown
 
 SOURCE = "alertmanager"
+OWN = False
+
+
+def signals(seen: Seen) -> tuple[FaultSignal, ...]:
+    return claimed(SOURCE, seen)
+
 
 _SEVERITIES = {
     "critical": Severity.P0,
@@ -38,24 +45,27 @@ _SEVERITIES = {
 }
 
 
-class Alert(msgspec.Struct):
+# The webhook's shape, as its route decodes it (Alertmanager's field names).
+@dataclass
+class Alert:
     status: str
     labels: dict[str, str]
-    startsAt: str  # noqa: N815 -- Alertmanager's field names
-    annotations: dict[str, str] = {}
+    startsAt: str  # noqa: N815
+    annotations: dict[str, str] = field(default_factory=dict)
     endsAt: str = ""  # noqa: N815
     fingerprint: str = ""
     generatorURL: str = ""  # noqa: N815
 
 
-class Webhook(msgspec.Struct):
+@dataclass
+class Webhook:
     version: str
     status: str
     alerts: list[Alert]
     receiver: str = ""
     groupKey: str = ""  # noqa: N815
-    groupLabels: dict[str, str] = {}  # noqa: N815
-    commonLabels: dict[str, str] = {}  # noqa: N815
+    groupLabels: dict[str, str] = field(default_factory=dict)  # noqa: N815
+    commonLabels: dict[str, str] = field(default_factory=dict)  # noqa: N815
     externalURL: str = ""  # noqa: N815
 
 
@@ -63,13 +73,9 @@ class PayloadError(ValueError):
     """The body is not an Alertmanager v4 webhook; the message says where."""
 
 
-def decode_webhook(body: bytes) -> Webhook:
-    try:
-        hook = msgspec.json.decode(body, type=Webhook)
-    except msgspec.ValidationError as err:
-        raise PayloadError(f"not an Alertmanager webhook: {err}") from None
-    except msgspec.DecodeError as err:
-        raise PayloadError(f"malformed JSON: {err}") from None
+def checked(hook: Webhook) -> Webhook:
+    """The webhook, if it is one gpuheal reads (version 4, each alert firing or
+    resolved); else PayloadError."""
     if hook.version != "4":
         raise PayloadError(f'unsupported webhook version {hook.version!r} (want "4")')
     for i, alert in enumerate(hook.alerts):

@@ -1,4 +1,5 @@
-"""What a value from a request must be for gpuheal to carry it as is.
+"""What a value pushed by a source (an API request, an alert) must be for
+gpuheal to carry it as is.
 
 The API refuses (400, the field named) what the API server would later refuse
 or what cannot be read back, instead of accepting a request that can never

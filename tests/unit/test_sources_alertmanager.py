@@ -1,4 +1,4 @@
-"""Alertmanager payloads -> signals (pure; DCGM results: test_dcgm.py)."""
+"""Alertmanager payloads -> signals (pure; DCGM results: test_sources_dcgm.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuheal import values
-from gpuheal.api import fields
-from gpuheal.api.alerts import PayloadError, alert_fault_id, decode_webhook, interpret
+from gpuheal.api.server import decode_webhook
 from gpuheal.model import Severity
+from gpuheal.sources import fields
+from gpuheal.sources.alertmanager import PayloadError, alert_fault_id, interpret
 from tests.corpus import EKS_NODE, GPU_UUIDS, NODE_NAMES, alert, dcgm_labels, webhook
 
 

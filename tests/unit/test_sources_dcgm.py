@@ -10,7 +10,11 @@ import logging
 import aiohttp
 import pytest
 
-from gpuheal.controller.dcgm import (
+from gpuheal.controller.dcgm_source import DcgmSource
+from gpuheal.metrics.controller import ControllerMetrics
+from gpuheal.model import Severity
+from gpuheal.sim.process import free_port
+from gpuheal.sources.dcgm import (
     BLANK,
     NON_FINITE,
     NOT_AN_XID,
@@ -23,10 +27,6 @@ from gpuheal.controller.dcgm import (
     run_starts,
     signal_for,
 )
-from gpuheal.controller.dcgm_source import DcgmSource
-from gpuheal.metrics.controller import ControllerMetrics
-from gpuheal.model import Severity
-from gpuheal.sim.process import free_port
 from gpuheal.values import FIELD_MAX, LABEL_VALUE_MAX, is_label_value
 from tests.corpus import EKS_NODES, FQDN_253, GPU_UUIDS, MIG_UUIDS, NODE_NAMES, dcgm_labels
 

@@ -1,6 +1,7 @@
 """DCGM metrics as a fault source: what dcgm-exporter's series in Prometheus
-say is wrong, turned into signals (pure; `gpuheal.controller.dcgm_source` asks
-Prometheus).
+say is wrong, turned into signals. A pushed source: its poller,
+`gpuheal.controller.dcgm_source`, asks Prometheus with this module's queries and
+submits what they find; this module is pure.
 
 A finding is an *episode*: the condition holding, without a break, on the
 source's grid (instants that are multiples of the poll interval). Its fault id
@@ -21,10 +22,17 @@ from typing import Any
 
 from gpuheal.model import FaultSignal, Severity
 from gpuheal.policy.clock import iso
+from gpuheal.sources.base import Seen, claimed
 from gpuheal.values import FIELD_MAX, digest, label_value, text
 from gpuheal.xid import classify
 
 SOURCE = "dcgm"
+OWN = False
+
+
+def signals(seen: Seen) -> tuple[FaultSignal, ...]:
+    return claimed(SOURCE, seen)
+
 
 # dcgm-exporter has spelled the host both ways; the device is its UUID when
 # there is one, else the index.
