@@ -8,7 +8,7 @@ import logging
 import sys
 from typing import Any
 
-from gpuheal.policy.clock import iso
+from gpuheal.clock import iso
 
 # Attributes every LogRecord has; anything else came in through `extra=`.
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}

@@ -39,11 +39,11 @@ from gpuheal.agent.reporter import NodeReporter, desired
 from gpuheal.agent.smi import run_smi
 from gpuheal.agent.statefile import load_state
 from gpuheal.agent.timeouts import GuardedProbe
+from gpuheal.clock import iso
 from gpuheal.kube.blocking import BlockingKube
 from gpuheal.metrics.agent import AgentMetrics
 from gpuheal.model import CUDA_VERSION, DRIVER_VERSION, GPU_PROCESSES, Severity
 from gpuheal.policy.backoff import backoff_delay
-from gpuheal.policy.clock import iso
 from gpuheal.sources.annotations import written
 
 log = logging.getLogger(__name__)

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from gpuheal.clock import iso
 from gpuheal.model import (
     COUNTERS_SINCE,
     CUDA_VERSION,
@@ -26,7 +27,6 @@ from gpuheal.model import (
     LAST_GPU_ERROR,
     XID_ERRORS,
 )
-from gpuheal.policy.clock import iso
 
 log = logging.getLogger(__name__)
 

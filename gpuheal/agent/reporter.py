@@ -15,11 +15,11 @@ import msgspec
 from gpuheal.agent.debounce import Report
 from gpuheal.agent.facts import FACT_KEYS, changed_facts
 from gpuheal.agent.findings import Health, Verdict
+from gpuheal.clock import iso
 from gpuheal.kube.api import STRATEGIC_PATCH, node_path
 from gpuheal.kube.blocking import BlockingKube
 from gpuheal.kube.projections import NodeJson
 from gpuheal.model import FAULT_ID, GPU_HEALTHY_CONDITION
-from gpuheal.policy.clock import iso
 from gpuheal.sources.annotations import KEYS, Annotated, encode
 
 log = logging.getLogger(__name__)

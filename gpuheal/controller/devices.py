@@ -17,8 +17,8 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable, Iterable
 
+from gpuheal.clock import parse_time
 from gpuheal.model import PodView
-from gpuheal.policy.clock import parse_time
 from gpuheal.policy.devices import DeviceEntry
 
 

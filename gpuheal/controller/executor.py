@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuheal import values
+from gpuheal.clock import iso, parse_time
 from gpuheal.config import Config
 from gpuheal.kube import writes
 from gpuheal.kube.api import ApiError, KubeApi, gpufault_path, node_path, pod_path
@@ -50,7 +51,6 @@ from gpuheal.model import (
     PodView,
 )
 from gpuheal.policy import history
-from gpuheal.policy.clock import iso, parse_time
 from gpuheal.policy.devices import (
     CreateCanary,
     CreateDeviceRecord,

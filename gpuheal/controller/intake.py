@@ -6,6 +6,7 @@ import datetime as dt
 from collections.abc import Callable
 from typing import Any
 
+from gpuheal.clock import iso
 from gpuheal.controller.addresses import NodeFinder
 from gpuheal.controller.reconciler import Reconciler
 from gpuheal.kube.api import ApiError, gpufault_path
@@ -13,7 +14,6 @@ from gpuheal.kube.informer import Store
 from gpuheal.kube.projections import decode_fault
 from gpuheal.model import MANAGED_LABEL, FaultRecord, FaultSignal, NodeView
 from gpuheal.policy.approval import answer_patch, matching, refusal
-from gpuheal.policy.clock import iso
 from gpuheal.sources import registered
 
 

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpuheal import values
+from gpuheal.clock import iso
 from gpuheal.kube.api import KubeApi
 from gpuheal.model import GPUFAULT_API_VERSION, GPUFAULT_KIND
-from gpuheal.policy.clock import iso
 
 log = logging.getLogger(__name__)
 

@@ -23,9 +23,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from gpuheal.clock import iso
 from gpuheal.kube.api import ApiError, KubeApi
 from gpuheal.kube.failures import Streaks, describe, failure_reason
-from gpuheal.policy.clock import iso
 
 log = logging.getLogger(__name__)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuheal import values
+from gpuheal.clock import parse_time
 from gpuheal.model import (
     GPUFAULT_API_VERSION,
     GPUFAULT_KIND,
@@ -28,7 +29,6 @@ from gpuheal.model import (
     NodeView,
     Phase,
 )
-from gpuheal.policy.clock import parse_time
 
 
 def _time(value: str) -> str:

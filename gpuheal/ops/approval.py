@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from gpuheal.clock import iso
 from gpuheal.kube.api import ApiError, gpufault_path
 from gpuheal.kube.projections import FaultJson, fault_record
 from gpuheal.kube.snapshot import list_all
@@ -24,7 +25,6 @@ from gpuheal.model import APPROVED, FaultRecord
 from gpuheal.ops import exitcodes
 from gpuheal.ops.output import Notes, Table, render
 from gpuheal.policy.approval import answer_patch, matching, refusal
-from gpuheal.policy.clock import iso
 
 if TYPE_CHECKING:
     from gpuheal.ops.context import Context

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 
+from gpuheal.clock import parse_time
 from gpuheal.config import Config
 from gpuheal.kube.projections import NodeJson, PodJson
 from gpuheal.kube.snapshot import Snapshot, read_snapshot
@@ -39,7 +40,6 @@ from gpuheal.ops import exitcodes
 from gpuheal.ops.fleet import gpu_node, gpu_total, node_ready, pod_gpus, pod_live, pod_name
 from gpuheal.ops.output import Notes, Table, render
 from gpuheal.ops.selector import Requirement, SelectorError, parse_selector, selected
-from gpuheal.policy.clock import parse_time
 from gpuheal.policy.nodes import in_maintenance
 from gpuheal.policy.pools import (
     NO_POOL,

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpuheal.clock import parse_time
 from gpuheal.config import Config
 from gpuheal.kube.details import Node
 from gpuheal.model import (
@@ -49,7 +50,6 @@ from gpuheal.ops.movement import question_workloads
 from gpuheal.ops.neighbours import question_affected
 from gpuheal.ops.output import Notes, Table
 from gpuheal.ops.visibility import question_gpus
-from gpuheal.policy.clock import parse_time
 from gpuheal.policy.nodes import in_maintenance
 
 QUESTIONS = (

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from rich.text import Text
 
+from gpuheal.clock import iso, parse_time
 from gpuheal.config import Config
 from gpuheal.kube.api import ApiError, KubeApi, node_path
 from gpuheal.kube.projections import NodeJson, PodJson, device_plugin_matcher
@@ -32,7 +33,6 @@ from gpuheal.ops.fleet import (
     quantity,
 )
 from gpuheal.ops.output import Notes, Table, render
-from gpuheal.policy.clock import iso, parse_time
 from gpuheal.policy.gate import DevicePluginPod, GateFacts, GateResult, Result, evaluate
 from gpuheal.policy.pools import driver_version, pool_of
 

@@ -8,10 +8,10 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
+from gpuheal.clock import iso
 from gpuheal.model import FaultRecord
 from gpuheal.ops.findings import when
 from gpuheal.ops.output import Table
-from gpuheal.policy.clock import iso
 from gpuheal.policy.history import closed_at, opened_at
 
 # A record's action entries as people say them; others are shown by their name.

@@ -24,6 +24,7 @@ import msgspec
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
+from gpuheal.clock import iso
 from gpuheal.config import Config, url_origin, without_url_secrets
 from gpuheal.kube.api import ApiError, node_path, pod_path
 from gpuheal.kube.details import Pod
@@ -47,7 +48,6 @@ from gpuheal.ops.findings import pod_key
 from gpuheal.ops.fleet import pod_gpus, pod_live
 from gpuheal.ops.gate import GateReport, gate_exit_code, gather, get_node, maintenance_since
 from gpuheal.ops.output import Notes, Table, render
-from gpuheal.policy.clock import iso
 from gpuheal.policy.gate import GATE_FAILED, evaluate
 from gpuheal.values import label_text
 

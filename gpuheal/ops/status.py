@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 
+from gpuheal.clock import parse_time
 from gpuheal.config import Config
 from gpuheal.kube.projections import NodeJson
 from gpuheal.kube.snapshot import Snapshot, read_snapshot
@@ -43,7 +44,6 @@ from gpuheal.ops.fleet import (
 from gpuheal.ops.output import Notes, Table, render
 from gpuheal.ops.selector import Requirement, SelectorError, parse_selector, selected
 from gpuheal.policy.breaker import quarantine_capacity
-from gpuheal.policy.clock import parse_time
 from gpuheal.policy.nodes import in_maintenance
 from gpuheal.policy.plan import WOULD_QUARANTINE_ACTION
 from gpuheal.policy.pools import pool_of

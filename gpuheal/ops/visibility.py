@@ -7,6 +7,7 @@ and every taint with who put it there — including taints gpuheal left behind.
 
 from __future__ import annotations
 
+from gpuheal.clock import parse_time
 from gpuheal.config import Config
 from gpuheal.kube.details import Node, Pod, Taint
 from gpuheal.model import (
@@ -47,7 +48,6 @@ from gpuheal.ops.scheduling import (
     taints_of,
     toleration_text,
 )
-from gpuheal.policy.clock import parse_time
 from gpuheal.policy.nodes import in_maintenance
 from gpuheal.policy.pools import NO_POOL, expected_gpus, pool_config, pool_of
 from gpuheal.values import taint_value

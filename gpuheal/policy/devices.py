@@ -29,6 +29,7 @@ import datetime as dt
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
+from gpuheal.clock import iso, parse_time
 from gpuheal.config import Config, DeviceHealthConfig
 from gpuheal.model import (
     MANAGED_LABEL,
@@ -47,7 +48,6 @@ from gpuheal.model import (
     Severity,
     fault_record_name,
 )
-from gpuheal.policy.clock import iso, parse_time
 from gpuheal.policy.gate import GATE_FAILED
 from gpuheal.policy.history import opened_at
 from gpuheal.policy.plan import DETECTED, RECOVERED, Emit, Evict, UpdateRecord

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from gpuheal.clock import iso, parse_time
 from gpuheal.config import Config
 from gpuheal.model import (
     COUNTERS_SINCE,
@@ -31,7 +32,6 @@ from gpuheal.model import (
     NodeView,
     PodView,
 )
-from gpuheal.policy.clock import iso, parse_time
 from gpuheal.policy.pools import (
     NO_POOL,
     driver_version,

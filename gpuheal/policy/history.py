@@ -16,8 +16,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import replace
 
+from gpuheal.clock import parse_time
 from gpuheal.model import ActionEntry, FaultRecord
-from gpuheal.policy.clock import parse_time
 from gpuheal.values import DETAIL_MAX, text
 
 MAX_KEPT = 50  # entries in status.actions (the CRD allows 100)

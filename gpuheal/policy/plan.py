@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from gpuheal import values
+from gpuheal.clock import iso, parse_time
 from gpuheal.config import Config
 from gpuheal.model import (
     ANNOTATION_PREFIX,
@@ -38,7 +39,6 @@ from gpuheal.model import (
 )
 from gpuheal.policy.backoff import Blocked
 from gpuheal.policy.breaker import breaker_allows
-from gpuheal.policy.clock import iso, parse_time
 from gpuheal.policy.gate import GATE_FAILED, GateResult, evaluate, facts_from_views
 from gpuheal.policy.history import opened_at
 from gpuheal.policy.nodes import in_maintenance

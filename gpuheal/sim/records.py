@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuheal.clock import iso
 from gpuheal.kube import writes
 from gpuheal.kube.api import KubeApi, gpufault_path
 from gpuheal.model import ActionEntry, FaultSignal, Mode, Phase, fault_record_name
-from gpuheal.policy.clock import iso
 from gpuheal.sim.bulk import create_new, write_each
 
 

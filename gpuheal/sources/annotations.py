@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpuheal import values
+from gpuheal.clock import parse_time
 from gpuheal.model import (
     ANNOTATION_PREFIX,
     FAULT_DEVICES,
@@ -24,7 +25,6 @@ from gpuheal.model import (
     FaultSignal,
     Severity,
 )
-from gpuheal.policy.clock import parse_time
 from gpuheal.sources.base import Seen
 
 SOURCE = "node-annotation"

@@ -20,8 +20,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuheal.clock import iso
 from gpuheal.model import FaultSignal, Severity
-from gpuheal.policy.clock import iso
 from gpuheal.sources.base import Seen, claimed
 from gpuheal.values import FIELD_MAX, digest, label_value, text
 from gpuheal.xid import classify

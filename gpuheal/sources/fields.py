@@ -14,7 +14,7 @@ import re
 import unicodedata
 
 from gpuheal import values
-from gpuheal.policy.clock import parse_time
+from gpuheal.clock import parse_time
 
 # RFC 3339 date-time (section 5.6): a full date, a time, an offset. Go's
 # time.Time, so Alertmanager, writes exactly this. ASCII digits only.

@@ -8,8 +8,8 @@ from __future__ import annotations
 import datetime as dt
 
 from gpuheal import values
+from gpuheal.clock import iso
 from gpuheal.model import FaultSignal, Severity
-from gpuheal.policy.clock import iso
 from gpuheal.sources.base import Seen, claimed
 from gpuheal.sources.fields import (
     IDENTIFIER_RULE,

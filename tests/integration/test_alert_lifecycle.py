@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from lightkube import Client
 
-from gpuheal.policy.clock import parse_time
+from gpuheal.clock import parse_time
 from gpuheal.sim import ControlPlane, audit
 from gpuheal.sim.controller import ControllerProcess
 from gpuheal.sim.resources import GPUFault

@@ -13,8 +13,8 @@ import pytest
 from lightkube import Client
 from lightkube.resources.core_v1 import Node
 
+from gpuheal.clock import parse_time
 from gpuheal.model import FAULT_ID, FAULT_SEVERITY, STATUS, TAINT_KEY
-from gpuheal.policy.clock import parse_time
 from gpuheal.sim.resources import GPUFault
 from gpuheal.sim.workloads import apply, gpu_pod, wait_pods_running
 from tests.helpers import FakeNodes, wait_for

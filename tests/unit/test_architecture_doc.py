@@ -20,11 +20,6 @@ DOCS = ROOT / "docs"
 DOC = DOCS / "architecture.md"
 TEXT = DOC.read_text()
 
-# Packages the document describes that parallel branches of issue 18 introduce
-# (the sources protocol, the metrics modules per program). What the document
-# cites under one is checked once the package is there; until then it is not.
-PENDING = ("gpuheal/sources", "gpuheal/metrics/")
-
 _PATH = re.compile(
     r"(?<![\w/.-])((?:gpuheal|tests|docs|deploy|bench)/[\w./-]*[\w/])(?:::([\w.]+))?"
 )
@@ -33,14 +28,6 @@ _LINK = re.compile(r"\]\(([^)\s]+)\)")
 _HEADING = re.compile(r"^#{1,6} (.+)$", re.MULTILINE)
 # An Event reason constant: GPUFaultHeld, not GPUHEAL_CRASH_AFTER.
 _REASON = re.compile(r'^[A-Z_]+ = "(GPU[A-Z][a-z][A-Za-z]*)"', re.MULTILINE)
-
-
-def pending(path: str) -> bool:
-    return any(path.startswith(p) and not (ROOT / p).is_dir() for p in PENDING)
-
-
-def pending_module(name: str) -> bool:
-    return pending(name.replace(".", "/") + "/")
 
 
 def slug(heading: str) -> str:
@@ -95,16 +82,16 @@ def importable(name: str) -> bool:
 def test_every_cited_path_and_name_exists() -> None:
     cited = _PATH.findall(TEXT)
     assert len(cited) > 50
-    missing = [p for p, _ in cited if not pending(p) and not (ROOT / p).exists()]
+    missing = [p for p, _ in cited if not (ROOT / p).exists()]
     assert not missing, f"paths in docs/architecture.md that do not exist: {missing}"
-    undefined = [f"{p}::{n}" for p, n in cited if n and not pending(p) and not defines(ROOT / p, n)]
+    undefined = [f"{p}::{n}" for p, n in cited if n and not defines(ROOT / p, n)]
     assert not undefined, f"names in docs/architecture.md not defined there: {undefined}"
 
 
 def test_every_cited_module_exists() -> None:
     modules = set(_MODULE.findall(TEXT))
     assert "gpuheal.policy" in modules
-    absent = sorted(m for m in modules if not pending_module(m) and not importable(m))
+    absent = sorted(m for m in modules if not importable(m))
     assert not absent, f"modules in docs/architecture.md that do not exist: {absent}"
 
 
@@ -113,11 +100,7 @@ def test_the_layers_are_the_import_linter_contract() -> None:
     (layers,) = [c["layers"] for c in contracts["contracts"] if c["type"] == "layers"]
     block = re.search(r"```\n(.*?)```", section("## Layers"), re.DOTALL)
     assert block is not None, "no layer list under ## Layers"
-    described = [
-        " | ".join(m for m in layer.split(" | ") if not (pending_module(m) and not importable(m)))
-        for layer in block.group(1).splitlines()
-    ]
-    assert [layer for layer in described if layer] == layers
+    assert block.group(1).splitlines() == layers
 
 
 def collected_at_scrape() -> set[str]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import replace
 
+from gpuheal.clock import iso
 from gpuheal.config import ApprovalConfig
 from gpuheal.model import APPROVED, REJECTED, ActionEntry, FaultRecord, Mode, Phase, Severity
-from gpuheal.policy.clock import iso
 from gpuheal.policy.plan import (
     AWAIT_ACTION,
     AwaitApproval,

@@ -8,6 +8,7 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuheal.clock import iso
 from gpuheal.config import Config, DeviceHealthConfig
 from gpuheal.model import (
     QUARANTINED_DEVICES,
@@ -25,7 +26,6 @@ from gpuheal.model import (
     PodView,
     Taint,
 )
-from gpuheal.policy.clock import iso
 from gpuheal.policy.devices import (
     CONTACT_SUPPORT,
     DEVICE_ESCALATED,

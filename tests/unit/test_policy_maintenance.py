@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import msgspec
 
+from gpuheal.clock import iso
 from gpuheal.config import Config, HealthGateConfig
 from gpuheal.controller.fleet import Fleet
 from gpuheal.kube.projections import PodJson, decode_node, device_plugin_matcher, pod_view_factory
@@ -28,7 +29,6 @@ from gpuheal.model import (
     Taint,
     fault_record_name,
 )
-from gpuheal.policy.clock import iso
 from gpuheal.policy.gate import GATE_FAILED
 from gpuheal.policy.plan import Emit, NodeState, RemoveTaint, UpdateRecord, plan
 

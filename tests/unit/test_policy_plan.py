@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import replace
 
+from gpuheal.clock import iso
 from gpuheal.config import ConditionRule, Config
 from gpuheal.model import (
     FAULT_ID,
@@ -30,7 +31,6 @@ from gpuheal.model import (
 )
 from gpuheal.policy.backoff import Blocked
 from gpuheal.policy.breaker import quarantine_capacity
-from gpuheal.policy.clock import iso
 from gpuheal.policy.plan import (
     AddTaint,
     CreateRecord,

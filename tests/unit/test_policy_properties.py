@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuheal.clock import iso
 from gpuheal.config import Config
 from gpuheal.model import (
     FAULT_ID,
@@ -31,7 +32,6 @@ from gpuheal.model import (
     Taint,
 )
 from gpuheal.policy.breaker import quarantine_capacity
-from gpuheal.policy.clock import iso
 from gpuheal.policy.plan import (
     QUARANTINED,
     AddTaint,

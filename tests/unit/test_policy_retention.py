@@ -8,9 +8,9 @@ import datetime as dt
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpuheal.clock import iso
 from gpuheal.config import RetentionConfig
 from gpuheal.model import OPEN_PHASES, ActionEntry, FaultRecord, Phase
-from gpuheal.policy.clock import iso
 from gpuheal.policy.retention import AGE, COUNT, collectable
 from tests.corpus import EKS_NODES
 

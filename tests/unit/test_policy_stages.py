@@ -7,8 +7,8 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import replace
 
+from gpuheal.clock import iso
 from gpuheal.model import STATE_LABEL, Mode, Phase
-from gpuheal.policy.clock import iso
 from gpuheal.policy.plan import (
     AddTaint,
     CreateRecord,

@@ -11,13 +11,13 @@ from typing import Any
 import msgspec
 import pytest
 
+from gpuheal.clock import iso, parse_time
 from gpuheal.config import Config
 from gpuheal.kube.details import Node
 from gpuheal.kube.projections import NodeJson, decode_node
 from gpuheal.model import MAINTENANCE_TAINT_KEY, STATE_LABEL, STATE_MAINTENANCE, NodeView, Severity
 from gpuheal.ops.fleet import gpu_node, node_ready
 from gpuheal.policy import nodes
-from gpuheal.policy.clock import iso, parse_time
 from gpuheal.policy.nodes import in_maintenance
 from gpuheal.sim.nodes import gpu_node as gpu_node_manifest
 from tests.corpus import EKS_NODE

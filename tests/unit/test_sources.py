@@ -16,10 +16,10 @@ from gpuheal.agent.debounce import Report
 from gpuheal.agent.findings import Health, Verdict
 from gpuheal.agent.reporter import desired
 from gpuheal.api.server import decode_webhook
+from gpuheal.clock import iso
 from gpuheal.config import ConditionRule, DeviceHealthConfig
 from gpuheal.controller.intake import ControllerIntake
 from gpuheal.model import ActionEntry, Condition, FaultRecord, FaultSignal, Phase, Severity
-from gpuheal.policy.clock import iso
 from gpuheal.policy.plan import AddTaint, CreateRecord, NodeState, current_signal, plan, reported
 from gpuheal.sources import (
     SOURCES,
