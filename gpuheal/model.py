@@ -194,6 +194,9 @@ class NodeView:
     # status.allocatable of the extended resources (nvidia.com/gpu, MIG profiles, ...),
     # sorted by name: the health gate's GPU count.
     allocatable: tuple[tuple[str, int], ...] = ()
+    # status.capacity of the same: whether it is a GPU node at all (a MIG-only node
+    # of the mixed strategy has no nvidia.com/gpu).
+    capacity: tuple[tuple[str, int], ...] = ()
 
     def taint(self, key: str = TAINT_KEY) -> Taint | None:
         return next((t for t in self.taints if t.key == key), None)

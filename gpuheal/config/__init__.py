@@ -9,7 +9,7 @@ into the classes `Config` is made of, the nested ones are their own sections.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -272,6 +272,11 @@ class Scope:
             name.startswith(pattern[:-1]) if pattern.endswith("*") else name == pattern
             for pattern in self.gpu_resources
         )
+
+    def gpu_count(self, resources: Iterable[tuple[str, int]]) -> int:
+        """The GPUs in a resource list: every GPU resource (whole GPUs and MIG
+        profiles) counts. The controller and every command count a node's this way."""
+        return sum(n for name, n in resources if self.is_gpu_resource(name))
 
 
 @dataclass(frozen=True)

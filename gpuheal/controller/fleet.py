@@ -50,14 +50,12 @@ class Fleet:
         records.handlers.append(self.on_record)
 
     def selected(self, node: NodeView) -> bool:
-        return gpu_node(node.labels, node.gpus, self.config())
+        config = self.config()
+        return gpu_node(node.labels, config.gpu_count(node.capacity), config)
 
     def has_gpus(self, node: NodeView) -> bool:
-        """GPU capacity (nvidia.com/gpu), or allocatable GPU resources (MIG profiles)."""
-        config = self.config()
-        return node.gpus > 0 or any(
-            n > 0 and config.is_gpu_resource(name) for name, n in node.allocatable
-        )
+        """GPU capacity of any GPU resource (whole GPUs or MIG profiles)."""
+        return self.config().gpu_count(node.capacity) > 0
 
     def unmanaged_gpu_node(self, node: NodeView) -> bool:
         return (

@@ -234,10 +234,14 @@ def node_view(node: NodeJson, gpu_resource: str = "nvidia.com/gpu") -> NodeView:
         gpus=_quantity(node.status.capacity.get(gpu_resource, "0")),
         addresses=tuple(a.address for a in node.status.addresses if a.address),
         # Extended resources only (a domain in the name): a handful, not cpu/memory/pods.
-        allocatable=tuple(
-            sorted((k, _quantity(v)) for k, v in node.status.allocatable.items() if "/" in k)
-        ),
+        allocatable=_extended(node.status.allocatable),
+        capacity=_extended(node.status.capacity),
     )
+
+
+def _extended(resources: Mapping[str, str]) -> tuple[tuple[str, int], ...]:
+    """Extended resources only (a domain in the name): a handful, not cpu/memory/pods."""
+    return tuple(sorted((k, _quantity(v)) for k, v in resources.items() if "/" in k))
 
 
 def device_plugin_matcher(

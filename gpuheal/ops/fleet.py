@@ -30,7 +30,7 @@ def quantity(value: str | None) -> int:
 
 def gpu_total(resources: Mapping[str, str] | None, config: Config) -> int:
     """The sum of every GPU resource (nvidia.com/gpu and MIG profiles) in a resource map."""
-    return sum(quantity(v) for k, v in (resources or {}).items() if config.is_gpu_resource(k))
+    return config.gpu_count((k, quantity(v)) for k, v in (resources or {}).items())
 
 
 def wanted_gpus(

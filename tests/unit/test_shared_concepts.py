@@ -13,11 +13,11 @@ import pytest
 
 from gpuheal.clock import iso, parse_time
 from gpuheal.config import Config
+from gpuheal.controller.fleet import Fleet
 from gpuheal.kube.details import Node
 from gpuheal.kube.projections import NodeJson, decode_node
 from gpuheal.model import MAINTENANCE_TAINT_KEY, STATE_LABEL, STATE_MAINTENANCE, NodeView, Severity
 from gpuheal.ops.fleet import gpu_node, node_ready
-from gpuheal.policy import nodes
 from gpuheal.policy.nodes import in_maintenance
 from gpuheal.sim.nodes import gpu_node as gpu_node_manifest
 from tests.corpus import EKS_NODE
@@ -28,6 +28,9 @@ NO_SELECTOR = Config(node_selector={})
 def _node(**changes: Any) -> dict[str, Any]:
     manifest = gpu_node_manifest(EKS_NODE, gpus=changes.pop("gpus", 8))
     manifest["metadata"]["labels"].update(changes.pop("labels", {}))
+    if "mig" in changes:  # MIG's mixed strategy: profiles, and no nvidia.com/gpu at all
+        resources = {"cpu": "96", **changes.pop("mig")}
+        manifest["status"].update(capacity=resources, allocatable=resources)
     if "ready" in changes:
         manifest["status"]["conditions"] = [{"type": "Ready", "status": changes.pop("ready")}]
     return manifest
@@ -50,14 +53,20 @@ def _views(manifest: dict[str, Any]) -> tuple[NodeView, NodeJson, Node]:
         (Config(), {"gpus": 0}, True),  # the labels decide, not the capacity
         (NO_SELECTOR, {"labels": {"nvidia.com/gpu.present": "false"}}, True),
         (NO_SELECTOR, {"gpus": 0}, False),  # no selector: GPU capacity decides
+        # Every GPU resource counts, MIG profiles too: a MIG-only node is a GPU node.
+        (
+            NO_SELECTOR,
+            {"mig": {"nvidia.com/mig-3g.40gb": "2", "nvidia.com/mig-1g.10gb": "1"}},
+            True,
+        ),
+        (NO_SELECTOR, {"mig": {"example.com/fpga": "2"}}, False),
     ],
 )
 def test_the_controller_and_the_commands_agree_on_which_nodes_are_gpu_nodes(
     config: Config, changes: dict[str, Any], expected: bool
 ) -> None:
     view, slim, full = _views(_node(**changes))
-    # The controller's Fleet.selected: the rule on its NodeView (GPU capacity: node.gpus).
-    assert nodes.gpu_node(view.labels, view.gpus, config) is expected
+    assert Fleet(lambda: config).selected(view) is expected
     assert gpu_node(slim, config) is expected
     assert gpu_node(full, config) is expected
 
