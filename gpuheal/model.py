@@ -55,6 +55,12 @@ LAST_GPU_ERROR = "gpuheal.io/last-gpu-error"  # RFC 3339 of the newest Xid or EC
 # Compute processes on the GPUs: "pid@podUID,..." ("pid@" when the process is in no pod,
 # "pid@?" when the agent could not tell: the process exited, or the host's /proc is not visible).
 GPU_PROCESSES = "gpuheal.io/gpu-processes"
+# The start-order facts the runbooks check after a reboot, one annotation:
+# "modules=ok;persistenced=ok;fabricmanager=n/a;runtimehook=ok" (policy/environment.py).
+NODE_ENVIRONMENT = "gpuheal.io/node-environment"
+# Its facts, in the order they are written: the driver's kernel modules, the persistence
+# daemon, Fabric Manager (NVSwitch systems only), the container runtime's NVIDIA hook.
+ENVIRONMENT_FACTS = ("modules", "persistenced", "fabricmanager", "runtimehook")
 # A diagnostics run (dcgmi diag, nccl-tests) recorded on the node by whoever ran it:
 # JSON {"result": "pass"|"fail", "time": RFC 3339, "tool": str, "detail": str}.
 DIAGNOSTICS = "gpuheal.io/diagnostics"

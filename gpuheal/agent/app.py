@@ -22,7 +22,7 @@ from prometheus_client import start_http_server
 
 from gpuheal.agent.config import AgentConfig
 from gpuheal.agent.debounce import Debounce, Report, step
-from gpuheal.agent.environment import check_environment
+from gpuheal.agent.environment import EnvironmentProbe, HostPaths
 from gpuheal.agent.facts import Counters, gpu_processes
 from gpuheal.agent.findings import Finding, ProbeResult, Verdict, verdict
 from gpuheal.agent.kmsg import (
@@ -42,7 +42,7 @@ from gpuheal.agent.timeouts import GuardedProbe
 from gpuheal.clock import iso
 from gpuheal.kube.blocking import BlockingKube
 from gpuheal.metrics.agent import AgentMetrics
-from gpuheal.model import CUDA_VERSION, DRIVER_VERSION, GPU_PROCESSES, Severity
+from gpuheal.model import CUDA_VERSION, DRIVER_VERSION, GPU_PROCESSES, NODE_ENVIRONMENT, Severity
 from gpuheal.policy.backoff import backoff_delay
 from gpuheal.sources.annotations import written
 
@@ -188,10 +188,23 @@ class Agent:
                     level=True,
                 ).run
             )
+        self.environment: EnvironmentProbe | None = None
         if config.env_enabled:
-            self.probes.append(
-                lambda: check_environment(config.device_paths, config.driver_version_path)
+            host = HostPaths(
+                config.proc_root,
+                config.host_root,
+                config.runtime_config_paths,
+                config.required_modules,
+                config.nvswitch_pci_ids,
             )
+            self.environment = EnvironmentProbe(
+                config.device_paths,
+                config.driver_version_path,
+                host,
+                config.env_facts_seconds,
+                node=node,
+            )
+            self.probes.append(self.environment.run)
         if config.kmsg_enabled:
             self.follower = KmsgFollower(
                 config.kmsg_path,
@@ -264,6 +277,8 @@ class Agent:
     def facts(self) -> dict[str, str]:
         """What the Node should say besides the verdict (agent/facts.py)."""
         facts = self.counters.facts()
+        if self.environment is not None and self.environment.value is not None:
+            facts[NODE_ENVIRONMENT] = self.environment.value
         nvml = self.nvml
         if nvml is None:
             return facts

@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from gpuheal.config.keys import (
@@ -54,6 +55,47 @@ def xid_rows(value: Any) -> dict[int, XidRow]:
     return rows
 
 
+# Where runtimes keep the config that names NVIDIA's runtime or hook: containerd (and
+# nvidia-ctk's drop-in), CRI-O (its drop-in and OCI hooks), Docker, k3s's containerd.
+RUNTIME_CONFIGS = (
+    "/etc/containerd/config.toml",
+    "/etc/containerd/conf.d/*.toml",
+    "/etc/crio/crio.conf",
+    "/etc/crio/crio.conf.d/*",
+    "/usr/share/containers/oci/hooks.d/*.json",
+    "/etc/docker/daemon.json",
+    "/var/lib/rancher/k3s/agent/etc/containerd/config.toml",
+)
+# nvidia_peermem (GPUDirect RDMA) only where RDMA is used: add it there.
+NVIDIA_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset")
+_MODULE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_PCI_ID = re.compile(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{4}")
+
+
+def host_globs(value: Any) -> tuple[str, ...]:
+    paths = strings(value)
+    for path in paths:
+        if not path.startswith("/") or ".." in PurePosixPath(path).parts:
+            raise ValueError(f"must be absolute host paths without '..', got {path!r}")
+    return paths
+
+
+def module_names(value: Any) -> tuple[str, ...]:
+    names = strings(value)
+    for name in names:
+        if not _MODULE.fullmatch(name):
+            raise ValueError(f"must be kernel module names (letters, digits, _, -), got {name!r}")
+    return names
+
+
+def pci_ids(value: Any) -> tuple[str, ...]:
+    ids = strings(value)
+    for pci in ids:
+        if not _PCI_ID.fullmatch(pci):
+            raise ValueError(f"must be PCI vendor:device ids like 10de:22a3, got {pci!r}")
+    return ids
+
+
 @dataclass(frozen=True)
 class Rounds:
     """How probe results become a verdict: rounds, and how long an Xid holds."""
@@ -99,6 +141,13 @@ class Probes:
         file_paths, (Path("/dev/nvidiactl"), Path("/dev/nvidia-uvm"))
     )
     driver_version_path: Path = setting(file_path, Path("/proc/driver/nvidia/version"))
+    # The start-order facts (docs/agent.md): the host's /proc is procRoot; the runtime's
+    # config files are these host paths (globs) under hostRoot.
+    host_root: Path = setting(file_path, Path("/"))
+    runtime_config_paths: tuple[str, ...] = setting(host_globs, RUNTIME_CONFIGS)
+    required_modules: tuple[str, ...] = setting(module_names, NVIDIA_MODULES)
+    nvswitch_pci_ids: tuple[str, ...] = setting(pci_ids, ("10de:1af1", "10de:22a3", "10de:2901"))
+    env_facts_seconds: float = setting(number(0, 86400), 30.0)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Facts the agent reports on its Node besides its verdict, for the health gate,
 `gpuheal status` and `gpuheal audit`: driver and CUDA versions, error counters
-since the agent started, and the compute processes on the GPUs with the pod
-each belongs to.
+since the agent started, the compute processes on the GPUs with the pod
+each belongs to, and the node's start-order facts (agent/environment.py).
 
 The counters start at zero when the agent starts (COUNTERS_SINCE says when):
 a reboot restarts the agent, so a gate comparing counters against a baseline
@@ -25,6 +25,7 @@ from gpuheal.model import (
     ECC_ERRORS,
     GPU_PROCESSES,
     LAST_GPU_ERROR,
+    NODE_ENVIRONMENT,
     XID_ERRORS,
 )
 
@@ -38,6 +39,7 @@ FACT_KEYS = (
     COUNTERS_SINCE,
     LAST_GPU_ERROR,
     GPU_PROCESSES,
+    NODE_ENVIRONMENT,
 )
 
 # The kubelet names a pod's cgroup after its UID. cgroupfs driver:

@@ -50,7 +50,14 @@ from gpuheal.config.keys import ConfigError as ConfigError
 from gpuheal.config.urls import url
 from gpuheal.config.urls import url_origin as url_origin
 from gpuheal.config.urls import without_url_secrets as without_url_secrets
-from gpuheal.model import GPU_HEALTHY_CONDITION, MAINTENANCE_TAINT_KEY, Mode, Severity, Taint
+from gpuheal.model import (
+    ENVIRONMENT_FACTS,
+    GPU_HEALTHY_CONDITION,
+    MAINTENANCE_TAINT_KEY,
+    Mode,
+    Severity,
+    Taint,
+)
 
 TITLE = "invalid configuration"
 
@@ -68,6 +75,18 @@ def taint_spec(value: object) -> Taint:
         choices = ", ".join(_TAINT_EFFECTS)
         raise ValueError(f"must be key[=value]:Effect with Effect one of {choices}, got {text!r}")
     return Taint(key=key, effect=effect_, value=taint_value)
+
+
+def environment_facts(value: object) -> tuple[str, ...]:
+    """true (every fact), false (none) or a list of the facts' names."""
+    if isinstance(value, bool):
+        return ENVIRONMENT_FACTS if value else ()
+    names = strings(value)
+    unknown = [n for n in names if n not in ENVIRONMENT_FACTS]
+    if unknown:
+        choices = ", ".join(ENVIRONMENT_FACTS)
+        raise ValueError(f"must be true, false or a list of {choices}; got {unknown[0]!r}")
+    return names
 
 
 def taint_specs(value: object) -> tuple[Taint, ...]:
@@ -207,6 +226,9 @@ class HealthGateConfig:
     # A diagnostics result (gpuheal.io/diagnostics) must be present, passing and fresh.
     diagnostics_required: bool = setting(boolean, False)
     diagnostics_max_age_seconds: float = setting(number(1, MAX_DELAY_S), 86400.0)
+    # The agent's start-order facts (gpuheal.io/node-environment) that must be known:
+    # with them, "unknown" (or no report) fails too. A bad fact fails either way.
+    environment_required: tuple[str, ...] = setting(environment_facts, ())
 
 
 @dataclass(frozen=True)

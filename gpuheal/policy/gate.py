@@ -28,10 +28,12 @@ from gpuheal.model import (
     ECC_ERRORS,
     LAST_GPU_ERROR,
     MAINTENANCE_BASELINE,
+    NODE_ENVIRONMENT,
     XID_ERRORS,
     NodeView,
     PodView,
 )
+from gpuheal.policy import environment
 from gpuheal.policy.pools import (
     NO_POOL,
     driver_version,
@@ -50,8 +52,11 @@ DRIVER = "driver"
 GPU_ERRORS = "gpu-errors"
 DIAGNOSTICS_CHECK = "diagnostics"
 DEVICE_PLUGIN = "device-plugin"
+ENVIRONMENT = "environment"
 
-# One bit per check, in the order they run: a failed gate exits 64 | these.
+# One bit per check, in the order they run: a failed gate exits 64 | these. Exit
+# codes from 128 up mean a signal, so six bits are all there is: the start-order facts
+# share the device plugin's (both say "the node's GPU software is not up").
 CHECK_BITS: Mapping[str, int] = {
     READY: 1,
     GPU_COUNT: 2,
@@ -59,6 +64,7 @@ CHECK_BITS: Mapping[str, int] = {
     GPU_ERRORS: 8,
     DIAGNOSTICS_CHECK: 16,
     DEVICE_PLUGIN: 32,
+    ENVIRONMENT: 32,
 }
 
 
@@ -111,7 +117,8 @@ def bits_of(names: Iterable[str]) -> int:
 
 
 def checks_of(bits: int) -> tuple[str, ...]:
-    """The failing checks an exit code's low bits name (exit code minus 64)."""
+    """The checks an exit code's low bits name (exit code minus 64); a shared bit names
+    each check that has it, one of which failed."""
     return tuple(name for name, bit in CHECK_BITS.items() if bits & bit)
 
 
@@ -168,6 +175,7 @@ def evaluate(
             _gpu_errors(facts, since),
             _diagnostics(facts, config, now, since),
             _device_plugin(facts, config),
+            _environment(facts, config),
         ),
     )
 
@@ -382,3 +390,30 @@ def _device_plugin(facts: GateFacts, config: Config) -> Check:
             f"no device-plugin pod ({selector}) on the node; healthGate.devicePluginRequired",
         )
     return Check(DEVICE_PLUGIN, Result.SKIPPED, f"no device-plugin pod ({selector}); not required")
+
+
+def _environment(facts: GateFacts, config: Config) -> Check:
+    """The agent's start-order facts: a bad one fails; an unknown one (the agent cannot
+    see that host file) fails only when healthGate.environmentRequired names it."""
+    required = config.health_gate.environment_required
+    value = facts.annotations.get(NODE_ENVIRONMENT)
+    if value is None:
+        if required:
+            why = f"the agent reports no {NODE_ENVIRONMENT}; healthGate.environmentRequired"
+            return Check(ENVIRONMENT, Result.FAIL, why)
+        return Check(ENVIRONMENT, Result.SKIPPED, f"the agent reports no {NODE_ENVIRONMENT}")
+    try:
+        found = environment.parse(value)
+    except ValueError as err:
+        return Check(ENVIRONMENT, Result.FAIL, f"cannot tell: {NODE_ENVIRONMENT}: {err}")
+    unknown = environment.Fact(environment.UNKNOWN)
+    bad = [environment.describe(n, f) for n, f in found.items() if f.bad]
+    bad += [
+        f"{name} unknown; healthGate.environmentRequired"
+        for name in required
+        if found.get(name, unknown).unknown
+    ]
+    if bad:
+        return Check(ENVIRONMENT, Result.FAIL, "; ".join(bad))
+    said = ", ".join(environment.describe(n, f) for n, f in found.items())
+    return Check(ENVIRONMENT, Result.PASS, said or "no start-order fact reported")

@@ -73,6 +73,7 @@ from gpuheal.sim.workloads import apply, create_namespace, gpu_pod, wait_pods_ru
 from gpuheal.sources.annotations import KEYS as FAULT_KEYS
 from tests.corpus import eks_node_names
 from tests.helpers import FakeNodes, unique, wait_for
+from tests.hosts import dgx_h100
 from tests.integration.chart import Release, as_token, bind, forbidden, installed, token_for
 
 pytestmark = pytest.mark.timeout(300)
@@ -640,10 +641,9 @@ def test_the_real_agent_reports_with_its_token_under_the_policy(
     kube: Client, scene: Scene, tmp_path: Path
 ) -> None:
     """Everything the agent writes (verdict, facts, condition, the fault) passes."""
-    proc = tmp_path / "proc"
-    (proc / "4242").mkdir(parents=True)
-    (proc / "4242" / "cgroup").write_text("0::/system.slice/dcgm.service\n")
-    settings = {"procRoot": str(proc), "processReportSeconds": 0.5}
+    host = dgx_h100(tmp_path / "host")  # the start-order facts too
+    host.write("/proc/4242/cgroup", "0::/system.slice/dcgm.service\n")
+    settings = {**host.agent_config(), "processReportSeconds": 0.5}
     agent = AgentProcess(tmp_path, scene.kubeconfigs["agent"], scene.own, settings)
     agent.set_spec(cudaDriverVersion=12040)
     agent.set_device(1, processes=[{"pid": 4242}])

@@ -1,0 +1,114 @@
+"""The start-order facts end to end: a real agent (fake NVML) whose environment
+probe reads a DGX H100's host tree reports them on its Node, and `gpuheal gate`
+holds the node while Fabric Manager is down and passes it once it runs. And the
+chart mounts what the probe reads, read-only."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from lightkube import Client, codecs
+from lightkube.resources.core_v1 import Node
+
+from gpuheal.agent.config import parse_agent_config
+from gpuheal.cli import main
+from gpuheal.model import NODE_ENVIRONMENT
+from gpuheal.sim import ControlPlane
+from gpuheal.sim.agent import AgentProcess
+from tests.helpers import FakeNodes, wait_for
+from tests.hosts import dgx_h100
+from tests.integration.chart import render
+from tests.integration.conftest import controller_config
+
+pytestmark = pytest.mark.timeout(240)
+
+POOL_LABEL = "gpuheal.test/pool"
+
+
+def environment(kube: Client, node: str) -> str:
+    meta = kube.get(Node, node).metadata
+    return str(((meta.annotations if meta else None) or {}).get(NODE_ENVIRONMENT, ""))
+
+
+def test_the_gate_holds_an_nvswitch_node_until_fabric_manager_runs(
+    control_plane: ControlPlane,
+    kube: Client,
+    fake_gpu_nodes: FakeNodes,
+    pool: dict[str, str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    (node,) = fake_gpu_nodes(1, labels=pool)
+    tree = dgx_h100(tmp_path / "host")
+    tree.stop("nv-fabricmanage")  # after the reboot, Fabric Manager did not come up
+    config_file = tmp_path / "gpuheal.yaml"
+    config_file.write_text(yaml.safe_dump(controller_config(pool, pools={"label": POOL_LABEL})))
+
+    def gate() -> tuple[int, dict[str, Any]]:
+        capsys.readouterr()
+        code = main(["gate", node, "-o", "json", "--kubeconfig", str(control_plane.kubeconfig),
+                     "--config", str(config_file)])  # fmt: skip
+        out = json.loads(capsys.readouterr().out)
+        return code, next(c for c in out["checks"] if c["name"] == "environment")
+
+    agent = AgentProcess(tmp_path, control_plane.kubeconfig, node, tree.agent_config()).start()
+    try:
+        down = "modules=ok;persistenced=ok;fabricmanager=stopped;runtimehook=ok"
+        wait_for("the facts on the node", lambda: environment(kube, node) == down)
+        code, check = gate()
+        assert code == 64 | 32, check
+        assert check["result"] == "fail"
+        assert check["reason"] == (
+            "Fabric Manager (nv-fabricmanager) is not running on an NVSwitch system"
+        )
+
+        tree.processes({2317: "nv-fabricmanage"})
+        up = "modules=ok;persistenced=ok;fabricmanager=ok;runtimehook=ok"
+        wait_for("the fixed facts on the node", lambda: environment(kube, node) == up)
+        code, check = gate()
+        assert code == 0, check
+        assert check["result"] == "pass"
+        assert "fabricmanager ok" in check["reason"]
+        assert "Forbidden" not in agent.log()
+    finally:
+        agent.stop()
+        print(f"--- agent log (tail) ---\n{agent.log()[-3000:]}")
+
+
+def test_the_chart_mounts_the_runtimes_config_read_only_where_the_probe_reads(
+    kube: Client, control_plane: ControlPlane, namespace: str, tmp_path: Path
+) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        yaml.safe_dump({"agent": {"runtimeConfigDirs": ["/etc/crio", "/etc/containerd"]}})
+    )
+    objects = render(control_plane, "gh", namespace, values)
+    daemonset = next(o for o in objects if o["kind"] == "DaemonSet")
+    pod = daemonset["spec"]["template"]["spec"]
+    (agent,) = pod["containers"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    runtime = {
+        m["mountPath"]: volumes[m["name"]]["hostPath"]
+        for m in agent["volumeMounts"]
+        if m["name"].startswith("runtime-config-") and m["readOnly"] is True
+    }
+    assert runtime == {
+        "/host/etc/crio": {"path": "/etc/crio", "type": "Directory"},
+        "/host/etc/containerd": {"path": "/etc/containerd", "type": "Directory"},
+    }
+    (rendered,) = [
+        o for o in objects if o["metadata"]["name"] == "gh-agent" and o["kind"] == "ConfigMap"
+    ]
+    config = parse_agent_config(yaml.safe_load(rendered["data"]["config.yaml"]))
+    assert (config.host_root, config.proc_root) == (Path("/host"), Path("/host/proc"))
+    # Every mounted directory holds a config the probe reads.
+    for mount in runtime:
+        assert any(
+            str(config.host_root / p.lstrip("/")).startswith(mount + "/")
+            for p in config.runtime_config_paths
+        ), mount
+    kube.create(codecs.from_dict(daemonset), dry_run=True)  # the API server takes it
