@@ -229,6 +229,9 @@ class HealthGateConfig:
     # The agent's start-order facts (gpuheal.io/node-environment) that must be known:
     # with them, "unknown" (or no report) fails too. A bad fact fails either way.
     environment_required: tuple[str, ...] = setting(environment_facts, ())
+    # Facts the gate does not look at, for fleets that run without them (GKE's GPU nodes
+    # have no NVIDIA container runtime; some run no persistence daemon).
+    environment_ignored: tuple[str, ...] = setting(environment_facts, ())
 
 
 @dataclass(frozen=True)
@@ -421,6 +424,12 @@ def _cross_checks(config: Config) -> list[str]:
     m = config.maintenance
     if m.checkpoint == "webhook" and not m.checkpoint_webhook_url:
         errors.append("maintenance.checkpointWebhookUrl: required when checkpoint is webhook")
+    gate = config.health_gate
+    both = sorted(set(gate.environment_required) & set(gate.environment_ignored))
+    if both:
+        errors.append(
+            f"healthGate.environmentIgnored: {', '.join(both)} also in environmentRequired"
+        )
     le = config.leader_election
     if not le.retry_period_seconds < le.renew_deadline_seconds < le.lease_seconds:
         errors.append(

@@ -26,6 +26,7 @@ from gpuheal.model import (
     COUNTERS_SINCE,
     DIAGNOSTICS,
     ECC_ERRORS,
+    ENVIRONMENT_FACTS,
     LAST_GPU_ERROR,
     MAINTENANCE_BASELINE,
     NODE_ENVIRONMENT,
@@ -394,8 +395,12 @@ def _device_plugin(facts: GateFacts, config: Config) -> Check:
 
 def _environment(facts: GateFacts, config: Config) -> Check:
     """The agent's start-order facts: a bad one fails; an unknown one (the agent cannot
-    see that host file) fails only when healthGate.environmentRequired names it."""
-    required = config.health_gate.environment_required
+    see that host file) fails only when healthGate.environmentRequired names it; those
+    healthGate.environmentIgnored names are not looked at."""
+    gate = config.health_gate
+    required = gate.environment_required
+    if set(gate.environment_ignored) >= set(ENVIRONMENT_FACTS):
+        return Check(ENVIRONMENT, Result.SKIPPED, "healthGate.environmentIgnored: every fact")
     value = facts.annotations.get(NODE_ENVIRONMENT)
     if value is None:
         if required:
@@ -403,7 +408,9 @@ def _environment(facts: GateFacts, config: Config) -> Check:
             return Check(ENVIRONMENT, Result.FAIL, why)
         return Check(ENVIRONMENT, Result.SKIPPED, f"the agent reports no {NODE_ENVIRONMENT}")
     try:
-        found = environment.parse(value)
+        found = {
+            n: f for n, f in environment.parse(value).items() if n not in gate.environment_ignored
+        }
     except ValueError as err:
         return Check(ENVIRONMENT, Result.FAIL, f"cannot tell: {NODE_ENVIRONMENT}: {err}")
     unknown = environment.Fact(environment.UNKNOWN)

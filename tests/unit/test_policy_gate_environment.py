@@ -25,10 +25,13 @@ NOW = dt.datetime(2026, 11, 29, 12, 0, 0, tzinfo=dt.UTC)
 ALL_OK = "modules=ok;persistenced=ok;fabricmanager=ok;runtimehook=ok"
 
 
-def gate(value: str | None, *required: str) -> tuple[Result, str, int]:
+def gate(
+    value: str | None, *required: str, ignored: tuple[str, ...] = ()
+) -> tuple[Result, str, int]:
     annotations = {} if value is None else {NODE_ENVIRONMENT: value}
     facts = GateFacts(node="n1", ready=True, annotations=annotations)
-    config = replace(Config(), health_gate=HealthGateConfig(environment_required=required))
+    health_gate = HealthGateConfig(environment_required=required, environment_ignored=ignored)
+    config = replace(Config(), health_gate=health_gate)
     result = evaluate(facts, config, NOW, None)
     (found,) = [c for c in result.checks if c.name == "environment"]
     return found.result, found.reason, result.bits
@@ -85,6 +88,24 @@ def test_no_report_is_skipped_unless_required() -> None:
 def test_a_value_the_gate_cannot_read_fails_naming_the_annotation(value: str) -> None:
     result, reason, _ = gate(value)
     assert result is Result.FAIL and reason.startswith(f"cannot tell: {NODE_ENVIRONMENT}: ")
+
+
+def test_ignored_facts_are_not_looked_at() -> None:
+    """A fleet without the NVIDIA container runtime (GKE) or without the daemon."""
+    value = "modules=ok;persistenced=stopped;fabricmanager=n/a;runtimehook=missing"
+    assert gate(value)[0] is Result.FAIL
+    result, reason, bits = gate(value, ignored=("persistenced", "runtimehook"))
+    assert (result, bits) == (Result.PASS, 0)
+    assert reason == "modules ok, fabricmanager n/a (no NVSwitch)"
+    result, reason, _ = gate(None, ignored=ENVIRONMENT_FACTS)
+    assert (result, reason) == (Result.SKIPPED, "healthGate.environmentIgnored: every fact")
+
+
+def test_a_fact_cannot_be_both_required_and_ignored() -> None:
+    document = {"healthGate": {"environmentRequired": ["modules", "runtimehook"],
+                               "environmentIgnored": ["runtimehook"]}}  # fmt: skip
+    with pytest.raises(ConfigError, match=r"environmentIgnored: runtimehook also in"):
+        parse_config(document)
 
 
 def test_environment_required_takes_true_false_or_names() -> None:
