@@ -1,7 +1,7 @@
 """The start-order facts end to end: a real agent (fake NVML) whose environment
-probe reads a DGX H100's host tree reports them on its Node, and `gpuheal gate`
-holds the node while Fabric Manager is down and passes it once it runs. And the
-chart mounts what the probe reads, read-only."""
+probe reads a DGX H100's host tree reports them on its Node; `gpuheal gate` and
+the controller's recovery hold the node while Fabric Manager is down and return
+it once it runs. And the chart mounts what the probe reads, read-only."""
 
 from __future__ import annotations
 
@@ -22,7 +22,13 @@ from gpuheal.sim.agent import AgentProcess
 from tests.helpers import FakeNodes, wait_for
 from tests.hosts import dgx_h100
 from tests.integration.chart import render
-from tests.integration.conftest import controller_config
+from tests.integration.conftest import (
+    StartController,
+    controller_config,
+    events_for,
+    faults_of,
+    our_taint,
+)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -74,6 +80,50 @@ def test_the_gate_holds_an_nvswitch_node_until_fabric_manager_runs(
         assert check["result"] == "pass"
         assert "fabricmanager ok" in check["reason"]
         assert "Forbidden" not in agent.log()
+    finally:
+        agent.stop()
+        print(f"--- agent log (tail) ---\n{agent.log()[-3000:]}")
+
+
+def test_the_controllers_recovery_holds_the_node_until_fabric_manager_runs(
+    control_plane: ControlPlane,
+    kube: Client,
+    fake_gpu_nodes: FakeNodes,
+    pool: dict[str, str],
+    start_controller: StartController,
+    tmp_path: Path,
+) -> None:
+    """The real agent reports an Xid 79 and its end; the controller's recovery gate
+    sees Fabric Manager down on the NVSwitch node and keeps the fault taint."""
+    (node,) = fake_gpu_nodes(1, labels=pool)
+    tree = dgx_h100(tmp_path / "host")
+    tree.stop("nv-fabricmanage")
+    settings = {**tree.agent_config(), "xidHoldSeconds": 2}
+    agent = AgentProcess(tmp_path, control_plane.kubeconfig, node, settings).start()
+    start_controller(controller_config(pool, pools={"label": POOL_LABEL}))
+    try:
+        agent.kernel("NVRM: Xid (PCI:0000:18:00): 79, pid=1234, GPU has fallen off the bus.")
+        wait_for("the quarantine", lambda: our_taint(kube, node) is not None)
+
+        def gate_failed() -> list[dict[str, str]]:
+            (record,) = faults_of(kube, node)
+            actions = (record.status or {}).get("actions", [])
+            return [a for a in actions if a["action"] == "gate-failed"]
+
+        # The Xid is held 2 s, then the agent clears the fault and recovery gates the node.
+        (entry,) = wait_for("the gate's refusal on the record", gate_failed, timeout_s=60)
+        # The failing checks, then the gate's summary ("check: why").
+        assert entry["detail"] == (
+            "environment: environment: "
+            "Fabric Manager (nv-fabricmanager) is not running on an NVSwitch system"
+        )
+        wait_for("its Event", lambda: events_for(kube, node, "GPUHealthGateFailed"))
+        assert our_taint(kube, node) is not None
+
+        tree.processes({2317: "nv-fabricmanage"})
+        wait_for("the node returned", lambda: our_taint(kube, node) is None, timeout_s=60)
+        (record,) = faults_of(kube, node)
+        assert record.status["phase"] == "Resolved"
     finally:
         agent.stop()
         print(f"--- agent log (tail) ---\n{agent.log()[-3000:]}")
