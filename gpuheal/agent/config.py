@@ -75,8 +75,9 @@ _PCI_ID = re.compile(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{4}")
 def host_globs(value: Any) -> tuple[str, ...]:
     paths = strings(value)
     for path in paths:
-        if not path.startswith("/") or ".." in PurePosixPath(path).parts:
-            raise ValueError(f"must be absolute host paths without '..', got {path!r}")
+        parsed = PurePosixPath(path)
+        if not path.startswith("/") or ".." in parsed.parts or not parsed.name:
+            raise ValueError(f"must be absolute host file paths without '..', got {path!r}")
     return paths
 
 

@@ -134,7 +134,11 @@ def _names_nvidia_runtime(path: Path) -> bool | None:
 def runtime_hook(host_root: Path, configs: Sequence[str]) -> Fact:
     read = False
     for pattern in configs:
-        for path in sorted(host_root.glob(pattern.lstrip("/"))):
+        try:
+            paths = sorted(host_root.glob(pattern.lstrip("/")))
+        except (OSError, ValueError):
+            continue  # a directory on the way that cannot be listed: nothing seen there
+        for path in paths:
             named = _names_nvidia_runtime(path) if path.is_file() else None
             if named:
                 return Fact(OK)

@@ -212,8 +212,9 @@ def test_the_probes_paths_are_config_keys() -> None:
 @pytest.mark.parametrize(
     ("key", "bad", "said"),
     [
-        ("runtimeConfigPaths", ["etc/containerd/config.toml"], "absolute host paths"),
+        ("runtimeConfigPaths", ["etc/containerd/config.toml"], "absolute host file paths"),
         ("runtimeConfigPaths", ["/etc/../root/.ssh/id_rsa"], "without '..'"),
+        ("runtimeConfigPaths", ["/"], "file paths"),
         ("requiredModules", ["nvidia;rm"], "kernel module names"),
         ("nvswitchPciIds", ["22a3"], "PCI vendor:device"),
         ("envFactsSeconds", -1, "envFactsSeconds"),
