@@ -204,7 +204,14 @@ class EnvironmentProbe:
         now = self.clock()
         if self._at is None or now - self._at >= self.every_s:
             self._at = now
-            self._look()
+            try:
+                self._look()
+            except Exception as err:  # a host file in a shape nobody foresaw: no crash
+                log.warning(
+                    "node environment unreadable",
+                    extra={"node": self.node, "error": str(err)[:300]},
+                )
+                return ProbeResult(PROBE, ran=False, warnings=result.warnings, error=str(err)[:300])
         return ProbeResult(PROBE, ran=True, warnings=result.warnings + self._problems)
 
     def _look(self) -> None:

@@ -13,6 +13,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpuheal.agent import environment
 from gpuheal.agent.config import RUNTIME_CONFIGS, parse_agent_config
 from gpuheal.agent.environment import EnvironmentProbe, probe_environment
 from gpuheal.config import ConfigError
@@ -145,6 +146,23 @@ def test_the_probe_looks_again_only_when_due_and_warns_about_bad_facts(tmp_path:
     assert result.warnings == (
         "Fabric Manager (nv-fabricmanager) is not running on an NVSwitch system",
     )
+
+
+def test_a_probe_that_breaks_is_counted_as_not_run_and_keeps_the_last_value(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tree = dgx_h100(tmp_path)
+    probe = EnvironmentProbe((), tree.proc / "driver/nvidia/version", tree.paths(), 0.0)
+    probe.run()
+    before = probe.value
+
+    def broken(_: Path) -> set[str] | None:
+        raise RuntimeError("unforeseen")
+
+    monkeypatch.setattr(environment, "loaded_modules", broken)
+    result = probe.run()
+    assert (result.ran, result.error) == (False, "unforeseen")
+    assert probe.value == before
 
 
 # -- the value's format -------------------------------------------------------------
