@@ -804,6 +804,10 @@ def test_the_policies_name_exactly_the_keys_the_code_writes(scene: Scene) -> Non
         MAINTENANCE_REASON, MAINTENANCE_SINCE, MAINTENANCE_BASELINE, MAINTENANCE_CORDONED,
         DIAGNOSTICS,
     }  # fmt: skip
+    for pods in ("operator-pods", "controller-pods"):
+        spec = scene.release.find("ValidatingAdmissionPolicy", scene.role(pods))["spec"]
+        (var,) = [v for v in spec["variables"] if v["name"] == "key"]
+        assert yaml.safe_load(var["expression"]) == CHECKPOINT_REQUESTED
     canaries = scene.release.find("ValidatingAdmissionPolicy", scene.role("controller-canaries"))
     variables = {v["name"]: yaml.safe_load(v["expression"]) for v in canaries["spec"]["variables"]}
     health = Config().device_health
