@@ -73,8 +73,12 @@ MAINTENANCE_SINCE = "gpuheal.io/maintenance-since"
 MAINTENANCE_BASELINE = "gpuheal.io/maintenance-baseline"
 # "true" when maintenance cordoned the node (finish uncordons only then).
 MAINTENANCE_CORDONED = "gpuheal.io/maintenance-cordoned"
-# On GPU pods: checkpoint now, the node is going into maintenance (RFC 3339 deadline).
+# On GPU pods: checkpoint now, the pod is about to be moved (RFC 3339 deadline);
+# written by `maintenance start` and by the controller's drain (`checkpoint` config).
 CHECKPOINT_REQUESTED = "gpuheal.io/checkpoint-requested"
+# On GPU pods, written by the workload (or its operator): the checkpoint asked for is
+# saved, the pod may be moved now (RFC 3339 time; any value counts).
+CHECKPOINT_DONE = "gpuheal.io/checkpoint-done"
 
 TAINT_KEY = "gpuheal.io/gpu-fault"
 # On each GPUFault: its node, as a label value (gpuheal.values.node_label).
@@ -251,6 +255,9 @@ class PodView:
     ready: bool = False  # the pod's Ready condition is True
     # Matches healthGate.devicePluginSelector (and namespaces): the node's device plugin.
     device_plugin: bool = False
+    # Its CHECKPOINT_REQUESTED and CHECKPOINT_DONE annotations ("": absent).
+    checkpoint_requested: str = ""
+    checkpoint_done: str = ""
 
     @property
     def key(self) -> str:

@@ -261,6 +261,36 @@ class ApprovalConfig:
         return self.by_reason.get(reason, self.required)
 
 
+def severities(value: object) -> tuple[Severity, ...]:
+    """A list of P0/P1: the severities a fault is acted on with (P2 is only observed)."""
+    found = tuple(enum_of(Severity)(v) for v in strings(value))
+    if Severity.P2 in found:
+        raise ValueError("P2 faults are only observed, never drained: use P0 or P1")
+    return found
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """The drain asks a matching fault's GPU pods to checkpoint and waits (up to
+    waitSeconds) before it evicts them: the protocol of `maintenance start`
+    (docs/controller.md, "Checkpoint before eviction"). Off: both lists empty."""
+
+    # Faults with one of these reasons, or of one of these severities, wait.
+    reasons: tuple[str, ...] = setting(strings, ())
+    severities: tuple[Severity, ...] = setting(severities, ())
+    # These reasons move at once whatever their severity (a GPU off the bus cannot
+    # save anything): an exception to `severities`.
+    immediate_reasons: tuple[str, ...] = setting(strings, ())
+    # How long a pod gets from the request to its eviction, unless it says done sooner.
+    wait_seconds: float = setting(number(0, MAX_DELAY_S), 300.0)
+
+    def applies(self, reason: str, severity: Severity) -> bool:
+        """Are this fault's GPU pods asked to checkpoint before they are evicted?"""
+        if reason in self.immediate_reasons:
+            return False
+        return reason in self.reasons or severity in self.severities
+
+
 @dataclass(frozen=True)
 class RetentionConfig:
     """Closed GPUFault records are deleted, by age and by a count per node; open
@@ -320,6 +350,7 @@ class Remediation:
     dedupe_ttl_seconds: float = setting(number(0, MAX_DELAY_S), 3600.0)
     hold_retry_seconds: float = setting(number(0.01, 3600), 10.0)
     approval: ApprovalConfig = section(ApprovalConfig)
+    checkpoint: CheckpointConfig = section(CheckpointConfig)
     # Webhook sinks told after each remediation step.
     notification_sinks: tuple[NotificationSink, ...] = setting(ListOf(NotificationSink), ())
 
@@ -421,6 +452,12 @@ def _cross_checks(config: Config) -> list[str]:
     errors = []
     if config.eviction_retry_max_seconds < config.eviction_retry_base_seconds:
         errors.append("evictionRetryMaxSeconds: must be >= evictionRetryBaseSeconds")
+    both = sorted(set(config.checkpoint.reasons) & set(config.checkpoint.immediate_reasons))
+    if both:
+        errors.append(
+            f"checkpoint.immediateReasons: {', '.join(both)} also in checkpoint.reasons; "
+            "a reason either waits or moves at once"
+        )
     m = config.maintenance
     if m.checkpoint == "webhook" and not m.checkpoint_webhook_url:
         errors.append("maintenance.checkpointWebhookUrl: required when checkpoint is webhook")

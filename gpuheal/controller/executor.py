@@ -31,10 +31,11 @@ from gpuheal.config import Config
 from gpuheal.kube import writes
 from gpuheal.kube.api import ApiError, KubeApi, gpufault_path, node_path, pod_path
 from gpuheal.kube.events import EventRecorder, ObjectRef, fault_ref, node_ref, pod_ref
-from gpuheal.kube.projections import decode_fault, decode_node
+from gpuheal.kube.projections import decode_fault, decode_meta, decode_node
 from gpuheal.metrics.controller import ControllerMetrics
 from gpuheal.model import (
     CANARY_LABEL,
+    CHECKPOINT_REQUESTED,
     FAULT_TIME,
     HANDLED_FAULT_ID,
     QUARANTINED_DEVICES,
@@ -75,6 +76,7 @@ from gpuheal.policy.plan import (
     Plan,
     Planned,
     RemoveTaint,
+    RequestCheckpoint,
     UpdateRecord,
 )
 
@@ -339,6 +341,8 @@ class Executor:
                 # "label-removed": a person had removed the taint, only our label went.
                 outcome.untainted = result != "label-removed"
                 return result
+            case RequestCheckpoint():
+                return await self._request_checkpoint(action)
             case Evict():
                 return await self._evict(action, outcome)
             case DeletePod():
@@ -612,6 +616,47 @@ class Executor:
 
     # -- pods ----------------------------------------------------------------
 
+    async def _request_checkpoint(self, action: RequestCheckpoint) -> str:
+        """The checkpoint request on the pod, written once: the write is guarded by
+        the pod's resourceVersion, so a request made meanwhile (by the leader before
+        a failover, or `maintenance start`) is never overwritten: its deadline stands."""
+        pod = action.pod
+        path = pod_path(pod.namespace, pod.name)
+        version = pod.resource_version
+        for _ in range(CONFLICT_RETRIES):
+            meta: dict[str, Any] = {"annotations": {CHECKPOINT_REQUESTED: action.deadline}}
+            if version:
+                meta["resourceVersion"] = version
+            try:
+                raw = await self.api.patch(path, {"metadata": meta})
+            except ApiError as err:
+                if err.code == 404:
+                    return "gone"
+                if err.code != 409:
+                    raise
+                try:
+                    fresh = decode_meta(await self.api.get(path))
+                except ApiError as gone:
+                    if gone.code != 404:
+                        raise
+                    return "gone"
+                if fresh.uid != pod.uid:
+                    return "gone"  # another pod of that name: not the one planned for
+                if CHECKPOINT_REQUESTED in fresh.annotations:
+                    return "present"
+                version = fresh.resourceVersion
+                continue
+            written = decode_meta(raw)
+            self.caches.put_pod(
+                replace(
+                    pod,
+                    checkpoint_requested=action.deadline,
+                    resource_version=written.resourceVersion,
+                )
+            )
+            return "requested"
+        raise Replan(f"pod {pod.key}: conflicts did not settle")
+
     async def _evict(self, action: Evict, outcome: Outcome) -> str:
         pod = action.pod
         body = {
@@ -752,11 +797,17 @@ def _pod_ref(pod: PodView) -> ObjectRef:
 def _steps(
     actions: tuple[Action | DeviceAction, ...],
 ) -> list[tuple[Action | DeviceAction, ...]]:
-    """The actions in order, with each run of consecutive evictions as one step:
-    evictions are independent of each other, everything else keeps its order."""
+    """The actions in order, with each run of consecutive evictions (or checkpoint
+    requests) as one step: they are independent of each other, everything else
+    keeps its order."""
     steps: list[tuple[Action | DeviceAction, ...]] = []
     for action in actions:
-        if isinstance(action, Evict) and steps and isinstance(steps[-1][-1], Evict):
+        # Checkpoint requests too: each is its own pod's write.
+        if (
+            isinstance(action, Evict | RequestCheckpoint)
+            and steps
+            and type(steps[-1][-1]) is type(action)
+        ):
             steps[-1] = (*steps[-1], action)
         else:
             steps.append((action,))

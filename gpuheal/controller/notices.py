@@ -22,6 +22,7 @@ from gpuheal.policy.devices import (
 from gpuheal.policy.plan import (
     APPROVED_ACTION,
     AWAIT_ACTION,
+    CHECKPOINT_ACTION,
     ESCALATE_ACTION,
     EXPIRED_ACTION,
     REJECTED_ACTION,
@@ -47,6 +48,7 @@ _ENTRY_VERBS = {
     EXPIRED_ACTION: "approval expired, nothing done",
     WOULD_QUARANTINE_ACTION: "observed (would have quarantined)",
     ESCALATE_ACTION: "escalated (handled as P0)",
+    CHECKPOINT_ACTION: "GPU pods asked to checkpoint",
     "hold": "held by the blast-radius breaker",
     "superseded": "superseded by a newer fault",
     "drain": "drained",

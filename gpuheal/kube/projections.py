@@ -19,6 +19,8 @@ import msgspec
 from gpuheal.model import (
     ANNOTATION_PREFIX,
     CANARY_LABEL,
+    CHECKPOINT_DONE,
+    CHECKPOINT_REQUESTED,
     DECISIONS,
     ActionEntry,
     CanaryView,
@@ -284,6 +286,8 @@ def pod_view_factory(
             status_time=_status_time(status),
             ready=any(c.type == "Ready" and c.status == "True" for c in status.conditions or ()),
             device_plugin=is_device_plugin(meta.namespace, meta.labels),
+            checkpoint_requested=meta.annotations.get(CHECKPOINT_REQUESTED, ""),
+            checkpoint_done=meta.annotations.get(CHECKPOINT_DONE, ""),
         )
 
     return view
@@ -379,6 +383,15 @@ def _approval(approval: ApprovalJson | None) -> dict[str, str]:
     if approval is None or approval.decision not in DECISIONS:
         return {}
     return {"decision": approval.decision, "decided_by": approval.by, "decided_at": approval.at}
+
+
+class _Object(msgspec.Struct):
+    metadata: Meta
+
+
+def decode_meta(raw: bytes) -> Meta:
+    """Any object's metadata (its annotations, resourceVersion, UID)."""
+    return msgspec.json.decode(raw, type=_Object).metadata
 
 
 def decode_node(raw: bytes) -> NodeView:

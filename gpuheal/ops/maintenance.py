@@ -30,6 +30,7 @@ from gpuheal.kube.api import ApiError, node_path, pod_path
 from gpuheal.kube.details import Pod
 from gpuheal.kube.projections import NodeJson
 from gpuheal.model import (
+    CHECKPOINT_DONE,
     CHECKPOINT_REQUESTED,
     COUNTERS_SINCE,
     ECC_ERRORS,
@@ -225,6 +226,7 @@ class CheckpointResult:
     deadline: str = ""
     asked: list[str] = field(default_factory=list)
     gone: list[str] = field(default_factory=list)
+    done: list[str] = field(default_factory=list)  # still there, said done (CHECKPOINT_DONE)
     webhook: str = ""  # "ok" | what went wrong
 
 
@@ -296,13 +298,14 @@ async def wait_gpu_pods_gone(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> None:
-    """Give the GPU pods up to `wait_s` to leave on their own, with a progress bar."""
+    """Give the GPU pods up to `wait_s` to leave on their own or say their checkpoint
+    is done (then the drain moves them at once), with a progress bar."""
     total = len(result.asked)
     if result.mode == "none" or total == 0 or wait_s <= 0:
         return
     deadline = clock() + wait_s
     with Progress(
-        TextColumn("GPU pods gone"),
+        TextColumn("GPU pods gone or done"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
@@ -312,11 +315,14 @@ async def wait_gpu_pods_gone(
     ) as progress:
         task = progress.add_task("checkpoint", total=total)
         while True:
-            left = {pod_key(p) for p in await gpu_pods(ctx, node)}
+            pods = await gpu_pods(ctx, node)
+            left = {pod_key(p) for p in pods}
+            said = {pod_key(p) for p in pods if CHECKPOINT_DONE in p.metadata.annotations}
             result.gone = [k for k in result.asked if k not in left]
-            progress.update(task, completed=len(result.gone))
+            result.done = [k for k in result.asked if k in said]
+            progress.update(task, completed=len(result.gone) + len(result.done))
             remaining = deadline - clock()
-            if not left & set(result.asked) or remaining <= 0:
+            if not (left - said) & set(result.asked) or remaining <= 0:
                 return
             await sleep(min(1.0, remaining))
 
@@ -355,6 +361,7 @@ class StartReport:
                 "deadline": self.checkpoint.deadline or None,
                 "asked": self.checkpoint.asked,
                 "gone": self.checkpoint.gone,
+                "done": self.checkpoint.done,
                 "webhook": self.checkpoint.webhook or None,
             },
             "drained": d.done if d else None,
@@ -378,7 +385,11 @@ class StartReport:
         cp = self.checkpoint
         if cp.mode != "none" and cp.asked:
             lines.append(
-                ("", f"checkpoint ({cp.mode}): {len(cp.gone)}/{len(cp.asked)} GPU pods left")
+                (
+                    "",
+                    f"checkpoint ({cp.mode}): {len(cp.gone)}/{len(cp.asked)} GPU pods left, "
+                    f"{len(cp.done)} said done",
+                )
             )
         d = self.drain
         if d is None:

@@ -39,6 +39,7 @@ from gpuheal.model import (
 )
 from gpuheal.policy.backoff import Blocked
 from gpuheal.policy.breaker import breaker_allows
+from gpuheal.policy.checkpoint import PodCheckpoint, Step, next_look, where
 from gpuheal.policy.gate import GATE_FAILED, GateResult, evaluate, facts_from_views
 from gpuheal.policy.history import opened_at
 from gpuheal.policy.nodes import in_maintenance
@@ -58,6 +59,7 @@ AWAITING_APPROVAL = "GPUFaultAwaitingApproval"
 APPROVED_EVENT = "GPUFaultApproved"
 REJECTED_EVENT = "GPUFaultRejected"
 APPROVAL_EXPIRED = "GPUFaultApprovalExpired"
+CHECKPOINT_ASKED = "GPUPodCheckpointRequested"
 
 # Record entries of approval mode.
 AWAIT_ACTION = "awaiting-approval"
@@ -66,6 +68,12 @@ REJECTED_ACTION = REJECTED
 EXPIRED_ACTION = "approval-expired"
 # Observe mode's record entry: what the other modes would have done.
 WOULD_QUARANTINE_ACTION = "would-quarantine"
+
+# Record entries of checkpoint before eviction (`checkpoint` config): the request,
+# then per pod why it was evicted (it said done, or its deadline passed).
+CHECKPOINT_ACTION = "checkpoint-requested"
+CHECKPOINTED_ACTION = "checkpointed"
+CHECKPOINT_TIMEOUT_ACTION = "checkpoint-timeout"
 
 # A P1 fault's record entry when it is handled as P0 from then on.
 ESCALATE_ACTION = "escalate"
@@ -144,6 +152,15 @@ class Evict:
 
 
 @dataclass(frozen=True)
+class RequestCheckpoint:
+    """Ask the pod to checkpoint by `deadline` (the annotation, written once)."""
+
+    pod: PodView
+    fault_id: str
+    deadline: str
+
+
+@dataclass(frozen=True)
 class DeletePod:
     pod: PodView
     fault_id: str
@@ -165,7 +182,15 @@ class Emit:
 
 
 Action = (
-    CreateRecord | UpdateRecord | AddTaint | RemoveTaint | Evict | DeletePod | MarkHandled | Emit
+    CreateRecord
+    | UpdateRecord
+    | AddTaint
+    | RemoveTaint
+    | RequestCheckpoint
+    | Evict
+    | DeletePod
+    | MarkHandled
+    | Emit
 )
 
 
@@ -801,17 +826,24 @@ def _drain_step(
     state, signal, record = fault.state, fault.signal, fault.record
     gpu_pods = _gpu_pods(state)
     to_evict = [p for p in gpu_pods if not p.deleting]
+    standing = _checkpoints(to_evict, fault, config, now)
+    ready = [p for p in to_evict if p.key not in standing or standing[p.key].evict_now]
     # A refused eviction waits out its backoff, whatever brings the node back here
     # sooner (a pod event, a watch echo): each attempt is a request and a record write.
-    waits = {p.key: _next_attempt(p, _refusal(p, fault), config, now) for p in to_evict}
-    due = [p for p in to_evict if waits[p.key] <= 0]
+    waits = {p.key: _next_attempt(p, _refusal(p, fault), config, now) for p in ready}
+    due = [p for p in ready if waits[p.key] <= 0]
     actions: list[Action] = []
     if gpu_pods:
+        asked = _ask(fault, list(standing.values()), now)
+        actions += asked
         actions += [_evict_or_delete(p, fault, config, now) for p in due]
+        actions += _checkpoint_outcomes(
+            [standing[p.key] for p in due if p.key in standing], fault, now
+        )
         # Only news goes into the record: pods terminating for their grace period
         # (seconds to minutes) or waiting for their next attempt must not rewrite it
         # on every reconcile.
-        if due or record.phase is not Phase.DRAINING:
+        if due or (record.phase is not Phase.DRAINING and not asked):
             detail = f"{len(to_evict)} to evict, {len(gpu_pods) - len(to_evict)} terminating"
             actions.append(
                 UpdateRecord(
@@ -828,6 +860,9 @@ def _drain_step(
         for wait in waits.values():
             if wait > 0:
                 requeue = _soonest(requeue, wait)
+        deadline = next_look(list(standing.values()), now)
+        if deadline is not None:
+            requeue = _soonest(requeue, deadline)
         return actions, [], requeue
     # Drained: only now mark the fault handled, then its record.
     if not fault.handled:
@@ -835,6 +870,72 @@ def _drain_step(
     if record.phase is not Phase.DRAINED:
         actions.append(UpdateRecord(record.name, Phase.DRAINED, _entry(now, "drain")))
     return [], actions, None
+
+
+def _checkpoints(
+    pods: list[PodView], fault: _Fault, config: Config, now: dt.datetime
+) -> dict[str, PodCheckpoint]:
+    """Where each pod stands with its checkpoint (docs/controller.md, "Checkpoint
+    before eviction"); empty when the fault moves its pods at once."""
+    wanted = config.checkpoint
+    if not wanted.applies(fault.signal.reason, fault.signal.severity):
+        return {}
+    return {p.key: where(p, wanted, now) for p in pods}
+
+
+def _ask(fault: _Fault, standing: list[PodCheckpoint], now: dt.datetime) -> list[Action]:
+    """The requests to make now, then their record entry and Event. The entry is
+    also written when the pods were asked but the record does not say so (the
+    controller stopped between the two)."""
+    record, signal = fault.record, fault.signal
+    new = [c for c in standing if c.step is Step.REQUEST]
+    said = any(a.action == CHECKPOINT_ACTION for a in record.actions)
+    waiting = [c for c in standing if c.step is Step.WAITING]
+    if not new and (said or not waiting):
+        return []
+    asked = new or waiting
+    deadline = max(c.deadline for c in asked)
+    pods = ", ".join(c.pod.key for c in asked)
+    detail = f"{len(asked)} GPU pod(s) asked to checkpoint by {deadline}: {pods}"
+    return [
+        *(RequestCheckpoint(c.pod, signal.fault_id, c.deadline) for c in new),
+        UpdateRecord(
+            record.name, Phase.DRAINING, _entry(now, CHECKPOINT_ACTION, "waiting", detail)
+        ),
+        Emit(
+            CHECKPOINT_ASKED,
+            f"fault {signal.fault_id} ({signal.reason}): {detail}; evicted when each says "
+            "done, or at its deadline",
+            signal.node,
+            record.name,
+        ),
+    ]
+
+
+def _checkpoint_outcomes(
+    evicted: list[PodCheckpoint], fault: _Fault, now: dt.datetime
+) -> list[Action]:
+    """Per pod evicted after its checkpoint request, why now: it said done, or its
+    deadline passed. Once per pod (a blocked eviction is tried again)."""
+    record = fault.record
+    told = {
+        a.detail.partition(": ")[0]
+        for a in record.actions
+        if a.action in (CHECKPOINTED_ACTION, CHECKPOINT_TIMEOUT_ACTION)
+    }
+    actions: list[Action] = []
+    for c in evicted:
+        if c.pod.key in told:
+            continue
+        if c.step is Step.DONE:
+            entry = _entry(now, CHECKPOINTED_ACTION, detail=f"{c.pod.key}: said done")
+        else:
+            by = f"by {c.deadline}" if c.deadline else "(its deadline is not a time)"
+            entry = _entry(
+                now, CHECKPOINT_TIMEOUT_ACTION, "timed-out", f"{c.pod.key}: not done {by}"
+            )
+        actions.append(UpdateRecord(record.name, Phase.DRAINING, entry))
+    return actions
 
 
 def _refusal(pod: PodView, fault: _Fault) -> Blocked | None:

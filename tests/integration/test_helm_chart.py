@@ -23,12 +23,13 @@ from lightkube.resources.rbac_authorization_v1 import ClusterRoleBinding
 from lightkube.types import PatchType
 
 from gpuheal.cli import main
+from gpuheal.policy.plan import CHECKPOINT_TIMEOUT_ACTION
 from gpuheal.sim import ControlPlane
 from gpuheal.sim.controller import ControllerProcess
 from gpuheal.sim.workloads import apply, gpu_pod, wait_pods_running
 from tests.helpers import FakeNodes, unique, wait_for
 from tests.integration.chart import CHART, as_token, bind, forbidden, installed, render, token_for
-from tests.integration.conftest import clear_fault, our_taint, report_fault
+from tests.integration.conftest import clear_fault, faults_of, our_taint, report_fault
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -47,7 +48,7 @@ def test_the_chart_renders_for_the_default_and_other_values(control_plane: Contr
     assert kinds(default) == {
         "CustomResourceDefinition": 1, "ServiceAccount": 2, "ClusterRole": 4, "ClusterRoleBinding": 2,
         "Role": 2, "RoleBinding": 2, "ConfigMap": 2, "Secret": 1, "Deployment": 1, "Service": 1,
-        "PodDisruptionBudget": 1, "ValidatingAdmissionPolicy": 7, "ValidatingAdmissionPolicyBinding": 7,
+        "PodDisruptionBudget": 1, "ValidatingAdmissionPolicy": 8, "ValidatingAdmissionPolicyBinding": 8,
         "DaemonSet": 1,
     }  # fmt: skip
     crd = next(o for o in default if o["kind"] == "CustomResourceDefinition")
@@ -116,6 +117,8 @@ def test_the_chart_rbac_is_enough_for_a_whole_cycle_and_no_more(
     # The roll-out's last stage (the chart starts in observe): every write of the cycle.
     config.update(mode="full", nodeSelector=pool, apiTokenFile=str(token_file), recoveryWindowSeconds=1,
                   breakerMaxPercent=100, rateLimitPerSecond=100, rateLimitBurst=100)  # fmt: skip
+    # The pods are asked to checkpoint first: that write too passes the chart's policy.
+    config["checkpoint"] = {"reasons": ["XidCritical79"], "waitSeconds": 1}
     controller = ControllerProcess(tmp_path, kubeconfig, config, identity="chart").start()
     try:
         controller.wait_leading()
@@ -123,6 +126,13 @@ def test_the_chart_rbac_is_enough_for_a_whole_cycle_and_no_more(
         wait_for("the taint", lambda: our_taint(kube, node) == "chart-fault")
         wait_for("evicted", lambda: not [p for p in kube.list(Pod, namespace=namespace)
                                          if p.metadata and not p.metadata.deletionTimestamp])  # fmt: skip
+
+        def timed_out() -> int:
+            (record,) = faults_of(kube, node)
+            said = [e["action"] for e in (record.status or {}).get("actions", [])]
+            return said.count(CHECKPOINT_TIMEOUT_ACTION)
+
+        wait_for("each pod's checkpoint timed out", lambda: timed_out() == 2)
         clear_fault(kube, node)
         wait_for("recovered", lambda: our_taint(kube, node) is None)
         assert "403" not in controller.log() and "Forbidden" not in controller.log()

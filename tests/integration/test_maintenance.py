@@ -23,6 +23,8 @@ from lightkube.resources.policy_v1 import PodDisruptionBudget
 
 from gpuheal.cli import main
 from gpuheal.model import (
+    CHECKPOINT_DONE,
+    CHECKPOINT_REQUESTED,
     COUNTERS_SINCE,
     DRIVER_VERSION,
     ECC_ERRORS,
@@ -285,6 +287,45 @@ def test_round_trip_drain_waits_on_the_pdb_then_completes_and_finish_returns_the
     # Nothing left to finish: a usage error, nothing changed.
     code, _, err = cli("maintenance", "finish", target)
     assert code == 2 and "not in maintenance" in err
+
+
+def test_a_pod_that_says_its_checkpoint_is_done_ends_the_wait_and_is_drained_at_once(
+    kube: Client,
+    control_plane: ControlPlane,
+    namespace: str,
+    fake_gpu_nodes: FakeNodes,
+    pool: dict[str, str],
+    config_file: Path,
+    background: Callable[[list[str]], Background],
+) -> None:
+    (target,) = fake_gpu_nodes(1, labels=pool)
+    apply(kube, gpu_deployment("train", namespace, replicas=1, node_selector=pool))
+    (pod,) = wait_pods_running(kube, namespace, count=1, labels={"app": "train"})
+    assert pod.metadata is not None
+    name, key = str(pod.metadata.name), f"{namespace}/{pod.metadata.name}"
+    wait_s = 240  # past the test's own timeout: only the pod's answer ends the wait
+    run = background(
+        [
+            "maintenance", "start", target, "--reason", "firmware", "--checkpoint-wait",
+            str(wait_s), "-o", "json",
+            "--kubeconfig", str(control_plane.kubeconfig), "--config", str(config_file),
+        ]
+    )  # fmt: skip
+
+    def asked() -> bool:
+        meta = kube.get(Pod, name, namespace=namespace).metadata
+        return bool(meta and CHECKPOINT_REQUESTED in (meta.annotations or {}))
+
+    wait_for("the checkpoint request", asked)
+    assert run.process.poll() is None  # waiting for the workload
+    said = {"metadata": {"annotations": {CHECKPOINT_DONE: "2026-11-29T12:00:00Z"}}}
+    kube.patch(Pod, name, said, namespace=namespace)
+    code, out = run.wait(timeout_s=120)
+    assert code == 0, run.stderr()
+    report = json.loads(out)
+    assert report["checkpoint"]["asked"] == [key]
+    assert report["checkpoint"]["done"] == [key] and report["checkpoint"]["gone"] == []
+    assert report["evicted"] == [key] and report["result"] == "drained"
 
 
 def test_a_pdb_that_never_allows_times_out_with_the_blocker_in_json_and_table(

@@ -169,6 +169,10 @@ def scene(
             for name in ("job-0", "evict-0"):
                 apply(kube, gpu_pod(name, tenant, node_name=own))
             wait_pods_running(kube, tenant, count=2)
+            # A GPU pod already asked to checkpoint: its request is not the controller's
+            # to move or take back.
+            asked = {"metadata": {"annotations": {CHECKPOINT_REQUESTED: DEADLINE}}}
+            kube.patch(Pod, "evict-0", asked, namespace=tenant)
             labels = {"app": "sys-agent"}
             try:  # the pod's ServiceAccount, unless kube-controller-manager made it already
                 default = ServiceAccount(metadata=ObjectMeta(name="default"))
@@ -209,6 +213,7 @@ def scene(
             settled(lambda: ctl.delete(GPUFault, fault, dry_run=True))
             settled(lambda: patch(ops, own, relabel))
             settled(lambda: ops.patch(Pod, "job-0", relabel, namespace=tenant, dry_run=True))
+            settled(lambda: ctl.patch(Pod, "job-0", relabel, namespace=tenant, dry_run=True))
             yield s
         finally:
             for binding in bindings:
@@ -245,6 +250,7 @@ def act(what: str, attempt: Attempt, *allowed: str) -> Action:
 
 
 DEADLINE = "2026-01-01T00:00:00Z"
+LATER = "2026-01-01T01:00:00Z"
 
 
 def system_pod(body: dict[str, Any]) -> Attempt:
@@ -252,9 +258,9 @@ def system_pod(body: dict[str, Any]) -> Attempt:
     return lambda c, s: c.patch(Pod, s.system_pod, body, namespace="kube-system", dry_run=True)
 
 
-def tenant_pod(body: dict[str, Any]) -> Attempt:
-    """A change to a tenant's GPU pod."""
-    return lambda c, s: c.patch(Pod, "job-0", body, namespace=s.tenant, dry_run=True)
+def tenant_pod(body: dict[str, Any], pod: str = "job-0") -> Attempt:
+    """A change to a tenant's GPU pod (evict-0: the one already asked to checkpoint)."""
+    return lambda c, s: c.patch(Pod, pod, body, namespace=s.tenant, dry_run=True)
 
 
 def node_change(body: dict[str, Any], node: str = "own") -> Attempt:
@@ -434,7 +440,14 @@ ACTIONS: tuple[Action, ...] = (
         tenant_pod({"metadata": {"annotations": {"example.com/owner": "evil"}}})),
     act("pod: add a finalizer", tenant_pod({"metadata": {"finalizers": ["example.com/hold"]}})),
     act("pod: request a checkpoint (gpuheal.io/checkpoint-requested)",
-        tenant_pod({"metadata": {"annotations": {CHECKPOINT_REQUESTED: DEADLINE}}}), "operator"),
+        tenant_pod({"metadata": {"annotations": {CHECKPOINT_REQUESTED: DEADLINE}}}),
+        "controller", "operator"),
+    act("pod: move the deadline of a checkpoint request",
+        tenant_pod({"metadata": {"annotations": {CHECKPOINT_REQUESTED: LATER}}}, "evict-0"),
+        "operator"),
+    act("pod: take back a checkpoint request",
+        tenant_pod({"metadata": {"annotations": {CHECKPOINT_REQUESTED: None}}}, "evict-0"),
+        "operator"),
     act("pod: create in a tenant namespace",
         create(lambda s: codecs.from_dict(gpu_pod(unique("p"), s.tenant, node_name=s.own)))),
     act("pod: create a privileged hostPath pod (release namespace)",
@@ -605,6 +618,43 @@ def test_the_operator_role_may_change_only_the_checkpoint_request_of_a_pod(
     kube.patch(Pod, scene.system_pod, reviewed, namespace="kube-system", dry_run=True)
 
 
+def test_the_controller_may_only_add_a_checkpoint_request_to_a_pod(
+    kube: Client, scene: Scene
+) -> None:
+    ctl = scene.clients["controller"]
+
+    def change(body: dict[str, Any]) -> Callable[[], Any]:
+        return lambda: ctl.patch(Pod, scene.system_pod, body, namespace="kube-system")
+
+    def annotations() -> dict[str, str]:
+        meta = kube.get(Pod, scene.system_pod, namespace="kube-system").metadata
+        assert meta is not None
+        return dict(meta.annotations or {})
+
+    image = {"spec": {"containers": [{"name": "main", "image": EVIL_IMAGE}]}}
+    assert forbidden(change(image))
+    assert forbidden(change({"metadata": {"labels": {"app": "evil"}}}))
+    assert forbidden(change({"metadata": {"annotations": {"example.com/owner": "evil"}}}))
+    assert forbidden(change({"metadata": {"annotations": {CHECKPOINT_REQUESTED: "now; evil"}}}))
+    assert forbidden(change({"metadata": {"finalizers": ["example.com/hold"]}}))
+    assert CHECKPOINT_REQUESTED not in annotations()
+    try:
+        # Its job, as the executor writes it (guarded by the pod's resourceVersion).
+        meta = kube.get(Pod, scene.system_pod, namespace="kube-system").metadata
+        assert meta is not None
+        ask = {"resourceVersion": meta.resourceVersion,
+               "annotations": {CHECKPOINT_REQUESTED: DEADLINE}}  # fmt: skip
+        change({"metadata": ask})()
+        assert annotations()[CHECKPOINT_REQUESTED] == DEADLINE
+        # Once made, the request stands: neither moved nor taken back.
+        assert forbidden(change({"metadata": {"annotations": {CHECKPOINT_REQUESTED: LATER}}}))
+        assert forbidden(change({"metadata": {"annotations": {CHECKPOINT_REQUESTED: None}}}))
+        assert annotations()[CHECKPOINT_REQUESTED] == DEADLINE
+    finally:
+        taken_back = {"metadata": {"annotations": {CHECKPOINT_REQUESTED: None}}}
+        kube.patch(Pod, scene.system_pod, taken_back, namespace="kube-system")
+
+
 AGENT_ABUSES: dict[str, dict[str, Any]] = {
     "tier label": {"metadata": {"labels": {"node-restriction.kubernetes.io/tier": "secure"}}},
     "control-plane label": {"metadata": {"labels": {"node-role.kubernetes.io/control-plane": ""}}},
@@ -754,6 +804,10 @@ def test_the_policies_name_exactly_the_keys_the_code_writes(scene: Scene) -> Non
         MAINTENANCE_REASON, MAINTENANCE_SINCE, MAINTENANCE_BASELINE, MAINTENANCE_CORDONED,
         DIAGNOSTICS,
     }  # fmt: skip
+    for pods in ("operator-pods", "controller-pods"):
+        spec = scene.release.find("ValidatingAdmissionPolicy", scene.role(pods))["spec"]
+        (var,) = [v for v in spec["variables"] if v["name"] == "key"]
+        assert yaml.safe_load(var["expression"]) == CHECKPOINT_REQUESTED
     canaries = scene.release.find("ValidatingAdmissionPolicy", scene.role("controller-canaries"))
     variables = {v["name"]: yaml.safe_load(v["expression"]) for v in canaries["spec"]["variables"]}
     health = Config().device_health
