@@ -1,20 +1,33 @@
-"""The controller's side of the HTTP API: look nodes up, take signals, list faults."""
+"""The controller's side of the HTTP API: look nodes up, take signals, list faults,
+hand the console its caches."""
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from gpuheal.api.console.feed import ChangeFeed
+from gpuheal.api.console.views import Cluster
 from gpuheal.clock import iso
 from gpuheal.controller.addresses import NodeFinder
 from gpuheal.controller.reconciler import Reconciler
 from gpuheal.kube.api import ApiError, gpufault_path
 from gpuheal.kube.informer import Store
 from gpuheal.kube.projections import decode_fault
-from gpuheal.model import MANAGED_LABEL, FaultRecord, FaultSignal, NodeView
+from gpuheal.model import MANAGED_LABEL, FaultRecord, FaultSignal, NodeView, PodView
 from gpuheal.policy.approval import answer_patch, matching, refusal
 from gpuheal.sources import registered
+
+
+@dataclass(frozen=True)
+class Caches:
+    """The informers' maps (each informer keeps one dict for its life), for the console."""
+
+    nodes: Mapping[str, NodeView]
+    pods: Mapping[str, PodView]
+    records: Mapping[str, FaultRecord]
 
 
 class ControllerIntake:
@@ -27,6 +40,8 @@ class ControllerIntake:
         enqueue: Callable[[str], None],
         synced: Any,
         leading: Any,
+        caches: Caches | None = None,
+        changes: ChangeFeed | None = None,
     ) -> None:
         self.reconciler = reconciler
         self.nodes = nodes
@@ -35,6 +50,25 @@ class ControllerIntake:
         self._synced = synced
         self._leading = leading
         self.finder = NodeFinder(nodes, self._managed, index=reconciler.fleet.addresses)
+        self.caches = caches or Caches({}, {}, {})
+        self.changes = changes or ChangeFeed()
+
+    def cluster(self) -> Cluster:
+        """The caches as they are, for the console: the informers' own maps, read in
+        place (the console renders without awaiting), and the fleet's indexes."""
+        fleet = self.reconciler.fleet
+        return Cluster(
+            nodes=self.caches.nodes,
+            pods=self.caches.pods,
+            records=self.caches.records,
+            pods_by_node=fleet.pods_by_node,
+            records_by_node=fleet.records_by_node,
+            gpu_nodes=fleet.gpu_nodes,
+            quarantined=len(fleet.quarantined),
+            config=self.reconciler.config(),
+            leading=self.leading(),
+            version=self.changes.version,
+        )
 
     def synced(self) -> bool:
         return bool(self._synced())
