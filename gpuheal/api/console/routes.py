@@ -52,7 +52,8 @@ HEADERS = {
     "Content-Security-Policy": CSP,
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
+    # same-origin, not no-referrer: with no-referrer a form POST says `Origin: null`.
+    "Referrer-Policy": "same-origin",
 }
 # A quiet stream still says something this often, so proxies keep it open.
 HEARTBEAT_S = 15.0

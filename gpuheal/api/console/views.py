@@ -123,9 +123,9 @@ def fleet(cluster: Cluster) -> Fleet:
             each.allocated += allocated
             each.free += free
         if state != "healthy":
-            attention.append(NodeLine(name, pool, state, _why(node, state)))
+            attention.append(NodeLine(name, pool, state, _why(node, state, cluster)))
         if node.taint(MAINTENANCE_TAINT_KEY) is not None:
-            maintenance.append(NodeLine(name, pool, state, _why(node, "maintenance")))
+            maintenance.append(NodeLine(name, pool, state, _why(node, "maintenance", cluster)))
     attention.sort(key=lambda n: (STATES.index(n.state), n.name))
     maintenance.sort(key=lambda n: n.name)
     records = list(cluster.records.values())
@@ -145,15 +145,19 @@ def fleet(cluster: Cluster) -> Fleet:
     )
 
 
-def _why(node: NodeView, state: str) -> str:
+def _why(node: NodeView, state: str, cluster: Cluster) -> str:
+    """Why a node is out: its maintenance reason; else the reason of its newest open
+    fault (whatever the source), what it reports, or our taint's value."""
     if state == "maintenance":
         since = node.annotations.get(MAINTENANCE_SINCE, "")
         reason = node.annotations.get(MAINTENANCE_REASON, "")
         return f"{reason} (since {since})" if since else reason
+    records = (cluster.records.get(n) for n in cluster.records_by_node.get(node.name, ()))
+    open_ = _newest(r for r in records if r is not None and r.open)
+    if open_:
+        return open_[0].reason
     taint = node.taint()
-    if taint is not None:
-        return taint.value
-    return node.annotations.get(FAULT_REASON, "")
+    return node.annotations.get(FAULT_REASON, "") or (taint.value if taint else "")
 
 
 def _newest(records: Iterable[FaultRecord]) -> list[FaultRecord]:
@@ -223,6 +227,6 @@ def node(cluster: Cluster, name: str) -> Node | None:
         ),
         pods=sorted(pods, key=lambda p: p.key),
         faults=_newest(records),
-        maintenance=_why(view, "maintenance") if in_maintenance else "",
+        maintenance=_why(view, "maintenance", cluster) if in_maintenance else "",
         version=cluster.version,
     )
