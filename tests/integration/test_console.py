@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from lightkube import Client
 from lightkube.resources.core_v1 import Node
-from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_playwright
+from playwright.sync_api import Browser, BrowserContext, Dialog, Page, expect, sync_playwright
 
 from gpuheal.api.console.routes import CSP
 from gpuheal.sim.controller import ControllerProcess
@@ -92,11 +92,11 @@ def live(page: Page) -> None:
 
 
 def record_of(kube: Client, node: str, phase: str) -> dict[str, Any]:
-    def reached() -> dict[str, Any] | None:
+    def reached() -> dict[str, Any]:
         records = faults_of(kube, node)
         if len(records) == 1 and (records[0].status or {}).get("phase") == phase:
             return dict(kube.get(GPUFault, records[0].metadata.name))
-        return None
+        return {}
 
     return wait_for(f"the record {phase}", reached, timeout_s=30)
 
@@ -229,7 +229,12 @@ def test_strings_from_the_cluster_render_as_text_and_run_nothing(
     controller = start_controller(console_config(pool, tmp_path, approval=False)).wait_leading()
     dialogs: list[str] = []
     page = context.new_page()
-    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+
+    def on_dialog(dialog: Dialog) -> None:
+        dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    page.on("dialog", on_dialog)
     sign_in(page, controller, TOKEN, "night-oncall")
 
     kube.patch(Node, annotated, {"metadata": {"annotations": {"gpuheal.io/notes": XSS}}})
