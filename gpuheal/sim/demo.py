@@ -217,6 +217,9 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
                 f"\ngpuheal controller leads; {len(agents)} agents (fake NVML, 8 GPUs each) "
                 f"started in {time.monotonic() - t0:.1f}s\n"
             )
+            if options.keep:
+                # Printed before the faults, so they can be watched arriving.
+                say(_console_line(controller))
             faults = _scenario(
                 client, controller, agents, options, say=say, kubeconfig=cp.kubeconfig
             )
@@ -227,6 +230,7 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
                     f"\nThe cluster, the controller and the agents keep running. Try:\n"
                     f"  export KUBECONFIG={cp.kubeconfig}\n"
                     f"  {cp.config.binaries.kubectl} get gpufaults\n"
+                    f"{_console_line(controller)}\n"
                     "Press Ctrl-C to stop."
                 )
                 with contextlib.suppress(KeyboardInterrupt):
@@ -237,6 +241,13 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
             controller.stop()
     say("control plane stopped")
     return 0
+
+
+def _console_line(controller: ControllerProcess) -> str:
+    return (
+        f"The console: {controller.url}/console/ (sign in with any name and the token "
+        f"{API_TOKEN!r})"
+    )
 
 
 def _scenario(
