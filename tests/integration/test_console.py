@@ -192,6 +192,16 @@ def test_a_fault_appears_live_and_an_approval_from_the_page_remediates_once(
     fleet.screenshot(path=str(DOCS / "console-fleet.png"), full_page=True)
     page.screenshot(path=str(DOCS / "console-fault.png"), full_page=True)
 
+    # Someone is on it: said in the record and an Event, nothing else moves.
+    page.click("button.acknowledge")
+    page.wait_for_url(f"**/console/faults/{name}")
+    (acknowledged,) = entries(kube, name, "acknowledged")
+    assert acknowledged["detail"] == "by console:night-oncall"
+    (told,) = events_for(kube, node, "GPUFaultAcknowledged")
+    assert told.message == "fault xid-79-gpu-fell-off-the-bus acknowledged by console:night-oncall"
+    assert record_of(kube, node, "AwaitingApproval") and our_taint(kube, node) is None
+    live(page)
+
     page.click("button.approve")
     page.wait_for_url(f"**/console/faults/{name}")
     live(page)
@@ -315,6 +325,8 @@ def test_no_session_no_csrf_token_or_a_view_session_cannot_act(
         == 403
     )
     assert page.locator("#awaiting button.approve").count() == 1
+    acknowledge = f"/console/faults/{name}/acknowledge"
+    assert post(controller, acknowledge, {}, cookie=cookie["value"]) == 403
 
     # A view session sees the fault and no button; its forged POST, with its own
     # valid CSRF token, is refused too.
@@ -323,19 +335,21 @@ def test_no_session_no_csrf_token_or_a_view_session_cannot_act(
         view_page = viewer.new_page()
         sign_in(view_page, controller, VIEW_TOKEN, "shadow-oncall")
         assert view_page.locator("#awaiting tr[data-fault]").count() == 1
-        assert view_page.locator("button.approve, button.reject").count() == 0
+        assert view_page.locator("button.act").count() == 0
         view_page.goto(f"{controller.url}/console/faults/{name}")
-        assert view_page.locator("button.approve, button.reject").count() == 0
+        assert view_page.locator("button.act").count() == 0
         view_csrf = view_page.get_attribute(
             "form[action='/console/logout'] input[name=_csrf]", "value"
         )
         assert view_csrf
-        forged = post(
-            controller, approve, {"_csrf": view_csrf}, cookie=session_cookie(viewer)["value"]
-        )
-        assert forged == 403
+        for path in (approve, acknowledge):
+            forged = post(
+                controller, path, {"_csrf": view_csrf}, cookie=session_cookie(viewer)["value"]
+            )
+            assert forged == 403, path
     finally:
         viewer.close()
     status = kube.get(GPUFault, name).get("status") or {}
     assert status["phase"] == "AwaitingApproval" and "approval" not in status
+    assert not entries(kube, name, "acknowledged")
     assert our_taint(kube, node) is None

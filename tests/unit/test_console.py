@@ -89,11 +89,14 @@ def test_a_view_session_sees_no_action_and_an_act_session_gets_its_csrf_token() 
     c = cluster(200)
     acting, viewing = session(Role.ACT), session(Role.VIEW)
     html = render.fleet_page(c, acting)
-    assert html.count('class="approve"') == 2 and acting.csrf() in html
-    html = render.fleet_page(c, viewing)
-    assert "approve" not in html.lower().replace("awaiting approval", "")
+    assert html.count('class="act approve"') == 2 and acting.csrf() in html
     awaiting = next(r for r in c.records.values() if r.phase is Phase.AWAITING_APPROVAL)
-    assert 'class="approve"' not in (render.fault_page(c, awaiting.name, viewing) or "")
+    html = render.fault_page(c, awaiting.name, acting) or ""
+    assert re.findall(r'class="act (\w+)"', html) == ["approve", "reject", "acknowledge"]
+    for page in (render.fleet_page(c, viewing), render.fault_page(c, awaiting.name, viewing)):
+        assert page is not None
+        assert 'class="act ' not in page
+        assert "/approve" not in page and "/acknowledge" not in page
 
 
 def test_the_fault_page_shows_the_records_timeline_in_order() -> None:

@@ -4,7 +4,7 @@ GET  /console/login, POST /console/login, POST /console/logout
 GET  /console/fleet, /console/faults, /console/faults/{name}, /console/nodes/{name}
      (`?fragment=1`: only the live part, for the page's script)
 GET  /console/events                      server-sent events: the caches' version
-POST /console/faults/{name}/approve|reject
+POST /console/faults/{name}/approve|reject|acknowledge
 GET  /console/static/{version}/{file}
 
 Reads come from this replica's informer caches (no API server request); an
@@ -77,6 +77,8 @@ class ConsoleIntake(Protocol):
 
     async def answer(self, wanted: str, decision: str, by: str) -> tuple[int, dict[str, Any]]: ...
 
+    async def acknowledge(self, wanted: str, by: str) -> tuple[int, dict[str, Any]]: ...
+
 
 class Console:
     def __init__(
@@ -111,6 +113,7 @@ class Console:
         routes.add_get("/console/events", self.events)
         routes.add_post("/console/faults/{name}/approve", _secured(self.approve))
         routes.add_post("/console/faults/{name}/reject", _secured(self.reject))
+        routes.add_post("/console/faults/{name}/acknowledge", _secured(self.acknowledge))
         routes.add_get("/console/static/{version}/{file}", self.static)
         app.on_shutdown.append(self._close_streams)
 
@@ -259,7 +262,15 @@ class Console:
     async def reject(self, request: web.Request) -> web.Response:
         return await self._answer(request, REJECTED)
 
+    async def acknowledge(self, request: web.Request) -> web.Response:
+        return await self._act(request, "acknowledge")
+
     async def _answer(self, request: web.Request, decision: str) -> web.Response:
+        return await self._act(request, decision)
+
+    async def _act(self, request: web.Request, what: str) -> web.Response:
+        """One action on a fault (approved, rejected, acknowledge), from an act
+        session with its CSRF token, on the leader; back to the fault's page."""
         session = self.session(request)
         refused = await self._check_post(request, session, act=True)
         if refused is not None:
@@ -268,10 +279,13 @@ class Console:
         name = request.match_info["name"]
         if not self.intake.leading():
             return self._refused(503, "this replica does not lead: open the leader's console")
-        status, body = await self.intake.answer(name, decision, session.by)
+        if what == "acknowledge":
+            status, body = await self.intake.acknowledge(name, session.by)
+        else:
+            status, body = await self.intake.answer(name, what, session.by)
         log.info(
-            "console answer",
-            extra={"fault": name, "decision": decision, "by": session.by, "status": status},
+            "console action",
+            extra={"fault": name, "action": what, "by": session.by, "status": status},
         )
         if status != 200:
             return _html(
