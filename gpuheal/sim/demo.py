@@ -45,6 +45,7 @@ TAINT_KEY = "gpuheal.io/gpu-fault"
 # GPU index 2 of a fake node sits at PCI 0000:1a:00 (gpuheal.sim.agent.gpu_spec).
 XID_LINE = "NVRM: Xid (PCI:0000:1a:00): 79, pid=<unknown>, GPU has fallen off the bus."
 API_TOKEN = "demo-token"  # noqa: S105 -- a throw-away token on loopback
+CONSOLE_WAIT_S = 10.0  # with --keep: time to open the console before the faults
 
 # Production defaults, with windows short enough to watch.
 CONTROLLER_CONFIG: dict[str, Any] = {
@@ -218,8 +219,11 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
                 f"started in {time.monotonic() - t0:.1f}s\n"
             )
             if options.keep:
-                # Printed before the faults, so they can be watched arriving.
+                # Printed, and a moment given to open it, before the faults: they
+                # can be watched arriving.
                 say(_console_line(controller))
+                say(f"The faults start in {CONSOLE_WAIT_S:.0f} s.\n")
+                time.sleep(CONSOLE_WAIT_S)
             faults = _scenario(
                 client, controller, agents, options, say=say, kubeconfig=cp.kubeconfig
             )
