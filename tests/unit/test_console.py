@@ -9,12 +9,15 @@ import base64
 import dataclasses
 import re
 
+import msgspec
 import pytest
 
 from gpuheal.api.console import render
 from gpuheal.api.console.auth import SESSION_SECONDS, Role, Session, issue, verify
 from gpuheal.api.console.feed import ChangeFeed
 from gpuheal.api.console.views import fleet
+from gpuheal.config import Config
+from gpuheal.kube.projections import PodJson, pod_view_factory
 from gpuheal.model import FAULT_REASON, Phase
 from tests.console_fleet import POOLS, cluster, record
 
@@ -160,3 +163,30 @@ def test_the_change_feed_wakes_waiters_and_times_out() -> None:
         return ahead, woken, quiet
 
     assert asyncio.run(run()) == (0, 1, 1)
+
+
+def test_a_pods_gpus_are_what_its_containers_request() -> None:
+    """Allocated GPUs per pool: the containers' GPU requests (or limits, which
+    Kubernetes copies to requests for extended resources); an init container's run
+    before them, on the same GPUs."""
+    raw = {
+        "metadata": {"name": "trainer-0", "namespace": "ml-train", "uid": "u"},
+        "spec": {
+            "nodeName": "ip-10-0-12-34.us-west-2.compute.internal",
+            "containers": [
+                {"resources": {"limits": {"nvidia.com/gpu": "2", "cpu": "4"}}},
+                {
+                    "resources": {
+                        "requests": {"nvidia.com/gpu": "4"},
+                        "limits": {"nvidia.com/gpu": "4"},
+                    }
+                },
+                {"resources": {"requests": {"memory": "1Gi"}}},
+            ],
+            "initContainers": [{"resources": {"limits": {"nvidia.com/gpu": "8"}}}],
+        },
+        "status": {"phase": "Running"},
+    }
+    pod = msgspec.json.decode(msgspec.json.encode(raw), type=PodJson)
+    view = pod_view_factory(Config().is_gpu_resource)(pod)
+    assert (view.gpu, view.gpu_count) == (True, 6)
