@@ -55,7 +55,7 @@ def record(node: str, fault_id: str, phase: Phase, reason: str = "XidCritical79"
     )
 
 
-def cluster(nodes: int, *, version: int = 1) -> Cluster:
+def cluster(nodes: int, *, version: str = "test.1") -> Cluster:
     """`nodes` GPU nodes; one in 50 quarantined, one in 100 faulty and awaiting
     approval, one in 200 held, one in 250 in maintenance."""
     names = [n for start in range(0, nodes, 250) for n in eks_node_names(min(250, nodes - start))]

@@ -75,7 +75,7 @@ class ControllerIntake:
             quarantined=len(fleet.quarantined),
             config=self.reconciler.config(),
             leading=self.leading(),
-            version=self.changes.version,
+            version=self.changes.tag(),
         )
 
     def synced(self) -> bool:

@@ -112,8 +112,8 @@ def test_the_fault_page_shows_the_records_timeline_in_order() -> None:
 
 
 def test_a_fragment_is_the_live_part_only() -> None:
-    html = render.fleet_page(cluster(10, version=42), session(), fragment=True)
-    assert html.startswith('<main id="live" data-version="42">')
+    html = render.fleet_page(cluster(10, version="a1b2c3d4.42"), session(), fragment=True)
+    assert html.startswith('<main id="live" data-version="a1b2c3d4.42">')
     assert "<head>" not in html
 
 

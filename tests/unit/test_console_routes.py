@@ -37,7 +37,7 @@ class Intake:
         return self.leads
 
     def cluster(self) -> Cluster:
-        return cluster(30, version=self.changes.version)
+        return cluster(30, version=self.changes.tag())
 
     async def answer(self, wanted: str, decision: str, by: str) -> tuple[int, dict[str, Any]]:
         self.answers.append((wanted, decision, by))
@@ -96,13 +96,15 @@ def test_the_event_stream_says_each_change_of_the_caches(tmp_path: Path) -> None
         stream = await client.get("/console/events")
         assert stream.headers["Content-Type"] == "text/event-stream"
         assert stream.headers["Content-Security-Policy"] == CSP
-        assert await stream.content.readuntil(b"\n\n") == b"event: version\ndata: 0\n\n"
+        epoch = intake.changes.epoch
+        first = await stream.content.readuntil(b"\n\n")
+        assert first == f"event: version\ndata: {epoch}.0\n\n".encode()
         intake.changes.on_change(None, None)
         intake.changes.on_change(None, None)
         line = await asyncio.wait_for(stream.content.readuntil(b"\n\n"), 5)
-        assert line == b"event: version\ndata: 2\n\n"
+        assert line == f"event: version\ndata: {epoch}.2\n\n".encode()
         fragment = await (await client.get("/console/fleet?fragment=1")).text()
-        assert fragment.startswith('<main id="live" data-version="2">')
+        assert fragment.startswith(f'<main id="live" data-version="{epoch}.2">')
         stream.close()
 
     run(tmp_path, test)

@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 from typing import Any
 
 
 class ChangeFeed:
     def __init__(self) -> None:
         self.version = 0
+        # Names this process's counter: a restarted controller (or another replica
+        # behind the same Service) counts from 0 again, and a page must not take
+        # its small numbers for old news.
+        self.epoch = secrets.token_hex(4)
         self._changed = asyncio.Event()
 
     def on_change(self, _old: Any, _new: Any) -> None:
@@ -20,6 +25,10 @@ class ChangeFeed:
         # Wake who waits now; who comes later waits for the next change.
         self._changed.set()
         self._changed = asyncio.Event()
+
+    def tag(self, version: int | None = None) -> str:
+        """What a page and the event stream say: epoch and version."""
+        return f"{self.epoch}.{self.version if version is None else version}"
 
     async def after(self, version: int, timeout_s: float) -> int:
         """The version once it is past `version`, or as it is after `timeout_s`."""

@@ -35,7 +35,7 @@ def page(template: str, *, fragment: bool = False, **context: Any) -> str:
     """A whole page, or only its live part (`#live`, what the script swaps in)."""
     layout = "fragment.html" if fragment else "base.html"
     context.setdefault("session", None)
-    context.setdefault("version", 0)
+    context.setdefault("version", "")
     return _env.get_template(template).render(layout=layout, **context)
 
 

@@ -326,7 +326,7 @@ class Console:
             while time.time() < session.expires:
                 version = await feed.after(sent, HEARTBEAT_S)
                 if version != sent:
-                    await response.write(f"event: version\ndata: {version}\n\n".encode())
+                    await response.write(f"event: version\ndata: {feed.tag(version)}\n\n".encode())
                     sent = version
                     await asyncio.sleep(EVENT_INTERVAL_S)
                 else:

@@ -43,7 +43,7 @@ class Cluster:
     quarantined: int  # nodes carrying the fault taint (the breaker's count)
     config: Config
     leading: bool
-    version: int  # of the change feed: a page says which it shows
+    version: str  # the change feed's tag: a page says which it shows
 
 
 def node_state(node: NodeView) -> str:
@@ -92,7 +92,7 @@ class Fleet:
     awaiting: list[FaultRecord]
     maintenance: list[NodeLine]
     open_faults: int
-    version: int
+    version: str
 
 
 def fleet(cluster: Cluster) -> Fleet:
@@ -175,7 +175,7 @@ class Fault:
     timeline: list[ActionEntry]  # oldest first, as the record keeps them
     pods: list[str]  # moved off the node (or, awaiting approval, planned)
     node_known: bool
-    version: int
+    version: str
 
 
 def fault(cluster: Cluster, name: str) -> Fault | None:
@@ -201,7 +201,7 @@ class Node:
     pods: list[PodView]
     faults: list[FaultRecord]  # newest first
     maintenance: str  # why and since when, or ""
-    version: int
+    version: str
 
 
 def node(cluster: Cluster, name: str) -> Node | None:

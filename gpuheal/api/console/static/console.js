@@ -1,7 +1,7 @@
 // gpuheal console: live updates. The server says, by server-sent events from the
-// controller's caches, which version of the cluster it holds; when the page shows
-// an older one, fetch the page's fragment again and swap it in. No inline script,
-// no third-party code (Content-Security-Policy: script-src 'self').
+// controller's caches, which version of the cluster it holds ("epoch.counter");
+// when the page shows another, fetch the page's fragment again and swap it in.
+// No inline script, no third-party code (Content-Security-Policy: script-src 'self').
 (function () {
   "use strict";
   var live = document.getElementById("live");
@@ -9,17 +9,14 @@
     return;
   }
   var fetching = false;
-  var wanted = 0;
-
-  function shown() {
-    return Number(live.dataset.version || "0");
-  }
+  var dirty = false; // an event came that the page may not show yet
 
   function refresh() {
     if (fetching) {
       return;
     }
     fetching = true;
+    dirty = false;
     var url = new URL(window.location.href);
     url.searchParams.set("fragment", "1");
     fetch(url.toString(), { credentials: "same-origin", headers: { Accept: "text/html" } })
@@ -44,7 +41,9 @@
       .catch(function () { /* the next event tries again */ })
       .finally(function () {
         fetching = false;
-        if (wanted > shown()) {
+        // Only news that came during the fetch asks again: behind a Service, the
+        // stream and the fetch may reach different replicas, whose versions differ.
+        if (dirty) {
           refresh();
         }
       });
@@ -55,8 +54,8 @@
   source.addEventListener("error", function () { document.body.dataset.live = "off"; });
   source.addEventListener("version", function (event) {
     document.body.dataset.live = "on";
-    wanted = Number(event.data);
-    if (wanted > shown()) {
+    if (event.data !== live.dataset.version) {
+      dirty = true;
       refresh();
     }
   });
