@@ -8,14 +8,16 @@ import asyncio
 import base64
 import dataclasses
 import re
+from pathlib import Path
 
 import msgspec
 import pytest
 
 from gpuheal.api.console import render
-from gpuheal.api.console.auth import SESSION_SECONDS, Role, Session, issue, verify
+from gpuheal.api.console.auth import SESSION_PURPOSE, SESSION_SECONDS, Role, Session, issue, verify
 from gpuheal.api.console.feed import ChangeFeed
 from gpuheal.api.console.views import fleet
+from gpuheal.api.token import ApiTokens
 from gpuheal.config import Config
 from gpuheal.kube.projections import PodJson, pod_view_factory
 from gpuheal.model import FAULT_REASON, Phase
@@ -190,3 +192,22 @@ def test_a_pods_gpus_are_what_its_containers_request() -> None:
     pod = msgspec.json.decode(msgspec.json.encode(raw), type=PodJson)
     view = pod_view_factory(Config().is_gpu_resource)(pod)
     assert (view.gpu, view.gpu_count) == (True, 6)
+
+
+def test_every_replica_derives_the_same_session_keys_and_a_removed_token_takes_its_own(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "token"
+    path.write_text("token-old-91f2\ntoken-new-7c3a\n")
+    one, other = ApiTokens(path), ApiTokens(path)
+    one.refresh()
+    other.refresh()
+    keys = one.keys(SESSION_PURPOSE)
+    assert keys == other.keys(SESSION_PURPOSE) and len(set(keys)) == 2
+    assert one.keys(b"another purpose") != keys
+    cookie, _ = issue(Role.ACT, "night-oncall", keys[0], NOW)
+    assert verify(cookie, {Role.ACT: other.keys(SESSION_PURPOSE)}, NOW) is not None
+    path.write_text("token-new-7c3a\n")
+    other.refresh()
+    assert other.keys(SESSION_PURPOSE) == keys[1:]
+    assert verify(cookie, {Role.ACT: other.keys(SESSION_PURPOSE)}, NOW) is None
