@@ -49,7 +49,9 @@ class Intake:
 
 
 @asynccontextmanager
-async def console(tmp_path: Path, intake: Intake) -> AsyncIterator[TestClient[Any, Any]]:
+async def console(
+    tmp_path: Path, intake: Intake, wait: float = 0.0
+) -> AsyncIterator[TestClient[Any, Any]]:
     (tmp_path / "token").write_text(TOKEN + "\n")
     tokens = ApiTokens(tmp_path / "token")
     tokens.refresh()
@@ -59,7 +61,7 @@ async def console(tmp_path: Path, intake: Intake) -> AsyncIterator[TestClient[An
         act_tokens=tokens,
         view_tokens=ApiTokens(None),
         secure_cookie=lambda: False,
-        login_wait=lambda _address: 0.0,
+        login_wait=lambda _address: wait,
     ).add_routes(app)
     async with TestClient(TestServer(app)) as client:
         yield client
@@ -152,3 +154,22 @@ def test_an_action_goes_through_with_the_csrf_token_and_on_the_leader_only(
 
     intake = run(tmp_path, test)
     assert intake.answers == [("rec-1", "approved", "console:night-oncall")]
+
+
+def test_a_sign_in_beyond_the_addresss_budget_is_refused_before_its_token_is_looked_at(
+    tmp_path: Path,
+) -> None:
+    async def go() -> None:
+        async with console(tmp_path, Intake(), wait=3.2) as client:
+            form = await (await client.get("/console/login")).text()
+            (csrf,) = re.findall(r'name="_csrf" value="([^"]+)"', form)
+            data = {"_csrf": csrf, "user": "night-oncall", "token": TOKEN}
+            answer = await client.post("/console/login", data=data, allow_redirects=False)
+            assert answer.status == 429
+            assert "wait 3 s" in await answer.text()
+            assert "gpuheal_session" not in answer.cookies
+            # Without the form's own token (another site's form), not even tried.
+            forged = await client.post("/console/login", data={**data, "_csrf": "x" * 32})
+            assert forged.status == 403
+
+    asyncio.run(go())
