@@ -9,12 +9,12 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint unit integration e2e chaos testenv monitoring venv clean bench
+.PHONY: demo test lint unit integration e2e chaos testenv monitoring browser venv clean bench
 
 demo: $(STAMP) testenv
 	$(BIN)/gpuheal demo
 
-test: lint testenv monitoring
+test: lint testenv monitoring browser
 	$(BIN)/pytest
 
 lint: $(STAMP)
@@ -26,7 +26,7 @@ lint: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest -m unit
 
-integration: $(STAMP) testenv monitoring
+integration: $(STAMP) testenv monitoring browser
 	$(BIN)/pytest -m integration
 
 e2e: $(STAMP) testenv
@@ -45,6 +45,13 @@ monitoring:
 	@command -v prometheus >/dev/null && command -v prometheus-alertmanager >/dev/null || { \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	    --no-install-recommends prometheus prometheus-alertmanager >/dev/null; }
+
+# A real headless browser for the console's tests: Debian's chromium, driven by
+# the playwright package (never `playwright install`: no browser download).
+browser:
+	@command -v chromium >/dev/null || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends chromium >/dev/null; }
 
 venv: $(STAMP)
 

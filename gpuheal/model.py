@@ -246,6 +246,8 @@ class PodView:
     phase: str
     resource_version: str = ""
     gpu: bool = False  # any container or init container requests a GPU resource
+    # GPUs its containers request (the console's allocated GPUs per pool).
+    gpu_count: int = 0
     daemonset: bool = False
     deleting: bool = False
     canary: bool = False  # one of our canary pods

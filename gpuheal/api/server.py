@@ -9,6 +9,7 @@ POST /api/v1/alerts      Alertmanager webhook (version 4)
 POST /api/v1/process     manual trigger: {node, action: quarantine|clear, reason, severity}
 GET  /api/v1/faults      current and recent faults (GPUFault records)
 POST /api/v1/faults/{name}/approve|reject   answer a plan awaiting approval
+GET  /console/...        the web console (gpuheal/api/console/routes.py: its own sessions)
 
 Everything under /api/ needs `Authorization: Bearer <token>` (compared in
 constant time; 401 never says which part was wrong), but GET /api/v1/faults
@@ -38,6 +39,7 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
+from gpuheal.api.console.routes import Console, ConsoleIntake
 from gpuheal.api.token import ApiTokens
 from gpuheal.model import APPROVED, REJECTED, FaultSignal
 from gpuheal.policy.ratelimit import TokenBucket
@@ -51,8 +53,8 @@ OPENAPI = Path(__file__).with_name("openapi.yaml")
 API_CALLER = "api-token"
 
 
-class Intake(Protocol):
-    """What the API needs from the controller."""
+class Intake(ConsoleIntake, Protocol):
+    """What the API needs from the controller (the console's reads included)."""
 
     def synced(self) -> bool: ...
 
@@ -92,6 +94,7 @@ class ApiSettings:
     # A resolved alert withdraws its signal; off, it changes nothing (the signal
     # lasts until it expires, and the node's own health decides).
     resolved_alert_clears: bool = False
+    console_secure_cookie: bool = False  # the console's session cookie only over TLS
 
 
 class ManualRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -159,6 +162,7 @@ class Api:
         metrics: ApiMetrics,
         *,
         tokens: ApiTokens,
+        view_tokens: ApiTokens | None = None,
         reasons: Callable[[], list[str]] = list,
     ) -> None:
         self.intake = intake
@@ -170,6 +174,14 @@ class Api:
         self.alerts = metrics.alerts
         self.authenticated = _Limiter(settings.client_rate_per_second, settings.client_burst)
         self.anonymous = _Limiter(ANONYMOUS_RATE_PER_SECOND, ANONYMOUS_BURST)
+        # Sign-ins spend the budget of their address, as requests without a token do.
+        self.console = Console(
+            intake,
+            act_tokens=tokens,
+            view_tokens=view_tokens or ApiTokens(None),
+            secure_cookie=lambda: self.settings.console_secure_cookie,
+            login_wait=self.anonymous.take,
+        )
 
     def configure(self, settings: ApiSettings) -> None:
         """Apply a reloaded config (all but the body limit, fixed at start)."""
@@ -191,6 +203,7 @@ class Api:
         app.router.add_get("/api/v1/faults", self.get_faults)
         app.router.add_post("/api/v1/faults/{name}/approve", self.post_approve)
         app.router.add_post("/api/v1/faults/{name}/reject", self.post_reject)
+        self.console.add_routes(app)
         return app
 
     @web.middleware

@@ -37,8 +37,10 @@ class _Accepted:
 class ApiTokens:
     """The tokens currently accepted. None accepted refuses every request that needs one."""
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path | None, key: str = "apiTokenFile", noun: str = "API") -> None:
         self.path = path
+        # For the log: the config key naming the file, and what its tokens are.
+        self.key, self.noun = key, noun
         self._accepted: tuple[_Accepted, ...] = ()
         self._stamp: Stamp | None = None  # of the content read last
         self._failing = False
@@ -58,7 +60,7 @@ class ApiTokens:
     def refresh(self) -> bool:
         """Read the file if it changed since the last read; True if the tokens did."""
         if self.path is None:
-            return self._set((), "apiTokenFile unset")
+            return self._set((), f"{self.key} unset")
         try:
             info = self.path.stat()  # follows the symlinks: the content's own inode
             stamp = (info.st_dev, info.st_ino, info.st_mtime, info.st_size)
@@ -72,7 +74,7 @@ class ApiTokens:
                 # leaves a mounted Secret half written, so this is a mount or
                 # permission problem, not a rotation.
                 log.error(
-                    "apiTokenFile unreadable; keeping the tokens read last",
+                    f"{self.key} unreadable; keeping the tokens read last",
                     extra={"path": str(self.path), "error": err.strerror, "tokens": self.count},
                 )
                 self._failing = True
@@ -80,7 +82,7 @@ class ApiTokens:
         self._failing = False
         self._stamp = stamp
         lines = (line.strip() for line in content.splitlines())
-        return self._set(tuple(dict.fromkeys(t for t in lines if t)), "apiTokenFile empty")
+        return self._set(tuple(dict.fromkeys(t for t in lines if t)), f"{self.key} empty")
 
     def _set(self, tokens: tuple[bytes, ...], why_none: str) -> bool:
         if tokens == tuple(a.token for a in self._accepted) and self._told:
@@ -88,10 +90,12 @@ class ApiTokens:
         self._told = True
         self._accepted = tuple(_Accepted(t, _ident(t)) for t in tokens)
         if tokens:
-            log.info("API tokens read", extra={"path": str(self.path), "tokens": len(tokens)})
+            log.info(
+                f"{self.noun} tokens read", extra={"path": str(self.path), "tokens": len(tokens)}
+            )
         else:
             log.warning(
-                "no API token: every request that needs one is refused",
+                f"no {self.noun} token: every request that needs one is refused",
                 extra={"path": str(self.path) if self.path else None, "why": why_none},
             )
         return True
@@ -106,6 +110,16 @@ class ApiTokens:
             if hmac.compare_digest(presented, accepted.token):
                 found = accepted.ident
         return found
+
+    def idents(self) -> tuple[str, ...]:
+        """The accepted tokens' identities, in the order of `keys`."""
+        return tuple(a.ident for a in self._accepted)
+
+    def keys(self, purpose: bytes) -> tuple[bytes, ...]:
+        """A key per accepted token for `purpose` (the console signs its sessions
+        with them): every replica reading the same file derives the same keys, and
+        a token removed from the file takes its keys, and what they signed, with it."""
+        return tuple(hmac.digest(a.token, purpose, "sha256") for a in self._accepted)
 
 
 def _ident(token: bytes) -> str:

@@ -414,6 +414,10 @@ class HttpApi:
     api_client_burst: int = setting(integer(1, MAX_BURST), 40)
     # GET /api/v1/faults (node and pod names) without a token: for a trusted network only.
     api_open_reads: bool = setting(boolean, False)
+    # The console's view-only tokens, one a line (apiTokenFile's tokens may act).
+    console_view_token_file: Path | None = setting(file_path, None)
+    # Mark the console's session cookie Secure: on when it is served behind TLS.
+    console_secure_cookie: bool = setting(boolean, False)
 
 
 @dataclass(frozen=True)
@@ -494,4 +498,12 @@ def _file_checks(config: Config) -> list[str]:
             config.api_token_file.read_bytes()
         except OSError as err:
             errors.append(f"apiTokenFile: cannot read {config.api_token_file}: {err.strerror}")
+    if config.console_view_token_file is not None:
+        try:
+            config.console_view_token_file.read_bytes()
+        except OSError as err:
+            errors.append(
+                f"consoleViewTokenFile: cannot read {config.console_view_token_file}: "
+                f"{err.strerror}"
+            )
     return errors

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuheal.api import token as api_token
+from gpuheal.api.console.feed import ChangeFeed
 from gpuheal.api.server import Api, ApiSettings, serve
 from gpuheal.api.token import ApiTokens
 from gpuheal.config import Config, ConfigError, load_config
@@ -26,6 +27,7 @@ from gpuheal.controller.dcgm_source import DcgmSource
 from gpuheal.controller.executor import Caches, Crashpoint, Executor
 from gpuheal.controller.fleet import Fleet
 from gpuheal.controller.handlers import EventHandlers
+from gpuheal.controller.intake import Caches as IntakeCaches
 from gpuheal.controller.intake import ControllerIntake
 from gpuheal.controller.notify import Notifier
 from gpuheal.controller.reconciler import Reconciler
@@ -178,6 +180,11 @@ class Controller:
             metrics=self.metrics,
         )
         self._collecting: asyncio.Task[None] | None = None
+        # The console's live updates: every cache change bumps a version (last, so
+        # a page drawn on the bump sees the fleet's indexes current).
+        self.changes = ChangeFeed()
+        for informer in (self.nodes, self.pods, self.records):
+            informer.handlers.append(self.changes.on_change)
         self.intake = ControllerIntake(
             self.reconciler,
             self.nodes,
@@ -185,6 +192,8 @@ class Controller:
             enqueue=self.queue.add,
             synced=lambda: self.synced,
             leading=lambda: self.leading,
+            caches=IntakeCaches(self.nodes.store, self.pods.store, self.records.store),
+            changes=self.changes,
         )
         self.elector: LeaderElector | None = None
         le = config.leader_election
@@ -204,6 +213,9 @@ class Controller:
             api.write_gate = self.elector.may_write
         self._workers: list[asyncio.Task[None]] = []
         self.api_tokens = ApiTokens(config.api_token_file)
+        self.view_tokens = ApiTokens(
+            config.console_view_token_file, "consoleViewTokenFile", "console view"
+        )
         self._http: Api | None = None
 
     def _node_ref(self, name: str) -> ObjectRef:
@@ -299,11 +311,14 @@ class Controller:
 
     def http_api(self) -> Api:
         self.api_tokens.refresh()
+        if self.view_tokens.path is not None:
+            self.view_tokens.refresh()
         self._http = Api(
             self.intake,
             _api_settings(self.config),
             self.metrics,
             tokens=self.api_tokens,
+            view_tokens=self.view_tokens,
             reasons=self.unready_reasons,
         )
         return self._http
@@ -322,6 +337,8 @@ class Controller:
         while True:
             await asyncio.sleep(api_token.POLL_S)
             self.api_tokens.refresh()
+            if self.view_tokens.path is not None:
+                self.view_tokens.refresh()
 
     def _dcgm(self, prometheus_url: str) -> DcgmSource:
         config = self.config
@@ -355,6 +372,7 @@ class Controller:
         self.external.ttl_s = config.external_signal_ttl_seconds
         self.notifier.sinks = config.notification_sinks
         self.api_tokens.use(config.api_token_file)
+        self.view_tokens.use(config.console_view_token_file)
         if self._http is not None:
             if config.api_max_body_bytes != self._http.settings.max_body_bytes:
                 log.warning("apiMaxBodyBytes changes need a restart; the rest is applied")
@@ -460,4 +478,5 @@ def _api_settings(config: Config, max_body_bytes: int | None = None) -> ApiSetti
         node_labels=config.alert_node_labels,
         open_reads=config.api_open_reads,
         resolved_alert_clears=config.resolved_alert_clears,
+        console_secure_cookie=config.console_secure_cookie,
     )

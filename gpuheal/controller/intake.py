@@ -1,20 +1,41 @@
-"""The controller's side of the HTTP API: look nodes up, take signals, list faults."""
+"""The controller's side of the HTTP API: look nodes up, take signals, list faults,
+hand the console its caches."""
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from gpuheal.api.console.feed import ChangeFeed
+from gpuheal.api.console.views import Cluster
 from gpuheal.clock import iso
 from gpuheal.controller.addresses import NodeFinder
 from gpuheal.controller.reconciler import Reconciler
 from gpuheal.kube.api import ApiError, gpufault_path
+from gpuheal.kube.events import fault_ref, node_ref
 from gpuheal.kube.informer import Store
 from gpuheal.kube.projections import decode_fault
-from gpuheal.model import MANAGED_LABEL, FaultRecord, FaultSignal, NodeView
+from gpuheal.kube.writes import action_entry
+from gpuheal.model import MANAGED_LABEL, ActionEntry, FaultRecord, FaultSignal, NodeView, PodView
+from gpuheal.policy import history
 from gpuheal.policy.approval import answer_patch, matching, refusal
 from gpuheal.sources import registered
+
+# A person says they are on a fault (the console's Acknowledge): an entry in the
+# record and this Event, nothing else changes.
+ACKNOWLEDGED = "GPUFaultAcknowledged"
+ACKNOWLEDGED_ENTRY = "acknowledged"
+
+
+@dataclass(frozen=True)
+class Caches:
+    """The informers' maps (each informer keeps one dict for its life), for the console."""
+
+    nodes: Mapping[str, NodeView]
+    pods: Mapping[str, PodView]
+    records: Mapping[str, FaultRecord]
 
 
 class ControllerIntake:
@@ -27,6 +48,8 @@ class ControllerIntake:
         enqueue: Callable[[str], None],
         synced: Any,
         leading: Any,
+        caches: Caches | None = None,
+        changes: ChangeFeed | None = None,
     ) -> None:
         self.reconciler = reconciler
         self.nodes = nodes
@@ -35,6 +58,25 @@ class ControllerIntake:
         self._synced = synced
         self._leading = leading
         self.finder = NodeFinder(nodes, self._managed, index=reconciler.fleet.addresses)
+        self.caches = caches or Caches({}, {}, {})
+        self.changes = changes or ChangeFeed()
+
+    def cluster(self) -> Cluster:
+        """The caches as they are, for the console: the informers' own maps, read in
+        place (the console renders without awaiting), and the fleet's indexes."""
+        fleet = self.reconciler.fleet
+        return Cluster(
+            nodes=self.caches.nodes,
+            pods=self.caches.pods,
+            records=self.caches.records,
+            pods_by_node=fleet.pods_by_node,
+            records_by_node=fleet.records_by_node,
+            gpu_nodes=fleet.gpu_nodes,
+            quarantined=len(fleet.quarantined),
+            config=self.reconciler.config(),
+            leading=self.leading(),
+            version=self.changes.tag(),
+        )
 
     def synced(self) -> bool:
         return bool(self._synced())
@@ -80,9 +122,8 @@ class ControllerIntake:
             self.enqueue(node)
         return count
 
-    async def answer(self, wanted: str, decision: str, by: str) -> tuple[int, dict[str, Any]]:
-        """Write a person's answer on a record awaiting approval (the reconciler acts
-        on it when the record's update arrives): (HTTP status, body)."""
+    def _one(self, wanted: str) -> FaultRecord | tuple[int, dict[str, Any]]:
+        """The record a person means (a name, else a fault id), or (status, body) why not."""
         records = [
             r
             for names in self.reconciler.fleet.records_by_node.values()
@@ -95,7 +136,14 @@ class ControllerIntake:
         if len(found) > 1:
             names = ", ".join(sorted(r.name for r in found))
             return 409, {"error": f"fault id {wanted!r} names {len(found)} records: {names}"}
-        (record,) = found
+        return found[0]
+
+    async def answer(self, wanted: str, decision: str, by: str) -> tuple[int, dict[str, Any]]:
+        """Write a person's answer on a record awaiting approval (the reconciler acts
+        on it when the record's update arrives): (HTTP status, body)."""
+        record = self._one(wanted)
+        if not isinstance(record, FaultRecord):
+            return record
         why_not = refusal(record)
         if why_not is not None:
             return 409, {"error": why_not}
@@ -112,6 +160,42 @@ class ControllerIntake:
         executor.caches.put_record(decode_fault(raw))
         body = {"name": record.name, "node": record.node, "faultId": record.fault_id}
         return 200, body | {"decision": decision, "by": by, "at": at}
+
+    async def acknowledge(self, wanted: str, by: str) -> tuple[int, dict[str, Any]]:
+        """Record that a person is on an open fault: an `acknowledged` entry in the
+        record (on the version read, so no write of the reconciler's is lost) and
+        a `GPUFaultAcknowledged` Event. Nothing else changes. (HTTP status, body)."""
+        record = self._one(wanted)
+        if not isinstance(record, FaultRecord):
+            return record
+        if not record.open:
+            return 409, {"error": f"GPUFault {record.name} is {record.phase.value}: closed"}
+        at = iso(dt.datetime.now(dt.UTC))
+        entry = ActionEntry(at, ACKNOWLEDGED_ENTRY, "ok", f"by {by}")
+        patch = {
+            "metadata": {"resourceVersion": record.resource_version},
+            "status": {"actions": [action_entry(a) for a in history.append(record.actions, entry)]},
+        }
+        executor = self.reconciler.executor
+        try:
+            raw = await executor.api.patch(gpufault_path(record.name, status=True), patch)
+        except ApiError as err:
+            if err.code != 409:
+                raise
+            return 409, {"error": f"GPUFault {record.name} changed meanwhile; try again"}
+        executor.caches.put_record(decode_fault(raw))
+        node = self.nodes.get(record.node)
+        executor.recorder.emit(
+            node_ref(record.node, node.uid, node.resource_version)
+            if node
+            else node_ref(record.node),
+            reason=ACKNOWLEDGED,
+            note=f"fault {record.fault_id} acknowledged by {by}",
+            action="Acknowledge",
+            related=fault_ref(record.name, record.uid, record.resource_version),
+        )
+        body = {"name": record.name, "node": record.node, "faultId": record.fault_id}
+        return 200, body | {"acknowledged": True, "by": by, "at": at}
 
     def faults(self, node: str | None, limit: int) -> list[dict[str, Any]]:
         names = (

@@ -268,6 +268,10 @@ def pod_view_factory(
         wanted = {**container.resources.requests, **container.resources.limits}
         return any(is_gpu_resource(n) and q not in ("0", "") for n, q in wanted.items())
 
+    def gpus_requested(container: Container) -> int:
+        wanted = {**container.resources.limits, **container.resources.requests}
+        return sum(_quantity(q) for n, q in wanted.items() if is_gpu_resource(n))
+
     def view(pod: PodJson) -> PodView:
         meta = pod.metadata
         status = pod.status
@@ -279,6 +283,7 @@ def pod_view_factory(
             phase=pod.status.phase,
             resource_version=meta.resourceVersion,
             gpu=any(requests_gpu(c) for c in (*pod.spec.containers, *pod.spec.initContainers)),
+            gpu_count=sum(gpus_requested(c) for c in pod.spec.containers),
             daemonset=any(o.kind == "DaemonSet" for o in meta.ownerReferences),
             deleting=meta.deletionTimestamp is not None,
             canary=meta.labels.get(CANARY_LABEL) == "true",

@@ -45,6 +45,7 @@ TAINT_KEY = "gpuheal.io/gpu-fault"
 # GPU index 2 of a fake node sits at PCI 0000:1a:00 (gpuheal.sim.agent.gpu_spec).
 XID_LINE = "NVRM: Xid (PCI:0000:1a:00): 79, pid=<unknown>, GPU has fallen off the bus."
 API_TOKEN = "demo-token"  # noqa: S105 -- a throw-away token on loopback
+CONSOLE_WAIT_S = 10.0  # with --keep: time to open the console before the faults
 
 # Production defaults, with windows short enough to watch.
 CONTROLLER_CONFIG: dict[str, Any] = {
@@ -217,6 +218,12 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
                 f"\ngpuheal controller leads; {len(agents)} agents (fake NVML, 8 GPUs each) "
                 f"started in {time.monotonic() - t0:.1f}s\n"
             )
+            if options.keep:
+                # Printed, and a moment given to open it, before the faults: they
+                # can be watched arriving.
+                say(_console_line(controller))
+                say(f"The faults start in {CONSOLE_WAIT_S:.0f} s.\n")
+                time.sleep(CONSOLE_WAIT_S)
             faults = _scenario(
                 client, controller, agents, options, say=say, kubeconfig=cp.kubeconfig
             )
@@ -227,6 +234,7 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
                     f"\nThe cluster, the controller and the agents keep running. Try:\n"
                     f"  export KUBECONFIG={cp.kubeconfig}\n"
                     f"  {cp.config.binaries.kubectl} get gpufaults\n"
+                    f"{_console_line(controller)}\n"
                     "Press Ctrl-C to stop."
                 )
                 with contextlib.suppress(KeyboardInterrupt):
@@ -237,6 +245,13 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
             controller.stop()
     say("control plane stopped")
     return 0
+
+
+def _console_line(controller: ControllerProcess) -> str:
+    return (
+        f"The console: {controller.url}/console/ (sign in with any name and the token "
+        f"{API_TOKEN!r})"
+    )
 
 
 def _scenario(

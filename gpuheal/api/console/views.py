@@ -1,0 +1,232 @@
+"""What each console page shows, computed from the controller's caches as they
+are now (`Cluster`): pure, so a page is tested, and timed at 5,000 nodes,
+without a server. Rendering (escaping included) is `render.py`'s."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from gpuheal.config import Config
+from gpuheal.model import (
+    ANNOTATION_PREFIX,
+    FAULT_REASON,
+    MAINTENANCE_REASON,
+    MAINTENANCE_SINCE,
+    MAINTENANCE_TAINT_KEY,
+    STATUS,
+    ActionEntry,
+    FaultRecord,
+    NodeView,
+    Phase,
+    PodView,
+)
+from gpuheal.policy.breaker import quarantine_capacity
+from gpuheal.policy.pools import pool_of
+
+# A node's state on the console, worst first: the order of the columns.
+STATES = ("quarantined", "faulty", "maintenance", "not-ready", "healthy")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The controller's caches, read in place (the console renders between two
+    awaits, so nothing changes under it): what `Intake.cluster` hands over."""
+
+    nodes: Mapping[str, NodeView]
+    pods: Mapping[str, PodView]
+    records: Mapping[str, FaultRecord]
+    pods_by_node: Mapping[str, Iterable[str]]
+    records_by_node: Mapping[str, Iterable[str]]
+    gpu_nodes: Collection[str]  # the nodes gpuheal manages
+    quarantined: int  # nodes carrying the fault taint (the breaker's count)
+    config: Config
+    leading: bool
+    version: str  # the change feed's tag: a page says which it shows
+
+
+def node_state(node: NodeView) -> str:
+    if node.taint() is not None:
+        return "quarantined"
+    if node.annotations.get(STATUS) == "faulty":
+        return "faulty"
+    if node.taint(MAINTENANCE_TAINT_KEY) is not None:
+        return "maintenance"
+    if node.ready is False:
+        return "not-ready"
+    return "healthy"
+
+
+@dataclass
+class PoolRow:
+    name: str
+    states: Counter[str] = field(default_factory=Counter)
+    capacity: int = 0  # GPUs on its nodes
+    allocated: int = 0  # GPUs its pods request
+    free: int = 0  # GPUs left on nodes that take pods (no taint, schedulable)
+
+    @property
+    def nodes(self) -> int:
+        return sum(self.states.values())
+
+
+@dataclass(frozen=True)
+class NodeLine:
+    name: str
+    pool: str
+    state: str
+    reason: str  # the fault reported, or why it is in maintenance
+
+
+@dataclass(frozen=True)
+class Fleet:
+    mode: str
+    leading: bool
+    breaker_used: int
+    breaker_capacity: int
+    pools: list[PoolRow]
+    totals: PoolRow
+    attention: list[NodeLine]  # every node not healthy, worst first
+    held: list[FaultRecord]
+    awaiting: list[FaultRecord]
+    maintenance: list[NodeLine]
+    open_faults: int
+    version: str
+
+
+def fleet(cluster: Cluster) -> Fleet:
+    config = cluster.config
+    pools: dict[str, PoolRow] = {}
+    totals = PoolRow("all")
+    attention: list[NodeLine] = []
+    maintenance: list[NodeLine] = []
+    nodes = 0
+    for name in cluster.gpu_nodes:
+        node = cluster.nodes.get(name)
+        if node is None:
+            continue
+        nodes += 1
+        pool = pool_of(node.labels, config)
+        row = pools.get(pool) or pools.setdefault(pool, PoolRow(pool))
+        state = node_state(node)
+        allocated = sum(
+            pod.gpu_count
+            for key in cluster.pods_by_node.get(name, ())
+            if (pod := cluster.pods.get(key)) is not None
+        )
+        takes_pods = not node.taints and not node.unschedulable and node.ready is not False
+        free = max(0, node.gpus - allocated) if takes_pods else 0
+        for each in (row, totals):
+            each.states[state] += 1
+            each.capacity += node.gpus
+            each.allocated += allocated
+            each.free += free
+        if state != "healthy":
+            attention.append(NodeLine(name, pool, state, _why(node, state, cluster)))
+        if node.taint(MAINTENANCE_TAINT_KEY) is not None:
+            maintenance.append(NodeLine(name, pool, state, _why(node, "maintenance", cluster)))
+    attention.sort(key=lambda n: (STATES.index(n.state), n.name))
+    maintenance.sort(key=lambda n: n.name)
+    records = list(cluster.records.values())
+    return Fleet(
+        mode=config.mode.value,
+        leading=cluster.leading,
+        breaker_used=cluster.quarantined,
+        breaker_capacity=quarantine_capacity(nodes, config),
+        pools=sorted(pools.values(), key=lambda p: p.name),
+        totals=totals,
+        attention=attention,
+        held=_newest(r for r in records if r.phase is Phase.HELD),
+        awaiting=_newest(r for r in records if r.phase is Phase.AWAITING_APPROVAL),
+        maintenance=maintenance,
+        open_faults=sum(r.open for r in records),
+        version=cluster.version,
+    )
+
+
+def _why(node: NodeView, state: str, cluster: Cluster) -> str:
+    """Why a node is out: its maintenance reason; else the reason of its newest open
+    fault (whatever the source), what it reports, or our taint's value."""
+    if state == "maintenance":
+        since = node.annotations.get(MAINTENANCE_SINCE, "")
+        reason = node.annotations.get(MAINTENANCE_REASON, "")
+        return f"{reason} (since {since})" if since else reason
+    records = (cluster.records.get(n) for n in cluster.records_by_node.get(node.name, ()))
+    open_ = _newest(r for r in records if r is not None and r.open)
+    if open_:
+        return open_[0].reason
+    taint = node.taint()
+    return node.annotations.get(FAULT_REASON, "") or (taint.value if taint else "")
+
+
+def _newest(records: Iterable[FaultRecord]) -> list[FaultRecord]:
+    return sorted(records, key=lambda r: (r.created_at, r.name), reverse=True)
+
+
+def open_faults(cluster: Cluster) -> list[FaultRecord]:
+    """Every open fault, newest first."""
+    return _newest(r for r in cluster.records.values() if r.open)
+
+
+@dataclass(frozen=True)
+class Fault:
+    record: FaultRecord
+    timeline: list[ActionEntry]  # oldest first, as the record keeps them
+    pods: list[str]  # moved off the node (or, awaiting approval, planned)
+    node_known: bool
+    version: str
+
+
+def fault(cluster: Cluster, name: str) -> Fault | None:
+    record = cluster.records.get(name)
+    if record is None:
+        return None
+    return Fault(
+        record=record,
+        timeline=list(record.actions),
+        pods=list(record.evicted_pods or record.plan_evict),
+        node_known=record.node in cluster.nodes,
+        version=cluster.version,
+    )
+
+
+@dataclass(frozen=True)
+class Node:
+    node: NodeView
+    pool: str
+    state: str
+    managed: bool
+    facts: list[tuple[str, str]]  # its gpuheal.io/ annotations, as the agent wrote them
+    pods: list[PodView]
+    faults: list[FaultRecord]  # newest first
+    maintenance: str  # why and since when, or ""
+    version: str
+
+
+def node(cluster: Cluster, name: str) -> Node | None:
+    view = cluster.nodes.get(name)
+    if view is None:
+        return None
+    pods = [p for k in cluster.pods_by_node.get(name, ()) if (p := cluster.pods.get(k)) is not None]
+    records = [
+        r
+        for n in cluster.records_by_node.get(name, ())
+        if (r := cluster.records.get(n)) is not None
+    ]
+    in_maintenance = view.taint(MAINTENANCE_TAINT_KEY) is not None
+    return Node(
+        node=view,
+        pool=pool_of(view.labels, cluster.config),
+        state=node_state(view),
+        managed=name in cluster.gpu_nodes,
+        facts=sorted(
+            (k.removeprefix(ANNOTATION_PREFIX), v)
+            for k, v in view.annotations.items()
+            if k.startswith(ANNOTATION_PREFIX)
+        ),
+        pods=sorted(pods, key=lambda p: p.key),
+        faults=_newest(records),
+        maintenance=_why(view, "maintenance", cluster) if in_maintenance else "",
+        version=cluster.version,
+    )
