@@ -226,7 +226,7 @@ def _add_operator_commands(
             "taint, cordon), ask its GPU workloads to checkpoint, wait for them to leave, "
             "then drain it through the Eviction API, respecting PodDisruptionBudgets. "
             "DaemonSet pods stay. Prints what blocks the drain. Nodes in maintenance are "
-            "not faults and do not count against the breaker."
+            "not faults and do not count against the breaker (a roll-out's do)."
         ),
     )
     start.add_argument("--reason", required=True, help="why (recorded on the node and in Events)")

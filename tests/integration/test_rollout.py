@@ -2,7 +2,8 @@
 rolled canary first, then in batches of 3, never more nodes out than the budget,
 each node gated on the new version; a failing node stopping it, held; a CLI
 SIGKILLed mid-roll-out resuming without draining any node twice; one roll-out
-per pool."""
+per pool; a controller failover mid-roll-out, whose recovery gate meanwhile
+follows the roll-out."""
 
 from __future__ import annotations
 
@@ -30,7 +31,14 @@ from gpuheal.sim.audit import evictions, offset, requests
 from gpuheal.sim.resources import GPURollout
 from gpuheal.sim.workloads import apply, gpu_pod, wait_pods_running
 from tests.helpers import FakeNodes, wait_for
-from tests.integration.conftest import controller_config, events_for
+from tests.integration.conftest import (
+    StartController,
+    clear_fault,
+    controller_config,
+    events_for,
+    our_taint,
+    report_fault,
+)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -331,3 +339,52 @@ def test_a_cli_killed_mid_roll_out_resumes_without_draining_a_node_twice(
     assert all(codes == [201] for codes in evicted.values()), evicted
     for node in nodes:
         assert len(events_for(kube, node, "GPUMaintenanceStarted")) == 1, node
+
+
+def test_a_controller_failover_mid_roll_out_loses_nothing_and_its_recovery_gate_follows_it(
+    kube: Client,
+    fake_gpu_nodes: FakeNodes,
+    pool: dict[str, str],
+    config_file: Path,
+    control_plane: ControlPlane,
+    rollouts: None,
+    start_controller: StartController,
+    tmp_path: Path,
+) -> None:
+    value = pool[POOL_LABEL]
+    canary, *batch = pool_nodes(fake_gpu_nodes, kube, pool, 4)
+    config = controller_config(pool, pools={"label": POOL_LABEL})
+    replicas = [start_controller(config), start_controller(config)]
+    leader = wait_for("a leader", lambda: [r for r in replicas if r.leading()], timeout_s=30)[0]
+    driver = Background(
+        [*START, value, "--driver-version", NEW, "--reason", "r", "--canary", "1",
+         "--batch-size", "3", "--max-unavailable", "3", *FAST,
+         "--kubeconfig", str(control_plane.kubeconfig), "--config", str(config_file)],
+        tmp_path / "driver.log",
+    )  # fmt: skip
+    try:
+        with Tooling(kube, pool, skip=batch):
+            wait_for("the canary rolled", lambda: steps(kube, value).get(canary) == "done")
+            # A fault on the rolled canary while the rest of the pool runs the old driver:
+            # the controller's recovery gate expects the roll-out's target, and returns it.
+            report_fault(kube, canary, "xid-79-rolled")
+            wait_for("its quarantine", lambda: our_taint(kube, canary) == "xid-79-rolled")
+            clear_fault(kube, canary)
+            wait_for("its return", lambda: our_taint(kube, canary) is None, timeout_s=30)
+            assert not events_for(kube, canary, "GPUHealthGateFailed")
+            wait_for(
+                "batch 1 waiting",
+                lambda: [steps(kube, value).get(n) for n in batch] == ["waiting-for-change"] * 3,
+            )
+            leader.kill()  # failover mid-roll-out
+            (other,) = [r for r in replicas if r is not leader]
+            other.wait_leading()
+        with Tooling(kube, pool):
+            code = driver.process.wait(60)
+        assert code == 0, driver.log.read_text()
+    finally:
+        if driver.process.poll() is None:
+            driver.kill()
+    status = status_of(kube, value)
+    assert status["phase"] == "Completed"
+    assert set(steps(kube, value).values()) == {"done"}
