@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from rich.text import Text
 
 from gpuheal.clock import iso, parse_time
+from gpuheal.config import Config
 from gpuheal.kube.api import ApiError, gpurollout_path, node_path
 from gpuheal.kube.projections import NodeJson
 from gpuheal.kube.rollouts import (
@@ -92,17 +93,17 @@ def _fail(ctx: Context, verb: str, why: str) -> None:
 # -- reading ---------------------------------------------------------------------------
 
 
-async def pool_nodes(ctx: Context, pool: str) -> dict[str, NodeJson]:
-    """The pool's GPU nodes now, by name."""
+async def gpu_nodes(ctx: Context) -> list[NodeJson]:
+    """Every GPU node now (the controller's nodeSelector, as `status` reads it)."""
     config = ctx.config
     nodes = await list_all(
         ctx.api, node_path(), NodeJson, "Node", label_selector=node_selector_query(config)
     )
-    return {
-        n.metadata.name: n
-        for n in nodes
-        if gpu_node(n, config) and pool_of(n.metadata.labels, config) == pool
-    }
+    return [n for n in nodes if gpu_node(n, config)]
+
+
+def in_pool(nodes: Sequence[NodeJson], pool: str, config: Config) -> dict[str, NodeJson]:
+    return {n.metadata.name: n for n in nodes if pool_of(n.metadata.labels, config) == pool}
 
 
 def out_of_service(node: NodeJson) -> bool:
@@ -116,27 +117,23 @@ def out_of_service(node: NodeJson) -> bool:
     )
 
 
-async def budget_now(
-    ctx: Context,
+def budget_of(
     rollout: RolloutJson,
-    pool: Mapping[str, NodeJson],
+    fleet: Sequence[NodeJson],
     progress: Sequence[NodeProgress],
+    config: Config,
 ) -> Budget:
     """The pool's and the fleet's room, counting every node out for any reason and
     the roll-out's own nodes in flight (recorded before their cordon lands)."""
-    config = ctx.config
     spec = rollout.spec
     in_flight = {p.name for p in progress if p.step in IN_FLIGHT}
+    pool = in_pool(fleet, spec.pool, config)
     pool_out = {name for name, n in pool.items() if out_of_service(n)} | in_flight
-    fleet = await list_all(
-        ctx.api, node_path(), NodeJson, "Node", label_selector=node_selector_query(config)
-    )
-    gpu = [n for n in fleet if gpu_node(n, config)]
-    # The breaker's count: faults and maintenance, fleet-wide (not cordons or NotReady:
-    # those the controller does not count either).
+    # The breaker's count: faults and maintenance, fleet-wide (cordons and NotReady
+    # it does not count).
     fleet_out = {
         n.metadata.name
-        for n in gpu
+        for n in fleet
         if any(t.key == TAINT_KEY for t in n.spec.taints) or in_maintenance(n.metadata.labels)
     } | in_flight
     return Budget(
@@ -145,7 +142,7 @@ async def budget_now(
             len(progress), spec.maxUnavailable, spec.maxUnavailablePercent
         ),
         fleet_unavailable=len(fleet_out),
-        fleet_allowed=quarantine_capacity(len(gpu), config),
+        fleet_allowed=quarantine_capacity(len(fleet), config),
     )
 
 
@@ -205,6 +202,23 @@ def _pairs(values: Sequence[str] | None, what: str) -> dict[str, str]:
     return out
 
 
+def _bad_numbers(args: argparse.Namespace) -> str:
+    """What is wrong with the numbers given ("" when nothing), before the API
+    server says it less plainly."""
+    checks = (
+        (args.canary >= 0, "--canary must be 0 or more"),
+        (args.batch_size >= 1, "--batch-size must be 1 or more"),
+        (args.max_unavailable >= 1, "--max-unavailable must be 1 or more"),
+        (
+            args.max_unavailable_percent is None or 0 <= args.max_unavailable_percent <= 100,
+            "--max-unavailable-percent must be between 0 and 100",
+        ),
+        (args.change_timeout >= 0 and args.gate_timeout >= 0, "timeouts must be 0 or more"),
+        (1 <= args.lease <= 3600, "--lease must be between 1 and 3600 seconds"),
+    )
+    return "; ".join(why for ok, why in checks if not ok)
+
+
 async def start(ctx: Context, args: argparse.Namespace) -> int:
     pool: str = args.pool
     try:
@@ -223,7 +237,11 @@ async def start(ctx: Context, args: argparse.Namespace) -> int:
             "say what the nodes must report: --driver-version, --label or --annotation",
         )
         return exitcodes.USAGE
-    nodes = await pool_nodes(ctx, pool)
+    wrong = _bad_numbers(args)
+    if wrong:
+        _fail(ctx, "start", wrong)
+        return exitcodes.USAGE
+    nodes = in_pool(await gpu_nodes(ctx), pool, ctx.config)
     if not nodes:
         _fail(ctx, "start", f"pool {pool} has no GPU nodes (label {ctx.config.pools.label})")
         return exitcodes.NOT_FOUND
@@ -266,19 +284,25 @@ async def start(ctx: Context, args: argparse.Namespace) -> int:
             f"aborted one must be deleted (kubectl delete gpurollout {name}) before another",
         )
         return exitcodes.USAGE
-    order = plan_order(nodes, args.canary, args.batch_size)
-    # Nodes that report the change already need no turn.
+    return await drive(ctx, name, _drive_options(args))
+
+
+async def _initialize(ctx: Context, rollout: RolloutJson, nodes: Mapping[str, NodeJson]) -> None:
+    """The order, written once: by `start` right after it creates the object, or
+    by `resume` when a start was killed in between."""
+    spec = rollout.spec
+    target = state_of(rollout).target
     order = [
         replace(p, step=Step.DONE, detail="already reported the change at the start")
         if not target.missing(nodes[p.name].metadata.labels, nodes[p.name].metadata.annotations)
-        else p
-        for p in order
+        else p  # nodes that report the change already need no turn
+        for p in plan_order(nodes, spec.canary, spec.batchSize)
     ]
     now = iso(ctx.now(), "seconds")
 
     def initial(current: RolloutJson) -> dict[str, Any] | None:
         if current.status.nodes:
-            return None  # another start got there first (it cannot: the name is the lock)
+            return None  # another driver wrote it first
         return {
             "phase": Phase.RUNNING.value,
             "startedAt": now,
@@ -287,8 +311,7 @@ async def start(ctx: Context, args: argparse.Namespace) -> int:
             **_summary(order),
         }
 
-    await update_status(ctx, name, initial)
-    return await drive(ctx, name, _drive_options(args))
+    await update_status(ctx, rollout.metadata.name, initial)
 
 
 # -- pause, resume, abort ------------------------------------------------------------------
@@ -471,6 +494,13 @@ async def drive(ctx: Context, name: str, options: DriveOptions) -> int:
                 continue
             waited_s = 0.0
             rollout = claimed
+            if not rollout.status.nodes:
+                nodes = in_pool(await gpu_nodes(ctx), rollout.spec.pool, ctx.config)
+                if not nodes:
+                    _fail(ctx, "drive", f"pool {rollout.spec.pool} has no GPU nodes")
+                    return exitcodes.NOT_FOUND
+                await _initialize(ctx, rollout, nodes)
+                continue
             phase = state_of(rollout).phase
             progress = progress_of(rollout)
             in_flight = any(p.step in IN_FLIGHT - {Step.FAILED_HELD} for p in progress)
@@ -496,7 +526,8 @@ async def drive_once(ctx: Context, rollout: RolloutJson, options: DriveOptions) 
     spec = rollout.spec
     state = state_of(rollout)
     progress = list(state.progress)
-    nodes = await pool_nodes(ctx, spec.pool)
+    fleet = await gpu_nodes(ctx)
+    nodes = in_pool(fleet, spec.pool, ctx.config)
     advanced = await asyncio.gather(
         *(
             _advance(ctx, rollout, p, node=nodes.get(p.name), options=options)
@@ -509,7 +540,7 @@ async def drive_once(ctx: Context, rollout: RolloutJson, options: DriveOptions) 
     progress = list(advanced)
     started: list[str] = []
     if state.phase is Phase.RUNNING:
-        budget = await budget_now(ctx, rollout, nodes, progress)
+        budget = budget_of(rollout, fleet, progress, ctx.config)
         started = next_to_start(progress, budget)
         now = iso(ctx.now(), "seconds")
         for i, p in enumerate(progress):
@@ -519,7 +550,9 @@ async def drive_once(ctx: Context, rollout: RolloutJson, options: DriveOptions) 
                 )
     if not changed:
         return False
-    await _record(ctx, name, changed, state.phase)
+    for p in changed.values():  # progress, for the person watching (stderr)
+        ctx.err.print(Text(f"{p.name}: {p.step.value}" + (f" ({p.detail})" if p.detail else "")))
+    await _record(ctx, name, changed)
     return True
 
 
@@ -527,9 +560,7 @@ async def _same(p: NodeProgress) -> NodeProgress:
     return p
 
 
-async def _record(
-    ctx: Context, name: str, changed: Mapping[str, NodeProgress], phase_read: Phase
-) -> None:
+async def _record(ctx: Context, name: str, changed: Mapping[str, NodeProgress]) -> None:
     """Write the nodes' new steps, and the phase they imply: Failed at the first
     held node, Completed when all are done. A phase a person set meanwhile (pause,
     abort) stays, but a failure or the end is said regardless."""

@@ -7,6 +7,7 @@ follows the roll-out."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -198,6 +199,10 @@ def test_a_12_node_pool_rolls_canary_first_then_batches_within_the_budget(
         assert MAINTENANCE_ROLLOUT not in annotations
         assert not node.spec.unschedulable
         assert not events_for(kube, name, "GPUHealthGateFailed")
+    # Numbers that make no roll-out are refused before anything is written.
+    code, _, err = cli(*START, "other-pool", "--driver-version", NEW, "--reason", "r",
+                       "--batch-size", "0")  # fmt: skip
+    assert (code, err.strip()) == (2, "gpuheal rollout start: --batch-size must be 1 or more")
     # One roll-out per pool: a second start is refused, and says why.
     code, _, err = cli(*START, value, "--driver-version", "570.86.10", "--reason", "again")
     assert code == 2
@@ -236,6 +241,25 @@ def test_a_failing_node_stops_the_roll_out_and_is_held_until_resumed(
         code, out, err = cli("rollout", "resume", value, "--poll", "0.2")
     assert code == 0, out + err
     assert set(steps(kube, value).values()) == {"done"}
+
+
+def test_a_start_killed_before_it_wrote_the_order_is_resumed_from_the_object(
+    kube: Client, fake_gpu_nodes: FakeNodes, pool: dict[str, str], cli: Cli, rollouts: None
+) -> None:
+    value = pool[POOL_LABEL]
+    nodes = pool_nodes(fake_gpu_nodes, kube, pool, 2)
+    spec = {"pool": value, "target": {"driverVersion": NEW}, "canary": 1, "batchSize": 1,
+            "maxUnavailable": 1, "gateTimeoutSeconds": 2}  # fmt: skip
+    kube.create(GPURollout.from_dict({"metadata": {"name": rollout_name(value)}, "spec": spec}))
+    with Tooling(kube, pool):
+        code, out, err = cli("rollout", "resume", value, "--poll", "0.2")
+    assert code == 0, out + err
+    status = status_of(kube, value)
+    assert status["phase"] == "Completed"
+    assert [(n["name"], n["batch"], n["step"]) for n in status["nodes"]] == [
+        (nodes[0], 0, "done"),
+        (nodes[1], 1, "done"),
+    ]
 
 
 def test_a_change_that_never_comes_holds_the_node_and_abort_ends_it_for_good(
@@ -323,6 +347,9 @@ def test_a_cli_killed_mid_roll_out_resumes_without_draining_a_node_twice(
         if first.process.poll() is None:
             first.kill()
     assert status_of(kube, value)["phase"] == "Running"
+    # The breaker counts the roll-out's nodes in maintenance, as the controller does.
+    code, out, _ = cli("status", "-o", "json")
+    assert code == 0 and json.loads(out)["breaker"]["rolling"] == 3
     # Paused meanwhile, from another terminal: resume drives it again.
     code, out, _ = cli("rollout", "pause", value)
     assert code == 0 and "Paused" in out
