@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+import aiohttp
 from rich.text import Text
 
 from gpuheal.clock import iso, parse_time
@@ -459,6 +460,24 @@ async def _claim(ctx: Context, name: str, me: str) -> RolloutJson | str | None:
     return held_by or written
 
 
+async def _heartbeat(ctx: Context, name: str, me: str) -> None:
+    """Renew the lease while this CLI holds it (every quarter of leaseSeconds;
+    _claim writes only when a third has passed); a failed renewal is said and
+    tried again at the next beat."""
+    every_s = 1.0
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            current = await read_rollout(ctx.api, name)
+            if current is None:
+                return
+            every_s = current.spec.leaseSeconds / 4
+            if current.status.driver.holder == me:
+                await _claim(ctx, name, me)
+        except (ApiError, WriteError, aiohttp.ClientError, TimeoutError) as err:
+            ctx.err.print(Text(f"warning: lease not renewed: {err}", style="yellow"))
+
+
 async def _release(ctx: Context, name: str, me: str) -> None:
     def release(current: RolloutJson) -> dict[str, Any] | None:
         if current.status.driver.holder != me:
@@ -473,6 +492,8 @@ async def drive(ctx: Context, name: str, options: DriveOptions) -> int:
     flight) or aborted; each pass level-triggered from the recorded status."""
     me = options.identity
     waited_s = 0.0
+    # A pass can sit in a drain for up to its deadline: the lease is renewed meanwhile.
+    heartbeat = asyncio.create_task(_heartbeat(ctx, name, me))
     try:
         while True:
             claimed = await _claim(ctx, name, me)
@@ -504,15 +525,17 @@ async def drive(ctx: Context, name: str, options: DriveOptions) -> int:
             phase = state_of(rollout).phase
             progress = progress_of(rollout)
             in_flight = any(p.step in IN_FLIGHT - {Step.FAILED_HELD} for p in progress)
-            # Paused or aborted: the nodes in flight are carried through, no other starts.
-            stopped = phase in (Phase.PAUSED, Phase.ABORTED) and not in_flight
-            if phase in (Phase.COMPLETED, Phase.FAILED) or stopped:
+            # Paused, aborted or failed: the nodes in flight (drained already) are
+            # carried through, no other starts; then the CLI stops.
+            stopped = phase in (Phase.PAUSED, Phase.ABORTED, Phase.FAILED) and not in_flight
+            if phase is Phase.COMPLETED or stopped:
                 render(RolloutReport(rollout), ctx.output, ctx.out)
                 return exitcodes.FINDINGS if phase is Phase.FAILED else exitcodes.OK
             moved = await drive_once(ctx, rollout, options)
             if not moved:
                 await asyncio.sleep(options.poll_s)
     finally:
+        heartbeat.cancel()
         try:
             await _release(ctx, name, me)
         except (ApiError, WriteError) as err:  # the lease lapses on its own
@@ -566,9 +589,17 @@ async def _record(ctx: Context, name: str, changed: Mapping[str, NodeProgress]) 
     abort) stays, but a failure or the end is said regardless."""
 
     def write(current: RolloutJson) -> dict[str, Any] | None:
-        progress = [changed.get(p.name, p) for p in progress_of(current)]
-        status: dict[str, Any] = {"nodes": _progress_json(progress), **_summary(progress)}
         phase = state_of(current).phase
+
+        def merged(p: NodeProgress) -> NodeProgress:
+            new = changed.get(p.name, p)
+            # Paused or aborted since this pass read the phase: no node starts (the
+            # step is written before the node is touched, so nothing was done yet).
+            starts = p.step is Step.PENDING and new.step is not Step.PENDING
+            return p if starts and phase is not Phase.RUNNING else new
+
+        progress = [merged(p) for p in progress_of(current)]
+        status: dict[str, Any] = {"nodes": _progress_json(progress), **_summary(progress)}
         now = iso(ctx.now(), "seconds")
         held = [p for p in progress if p.step is Step.FAILED_HELD]
         if held and phase in (Phase.RUNNING, Phase.PAUSED):

@@ -228,6 +228,8 @@ def test_a_failing_node_stops_the_roll_out_and_is_held_until_resumed(
     current = {n["name"]: n for n in status["nodes"]}
     assert current[broken]["step"] == "failed-held"
     assert "gpu-count: 6 nvidia.com/gpu allocatable, expected 8" in current[broken]["detail"]
+    # Its batch-mate, drained already, was carried through; nothing else started.
+    assert current[nodes[2]]["step"] == "done"
     # Held: still in maintenance; the next batch never started.
     held = kube.get(Node, broken).metadata
     assert held is not None and (held.labels or {})[STATE_LABEL] == "maintenance"
