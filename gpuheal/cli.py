@@ -226,7 +226,7 @@ def _add_operator_commands(
             "taint, cordon), ask its GPU workloads to checkpoint, wait for them to leave, "
             "then drain it through the Eviction API, respecting PodDisruptionBudgets. "
             "DaemonSet pods stay. Prints what blocks the drain. Nodes in maintenance are "
-            "not faults and do not count against the breaker."
+            "not faults and do not count against the breaker (a roll-out's do)."
         ),
     )
     start.add_argument("--reason", required=True, help="why (recorded on the node and in Events)")
@@ -267,6 +267,7 @@ def _add_operator_commands(
         node=True,
         help="run the health gate; only if it passes, remove our taint and label and uncordon",
     )
+    _add_rollout(commands, command)
     command(
         commands,
         "gate",
@@ -330,6 +331,125 @@ def _add_operator_commands(
             ),
         )
         decide.add_argument("fault", metavar="FAULT", help="the GPUFault name, or its fault id")
+
+
+def _add_rollout(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    command: Callable[..., argparse.ArgumentParser],
+) -> None:
+    """`gpuheal rollout start|status|pause|resume|abort POOL` (ops/rollout.py)."""
+    from gpuheal.ops import commands as ops  # noqa: PLC0415
+
+    rollout = commands.add_parser(
+        "rollout",
+        help="roll a driver (or any node change) across a GPU pool: canary, then batches",
+        description=(
+            "A roll-out of one pool, kept in the cluster as a GPURollout named after the "
+            "pool (one per pool): each node is taken out through maintenance, waits for "
+            "the change (its reported driver version, or the labels/annotations given), "
+            "passes the health gate on the new version and goes back; the canary first, "
+            "then batch by batch, never more nodes out than the budget. The first failure "
+            "stops it with that node held. A killed CLI loses nothing: `resume` carries on."
+        ),
+    )
+    steps = rollout.add_subparsers(dest="step", required=True, metavar="STEP")
+
+    def step(name: str, help: str, description: str | None = None) -> argparse.ArgumentParser:
+        parser = command(steps, name, ops.rollout, help=help, description=description)
+        parser.add_argument("pool", metavar="POOL", help="the pool (the value of pools.label)")
+        return parser
+
+    def driving(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--poll",
+            type=float,
+            default=2.0,
+            metavar="SECONDS",
+            help="how often the nodes are looked at while waiting (default 2)",
+        )
+        parser.add_argument(
+            "--delete-emptydir-data",
+            action="store_true",
+            help="evict pods with emptyDir volumes (their data is lost)",
+        )
+        parser.add_argument(
+            "--force",
+            action="store_true",
+            help="also evict pods no controller manages (they are not recreated)",
+        )
+
+    start = step(
+        "start",
+        "create the pool's roll-out and drive it (exit 0 completed, 3 a node held)",
+        "Create the GPURollout of POOL and drive it until it completes, fails (a node "
+        "held: exit 3) or is paused or aborted. A second start on the same pool is "
+        "refused (exit 2).",
+    )
+    start.add_argument("--driver-version", help="the driver version nodes must report")
+    start.add_argument(
+        "--label",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a label nodes must carry once changed (repeatable)",
+    )
+    start.add_argument(
+        "--annotation",
+        action="append",
+        metavar="KEY=VALUE",
+        help="an annotation nodes must carry once changed (repeatable)",
+    )
+    start.add_argument("--reason", required=True, help="why (recorded on the roll-out and nodes)")
+    start.add_argument("--canary", type=int, default=1, help="canary nodes, first (default 1)")
+    start.add_argument("--batch-size", type=int, default=1, help="nodes per batch (default 1)")
+    start.add_argument(
+        "--max-unavailable",
+        type=int,
+        default=1,
+        metavar="N",
+        help="most nodes of the pool out at once, faults and cordons included (default 1)",
+    )
+    start.add_argument(
+        "--max-unavailable-percent",
+        type=float,
+        metavar="PERCENT",
+        help="also at most this share of the pool (at least one node)",
+    )
+    start.add_argument(
+        "--change-timeout",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="a drained node that does not report the change by then is held (default 3600)",
+    )
+    start.add_argument(
+        "--gate-timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="a changed node the gate still refuses by then is held (default 600)",
+    )
+    start.add_argument(
+        "--lease",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="a killed CLI's hold on the roll-out lapses after this (default 30)",
+    )
+    driving(start)
+    step("status", "the roll-out's phase and every node's step (exit 3 when failed)")
+    step("pause", "take no further node out; nodes in flight finish")
+    driving(
+        step(
+            "resume",
+            "drive the roll-out again: after a pause, a failure (held nodes are gated "
+            "again) or a killed CLI",
+        )
+    )
+    step(
+        "abort",
+        "stop for good: no further node is taken out; finished nodes stay, nothing is "
+        "returned automatically",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

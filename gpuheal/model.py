@@ -19,6 +19,9 @@ GPUFAULT_VERSION = "v1alpha1"
 GPUFAULT_API_VERSION = f"{GPUFAULT_GROUP}/{GPUFAULT_VERSION}"
 GPUFAULT_KIND = "GPUFault"
 GPUFAULT_PLURAL = "gpufaults"
+# The GPURollout custom resource (deploy/crds/gpurollouts.gpuheal.io.yaml), same group.
+GPUROLLOUT_KIND = "GPURollout"
+GPUROLLOUT_PLURAL = "gpurollouts"
 
 # The node-annotation contract (who writes and reads each key:
 # docs/architecture.md#node-annotations): annotations the agent writes on its Node.
@@ -73,6 +76,9 @@ MAINTENANCE_SINCE = "gpuheal.io/maintenance-since"
 MAINTENANCE_BASELINE = "gpuheal.io/maintenance-baseline"
 # "true" when maintenance cordoned the node (finish uncordons only then).
 MAINTENANCE_CORDONED = "gpuheal.io/maintenance-cordoned"
+# The GPURollout that put the node in maintenance (its name): the breaker counts
+# such nodes, a roll-out being many maintenances at once.
+MAINTENANCE_ROLLOUT = "gpuheal.io/maintenance-rollout"
 # On GPU pods: checkpoint now, the pod is about to be moved (RFC 3339 deadline);
 # written by `maintenance start` and by the controller's drain (`checkpoint` config).
 CHECKPOINT_REQUESTED = "gpuheal.io/checkpoint-requested"

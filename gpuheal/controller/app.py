@@ -34,7 +34,7 @@ from gpuheal.controller.reconciler import Reconciler
 from gpuheal.controller.retention import RecordCollector
 from gpuheal.controller.signals import ExternalSignals
 from gpuheal.controller.worker import RECONCILE_FAILED, ReconcileFailures, work
-from gpuheal.kube.api import KubeApi, gpufault_path, node_path, pod_path
+from gpuheal.kube.api import KubeApi, gpufault_path, gpurollout_path, node_path, pod_path
 from gpuheal.kube.events import EventRecorder, ObjectRef, node_ref
 from gpuheal.kube.informer import Informer, J, V, default_key_of
 from gpuheal.kube.leader import LeaderElector
@@ -48,6 +48,7 @@ from gpuheal.kube.projections import (
     node_view,
     pod_view_factory,
 )
+from gpuheal.kube.rollouts import RolloutJson, RolloutState, state_of
 from gpuheal.kube.workqueue import WorkQueue
 from gpuheal.metrics.controller import ControllerMetrics
 from gpuheal.model import CANARY_LABEL, CanaryView, FaultRecord, NodeView, PodView
@@ -97,6 +98,10 @@ class Controller:
         )
         self.records: Informer[FaultJson, FaultRecord] = self._informer(
             "gpufaults", gpufault_path(), FaultJson, fault_record, lambda r: r.name
+        )
+        # Roll-outs (`gpuheal rollout`), for the recovery gate's driver rule.
+        self.rollouts: Informer[RolloutJson, RolloutState] = self._informer(
+            "gpurollouts", gpurollout_path(), RolloutJson, state_of, lambda r: r.name
         )
         # Our canary pods, finished ones included (the pod informer drops those).
         self.canaries: Informer[PodJson, CanaryView] = self._informer(
@@ -166,6 +171,7 @@ class Controller:
             notify=self.notifier.notify,
             canaries=self.canaries.store,
             pods_synced=self.pods.synced.is_set,
+            rollouts=self.rollouts,
         )
         self.handlers = EventHandlers(
             self.queue, self.fleet, self.records, external_nodes=self.external.nodes
@@ -261,7 +267,7 @@ class Controller:
 
     @property
     def _informers(self) -> tuple[Informer[Any, Any], ...]:
-        return (self.nodes, self.pods, self.records, self.canaries)
+        return (self.nodes, self.pods, self.records, self.canaries, self.rollouts)
 
     def unready_reasons(self) -> list[str]:
         """What keeps this replica from being ready or from leading, for /readyz."""

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from gpuheal.config import Config
 from gpuheal.controller.addresses import AddressIndex
 from gpuheal.kube.informer import Store
-from gpuheal.model import MANAGED_LABEL, FaultRecord, NodeView, Phase, PodView
-from gpuheal.policy.nodes import gpu_node
+from gpuheal.model import MAINTENANCE_ROLLOUT, MANAGED_LABEL, FaultRecord, NodeView, Phase, PodView
+from gpuheal.policy.nodes import gpu_node, in_maintenance
 from gpuheal.policy.pools import driver_version, pool_of
 
 
@@ -30,6 +30,9 @@ class Fleet:
         # their faults do nothing, which must not go unsaid.
         self.unmanaged: set[str] = set()
         self.quarantined: set[str] = set()
+        # GPU nodes a roll-out (`gpuheal rollout`) has in maintenance: the breaker counts
+        # them, so that faults and a roll-out together stay within its budget.
+        self.rolling: set[str] = set()
         self.pods_by_node: dict[str, set[str]] = defaultdict(set)
         self.records_by_node: dict[str, set[str]] = defaultdict(set)
         self.held: set[str] = set()  # record names in phase Held
@@ -71,6 +74,7 @@ class Fleet:
                 self.gpu_nodes.discard(old.name)
                 self.unmanaged.discard(old.name)
                 self.quarantined.discard(old.name)
+                self.rolling.discard(old.name)
                 self._note_driver(old.name, None)
             return
         if self.selected(new):
@@ -81,12 +85,20 @@ class Fleet:
             self.unmanaged.add(new.name)
         else:
             self.unmanaged.discard(new.name)
-        # Only the fault taint counts for the breaker: a node in maintenance carries
-        # the maintenance taint, which is a person's decision, not a fault.
+        # The fault taint counts for the breaker, and a roll-out's maintenance; a
+        # person's one maintenance (the maintenance taint alone) is their decision.
         if new.taint() is not None and new.name in self.gpu_nodes:
             self.quarantined.add(new.name)
         else:
             self.quarantined.discard(new.name)
+        if (
+            new.name in self.gpu_nodes
+            and in_maintenance(new.labels)
+            and new.annotations.get(MAINTENANCE_ROLLOUT)
+        ):
+            self.rolling.add(new.name)
+        else:
+            self.rolling.discard(new.name)
         version = driver_version(new.labels, new.annotations)
         selected = new.name in self.gpu_nodes and version
         self._note_driver(

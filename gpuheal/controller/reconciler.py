@@ -30,6 +30,7 @@ from gpuheal.controller.result import DONE, Result
 from gpuheal.controller.signals import ExternalSignals
 from gpuheal.kube.events import node_ref
 from gpuheal.kube.informer import Store
+from gpuheal.kube.rollouts import RolloutState
 from gpuheal.metrics.controller import ControllerMetrics, DeviceCounts
 from gpuheal.model import CanaryView, FaultRecord, NodeView, PodView
 from gpuheal.policy.backoff import Blocked, refused_again
@@ -45,8 +46,10 @@ from gpuheal.policy.plan import (
     plan_node_gone,
     reported,
 )
+from gpuheal.policy.pools import NO_POOL, pool_of
 from gpuheal.policy.ratelimit import TokenBucket
 from gpuheal.policy.recent import HandledFaults
+from gpuheal.policy.rollout import RolloutDriver, rollout_name
 from gpuheal.sources import Seen
 
 log = logging.getLogger(__name__)
@@ -82,6 +85,7 @@ class Reconciler:
         notify: Callable[[Notice], None] = lambda _: None,
         canaries: Mapping[str, CanaryView] | None = None,
         pods_synced: Callable[[], bool] = lambda: True,
+        rollouts: Store[RolloutState] | None = None,
     ) -> None:
         self.config = config  # the controller's current config, read where needed
         self.nodes = nodes
@@ -104,6 +108,8 @@ class Reconciler:
         self.blocked: dict[str, dict[str, Blocked]] = defaultdict(dict)
         self.leaving = LeavingPods()
         self.canaries: Mapping[str, CanaryView] = canaries if canaries is not None else {}
+        # GPURollouts by name: the gate's driver rule follows a pool's roll-out.
+        self.rollouts = rollouts
         self.device_reports = DeviceReports(pods_synced)
         # Per node: the eviction rate limit of partial drains, and the device counts
         # (the device gauges sum them when scraped).
@@ -141,13 +147,21 @@ class Reconciler:
             pods=pods,
             records=tuple(r for r in records if not r.device_scope),
             gpu_nodes=len(self.fleet.gpu_nodes),
-            quarantined=frozenset(self.fleet.quarantined),
+            quarantined=frozenset(self.fleet.quarantined | self.fleet.rolling),
             blocked=dict(self.blocked.get(node.name, {})),
             external=self.external.active(node.name),
             device_records=tuple(r for r in records if r.device_scope),
             pool_drivers=self.fleet.drivers_besides(node),
+            rollout=self._rollout_view(node),
             handled_lately=self.handled.of(node.name, time.monotonic()),
         )
+
+    def _rollout_view(self, node: NodeView) -> RolloutDriver | None:
+        if self.rollouts is None:
+            return None
+        pool = pool_of(node.labels, self.config())
+        rollout = self.rollouts.get(rollout_name(pool)) if pool != NO_POOL else None
+        return rollout.driver_view(node.name) if rollout is not None else None
 
     def device_state_of(self, node: NodeView) -> DeviceState:
         keys = self.fleet.pods_by_node.get(node.name, ())

@@ -26,7 +26,7 @@ import aiohttp
 
 from gpuheal.kube.credentials import Credential, Credentials, credentials_for, tls_context
 from gpuheal.kube.kubeconfig import RestConfig, load_rest_config
-from gpuheal.model import GPUFAULT_API_VERSION, GPUFAULT_PLURAL
+from gpuheal.model import GPUFAULT_API_VERSION, GPUFAULT_PLURAL, GPUROLLOUT_PLURAL
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
@@ -280,6 +280,13 @@ def pod_path(namespace: str, name: str = "") -> str:
 
 def gpufault_path(name: str = "", status: bool = False) -> str:
     base = f"/apis/{GPUFAULT_API_VERSION}/{GPUFAULT_PLURAL}"
+    if not name:
+        return base
+    return f"{base}/{name}/status" if status else f"{base}/{name}"
+
+
+def gpurollout_path(name: str = "", status: bool = False) -> str:
+    base = f"/apis/{GPUFAULT_API_VERSION}/{GPUROLLOUT_PLURAL}"
     if not name:
         return base
     return f"{base}/{name}/status" if status else f"{base}/{name}"

@@ -63,3 +63,17 @@ async def reject(ctx: Context, args: argparse.Namespace) -> int:
     from gpuheal.ops.approval import answer  # noqa: PLC0415
 
     return await answer(ctx, args.fault, REJECTED)
+
+
+async def rollout(ctx: Context, args: argparse.Namespace) -> int:
+    """`gpuheal rollout STEP POOL`: the step's coroutine in ops/rollout.py."""
+    from gpuheal.ops import rollout as steps  # noqa: PLC0415
+
+    operate = {
+        "start": steps.start,
+        "status": steps.status,
+        "pause": steps.pause,
+        "resume": steps.resume,
+        "abort": steps.abort,
+    }[args.step]
+    return await operate(ctx, args)

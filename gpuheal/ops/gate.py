@@ -21,6 +21,7 @@ from gpuheal.clock import iso, parse_time
 from gpuheal.config import Config
 from gpuheal.kube.api import ApiError, KubeApi, node_path
 from gpuheal.kube.projections import NodeJson, PodJson, device_plugin_matcher
+from gpuheal.kube.rollouts import pool_rollout
 from gpuheal.kube.snapshot import ALL_PODS, list_all
 from gpuheal.model import MAINTENANCE_SINCE
 from gpuheal.ops import exitcodes
@@ -34,7 +35,7 @@ from gpuheal.ops.fleet import (
 )
 from gpuheal.ops.output import Notes, Table, render
 from gpuheal.policy.gate import DevicePluginPod, GateFacts, GateResult, Result, evaluate
-from gpuheal.policy.pools import driver_version, pool_of
+from gpuheal.policy.pools import NO_POOL, driver_version, pool_of
 
 if TYPE_CHECKING:
     from gpuheal.ops.context import Context
@@ -61,13 +62,14 @@ def pod_ready(pod: PodJson) -> bool:
 
 async def gather(api: KubeApi, config: Config, node: NodeJson) -> GateFacts:
     """The node's facts: itself, its device-plugin pods, its pool's other nodes' drivers
-    (the nodes and the pods listed at once)."""
+    and its pool's roll-out, if any (all read at once)."""
     name = node.metadata.name
     labels = node.metadata.labels
     pool = pool_of(labels, config)
-    nodes, pods = await asyncio.gather(
+    nodes, pods, rollout = await asyncio.gather(
         list_all(api, node_path(), NodeJson, "Node", label_selector=node_selector_query(config)),
         pods_on(api, name),
+        pool_rollout(api, pool) if pool != NO_POOL else asyncio.sleep(0, None),
     )
     peers: Counter[str] = Counter()
     for other in nodes:
@@ -93,6 +95,7 @@ async def gather(api: KubeApi, config: Config, node: NodeJson) -> GateFacts:
         allocatable={k: quantity(v) for k, v in node.status.allocatable.items() if "/" in k},
         pool_drivers=dict(peers),
         device_plugin_pods=plugins,
+        rollout=rollout.driver_view(name) if rollout is not None else None,
     )
 
 

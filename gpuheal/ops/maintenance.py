@@ -37,6 +37,7 @@ from gpuheal.model import (
     MAINTENANCE_BASELINE,
     MAINTENANCE_CORDONED,
     MAINTENANCE_REASON,
+    MAINTENANCE_ROLLOUT,
     MAINTENANCE_SINCE,
     STATE_LABEL,
     STATE_MAINTENANCE,
@@ -64,6 +65,7 @@ MAINTENANCE_ANNOTATIONS = (
     MAINTENANCE_SINCE,
     MAINTENANCE_BASELINE,
     MAINTENANCE_CORDONED,
+    MAINTENANCE_ROLLOUT,
 )
 
 
@@ -109,10 +111,11 @@ def resumable(node: NodeJson) -> bool:
 
 
 def start_patch(
-    node: NodeJson, reason: str, config: Config, now: dt.datetime
+    node: NodeJson, reason: str, config: Config, now: dt.datetime, rollout: str = ""
 ) -> tuple[dict[str, Any], list[str]]:
     """The one write that puts the node in maintenance (resourceVersion-guarded), and
-    warnings. Already in maintenance: its start, baseline and reason stay."""
+    warnings. Already in maintenance: its start, baseline and reason stay.
+    `rollout`: the GPURollout taking the node out (MAINTENANCE_ROLLOUT)."""
     annotations = node.metadata.annotations
     warnings: list[str] = []
     resumed = resumable(node)
@@ -129,6 +132,8 @@ def start_patch(
         notes[MAINTENANCE_CORDONED] = None if cordoned else "true"
     elif not cordoned:
         notes[MAINTENANCE_CORDONED] = "true"  # uncordoned meanwhile: we cordon it again
+    if rollout:
+        notes[MAINTENANCE_ROLLOUT] = rollout
     key, effect = config.maintenance.taint_key, config.maintenance.taint_effect
     taints = [t for t in _taints(node) if t["key"] != key]
     # The maintenance taint's value says why, for people: readable, not an identity.
@@ -178,7 +183,7 @@ class WriteError(Exception):
     """The node could not be written (deleted meanwhile, endless conflicts)."""
 
 
-async def _guarded_write(
+async def guarded_write(
     ctx: Context, name: str, node: NodeJson, build: Callable[[NodeJson], dict[str, Any]]
 ) -> NodeJson:
     """Merge-patch under optimistic concurrency (the resourceVersion in the patch):
@@ -202,7 +207,7 @@ async def _write(
     """_guarded_write for `maintenance <verb>`: the node as written, or None once
     the failure is said on stderr."""
     try:
-        return await _guarded_write(ctx, node.metadata.name, node, build)
+        return await guarded_write(ctx, node.metadata.name, node, build)
     except WriteError as err:
         ctx.err.print(Text(f"gpuheal maintenance {verb}: {err}", style="bold red"))
         return None
@@ -410,52 +415,67 @@ class StartReport:
         return views
 
 
-async def start(ctx: Context, args: argparse.Namespace) -> int:
-    name: str = args.node
+@dataclass(frozen=True)
+class TakeOut:
+    """How `maintenance start` (or a roll-out) takes a node out."""
+
+    reason: str
+    checkpoint: str | None = None  # None: config maintenance.checkpoint
+    checkpoint_wait_s: float | None = None  # None: config
+    drain: bool = True
+    drain_timeout_s: float | None = None  # None: config
+    delete_emptydir_data: bool = False
+    force: bool = False
+    rollout: str = ""  # the GPURollout doing it
+
+
+async def take_out(ctx: Context, node: NodeJson, how: TakeOut) -> StartReport | None:
+    """Mark, checkpoint, drain: safe to run again (a node already in maintenance
+    resumes, a drained one has nothing left to evict). None once a failed write is
+    said on stderr."""
+    name = node.metadata.name
     config = ctx.config.maintenance
-    node = await get_node(ctx.api, name)
-    if node is None:
-        ctx.err.print(Text(f"gpuheal maintenance start: node {name} not found", style="bold red"))
-        return exitcodes.NOT_FOUND
     resumed = resumable(node)
     warnings: list[str] = []
 
     def build(current: NodeJson) -> dict[str, Any]:
-        patch, found = start_patch(current, args.reason, ctx.config, ctx.now())
+        patch, found = start_patch(current, how.reason, ctx.config, ctx.now(), how.rollout)
         warnings[:] = found
         return patch
 
     written = await _write(ctx, "start", node, build)
     if written is None:
-        return exitcodes.ERROR
+        return None
     node = written
     for warning in warnings:
         ctx.err.print(Text(f"warning: {warning}", style="yellow"))
     annotations = node.metadata.annotations
-    reason = annotations.get(MAINTENANCE_REASON, args.reason)
+    reason = annotations.get(MAINTENANCE_REASON, how.reason)
     if not resumed:
         await emit_node_event(
             ctx, node, reason=STARTED, note=f"maintenance started: {reason}", action="Maintenance"
         )
-    mode = args.checkpoint or config.checkpoint
+    mode = how.checkpoint or config.checkpoint
     if mode == "webhook" and not config.checkpoint_webhook_url:
         warnings.append("checkpoint webhook: maintenance.checkpointWebhookUrl is not set")
         mode = "none"
     wait_s = (
-        config.checkpoint_wait_seconds if args.checkpoint_wait is None else args.checkpoint_wait
+        config.checkpoint_wait_seconds if how.checkpoint_wait_s is None else how.checkpoint_wait_s
     )
     checkpoint = await request_checkpoint(ctx, name, reason, mode, wait_s)
     await wait_gpu_pods_gone(ctx, name, checkpoint, wait_s)
     drained = None
-    if not args.no_drain:
+    if how.drain:
         options = DrainOptions(
-            delete_emptydir_data=args.delete_emptydir_data,
-            force=args.force,
-            timeout_s=config.drain_timeout_seconds if args.timeout is None else args.timeout,
+            delete_emptydir_data=how.delete_emptydir_data,
+            force=how.force,
+            timeout_s=config.drain_timeout_seconds
+            if how.drain_timeout_s is None
+            else how.drain_timeout_s,
             retry_s=config.eviction_retry_seconds,
         )
         drained = await drain(ctx, name, options)
-    report = StartReport(
+    return StartReport(
         node=name,
         reason=reason,
         since=annotations.get(MAINTENANCE_SINCE, ""),
@@ -465,8 +485,28 @@ async def start(ctx: Context, args: argparse.Namespace) -> int:
         drain=drained,
         warnings=warnings,
     )
+
+
+async def start(ctx: Context, args: argparse.Namespace) -> int:
+    name: str = args.node
+    node = await get_node(ctx.api, name)
+    if node is None:
+        ctx.err.print(Text(f"gpuheal maintenance start: node {name} not found", style="bold red"))
+        return exitcodes.NOT_FOUND
+    how = TakeOut(
+        reason=args.reason,
+        checkpoint=args.checkpoint,
+        checkpoint_wait_s=args.checkpoint_wait,
+        drain=not args.no_drain,
+        drain_timeout_s=args.timeout,
+        delete_emptydir_data=args.delete_emptydir_data,
+        force=args.force,
+    )
+    report = await take_out(ctx, node, how)
+    if report is None:
+        return exitcodes.ERROR
     render(report, ctx.output, ctx.out)
-    if drained is not None and not drained.done:
+    if report.drain is not None and not report.drain.done:
         return exitcodes.TIMED_OUT
     return exitcodes.OK
 

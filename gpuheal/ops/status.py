@@ -22,6 +22,7 @@ from gpuheal.config import Config
 from gpuheal.kube.projections import NodeJson
 from gpuheal.kube.snapshot import Snapshot, read_snapshot
 from gpuheal.model import (
+    MAINTENANCE_ROLLOUT,
     QUARANTINED_DEVICES,
     STATUS,
     STATUS_FAULTY,
@@ -110,10 +111,11 @@ class PoolStatus:
 class Breaker:
     capacity: int
     quarantined: int
+    rolling: int = 0  # in a roll-out's maintenance: counted too (controller/fleet.py)
 
     @property
     def remaining(self) -> int:
-        return max(0, self.capacity - self.quarantined)
+        return max(0, self.capacity - self.quarantined - self.rolling)
 
 
 def age(since: dt.datetime | None, now: dt.datetime) -> str:
@@ -220,6 +222,7 @@ class StatusReport:
             "breaker": {
                 "capacity": self.breaker.capacity,
                 "quarantined": self.breaker.quarantined,
+                "rolling": self.breaker.rolling,
                 "remaining": self.breaker.remaining,
             },
             "wouldHave": self.would.data(),
@@ -248,7 +251,8 @@ class StatusReport:
             for f in self.faults
         ]
         b = self.breaker
-        style = "bad" if b.remaining == 0 else "warn" if b.quarantined else "ok"
+        style = "bad" if b.remaining == 0 else "warn" if b.quarantined or b.rolling else "ok"
+        rolling = f", {b.rolling} in a roll-out's maintenance" if b.rolling else ""
         return (
             Table(
                 f"GPU nodes by state ({len(self.nodes)})",
@@ -274,7 +278,7 @@ class StatusReport:
                     (
                         style,
                         f"{b.remaining} of {b.capacity} quarantine slots left "
-                        f"({b.quarantined} node(s) carry the {TAINT_KEY} taint)",
+                        f"({b.quarantined} node(s) carry the {TAINT_KEY} taint{rolling})",
                     )
                 ],
             ),
@@ -302,9 +306,16 @@ def fleet_status(
     gpu_nodes = sorted(
         (n for n in snap.nodes if gpu_node(n, config)), key=lambda n: n.metadata.name
     )
-    # The controller's Fleet counts the same way: our fault taint on a managed node.
+    # The controller's Fleet counts the same way: our fault taint on a managed node,
+    # and a roll-out's maintenance.
     tainted = sum(taint_of(n, TAINT_KEY) is not None for n in gpu_nodes)
-    breaker = Breaker(quarantine_capacity(len(gpu_nodes), config), tainted)
+    rolling = sum(
+        taint_of(n, TAINT_KEY) is None
+        and in_maintenance(n.metadata.labels)
+        and bool(n.metadata.annotations.get(MAINTENANCE_ROLLOUT))
+        for n in gpu_nodes
+    )
+    breaker = Breaker(quarantine_capacity(len(gpu_nodes), config), tainted, rolling)
     shown = [n for n in gpu_nodes if selected(n.metadata.labels, selector)]
     names = {n.metadata.name for n in shown}
     records = snap.faults or []

@@ -43,6 +43,7 @@ from gpuheal.policy.pools import (
     pool_config,
     pool_of,
 )
+from gpuheal.policy.rollout import RolloutDriver, expected_during_rollout
 
 # The Event reason of a failed gate (controller recovery, device canaries, maintenance finish).
 GATE_FAILED = "GPUHealthGateFailed"
@@ -143,12 +144,19 @@ class GateFacts:
     pool_drivers: Mapping[str, int] = field(default_factory=dict)
     # Pods on the node matching healthGate.devicePluginSelector (and namespaces).
     device_plugin_pods: tuple[DevicePluginPod, ...] = ()
+    # A driver roll-out of the node's pool (policy/rollout.py): it, not the pool's
+    # majority, says which version the node must run.
+    rollout: RolloutDriver | None = None
 
 
 def facts_from_views(
-    node: NodeView, pods: Sequence[PodView], pool_drivers: Mapping[str, int]
+    node: NodeView,
+    pods: Sequence[PodView],
+    pool_drivers: Mapping[str, int],
+    rollout: RolloutDriver | None = None,
 ) -> GateFacts:
-    """The controller's facts: its cached projections of the node and its pods."""
+    """The controller's facts: its cached projections of the node, its pods and its
+    pool's roll-out."""
     return GateFacts(
         node=node.name,
         ready=node.ready,
@@ -159,6 +167,7 @@ def facts_from_views(
         device_plugin_pods=tuple(
             DevicePluginPod(p.key, p.ready) for p in pods if p.device_plugin and not p.terminal
         ),
+        rollout=rollout,
     )
 
 
@@ -215,6 +224,14 @@ def _driver(facts: GateFacts, config: Config) -> Check:
     expected = expected_driver(pool, Counter(facts.pool_drivers).elements(), config)
     have = driver_version(facts.labels, facts.annotations)
     where = "unpooled nodes" if pool == NO_POOL else f"pool {pool}"
+    if facts.rollout is not None:
+        during = expected_during_rollout(facts.rollout, facts.pool_drivers)
+        # A rolled node runs the target; the others, a configured version if any.
+        expected = (
+            during if facts.rollout.rolled else pool_config(pool, config).driver_version or during
+        )
+        rolled = "rolled to" if facts.rollout.rolled else "not rolled yet to"
+        where = f"{where} ({rolled} {facts.rollout.target})"
     if not expected:
         if have:
             return Check(

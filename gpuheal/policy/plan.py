@@ -44,6 +44,7 @@ from gpuheal.policy.gate import GATE_FAILED, GateResult, evaluate, facts_from_vi
 from gpuheal.policy.history import opened_at
 from gpuheal.policy.nodes import in_maintenance
 from gpuheal.policy.recent import handled_lately
+from gpuheal.policy.rollout import RolloutDriver
 from gpuheal.sources import SOURCES, Seen, Source
 
 # Event reasons (all of them: docs/architecture.md#events).
@@ -251,6 +252,8 @@ class NodeState:
     # Driver versions of the other GPU nodes of this node's pool (version -> nodes),
     # for the health gate's driver check.
     pool_drivers: Mapping[str, int] = field(default_factory=dict)
+    # A driver roll-out of the node's pool, as the gate sees it for this node.
+    rollout: RolloutDriver | None = None
     # Fault ids this controller marked handled on this node within dedupeTtlSeconds
     # (its memory: empty after a restart), for the recently-handled rule.
     handled_lately: frozenset[str] = frozenset()
@@ -1005,7 +1008,7 @@ def _recover(state: NodeState, config: Config, now: dt.datetime) -> Plan:
         taint = node.taint()
         if taint is not None and config.health_gate.on_recovery:
             # The same gate as `gpuheal maintenance finish`: the taint stays until it passes.
-            facts = facts_from_views(node, state.pods, state.pool_drivers)
+            facts = facts_from_views(node, state.pods, state.pool_drivers, state.rollout)
             gate = evaluate(facts, config, now, since)
             if not gate.passed:
                 actions += _gate_failed(record, gate, now)

@@ -20,26 +20,33 @@ from gpuheal.model import GPUFAULT_API_VERSION, GPUFAULT_KIND
 from gpuheal.sim.process import Component, free_port, http_ok, stop_all
 from gpuheal.sim.resources import GPUFault
 
-CRD_FILE = Path(__file__).resolve().parents[2] / "deploy" / "crds" / "gpufaults.gpuheal.io.yaml"
+CRD_DIR = Path(__file__).resolve().parents[2] / "deploy" / "crds"
+CRD_FILE = CRD_DIR / "gpufaults.gpuheal.io.yaml"
 
 
 def install_crds(client: Client, timeout_s: float = 30) -> None:
-    """Create (or keep) the GPUFault CRD and wait until it is served."""
-    manifest = yaml.safe_load(CRD_FILE.read_text())
+    """Create (or keep) every CRD of deploy/crds (GPUFault, GPURollout) and wait
+    until each is served."""
+    for path in sorted(CRD_DIR.glob("*.yaml")):
+        _install_crd(client, yaml.safe_load(path.read_text()), timeout_s)
+    _warm_up(client)
+
+
+def _install_crd(client: Client, manifest: dict[str, Any], timeout_s: float) -> None:
     try:
         client.create(codecs.from_dict(manifest))
     except ApiError as err:
         if err.status.code != 409:
             raise
+    name = manifest["metadata"]["name"]
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        crd = client.get(CustomResourceDefinition, manifest["metadata"]["name"])
+        crd = client.get(CustomResourceDefinition, name)
         conditions = (crd.status.conditions if crd.status else None) or []
         if any(c.type == "Established" and c.status == "True" for c in conditions):
-            _warm_up(client)
             return
         time.sleep(0.1)
-    raise TimeoutError("GPUFault CRD not Established in time")
+    raise TimeoutError(f"CRD {name} not Established in time")
 
 
 def _warm_up(client: Client) -> None:

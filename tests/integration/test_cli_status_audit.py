@@ -170,7 +170,7 @@ def test_status_counts_nodes_by_state_gpus_per_pool_faults_and_the_breaker(
     )
     assert 0 <= fault["ageSeconds"] < 120
     # 6 GPU nodes at the default 10 %: one slot, taken by a1 (a0's maintenance is not a fault).
-    assert data["breaker"] == {"capacity": 1, "quarantined": 1, "remaining": 0}
+    assert data["breaker"] == {"capacity": 1, "quarantined": 1, "rolling": 0, "remaining": 0}
 
     code, table = cli("status")
     assert code == 0

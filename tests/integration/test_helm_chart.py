@@ -46,15 +46,15 @@ def kinds(objects: list[dict[str, Any]]) -> dict[str, int]:
 def test_the_chart_renders_for_the_default_and_other_values(control_plane: ControlPlane) -> None:
     default = render(control_plane, "gh", "gpuheal-system")
     assert kinds(default) == {
-        "CustomResourceDefinition": 1, "ServiceAccount": 2, "ClusterRole": 4, "ClusterRoleBinding": 2,
+        "CustomResourceDefinition": 2, "ServiceAccount": 2, "ClusterRole": 4, "ClusterRoleBinding": 2,
         "Role": 2, "RoleBinding": 2, "ConfigMap": 2, "Secret": 1, "Deployment": 1, "Service": 1,
         "PodDisruptionBudget": 1, "ValidatingAdmissionPolicy": 8, "ValidatingAdmissionPolicyBinding": 8,
         "DaemonSet": 1,
     }  # fmt: skip
-    crd = next(o for o in default if o["kind"] == "CustomResourceDefinition")
-    assert crd == yaml.safe_load(
-        (CHART.parents[1] / "crds" / "gpufaults.gpuheal.io.yaml").read_text()
-    )
+    crds = {o["metadata"]["name"]: o for o in default if o["kind"] == "CustomResourceDefinition"}
+    assert set(crds) == {"gpufaults.gpuheal.io", "gpurollouts.gpuheal.io"}
+    for name, crd in crds.items():
+        assert crd == yaml.safe_load((CHART.parents[1] / "crds" / f"{name}.yaml").read_text())
     # Canary pods: create/delete pods in the release namespace only, where the config runs them.
     canary = next(o for o in default if o["metadata"]["name"] == "gh-controller-canary")
     assert canary["kind"] == "Role" and canary["metadata"]["namespace"] == "gpuheal-system"

@@ -17,6 +17,8 @@ The matrix is printed, and docs/security.md carries the same table.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,12 +39,14 @@ from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBi
 from lightkube.types import PatchType
 
 from gpuheal.agent.facts import FACT_KEYS
+from gpuheal.cli import main
 from gpuheal.config import Config
 from gpuheal.kube import writes
 from gpuheal.model import (
     CANARY_LABEL,
     CHECKPOINT_REQUESTED,
     DIAGNOSTICS,
+    DRIVER_VERSION,
     FAULT_ID,
     GPU_HEALTHY_CONDITION,
     HANDLED_AT,
@@ -52,6 +56,7 @@ from gpuheal.model import (
     MAINTENANCE_BASELINE,
     MAINTENANCE_CORDONED,
     MAINTENANCE_REASON,
+    MAINTENANCE_ROLLOUT,
     MAINTENANCE_SINCE,
     MAINTENANCE_TAINT_KEY,
     MANAGED_LABEL,
@@ -64,11 +69,12 @@ from gpuheal.model import (
     FaultSignal,
     Mode,
 )
+from gpuheal.policy.rollout import rollout_name
 from gpuheal.sim import ControlPlane
 from gpuheal.sim.agent import AgentProcess
 from gpuheal.sim.controller import ControllerProcess
 from gpuheal.sim.nodes import create_gpu_nodes, delete_nodes, wait_nodes_ready
-from gpuheal.sim.resources import GPUFault
+from gpuheal.sim.resources import GPUFault, GPURollout
 from gpuheal.sim.workloads import apply, create_namespace, gpu_pod, wait_pods_running
 from gpuheal.sources.annotations import KEYS as FAULT_KEYS
 from tests.corpus import eks_node_names
@@ -98,6 +104,7 @@ class Scene:
     bystander: str  # a pod in the release namespace that is no canary
     fault: str  # a GPUFault record, open
     closed: str = ""  # a GPUFault record, Resolved (retention deletes such ones)
+    rollout: str = ""  # a GPURollout of the tenant's pool
     clients: dict[str, Client] = field(default_factory=dict)
     kubeconfigs: dict[str, Path] = field(default_factory=dict)
 
@@ -123,6 +130,15 @@ def fault_record(name: str, node: str) -> Any:
     """A GPUFault as the controller writes it."""
     signal = FaultSignal(node=node, fault_id="xid-79", reason="XidCritical79", source="agent")
     return GPUFault.from_dict(writes.fault_record(name, signal, Mode.FULL))
+
+
+def rollout_object(name: str, pool: str) -> Any:
+    """A GPURollout as `gpuheal rollout start` creates it."""
+    return GPURollout.from_dict({
+        "metadata": {"name": name},
+        "spec": {"pool": pool, "target": {"driverVersion": "560.35.03"}, "canary": 1,
+                 "batchSize": 1, "maxUnavailable": 1},
+    })  # fmt: skip
 
 
 def patch(c: Client, node: str, body: dict[str, Any], *, status: bool = False) -> Any:
@@ -191,7 +207,9 @@ def scene(
             for account, role in (("ops", "operator"), ("viewer", "operator-view")):
                 kube.create(ServiceAccount(metadata=ObjectMeta(name=account)), namespace=system)
                 bindings.append(bind(kube, f"{release.name}-{role}", account, system))
-            s = Scene(release, own, other, tenant, system_pod, "bystander", fault, closed)
+            rollout = unique("rollout")
+            kube.create(rollout_object(rollout, tenant))
+            s = Scene(release, own, other, tenant, system_pod, "bystander", fault, closed, rollout)
             tokens = {
                 "controller": token_for(kube, system, s.role("controller")),
                 "agent": token_for(kube, system, s.role("agent"), bound_node=own),
@@ -221,6 +239,7 @@ def scene(
             removals: list[Callable[[], None]] = [
                 lambda: kube.delete(GPUFault, fault),
                 lambda: kube.delete(GPUFault, closed),
+                lambda: kube.delete(GPURollout, rollout),
                 lambda: kube.delete(Pod, system_pod, namespace="kube-system", grace_period=0),
             ]
             for remove in removals:
@@ -495,7 +514,7 @@ ACTIONS: tuple[Action, ...] = (
         "controller"),
     act("node: the maintenance label, taint and annotations",
         taint_change(lambda ts: [*ts, MAINTENANCE_TAINT], labels={STATE_LABEL: "maintenance"},
-                     annotations={MAINTENANCE_REASON: "drivers"}),
+                     annotations={MAINTENANCE_REASON: "drivers", MAINTENANCE_ROLLOUT: "r"}),
         "operator"),
     # -- the cluster -------------------------------------------------------------------
     act("secrets: list (release namespace)",
@@ -541,6 +560,15 @@ ACTIONS: tuple[Action, ...] = (
     act("gpufaults: delete a closed one (retention)",
         lambda c, s: c.delete(GPUFault, s.closed, dry_run=True),
         "controller"),
+    act("gpurollouts: list", lambda c, s: list(c.list(GPURollout)), *MGMT),
+    act("gpurollouts: create (rollout start)",
+        create(lambda s: rollout_object(unique("rollout"), s.tenant)), "operator"),
+    act("gpurollouts: write the status (drive, pause, resume, abort)",
+        lambda c, s: c.patch(GPURollout.Status, s.rollout, {"status": {"phase": "Paused"}},
+                             patch_type=PatchType.MERGE, dry_run=True),
+        "operator"),
+    act("gpurollouts: delete a finished one",
+        lambda c, s: c.delete(GPURollout, s.rollout, dry_run=True), "operator"),
 )  # fmt: skip
 
 
@@ -802,7 +830,7 @@ def test_the_policies_name_exactly_the_keys_the_code_writes(scene: Scene) -> Non
     }  # fmt: skip
     assert keys("operator-nodes") == {
         MAINTENANCE_REASON, MAINTENANCE_SINCE, MAINTENANCE_BASELINE, MAINTENANCE_CORDONED,
-        DIAGNOSTICS,
+        MAINTENANCE_ROLLOUT, DIAGNOSTICS,
     }  # fmt: skip
     for pods in ("operator-pods", "controller-pods"):
         spec = scene.release.find("ValidatingAdmissionPolicy", scene.role(pods))["spec"]
@@ -835,3 +863,51 @@ def test_the_operator_role_answers_a_plan_only_in_its_own_name_and_only_that(
         phase = (pending.get("status") or {}).get("phase")
         kube.patch(GPUFault.Status, scene.fault, {"status": {"phase": phase}},
                    patch_type=PatchType.MERGE)  # fmt: skip
+
+
+def test_the_operator_role_runs_a_roll_out_and_the_view_role_only_reads_it(
+    kube: Client, scene: Scene, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`gpuheal rollout` end to end with the operator's token, under the chart's
+    RBAC and admission policies: it takes the node out, sees the change, gates it
+    and gives it back; the view role reads the roll-out and can start none."""
+    pool = unique("rolled")
+    (node,) = eks_node_names(1)
+    create_gpu_nodes(kube, [node], labels={POOL_LABEL: pool})
+    config = tmp_path / "gpuheal.yaml"
+    config.write_text(yaml.safe_dump({"nodeSelector": {POOL_LABEL: pool},
+                                      "pools": {"label": POOL_LABEL}}))  # fmt: skip
+    stop = threading.Event()
+
+    def tooling() -> None:  # installs the driver once the node is in maintenance
+        while not stop.wait(0.1):
+            meta = kube.get(Node, node).metadata
+            if meta is not None and (meta.labels or {}).get(STATE_LABEL) == "maintenance":
+                patch_body = {"metadata": {"annotations": {DRIVER_VERSION: "560.35.03"}}}
+                kube.patch(Node, node, patch_body, patch_type=PatchType.MERGE)
+                return
+
+    def gpuheal(who: str, *args: str) -> int:
+        capsys.readouterr()
+        kubeconfig = str(scene.kubeconfigs[who])
+        return main([*args, "--kubeconfig", kubeconfig, "--config", str(config)])
+
+    try:
+        wait_nodes_ready(kube, [node])
+        patch_body = {"metadata": {"annotations": {DRIVER_VERSION: "550.54.15"}}}
+        kube.patch(Node, node, patch_body, patch_type=PatchType.MERGE)
+        start = ("rollout", "start", pool, "--driver-version", "560.35.03", "--reason", "r")
+        assert gpuheal("operator-view", *start) == 1
+        assert "the API server refused" in capsys.readouterr().err
+        helper = threading.Thread(target=tooling, daemon=True)
+        helper.start()
+        assert gpuheal("operator", *start, "--poll", "0.2", "--gate-timeout", "5") == 0
+        assert gpuheal("operator-view", "rollout", "status", pool, "-o", "json") == 0
+        assert '"phase": "Completed"' in capsys.readouterr().out
+        meta = kube.get(Node, node).metadata
+        assert meta is not None and STATE_LABEL not in (meta.labels or {})
+    finally:
+        stop.set()
+        with contextlib.suppress(ApiError):
+            kube.delete(GPURollout, rollout_name(pool))
+        delete_nodes(kube, [node])

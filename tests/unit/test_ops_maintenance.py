@@ -19,6 +19,7 @@ from gpuheal.model import (
     MAINTENANCE_BASELINE,
     MAINTENANCE_CORDONED,
     MAINTENANCE_REASON,
+    MAINTENANCE_ROLLOUT,
     MAINTENANCE_SINCE,
     STATE_LABEL,
     XID_ERRORS,
@@ -172,6 +173,7 @@ def test_finish_removes_only_what_start_added() -> None:
         MAINTENANCE_SINCE,
         MAINTENANCE_BASELINE,
         MAINTENANCE_CORDONED,
+        MAINTENANCE_ROLLOUT,
     }
     assert all(v is None for v in patch["metadata"]["annotations"].values())
 

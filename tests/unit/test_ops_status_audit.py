@@ -187,7 +187,12 @@ def test_node_states_follow_their_precedence() -> None:
     }
     # Only our fault taint counts against the breaker (n2's maintenance hides its state,
     # not its taint); 12 nodes at 10 %: capacity 1.
-    assert report.data()["breaker"] == {"capacity": 1, "quarantined": 3, "remaining": 0}
+    assert report.data()["breaker"] == {
+        "capacity": 1,
+        "quarantined": 3,
+        "rolling": 0,
+        "remaining": 0,
+    }
     assert [f["node"] for f in report.data()["faults"]] == ["n3", "n4", "n6", "n9"]
 
 

@@ -17,6 +17,7 @@ from gpuheal.model import (
     DRIVER_VERSION,
     FAULT_ID,
     FAULT_REASON,
+    MAINTENANCE_ROLLOUT,
     MAINTENANCE_TAINT_KEY,
     STATE_LABEL,
     STATUS,
@@ -148,6 +149,28 @@ def test_the_breaker_counts_only_the_fault_taint_not_maintenance() -> None:
     # Both taints: the fault one counts, whoever else took the node out.
     fleet.on_node(None, in_maintenance(node("m2")))
     assert fleet.quarantined == {"q1", "m2"}
+
+
+def test_the_breaker_counts_a_roll_outs_maintenance_not_a_persons() -> None:
+    fleet = Fleet(lambda: Config(node_selector={"nvidia.com/gpu.present": "true"}))
+    person = in_maintenance(node("m1", taints=()))
+    rolled = replace(in_maintenance(node("r1", taints=())), annotations={MAINTENANCE_ROLLOUT: "x"})
+    fleet.on_node(None, person)
+    fleet.on_node(None, rolled)
+    assert fleet.rolling == {"r1"}
+    assert fleet.quarantined == set()
+    # Given back (the label gone): it no longer counts.
+    fleet.on_node(rolled, replace(rolled, labels=dict(POOL)))
+    assert fleet.rolling == set()
+    # With a full breaker, a fault elsewhere is held while the roll-out has nodes out.
+    config = Config(node_selector={"nvidia.com/gpu.present": "true"}, breaker_max_nodes=1)
+    faulty_node = faulty(node("f1", taints=()))
+    busy = NodeState(faulty_node, gpu_nodes=10, quarantined=frozenset({"r1"}))
+    free = NodeState(faulty_node, gpu_nodes=10)
+    held = plan(busy, config, NOW).actions
+    assert next(getattr(a, "phase", None) for a in held) is Phase.HELD
+    assert not any(type(a).__name__ == "AddTaint" for a in held)
+    assert any(type(a).__name__ == "AddTaint" for a in plan(free, config, NOW).actions)
 
 
 def test_the_fleet_keeps_driver_versions_per_pool() -> None:

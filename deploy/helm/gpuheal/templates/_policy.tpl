@@ -7,9 +7,9 @@ change on an object RBAC lets them patch. The key lists are the code's
 {{/* The permission that marks a holder of the <release>-operator role (no such resource exists). */}}
 {{- define "gpuheal.operator.marker" -}}maintenances{{- end -}}
 
-{{/* Node annotations `gpuheal maintenance` writes, and a recorded diagnostics run. */}}
+{{/* Node annotations `gpuheal maintenance` (and `rollout`) writes, and a recorded diagnostics run. */}}
 {{- define "gpuheal.operator.nodeAnnotations" -}}
-{{- toJson (list "gpuheal.io/maintenance-reason" "gpuheal.io/maintenance-since" "gpuheal.io/maintenance-baseline" "gpuheal.io/maintenance-cordoned" "gpuheal.io/diagnostics") -}}
+{{- toJson (list "gpuheal.io/maintenance-reason" "gpuheal.io/maintenance-since" "gpuheal.io/maintenance-baseline" "gpuheal.io/maintenance-cordoned" "gpuheal.io/maintenance-rollout" "gpuheal.io/diagnostics") -}}
 {{- end -}}
 
 {{/* Node annotations the controller writes. */}}

@@ -1,0 +1,419 @@
+"""`gpuheal rollout` on the real control plane with kwok GPU nodes: a 12-node pool
+rolled canary first, then in batches of 3, never more nodes out than the budget,
+each node gated on the new version; a failing node stopping it, held; a CLI
+SIGKILLed mid-roll-out resuming without draining any node twice; one roll-out
+per pool; a controller failover mid-roll-out, whose recovery gate meanwhile
+follows the roll-out."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+import yaml
+from lightkube import ApiError, Client
+from lightkube.resources.core_v1 import Node, NodeStatus
+from lightkube.types import PatchType
+
+from gpuheal.cli import main
+from gpuheal.model import DRIVER_VERSION, MAINTENANCE_ROLLOUT, STATE_LABEL
+from gpuheal.policy.rollout import rollout_name
+from gpuheal.sim import ControlPlane
+from gpuheal.sim.audit import evictions, offset, requests
+from gpuheal.sim.resources import GPURollout
+from gpuheal.sim.workloads import apply, gpu_pod, wait_pods_running
+from tests.helpers import FakeNodes, wait_for
+from tests.integration.conftest import (
+    StartController,
+    clear_fault,
+    controller_config,
+    events_for,
+    our_taint,
+    report_fault,
+)
+
+pytestmark = pytest.mark.timeout(240)
+
+REPO = Path(__file__).resolve().parents[2]
+POOL_LABEL = "gpuheal.test/pool"
+OLD, NEW = "550.54.15", "560.35.03"
+Cli = Callable[..., tuple[int, str, str]]
+
+
+@pytest.fixture
+def config_file(tmp_path: Path, pool: dict[str, str]) -> Path:
+    path = tmp_path / "gpuheal.yaml"
+    config = controller_config(pool, pools={"label": POOL_LABEL, "byName": {}})
+    config["pools"]["byName"][pool[POOL_LABEL]] = {"gpusPerNode": 8}
+    config["maintenance"] = {"evictionRetrySeconds": 0.5, "checkpoint": "none"}
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.fixture
+def cli(
+    control_plane: ControlPlane,
+    config_file: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> Cli:
+    monkeypatch.setenv("COLUMNS", "240")
+
+    def run(*args: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        code = main(
+            [*args, "--kubeconfig", str(control_plane.kubeconfig), "--config", str(config_file)]
+        )
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+@pytest.fixture
+def rollouts(kube: Client, crds: None) -> Iterator[None]:
+    yield
+    kube.deletecollection(GPURollout)
+
+
+def pool_nodes(fake_gpu_nodes: FakeNodes, kube: Client, pool: dict[str, str], n: int) -> list[str]:
+    names = fake_gpu_nodes(n, labels=pool)
+    for name in names:
+        annotate(kube, name, {DRIVER_VERSION: OLD})
+    return sorted(names)
+
+
+def annotate(kube: Client, node: str, annotations: dict[str, str | None]) -> None:
+    kube.patch(Node, node, {"metadata": {"annotations": annotations}}, patch_type=PatchType.MERGE)
+
+
+def status_of(kube: Client, pool: str) -> dict[str, Any]:
+    return cast(dict[str, Any], kube.get(GPURollout, rollout_name(pool)).status or {})
+
+
+def steps(kube: Client, pool: str) -> dict[str, str]:
+    """Each node's step ({} while the roll-out is not created yet)."""
+    try:
+        status = status_of(kube, pool)
+    except ApiError as err:
+        if err.status.code != 404:
+            raise
+        return {}
+    return {n["name"]: n["step"] for n in status.get("nodes", [])}
+
+
+def out_of_service(node: Node) -> bool:
+    meta, spec = node.metadata, node.spec
+    assert meta is not None and spec is not None
+    return bool(spec.unschedulable) or (meta.labels or {}).get(STATE_LABEL) == "maintenance"
+
+
+class Tooling(threading.Thread):
+    """The operator's tooling: installs the driver on each node the roll-out has
+    drained (the agent then reports it), unless told to leave a node alone; and an
+    observer sampling which of the pool's nodes are out of service."""
+
+    def __init__(self, kube: Client, pool: dict[str, str], skip: Iterable[str] = ()) -> None:
+        super().__init__(daemon=True)
+        self.kube, self.pool = kube, pool
+        self.skip = set(skip)
+        self.stop = threading.Event()
+        self.changed: list[str] = []
+        self.most_out = 0
+        self.first_out: dict[str, float] = {}
+        self.back: dict[str, float] = {}
+
+    def run(self) -> None:
+        value = self.pool[POOL_LABEL]
+        while not self.stop.is_set():
+            now = time.monotonic()
+            out = {
+                n.metadata.name
+                for n in self.kube.list(Node, labels={POOL_LABEL: value})
+                if n.metadata is not None and n.metadata.name and out_of_service(n)
+            }
+            self.most_out = max(self.most_out, len(out))
+            for name in out:
+                self.first_out.setdefault(name, now)
+            for name in set(self.first_out) - out:
+                self.back.setdefault(name, now)
+            for name, step in steps(self.kube, value).items():
+                if step == "waiting-for-change" and name not in self.changed + list(self.skip):
+                    annotate(self.kube, name, {DRIVER_VERSION: NEW})
+                    self.changed.append(name)
+            time.sleep(0.1)
+
+    def __enter__(self) -> Tooling:
+        self.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        self.join(5)
+
+
+START = ("rollout", "start")
+FAST = ("--poll", "0.2", "--change-timeout", "60", "--gate-timeout", "2")
+
+
+def test_a_12_node_pool_rolls_canary_first_then_batches_within_the_budget(
+    kube: Client, fake_gpu_nodes: FakeNodes, pool: dict[str, str], cli: Cli, rollouts: None
+) -> None:
+    value = pool[POOL_LABEL]
+    nodes = pool_nodes(fake_gpu_nodes, kube, pool, 12)
+    with Tooling(kube, pool) as tooling:
+        code, out, err = cli(
+            *START, value, "--driver-version", NEW, "--reason", "CUDA 12.6",
+            "--canary", "1", "--batch-size", "3", "--max-unavailable", "3", *FAST,
+        )  # fmt: skip
+    assert code == 0, out + err
+    status = status_of(kube, value)
+    assert status["phase"] == "Completed"
+    assert (status["done"], status["total"]) == (12, 12)
+    batches: dict[int, list[str]] = {}
+    for entry in status["nodes"]:
+        assert entry["step"] == "done", entry
+        # The gate passed each node on the new version (the canary while 11 ran the old).
+        assert entry["detail"] == "gate passed; returned", entry
+        batches.setdefault(entry["batch"], []).append(entry["name"])
+    assert batches == {0: nodes[:1], 1: nodes[1:4], 2: nodes[4:7], 3: nodes[7:10], 4: nodes[10:]}
+    # Each batch went out only once the one before was all back (one snapshot each).
+    for k in range(1, 5):
+        earlier_back = max(tooling.back[n] for n in batches[k - 1])
+        assert min(tooling.first_out[n] for n in batches[k]) >= earlier_back, k
+    assert tooling.most_out == 3  # the budget, used and never exceeded
+    for name in nodes:
+        node = kube.get(Node, name)
+        assert node.metadata is not None and node.spec is not None
+        annotations = node.metadata.annotations or {}
+        assert annotations[DRIVER_VERSION] == NEW
+        assert MAINTENANCE_ROLLOUT not in annotations
+        assert not node.spec.unschedulable
+        assert not events_for(kube, name, "GPUHealthGateFailed")
+    # Numbers that make no roll-out are refused before anything is written.
+    code, _, err = cli(*START, "other-pool", "--driver-version", NEW, "--reason", "r",
+                       "--batch-size", "0")  # fmt: skip
+    assert (code, err.strip()) == (2, "gpuheal rollout start: --batch-size must be 1 or more")
+    # One roll-out per pool: a second start is refused, and says why.
+    code, _, err = cli(*START, value, "--driver-version", "570.86.10", "--reason", "again")
+    assert code == 2
+    assert "already has a roll-out" in err
+
+
+def test_a_failing_node_stops_the_roll_out_and_is_held_until_resumed(
+    kube: Client, fake_gpu_nodes: FakeNodes, pool: dict[str, str], cli: Cli, rollouts: None
+) -> None:
+    value = pool[POOL_LABEL]
+    nodes = pool_nodes(fake_gpu_nodes, kube, pool, 5)
+    broken = nodes[1]  # batch 1
+    kube.patch(NodeStatus, broken, {"status": {"allocatable": {"nvidia.com/gpu": "6"}}})
+    with Tooling(kube, pool):
+        code, out, err = cli(
+            *START, value, "--driver-version", NEW, "--reason", "CUDA 12.6",
+            "--canary", "1", "--batch-size", "2", "--max-unavailable", "2", *FAST,
+        )  # fmt: skip
+    assert code == 3, out + err
+    status = status_of(kube, value)
+    assert status["phase"] == "Failed"
+    assert broken in status["message"]
+    current = {n["name"]: n for n in status["nodes"]}
+    assert current[broken]["step"] == "failed-held"
+    assert "gpu-count: 6 nvidia.com/gpu allocatable, expected 8" in current[broken]["detail"]
+    # Its batch-mate, drained already, was carried through; nothing else started.
+    assert current[nodes[2]]["step"] == "done"
+    # Held: still in maintenance; the next batch never started.
+    held = kube.get(Node, broken).metadata
+    assert held is not None and (held.labels or {})[STATE_LABEL] == "maintenance"
+    assert [current[n]["step"] for n in nodes[3:]] == ["pending", "pending"]
+    assert events_for(kube, broken, "GPUHealthGateFailed")
+    code, out, _ = cli("rollout", "status", value, "-o", "json")
+    assert code == 3 and '"phase": "Failed"' in out
+    # Fixed, resumed: the held node is gated again and the rest follows.
+    kube.patch(NodeStatus, broken, {"status": {"allocatable": {"nvidia.com/gpu": "8"}}})
+    with Tooling(kube, pool):
+        code, out, err = cli("rollout", "resume", value, "--poll", "0.2")
+    assert code == 0, out + err
+    assert set(steps(kube, value).values()) == {"done"}
+
+
+def test_a_start_killed_before_it_wrote_the_order_is_resumed_from_the_object(
+    kube: Client, fake_gpu_nodes: FakeNodes, pool: dict[str, str], cli: Cli, rollouts: None
+) -> None:
+    value = pool[POOL_LABEL]
+    nodes = pool_nodes(fake_gpu_nodes, kube, pool, 2)
+    spec = {"pool": value, "target": {"driverVersion": NEW}, "canary": 1, "batchSize": 1,
+            "maxUnavailable": 1, "gateTimeoutSeconds": 2}  # fmt: skip
+    kube.create(GPURollout.from_dict({"metadata": {"name": rollout_name(value)}, "spec": spec}))
+    with Tooling(kube, pool):
+        code, out, err = cli("rollout", "resume", value, "--poll", "0.2")
+    assert code == 0, out + err
+    status = status_of(kube, value)
+    assert status["phase"] == "Completed"
+    assert [(n["name"], n["batch"], n["step"]) for n in status["nodes"]] == [
+        (nodes[0], 0, "done"),
+        (nodes[1], 1, "done"),
+    ]
+
+
+def test_a_change_that_never_comes_holds_the_node_and_abort_ends_it_for_good(
+    kube: Client, fake_gpu_nodes: FakeNodes, pool: dict[str, str], cli: Cli, rollouts: None
+) -> None:
+    value = pool[POOL_LABEL]
+    canary, *_ = pool_nodes(fake_gpu_nodes, kube, pool, 3)
+    # Nobody installs the driver: the canary waits out the change timeout, held.
+    code, out, err = cli(
+        *START, value, "--driver-version", NEW, "--reason", "r", "--poll", "0.2",
+        "--change-timeout", "1",
+    )  # fmt: skip
+    assert code == 3, out + err
+    detail = {n["name"]: n.get("detail") for n in status_of(kube, value)["nodes"]}[canary]
+    assert detail == f"no change within 1s: driver {OLD}, not {NEW}"
+    code, out, _ = cli("rollout", "abort", value)
+    assert code == 0 and "Aborted" in out
+    assert status_of(kube, value)["phase"] == "Aborted"
+    # Over for good: nothing to resume or pause; the held canary is left to a person.
+    assert cli("rollout", "resume", value)[0] == 2
+    assert cli("rollout", "pause", value)[0] == 2
+    meta = kube.get(Node, canary).metadata
+    assert meta is not None and (meta.labels or {})[STATE_LABEL] == "maintenance"
+
+
+class Background:
+    """`gpuheal rollout ...` in a child process (to SIGKILL it)."""
+
+    def __init__(self, args: list[str], log: Path) -> None:
+        env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "240"}
+        self.log = log
+        with log.open("wb") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "gpuheal.cli", *args],
+                env=env,
+                cwd=REPO,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def kill(self) -> None:
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait(5)
+
+
+def test_a_cli_killed_mid_roll_out_resumes_without_draining_a_node_twice(
+    kube: Client,
+    control_plane: ControlPlane,
+    fake_gpu_nodes: FakeNodes,
+    pool: dict[str, str],
+    namespace: str,
+    config_file: Path,
+    cli: Cli,
+    rollouts: None,
+    audited_controller_user: str,
+    tmp_path: Path,
+) -> None:
+    value = pool[POOL_LABEL]
+    nodes = pool_nodes(fake_gpu_nodes, kube, pool, 4)
+    for i, node in enumerate(nodes):
+        apply(kube, gpu_pod(f"train-{i}", namespace, node_name=node))
+    wait_pods_running(kube, namespace, count=4)
+    log = control_plane.audit_log
+    since = offset(log)
+    kubeconfig = control_plane.kubeconfig_for(audited_controller_user)
+    first = Background(
+        [*START, value, "--driver-version", NEW, "--reason", "r", "--canary", "1",
+         "--batch-size", "3", "--max-unavailable", "3", "--force", "--lease", "2", *FAST,
+         "--kubeconfig", str(kubeconfig), "--config", str(config_file)],
+        tmp_path / "first.log",
+    )  # fmt: skip
+    try:
+        # Only the canary gets its driver: the batch after it drains, then waits.
+        with Tooling(kube, pool, skip=set(nodes[1:])):
+            wait_for(
+                "batch 1 drained and waiting",
+                lambda: (
+                    [steps(kube, value).get(n) for n in nodes[1:]] == ["waiting-for-change"] * 3
+                ),
+                timeout_s=90,
+            )
+        assert first.process.poll() is None, first.log.read_text()
+        first.kill()
+    finally:
+        if first.process.poll() is None:
+            first.kill()
+    assert status_of(kube, value)["phase"] == "Running"
+    # The breaker counts the roll-out's nodes in maintenance, as the controller does.
+    code, out, _ = cli("status", "-o", "json")
+    assert code == 0 and json.loads(out)["breaker"]["rolling"] == 3
+    # Paused meanwhile, from another terminal: resume drives it again.
+    code, out, _ = cli("rollout", "pause", value)
+    assert code == 0 and "Paused" in out
+    with Tooling(kube, pool):
+        code = main(
+            ["rollout", "resume", value, "--poll", "0.2", "--force",
+             "--kubeconfig", str(kubeconfig), "--config", str(config_file)]
+        )  # fmt: skip
+    assert code == 0
+    assert set(steps(kube, value).values()) == {"done"}
+    # Every GPU pod evicted exactly once, every node taken out once.
+    evicted = evictions(requests(log, user=audited_controller_user, since=since))
+    assert sorted(pod for _, pod in evicted) == [f"train-{i}" for i in range(4)]
+    assert all(codes == [201] for codes in evicted.values()), evicted
+    for node in nodes:
+        assert len(events_for(kube, node, "GPUMaintenanceStarted")) == 1, node
+
+
+def test_a_controller_failover_mid_roll_out_loses_nothing_and_its_recovery_gate_follows_it(
+    kube: Client,
+    fake_gpu_nodes: FakeNodes,
+    pool: dict[str, str],
+    config_file: Path,
+    control_plane: ControlPlane,
+    rollouts: None,
+    start_controller: StartController,
+    tmp_path: Path,
+) -> None:
+    value = pool[POOL_LABEL]
+    canary, *batch = pool_nodes(fake_gpu_nodes, kube, pool, 4)
+    config = controller_config(pool, pools={"label": POOL_LABEL})
+    replicas = [start_controller(config), start_controller(config)]
+    leader = wait_for("a leader", lambda: [r for r in replicas if r.leading()], timeout_s=30)[0]
+    driver = Background(
+        [*START, value, "--driver-version", NEW, "--reason", "r", "--canary", "1",
+         "--batch-size", "3", "--max-unavailable", "3", *FAST,
+         "--kubeconfig", str(control_plane.kubeconfig), "--config", str(config_file)],
+        tmp_path / "driver.log",
+    )  # fmt: skip
+    try:
+        with Tooling(kube, pool, skip=batch):
+            wait_for("the canary rolled", lambda: steps(kube, value).get(canary) == "done")
+            # A fault on the rolled canary while the rest of the pool runs the old driver:
+            # the controller's recovery gate expects the roll-out's target, and returns it.
+            report_fault(kube, canary, "xid-79-rolled")
+            wait_for("its quarantine", lambda: our_taint(kube, canary) == "xid-79-rolled")
+            clear_fault(kube, canary)
+            wait_for("its return", lambda: our_taint(kube, canary) is None, timeout_s=30)
+            assert not events_for(kube, canary, "GPUHealthGateFailed")
+            wait_for(
+                "batch 1 waiting",
+                lambda: [steps(kube, value).get(n) for n in batch] == ["waiting-for-change"] * 3,
+            )
+            leader.kill()  # failover mid-roll-out
+            (other,) = [r for r in replicas if r is not leader]
+            other.wait_leading()
+        with Tooling(kube, pool):
+            code = driver.process.wait(60)
+        assert code == 0, driver.log.read_text()
+    finally:
+        if driver.process.poll() is None:
+            driver.kill()
+    status = status_of(kube, value)
+    assert status["phase"] == "Completed"
+    assert set(steps(kube, value).values()) == {"done"}
