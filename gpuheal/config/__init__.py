@@ -210,6 +210,56 @@ class PoolsConfig:
     rack_labels: tuple[str, ...] = setting(strings, ("topology.kubernetes.io/rack", "rack"))
 
 
+# The validation Job's default image: DCGM's (dcgmi); a pool's NCCL test needs an
+# image with nccl-tests' all_reduce_perf too (healthGate.validation.byPool.<pool>.image).
+DEFAULT_VALIDATION_IMAGE = "nvcr.io/nvidia/cloud-native/dcgm:3.3.9-1-ubuntu22.04"
+
+
+@dataclass(frozen=True)
+class PoolValidationConfig:
+    """One pool's validation, over healthGate.validation's keys (unset: those)."""
+
+    image: str | None = setting(optional(string), None)
+    command: tuple[str, ...] | None = setting(optional(strings), None)
+    dcgm_level: int | None = setting(optional(integer(1, 4)), None)
+    nccl_min_bus_bandwidth_gbps: float | None = setting(
+        optional(number(0, 100_000)), None, key="ncclMinBusBandwidthGBps"
+    )
+    env: Mapping[str, str] = setting(string_map, factory=dict)
+
+
+@dataclass(frozen=True)
+class ValidationConfig:
+    """A Job on the node that runs the GPUs (DCGM diagnostics, NCCL all-reduce) before
+    the controller's recovery returns it (docs/operations.md, "Validation")."""
+
+    # Off by default: the Job needs an image with the tools pulled onto GPU nodes, and
+    # a cluster without one would hold every recovered node until the timeout.
+    enabled: bool = setting(boolean, False)
+    namespace: str = setting(string, "gpuheal-system")
+    image: str = setting(string, DEFAULT_VALIDATION_IMAGE)
+    # Empty: the built-in script (dcgmi diag at dcgmLevel, then NCCL if its threshold is set).
+    command: tuple[str, ...] = setting(strings, ())
+    dcgm_level: int = setting(integer(1, 4), 2)
+    # All-reduce bus bandwidth a multi-GPU node must reach; 0: no NCCL test.
+    nccl_min_bus_bandwidth_gbps: float = setting(
+        number(0, 100_000), 0.0, key="ncclMinBusBandwidthGBps"
+    )
+    env: Mapping[str, str] = setting(string_map, factory=dict)
+    # The Job's activeDeadlineSeconds, and how long the gate waits for its result.
+    timeout_seconds: float = setting(number(1, 86400), 1800.0)
+    # A pod the scheduler still cannot place after this long ends the attempt (a
+    # taint that lingers a moment, e.g. not-ready after a reboot, must not).
+    schedule_timeout_seconds: float = setting(number(1, 86400), 300.0)
+    # After a failed attempt the node stays out this long before the next one.
+    retry_seconds: float = setting(number(1, MAX_DELAY_S), 3600.0)
+    # A finished Job the controller could not delete goes by itself after this long.
+    ttl_seconds_after_finished: int = setting(integer(0, 30 * 86400), 3600)
+    by_pool: Mapping[str, PoolValidationConfig] = setting(
+        MapOf(PoolValidationConfig, entry="pool"), factory=dict
+    )
+
+
 @dataclass(frozen=True)
 class HealthGateConfig:
     """Checks a node passes before it is returned (docs/operations.md)."""
@@ -232,6 +282,7 @@ class HealthGateConfig:
     # Facts the gate does not look at, for fleets that run without them (GKE's GPU nodes
     # have no NVIDIA container runtime; some run no persistence daemon).
     environment_ignored: tuple[str, ...] = setting(environment_facts, ())
+    validation: ValidationConfig = section(ValidationConfig)
 
 
 @dataclass(frozen=True)

@@ -49,9 +49,11 @@ from gpuheal.kube.projections import (
     pod_view_factory,
 )
 from gpuheal.kube.rollouts import RolloutJson, RolloutState, state_of
+from gpuheal.kube.validation import ValidationPodJson, validation_pod
 from gpuheal.kube.workqueue import WorkQueue
 from gpuheal.metrics.controller import ControllerMetrics
 from gpuheal.model import CANARY_LABEL, CanaryView, FaultRecord, NodeView, PodView
+from gpuheal.policy.validation import VALIDATION_LABEL, ValidationPod
 from gpuheal.sources.dcgm import queries as dcgm_queries
 
 log = logging.getLogger(__name__)
@@ -113,6 +115,16 @@ class Controller:
             key_of=lambda _namespace, name: name,
             label_selector=f"{CANARY_LABEL}=true",
         )
+        # Our validation Jobs' pods, finished ones included: the gate reads how they ended.
+        self.validations: Informer[ValidationPodJson, ValidationPod] = self._informer(
+            "validations",
+            pod_path(config.health_gate.validation.namespace),
+            ValidationPodJson,
+            validation_pod,
+            lambda v: v.name,
+            key_of=lambda _namespace, name: name,
+            label_selector=f"{VALIDATION_LABEL}=true",
+        )
         # Failed reconciles and refused device evictions back off as documented for
         # evictions (node evictions keep their own per-pod schedule, same settings).
         self.queue = WorkQueue(
@@ -172,11 +184,13 @@ class Controller:
             canaries=self.canaries.store,
             pods_synced=self.pods.synced.is_set,
             rollouts=self.rollouts,
+            validations=self.validations.values,
         )
         self.handlers = EventHandlers(
             self.queue, self.fleet, self.records, external_nodes=self.external.nodes
         )
         self.handlers.watch(self.nodes, self.pods, self.records, self.canaries)
+        self.validations.handlers.append(self.handlers.on_validation)
         _read_at_scrape(self.metrics, self.fleet, self.queue, self.reconciler)
         self.collector = RecordCollector(
             api,
@@ -267,7 +281,14 @@ class Controller:
 
     @property
     def _informers(self) -> tuple[Informer[Any, Any], ...]:
-        return (self.nodes, self.pods, self.records, self.canaries, self.rollouts)
+        return (
+            self.nodes,
+            self.pods,
+            self.records,
+            self.canaries,
+            self.rollouts,
+            self.validations,
+        )
 
     def unready_reasons(self) -> list[str]:
         """What keeps this replica from being ready or from leading, for /readyz."""

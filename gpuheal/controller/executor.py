@@ -28,6 +28,7 @@ from typing import Any
 from gpuheal import values
 from gpuheal.clock import iso, parse_time
 from gpuheal.config import Config
+from gpuheal.controller import validation
 from gpuheal.kube import writes
 from gpuheal.kube.api import ApiError, KubeApi, gpufault_path, node_path, pod_path
 from gpuheal.kube.events import EventRecorder, ObjectRef, fault_ref, node_ref, pod_ref
@@ -79,6 +80,7 @@ from gpuheal.policy.plan import (
     RequestCheckpoint,
     UpdateRecord,
 )
+from gpuheal.policy.validation import CreateValidationJob, DeleteValidationJob
 
 log = logging.getLogger(__name__)
 
@@ -326,6 +328,10 @@ class Executor:
             action, CreateDeviceRecord | MarkDevices | CreateCanary | DeleteCanary | DeviceReleased
         ):
             return await self._do_device(action)
+        if isinstance(action, CreateValidationJob):
+            return await validation.create_job(self.api, action, self.config())
+        if isinstance(action, DeleteValidationJob):
+            return await validation.delete_job(self.api, action, self.config())
         match action:
             case CreateRecord():
                 return await self._create_record(action, outcome)

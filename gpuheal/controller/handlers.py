@@ -18,6 +18,7 @@ from gpuheal.controller.fleet import Fleet
 from gpuheal.kube.informer import Store
 from gpuheal.kube.workqueue import WorkQueue
 from gpuheal.model import CanaryView, FaultRecord, NodeView, PodView
+from gpuheal.policy.validation import ValidationPod
 
 # The node the current task is reconciling. An event about this node seen while it
 # is set is the echo of a write the reconcile made itself: that reconcile's answer
@@ -99,6 +100,12 @@ class EventHandlers:
             self._enqueue(changed.node)
 
     def on_canary(self, old: CanaryView | None, new: CanaryView | None) -> None:
+        changed = new or old
+        if self.active and changed is not None and changed.node:
+            self._enqueue(changed.node)
+
+    def on_validation(self, old: ValidationPod | None, new: ValidationPod | None) -> None:
+        """A validation pod moved (scheduled, ended, refused): its node's gate may decide."""
         changed = new or old
         if self.active and changed is not None and changed.node:
             self._enqueue(changed.node)

@@ -15,7 +15,7 @@ import datetime as dt
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 
 from gpuheal.config import Config
@@ -50,6 +50,7 @@ from gpuheal.policy.pools import NO_POOL, pool_of
 from gpuheal.policy.ratelimit import TokenBucket
 from gpuheal.policy.recent import HandledFaults
 from gpuheal.policy.rollout import RolloutDriver, rollout_name
+from gpuheal.policy.validation import ValidationPod
 from gpuheal.sources import Seen
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ class Reconciler:
         canaries: Mapping[str, CanaryView] | None = None,
         pods_synced: Callable[[], bool] = lambda: True,
         rollouts: Store[RolloutState] | None = None,
+        validations: Callable[[], Iterable[ValidationPod]] = tuple,
     ) -> None:
         self.config = config  # the controller's current config, read where needed
         self.nodes = nodes
@@ -110,6 +112,7 @@ class Reconciler:
         self.canaries: Mapping[str, CanaryView] = canaries if canaries is not None else {}
         # GPURollouts by name: the gate's driver rule follows a pool's roll-out.
         self.rollouts = rollouts
+        self.validations = validations  # our validation Jobs' pods (healthGate.validation)
         self.device_reports = DeviceReports(pods_synced)
         # Per node: the eviction rate limit of partial drains, and the device counts
         # (the device gauges sum them when scraped).
@@ -154,6 +157,7 @@ class Reconciler:
             pool_drivers=self.fleet.drivers_besides(node),
             rollout=self._rollout_view(node),
             handled_lately=self.handled.of(node.name, time.monotonic()),
+            validations={v.job: v for v in self.validations() if v.node == node.name},
         )
 
     def _rollout_view(self, node: NodeView) -> RolloutDriver | None:

@@ -55,10 +55,12 @@ GPU_ERRORS = "gpu-errors"
 DIAGNOSTICS_CHECK = "diagnostics"
 DEVICE_PLUGIN = "device-plugin"
 ENVIRONMENT = "environment"
+VALIDATION = "validation"
 
 # One bit per check, in the order they run: a failed gate exits 64 | these. Exit
 # codes from 128 up mean a signal, so six bits are all there is: the start-order facts
-# share the device plugin's (both say "the node's GPU software is not up").
+# share the device plugin's (both say "the node's GPU software is not up"), the
+# validation Job diagnostics' (both say "the GPUs were tested and failed").
 CHECK_BITS: Mapping[str, int] = {
     READY: 1,
     GPU_COUNT: 2,
@@ -67,6 +69,7 @@ CHECK_BITS: Mapping[str, int] = {
     DIAGNOSTICS_CHECK: 16,
     DEVICE_PLUGIN: 32,
     ENVIRONMENT: 32,
+    VALIDATION: 16,
 }
 
 
@@ -131,6 +134,14 @@ class DevicePluginPod:
 
 
 @dataclass(frozen=True)
+class Validated:
+    """The validation Job's verdict on the node (policy/validation.py)."""
+
+    passed: bool
+    reason: str
+
+
+@dataclass(frozen=True)
 class GateFacts:
     """What the gate looks at, gathered by the CLI (from the API) or the controller
     (from its caches)."""
@@ -147,6 +158,8 @@ class GateFacts:
     # A driver roll-out of the node's pool (policy/rollout.py): it, not the pool's
     # majority, says which version the node must run.
     rollout: RolloutDriver | None = None
+    # The verdict of this recovery's validation Job; None: none was run.
+    validation: Validated | None = None
 
 
 def facts_from_views(
@@ -186,6 +199,7 @@ def evaluate(
             _diagnostics(facts, config, now, since),
             _device_plugin(facts, config),
             _environment(facts, config),
+            _validation(facts, config),
         ),
     )
 
@@ -441,3 +455,15 @@ def _environment(facts: GateFacts, config: Config) -> Check:
         return Check(ENVIRONMENT, Result.FAIL, "; ".join(bad))
     said = ", ".join(environment.describe(n, f) for n, f in found.items())
     return Check(ENVIRONMENT, Result.PASS, said or "no start-order fact reported")
+
+
+def _validation(facts: GateFacts, config: Config) -> Check:
+    verdict = facts.validation
+    if verdict is None:
+        why = (
+            "the controller's recovery runs it"
+            if config.health_gate.validation.enabled
+            else "healthGate.validation.enabled is false"
+        )
+        return Check(VALIDATION, Result.SKIPPED, f"no validation Job run here; {why}")
+    return Check(VALIDATION, Result.PASS if verdict.passed else Result.FAIL, verdict.reason)

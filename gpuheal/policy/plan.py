@@ -37,6 +37,7 @@ from gpuheal.model import (
     Severity,
     fault_record_name,
 )
+from gpuheal.policy import validation
 from gpuheal.policy.backoff import Blocked
 from gpuheal.policy.breaker import breaker_allows
 from gpuheal.policy.checkpoint import PodCheckpoint, Step, next_look, where
@@ -192,6 +193,8 @@ Action = (
     | DeletePod
     | MarkHandled
     | Emit
+    | validation.CreateValidationJob
+    | validation.DeleteValidationJob
 )
 
 
@@ -257,6 +260,8 @@ class NodeState:
     # Fault ids this controller marked handled on this node within dedupeTtlSeconds
     # (its memory: empty after a restart), for the recently-handled rule.
     handled_lately: frozenset[str] = frozenset()
+    # The node's validation pods by Job name (healthGate.validation).
+    validations: Mapping[str, validation.ValidationPod] = field(default_factory=dict)
 
 
 def _entry(now: dt.datetime, action: str, result: str = "ok", detail: str = "") -> ActionEntry:
@@ -1010,6 +1015,14 @@ def _recover(state: NodeState, config: Config, now: dt.datetime) -> Plan:
             # The same gate as `gpuheal maintenance finish`: the taint stays until it passes.
             facts = facts_from_views(node, state.pods, state.pool_drivers, state.rollout)
             gate = evaluate(facts, config, now, since)
+            if gate.passed and config.health_gate.validation.enabled:
+                checked = validation.step(record, node, state.validations, config, now)
+                actions += _validation_actions(record, checked)
+                if checked.verdict is not None:
+                    gate = evaluate(replace(facts, validation=checked.verdict), config, now, since)
+                if not gate.passed or checked.verdict is None:  # said by the step
+                    requeue = _soonest(requeue, checked.requeue_after or config.hold_retry_seconds)
+                    continue
             if not gate.passed:
                 actions += _gate_failed(record, gate, now)
                 requeue = _soonest(requeue, config.hold_retry_seconds)
@@ -1039,6 +1052,14 @@ def _cleared(record: FaultRecord, now: dt.datetime) -> ActionEntry:
         by = f"by {record.decided_by} at {record.decided_at}"
         return _entry(now, record.decision, "ignored", f"{by}: the fault had cleared; nothing done")
     return _entry(now, "recovered", detail="fault cleared before approval; nothing done")
+
+
+def _validation_actions(record: FaultRecord, checked: validation.Step) -> list[Action]:
+    return [
+        *checked.jobs,
+        *(UpdateRecord(record.name, record.phase, e) for e in checked.entries),
+        *(Emit(r, note, record.node, record.name, warning=w) for r, note, w in checked.events),
+    ]
 
 
 GATE_FAILED_ACTION = "gate-failed"

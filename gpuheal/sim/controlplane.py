@@ -32,6 +32,7 @@ from gpuheal.sim.client import sync_client
 from gpuheal.sim.kubeconfig import write_kubeconfig
 from gpuheal.sim.pki import CertPair, Pki, create_pki, issue_client_cert
 from gpuheal.sim.process import Component, ControlPlaneError, free_port, http_ok, stop_all
+from gpuheal.sim.stages import write_stages
 
 log = logging.getLogger(__name__)
 
@@ -378,6 +379,8 @@ class ControlPlane:
                 str(binaries.kwok),
                 f"--kubeconfig={self.kubeconfig_for('kwok-controller')}",
                 f"--config={binaries.kwok_stages}",
+                # Our validation Jobs' containers (sim/stages.py).
+                f"--config={write_stages(self.workdir)}",
                 "--manage-all-nodes=false",
                 f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}={FAKE_NODE_VALUE}",
                 "--node-lease-duration-seconds=40",

@@ -47,8 +47,8 @@ def test_the_chart_renders_for_the_default_and_other_values(control_plane: Contr
     default = render(control_plane, "gh", "gpuheal-system")
     assert kinds(default) == {
         "CustomResourceDefinition": 2, "ServiceAccount": 2, "ClusterRole": 4, "ClusterRoleBinding": 2,
-        "Role": 2, "RoleBinding": 2, "ConfigMap": 2, "Secret": 1, "Deployment": 1, "Service": 1,
-        "PodDisruptionBudget": 1, "ValidatingAdmissionPolicy": 8, "ValidatingAdmissionPolicyBinding": 8,
+        "Role": 3, "RoleBinding": 3, "ConfigMap": 2, "Secret": 1, "Deployment": 1, "Service": 1,
+        "PodDisruptionBudget": 1, "ValidatingAdmissionPolicy": 9, "ValidatingAdmissionPolicyBinding": 9,
         "DaemonSet": 1,
     }  # fmt: skip
     crds = {o["metadata"]["name"]: o for o in default if o["kind"] == "CustomResourceDefinition"}
@@ -61,11 +61,21 @@ def test_the_chart_renders_for_the_default_and_other_values(control_plane: Contr
     assert canary["rules"] == [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "delete"]}
     ]
+    # Validation Jobs: create/get/delete Jobs in the release namespace, where the config runs them.
+    validation = next(o for o in default if o["metadata"]["name"] == "gh-controller-validation")
+    assert validation["kind"] == "Role"
+    assert validation["metadata"]["namespace"] == "gpuheal-system"
+    assert validation["rules"] == [
+        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create", "get", "delete"]}
+    ]
     config = next(
         o for o in default if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "gh-controller"
     )
     assert yaml.safe_load(config["data"]["config.yaml"])["deviceHealth"] == {
         "canaryNamespace": "gpuheal-system"
+    }
+    assert yaml.safe_load(config["data"]["config.yaml"])["healthGate"] == {
+        "validation": {"namespace": "gpuheal-system"}
     }
     # A staged roll-out starts where nothing is written to Nodes or Pods.
     assert yaml.safe_load(config["data"]["config.yaml"])["mode"] == "observe"

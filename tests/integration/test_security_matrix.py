@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,7 @@ from gpuheal.model import (
     Mode,
 )
 from gpuheal.policy.rollout import rollout_name
+from gpuheal.policy.validation import CreateValidationJob, job_manifest
 from gpuheal.sim import ControlPlane
 from gpuheal.sim.agent import AgentProcess
 from gpuheal.sim.controller import ControllerProcess
@@ -389,6 +390,23 @@ def canary_pod(namespace: str, node: str) -> dict[str, Any]:
     }
 
 
+def validation_job(namespace: str, node: str) -> dict[str, Any]:
+    """A validation Job as the controller's executor writes it (healthGate.validation defaults)."""
+    config = Config()
+    validation = replace(config.health_gate.validation, namespace=namespace)
+    config = replace(config, health_gate=replace(config.health_gate, validation=validation))
+    name = unique("gpuheal-validate")
+    return job_manifest(CreateValidationJob(node, "", name, "r", "nvidia.com/gpu", 8), config)
+
+
+def privileged_job(namespace: str, node: str) -> dict[str, Any]:
+    """A Job whose pod is host root on a node (what a stolen Job-create is for)."""
+    job = validation_job(namespace, node)
+    job["spec"]["template"]["spec"] = privileged_pod(namespace, node)["spec"]
+    job["spec"]["template"]["spec"]["restartPolicy"] = "Never"
+    return job
+
+
 def privileged_pod(namespace: str, node: str) -> dict[str, Any]:
     """What a stolen pod-create permission is for: host root on a node."""
     pod = canary_pod(namespace, node)
@@ -473,6 +491,12 @@ ACTIONS: tuple[Action, ...] = (
         create(lambda s: codecs.from_dict(privileged_pod(s.system, s.own)))),
     act("pod: create a canary (release namespace)",
         create(lambda s: codecs.from_dict(canary_pod(s.system, s.own))), "controller"),
+    act("job: create a validation Job (release namespace)",
+        create(lambda s: codecs.from_dict(validation_job(s.system, s.own))), "controller"),
+    act("job: create a privileged hostPath Job (release namespace)",
+        create(lambda s: codecs.from_dict(privileged_job(s.system, s.own)))),
+    act("job: create in a tenant namespace",
+        create(lambda s: codecs.from_dict(validation_job(s.tenant, s.own)))),
     act("pod: delete in a tenant namespace",
         lambda c, s: c.delete(Pod, "job-0", namespace=s.tenant, dry_run=True)),
     act("pod: delete a non-canary (release namespace)",
@@ -840,6 +864,9 @@ def test_the_policies_name_exactly_the_keys_the_code_writes(scene: Scene) -> Non
     variables = {v["name"]: yaml.safe_load(v["expression"]) for v in canaries["spec"]["variables"]}
     health = Config().device_health
     assert variables == {"image": health.canary_image, "command": list(health.canary_command)}
+    jobs = scene.release.find("ValidatingAdmissionPolicy", scene.role("controller-validations"))
+    (images,) = [v for v in jobs["spec"]["variables"] if v["name"] == "images"]
+    assert yaml.safe_load(images["expression"]) == [Config().health_gate.validation.image]
 
 
 def test_the_operator_role_answers_a_plan_only_in_its_own_name_and_only_that(

@@ -28,6 +28,7 @@ from gpuheal.policy.gate import (
     GateFacts,
     GateResult,
     Result,
+    Validated,
     bits_of,
     checks_of,
     evaluate,
@@ -76,6 +77,7 @@ def test_a_plain_healthy_node_passes_with_what_cannot_be_checked_skipped() -> No
         "diagnostics": Result.SKIPPED,
         "device-plugin": Result.SKIPPED,
         "environment": Result.SKIPPED,
+        "validation": Result.SKIPPED,
     }
     assert [c.name for c in result.checks] == list(CHECK_BITS)
 
@@ -231,7 +233,8 @@ def test_device_plugin() -> None:
 def test_every_failing_check_is_in_the_bits_and_the_summary() -> None:
     f = facts(ready=False, allocatable={}, annotations=diag("fail", NOW))
     result = run(f)
-    assert checks_of(result.bits) == ("ready", "gpu-count", "diagnostics")
+    # Bit 16 is diagnostics' and validation's: the code names both, one of which failed.
+    assert checks_of(result.bits) == ("ready", "gpu-count", "diagnostics", "validation")
     assert result.bits == 1 | 2 | 16
     summary = result.summary()
     assert all(name in summary for name in ("ready", "gpu-count", "diagnostics"))
@@ -313,3 +316,18 @@ def test_facts_from_the_controllers_views() -> None:
     assert f.ready is True and f.allocatable == {"nvidia.com/gpu": 8}
     assert f.device_plugin_pods == (DevicePluginPod("gpu-operator/dp", ready=True),)
     assert run(f).passed
+
+
+def test_validation_is_skipped_unless_run_and_fails_on_bit_16_with_its_reason() -> None:
+    skipped = check(run(facts()), "validation")
+    assert skipped == (
+        Result.SKIPPED,
+        "no validation Job run here; healthGate.validation.enabled is false",
+    )
+    failed = run(
+        facts(validation=Validated(False, "dcgmi-diag: Memory test failed: fail (exited 1)"))
+    )
+    assert failed.bits == 16
+    assert "validation: dcgmi-diag: Memory test failed" in failed.summary()
+    passed = run(facts(validation=Validated(True, "dcgmi-diag: pass")))
+    assert passed.passed and check(passed, "validation") == (Result.PASS, "dcgmi-diag: pass")

@@ -1,0 +1,178 @@
+"""The validation Job on the real control plane: the Job controller makes its pod,
+the scheduler places it (or says why not), kwok plays its container
+(gpuheal/sim/stages.py). A recovered node returns only after its Job passes."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+from lightkube import Client
+from lightkube.resources.batch_v1 import Job
+from lightkube.resources.core_v1 import Node
+
+from gpuheal.sim.audit import offset, requests
+from gpuheal.sim.stages import EXIT_CODE_ENV, HANG_ENV, MESSAGE_ENV
+from gpuheal.values import node_label
+from tests.conftest import AUDITED_CONTROLLER
+from tests.helpers import FakeNodes, wait_for
+from tests.integration.conftest import (
+    StartController,
+    clear_fault,
+    controller_config,
+    events_for,
+    faults_of,
+    our_taint,
+    report_fault,
+)
+
+pytestmark = pytest.mark.timeout(180)
+
+NAMESPACE = "gpuheal-system"  # the crds fixture makes it
+PASS = {"result": "pass", "tool": "dcgmi-diag", "detail": "dcgmi diag -r 2: 8 GPUs, all tests pass"}
+FAIL = {
+    "result": "fail",
+    "tool": "dcgmi-diag",
+    "detail": "Memory test failed on GPU 3: HBM row remap",
+}
+
+
+def validating(pool: dict[str, str], env: dict[str, str], **validation: Any) -> dict[str, Any]:
+    settings = {"enabled": True, "namespace": NAMESPACE, "timeoutSeconds": 60, **validation}
+    return controller_config(pool, healthGate={"validation": {**settings, "env": env}})
+
+
+def entries(kube: Client, node: str, action: str) -> list[dict[str, Any]]:
+    found = []
+    for record in faults_of(kube, node):
+        found += [a for a in (record.status or {}).get("actions", []) if a["action"] == action]
+    return found
+
+
+def jobs_of(kube: Client, node: str) -> list[Job]:
+    return list(kube.list(Job, namespace=NAMESPACE, labels={"gpuheal.io/node": node_label(node)}))
+
+
+def recover(kube: Client, node: str, fault_id: str) -> None:
+    """A fault quarantines the node, then clears: its recovery begins."""
+    report_fault(kube, node, fault_id)
+    wait_for("tainted", lambda: our_taint(kube, node))
+    clear_fault(kube, node)
+
+
+def test_a_passing_validation_returns_the_node(
+    kube: Client, pool: dict[str, str], fake_gpu_nodes: FakeNodes, start_controller: StartController
+) -> None:
+    (node,) = fake_gpu_nodes(1, labels=pool)
+    start_controller(validating(pool, {EXIT_CODE_ENV: "0", MESSAGE_ENV: json.dumps(PASS)}))
+    recover(kube, node, "f-pass")
+
+    wait_for("untainted", lambda: our_taint(kube, node) is None)
+    (started,) = entries(kube, node, "validation-start")
+    assert "on 8 nvidia.com/gpu" in started["detail"]
+    (passed,) = wait_for("passed in the record", lambda: entries(kube, node, "validation-passed"))
+    assert "dcgmi-diag: dcgmi diag -r 2: 8 GPUs, all tests pass: pass" in passed["detail"]
+    assert entries(kube, node, "untaint")
+    assert events_for(kube, node, "GPUValidationStarted")
+    assert events_for(kube, node, "GPUValidationPassed")
+    wait_for("the Job deleted", lambda: not jobs_of(kube, node))
+
+
+def test_a_failing_validation_keeps_the_node_out_with_the_failure_in_its_record(
+    kube: Client, pool: dict[str, str], fake_gpu_nodes: FakeNodes, start_controller: StartController
+) -> None:
+    (node,) = fake_gpu_nodes(1, labels=pool)
+    start_controller(validating(pool, {EXIT_CODE_ENV: "1", MESSAGE_ENV: json.dumps(FAIL)}))
+    recover(kube, node, "f-fail")
+
+    (failed,) = wait_for("failed in the record", lambda: entries(kube, node, "validation-failed"))
+    assert (
+        "dcgmi-diag: Memory test failed on GPU 3: HBM row remap: fail (exited 1"
+        in (failed["detail"])
+    )
+    (event,) = wait_for("the Event", lambda: events_for(kube, node, "GPUHealthGateFailed"))
+    assert "validation" in (event.message or "") and "HBM row remap" in (event.message or "")
+    wait_for("the Job deleted", lambda: not jobs_of(kube, node))
+    time.sleep(2)  # the node is looked at again (holdRetrySeconds): it stays out
+    assert our_taint(kube, node) is not None
+    (record,) = faults_of(kube, node)
+    assert record.status["phase"] == "Recovering"
+    assert len(entries(kube, node, "validation-start")) == 1  # retried after retrySeconds only
+
+
+def test_a_validation_that_never_finishes_times_out_and_says_so(
+    kube: Client, pool: dict[str, str], fake_gpu_nodes: FakeNodes, start_controller: StartController
+) -> None:
+    (node,) = fake_gpu_nodes(1, labels=pool)
+    start_controller(validating(pool, {HANG_ENV: "1"}, timeoutSeconds=4))
+    recover(kube, node, "f-hang")
+
+    # While it runs: the Job as specified, its pod placed on the node.
+    (job,) = wait_for("the Job", lambda: jobs_of(kube, node))
+    spec: dict[str, Any] = job.to_dict()["spec"]
+    assert spec["backoffLimit"] == 0
+    pod = spec["template"]["spec"]
+    required = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert required["nodeSelectorTerms"][0]["matchFields"][0]["values"] == [node]
+    tolerated = {t["key"] for t in pod["tolerations"]}
+    assert tolerated >= {"gpuheal.io/gpu-fault", "gpuheal.io/maintenance"}
+    assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+
+    (failed,) = wait_for(
+        "timed out in the record", lambda: entries(kube, node, "validation-failed"), timeout_s=30
+    )
+    assert "timed out after 4s without a result: its pod Running" in failed["detail"]
+    wait_for("the Job deleted", lambda: not jobs_of(kube, node))
+    assert our_taint(kube, node) is not None
+
+
+def test_a_validation_pod_that_cannot_start_keeps_the_node_out_and_says_why(
+    kube: Client, pool: dict[str, str], fake_gpu_nodes: FakeNodes, start_controller: StartController
+) -> None:
+    (node,) = fake_gpu_nodes(1, labels=pool)
+    # A taint the Job does not tolerate: the scheduler will not place its pod.
+    reserved = {"key": "example.com/reserved", "value": "team-a", "effect": "NoSchedule"}
+    kube.patch(Node, node, {"spec": {"taints": [reserved]}})
+    validation = validating(
+        pool, {EXIT_CODE_ENV: "0", MESSAGE_ENV: json.dumps(PASS)}, scheduleTimeoutSeconds=3
+    )
+    start_controller(validation)
+    recover(kube, node, "f-unschedulable")
+
+    (failed,) = wait_for("failed in the record", lambda: entries(kube, node, "validation-failed"))
+    assert "the validation pod cannot start after 3s: 0/1 nodes are available" in failed["detail"]
+    assert "untolerated taint" in failed["detail"]
+    wait_for("the Job deleted", lambda: not jobs_of(kube, node))
+    assert our_taint(kube, node) is not None
+
+
+def test_a_restart_after_the_job_is_created_makes_no_second_job(
+    kube: Client,
+    control_plane: Any,
+    pool: dict[str, str],
+    fake_gpu_nodes: FakeNodes,
+    start_controller: StartController,
+    audited_controller_user: str,
+) -> None:
+    (node,) = fake_gpu_nodes(1, labels=pool)
+    config = validating(pool, {EXIT_CODE_ENV: "0", MESSAGE_ENV: json.dumps(PASS)})
+    since = offset(control_plane.audit_log)
+    doomed = start_controller(
+        config, user=audited_controller_user, env={"GPUHEAL_CRASH_AFTER": "CreateValidationJob"}
+    )
+    recover(kube, node, "f-crash")
+    assert doomed.wait_exit(60) == -9, "the crashpoint was not reached"
+    assert not entries(kube, node, "validation-start")  # killed before the record was written
+
+    start_controller(config, user=audited_controller_user)
+    wait_for("untainted", lambda: our_taint(kube, node) is None)
+    creates = [
+        r.code
+        for r in requests(control_plane.audit_log, user=AUDITED_CONTROLLER, since=since)
+        if r.verb == "create" and r.resource == "jobs" and r.namespace == NAMESPACE
+    ]
+    # The first controller made it; its successor asked for the same name and found it.
+    assert creates == [201, 409]
+    assert len(entries(kube, node, "validation-start")) == 1
