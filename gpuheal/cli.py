@@ -17,6 +17,12 @@ from gpuheal.logs import setup_logging
 if TYPE_CHECKING:  # --help stays fast: the operator commands import on call
     from gpuheal.ops.context import Context
 
+VALIDATE_HELP = (
+    "also run the validation Job on the node (healthGate.validation: DCGM diag, NCCL) "
+    "once the other checks pass, and wait for it; needs create/get/delete on Jobs "
+    "in healthGate.validation.namespace"
+)
+
 
 def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
     # Turn SIGTERM into SystemExit so `with` blocks stop child processes cleanly.
@@ -260,26 +266,29 @@ def _add_operator_commands(
     start.add_argument(
         "--no-drain", action="store_true", help="mark, taint and cordon only; do not evict"
     )
-    command(
+    finish = command(
         steps,
         "finish",
         ops.maintenance_finish,
         node=True,
         help="run the health gate; only if it passes, remove our taint and label and uncordon",
     )
+    finish.add_argument("--validate", action="store_true", help=VALIDATE_HELP)
     _add_rollout(commands, command)
-    command(
+    gate = command(
         commands,
         "gate",
         ops.gate,
         node=True,
-        help="run the health gate on a node and change nothing",
+        help="run the health gate on a node and change nothing (--validate: runs a Job)",
         description=(
             "The checks a node must pass before it is returned: Ready, GPU count, "
-            "driver version, no new Xid/ECC errors, diagnostics, device-plugin pod. "
+            "driver version, no new Xid/ECC errors, diagnostics, device-plugin pod, and "
+            "with --validate a validation Job on the node. "
             "Exit 0 when all pass, else 64 + the failing checks' bits."
         ),
     )
+    gate.add_argument("--validate", action="store_true", help=VALIDATE_HELP)
     command(
         commands,
         "doctor",

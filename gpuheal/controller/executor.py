@@ -28,8 +28,7 @@ from typing import Any
 from gpuheal import values
 from gpuheal.clock import iso, parse_time
 from gpuheal.config import Config
-from gpuheal.controller import validation
-from gpuheal.kube import writes
+from gpuheal.kube import validation, writes
 from gpuheal.kube.api import ApiError, KubeApi, gpufault_path, node_path, pod_path
 from gpuheal.kube.events import EventRecorder, ObjectRef, fault_ref, node_ref, pod_ref
 from gpuheal.kube.projections import decode_fault, decode_meta, decode_node

@@ -1,18 +1,28 @@
-"""The validation Jobs' pods, projected to what the gate reads: where the pod
-stands, why the scheduler will not place it, and how its container ended (exit
-code and termination message)."""
+"""The validation Jobs' I/O (policy/validation.py decides what and when): create
+one idempotently, delete it once its result is read, and project its pod to what
+the gate reads: where the pod stands, why the scheduler will not place it, and how
+its container ended (exit code and termination message). The controller and the
+CLI share these."""
 
 from __future__ import annotations
+
+import json
+import logging
 
 import msgspec
 
 from gpuheal import values
+from gpuheal.config import Config
+from gpuheal.kube.api import ApiError, KubeApi
 from gpuheal.kube.projections import Meta
 from gpuheal.policy.validation import (
     CONTAINER,
     NODE_ANNOTATION,
     VALIDATION_JOB_LABEL,
+    CreateValidationJob,
+    DeleteValidationJob,
     ValidationPod,
+    job_manifest,
 )
 
 # A termination message is at most 4096 bytes (the kubelet's limit); keep what a reason can use.
@@ -92,3 +102,47 @@ def validation_pod(pod: ValidationPodJson) -> ValidationPod:
             ": ".join(p for p in (waiting.reason, waiting.message) if p) if waiting else "", 256
         ),
     )
+
+
+log = logging.getLogger(__name__)
+
+# The Job goes now, its pod after it (the garbage collector): nothing waits on it.
+BACKGROUND = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
+
+
+def job_path(namespace: str, name: str = "") -> str:
+    base = f"/apis/batch/v1/namespaces/{namespace}/jobs"
+    return f"{base}/{name}" if name else base
+
+
+async def create_job(api: KubeApi, action: CreateValidationJob, config: Config) -> str:
+    """ "created", or "present": the attempt's Job exists already (this pass ran before
+    a crash, or twice). One of another node's by the same name is left alone and
+    said: this attempt then times out."""
+    namespace = config.health_gate.validation.namespace
+    try:
+        await api.create(job_path(namespace), job_manifest(action, config))
+    except ApiError as err:
+        if err.code != 409:
+            raise
+        existing = json.loads(await api.get(job_path(namespace, action.name)))
+        node = (existing.get("metadata", {}).get("annotations") or {}).get(NODE_ANNOTATION)
+        if node != action.node:
+            log.warning(
+                "a Job by the validation's name is not ours",
+                extra={"node": action.node, "job": action.name, "its_node": node},
+            )
+            return "not-ours"
+        return "present"
+    return "created"
+
+
+async def delete_job(api: KubeApi, action: DeleteValidationJob, config: Config) -> str:
+    namespace = config.health_gate.validation.namespace
+    try:
+        await api.delete(job_path(namespace, action.name), BACKGROUND)
+    except ApiError as err:
+        if err.code != 404:
+            raise
+        return "gone"
+    return "deleted"

@@ -36,7 +36,7 @@ async def maintenance_finish(ctx: Context, args: argparse.Namespace) -> int:
 async def gate(ctx: Context, args: argparse.Namespace) -> int:
     from gpuheal.ops.gate import run_gate  # noqa: PLC0415
 
-    return await run_gate(ctx, args.node)
+    return await run_gate(ctx, args.node, validate=args.validate)
 
 
 async def doctor(ctx: Context, args: argparse.Namespace) -> int:

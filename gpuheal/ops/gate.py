@@ -11,7 +11,7 @@ import asyncio
 import datetime as dt
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -163,13 +163,29 @@ class GateReport:
         return (table, Notes("", lines))
 
 
-async def run_gate(ctx: Context, name: str) -> int:
-    """Read-only: print the checks, exit 0 or 64 | the failing checks' bits."""
+async def judge_node(
+    ctx: Context, node: NodeJson, since: dt.datetime | None, *, validate: bool = False
+) -> GateResult:
+    """The gate's checks; with `validate`, once the others pass, the validation Job's too
+    (ops/validation.py: it runs on the node and is waited for)."""
+    facts = await gather(ctx.api, ctx.config, node)
+    result = evaluate(facts, ctx.config, ctx.now(), since)
+    if not (validate and result.passed):
+        return result
+    from gpuheal.ops.validation import validate_node  # noqa: PLC0415 -- only with --validate
+
+    verdict = await validate_node(ctx.api, ctx.config, node, since, now=ctx.now, say=ctx.err.print)
+    return evaluate(replace(facts, validation=verdict), ctx.config, ctx.now(), since)
+
+
+async def run_gate(ctx: Context, name: str, *, validate: bool = False) -> int:
+    """Print the checks, exit 0 or 64 | the failing checks' bits. Read-only, but for
+    `validate`'s Job (deleted once read)."""
     node = await get_node(ctx.api, name)
     if node is None:
         ctx.err.print(Text(f"gpuheal gate: node {name} not found", style="bold red"))
         return exitcodes.NOT_FOUND
     since = maintenance_since(node.metadata.annotations, ctx)
-    result = evaluate(await gather(ctx.api, ctx.config, node), ctx.config, ctx.now(), since)
+    result = await judge_node(ctx, node, since, validate=validate)
     render(GateReport(result, since), ctx.output, ctx.out)
     return gate_exit_code(result)

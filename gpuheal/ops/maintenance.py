@@ -48,9 +48,15 @@ from gpuheal.ops.drain import DrainOptions, DrainResult, drain, pods_on, skip_re
 from gpuheal.ops.events import emit_node_event
 from gpuheal.ops.findings import pod_key
 from gpuheal.ops.fleet import pod_gpus, pod_live
-from gpuheal.ops.gate import GateReport, gate_exit_code, gather, get_node, maintenance_since
+from gpuheal.ops.gate import (
+    GateReport,
+    gate_exit_code,
+    get_node,
+    judge_node,
+    maintenance_since,
+)
 from gpuheal.ops.output import Notes, Table, render
-from gpuheal.policy.gate import GATE_FAILED, evaluate
+from gpuheal.policy.gate import GATE_FAILED
 from gpuheal.values import label_text
 
 if TYPE_CHECKING:
@@ -529,7 +535,7 @@ async def finish(ctx: Context, args: argparse.Namespace) -> int:
         )
         return exitcodes.USAGE
     since = maintenance_since(node.metadata.annotations, ctx)
-    result = evaluate(await gather(ctx.api, ctx.config, node), ctx.config, ctx.now(), since)
+    result = await judge_node(ctx, node, since, validate=getattr(args, "validate", False))
     if not result.passed:
         await emit_node_event(
             ctx,

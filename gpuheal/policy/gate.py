@@ -461,9 +461,11 @@ def _validation(facts: GateFacts, config: Config) -> Check:
     verdict = facts.validation
     if verdict is None:
         why = (
-            "the controller's recovery runs it"
+            "the controller's recovery runs one"
             if config.health_gate.validation.enabled
             else "healthGate.validation.enabled is false"
         )
-        return Check(VALIDATION, Result.SKIPPED, f"no validation Job run here; {why}")
+        return Check(
+            VALIDATION, Result.SKIPPED, f"no validation Job run ({why}; --validate runs one)"
+        )
     return Check(VALIDATION, Result.PASS if verdict.passed else Result.FAIL, verdict.reason)

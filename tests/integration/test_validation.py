@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from lightkube import Client
 from lightkube.resources.batch_v1 import Job
 from lightkube.resources.core_v1 import Node
 
+from gpuheal.cli import main
+from gpuheal.sim import ControlPlane
 from gpuheal.sim.audit import offset, requests
 from gpuheal.sim.stages import EXIT_CODE_ENV, HANG_ENV, MESSAGE_ENV
 from gpuheal.values import node_label
@@ -150,7 +154,7 @@ def test_a_validation_pod_that_cannot_start_keeps_the_node_out_and_says_why(
 
 def test_a_restart_after_the_job_is_created_makes_no_second_job(
     kube: Client,
-    control_plane: Any,
+    control_plane: ControlPlane,
     pool: dict[str, str],
     fake_gpu_nodes: FakeNodes,
     start_controller: StartController,
@@ -176,3 +180,86 @@ def test_a_restart_after_the_job_is_created_makes_no_second_job(
     # The first controller made it; its successor asked for the same name and found it.
     assert creates == [201, 409]
     assert len(entries(kube, node, "validation-start")) == 1
+
+
+def gate(
+    control_plane: ControlPlane,
+    capsys: pytest.CaptureFixture[str],
+    config: Path,
+    *argv: str,
+) -> tuple[int, dict[str, Any]]:
+    capsys.readouterr()
+    code = main([*argv, "--config", str(config), "--kubeconfig", str(control_plane.kubeconfig)])
+    said = capsys.readouterr()
+    assert said.out, (code, said.err)
+    return code, json.loads(said.out)
+
+
+def cli_config(tmp_path: Path, pool: dict[str, str], env: dict[str, str]) -> Path:
+    path = tmp_path / "gpuheal.yaml"
+    validation = {"namespace": NAMESPACE, "timeoutSeconds": 60, "env": env}
+    path.write_text(
+        yaml.safe_dump({"nodeSelector": pool, "healthGate": {"validation": validation}})
+    )
+    return path
+
+
+def test_gate_validate_runs_the_job_reads_its_result_and_deletes_it(
+    kube: Client,
+    control_plane: ControlPlane,
+    pool: dict[str, str],
+    fake_gpu_nodes: FakeNodes,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    crds: None,  # and the namespace the Jobs run in
+) -> None:
+    (node,) = fake_gpu_nodes(1, labels=pool)
+    failing = cli_config(tmp_path, pool, {EXIT_CODE_ENV: "1", MESSAGE_ENV: json.dumps(FAIL)})
+    code, report = gate(control_plane, capsys, failing, "gate", node, "--validate", "-o", "json")
+    assert code == 64 | 16
+    (validation,) = [c for c in report["checks"] if c["name"] == "validation"]
+    assert (
+        validation["result"] == "fail" and "HBM row remap: fail (exited 1" in validation["reason"]
+    )
+    assert not jobs_of(kube, node)  # deleted once read
+
+    passing = cli_config(tmp_path, pool, {EXIT_CODE_ENV: "0", MESSAGE_ENV: json.dumps(PASS)})
+    code, report = gate(control_plane, capsys, passing, "gate", node, "--validate", "-o", "json")
+    assert code == 0, report
+    (validation,) = [c for c in report["checks"] if c["name"] == "validation"]
+    assert validation["result"] == "pass" and "dcgmi-diag" in validation["reason"]
+
+    # Without --validate nothing runs: the check is skipped and says how to run it.
+    code, report = gate(control_plane, capsys, passing, "gate", node, "-o", "json")
+    (validation,) = [c for c in report["checks"] if c["name"] == "validation"]
+    assert code == 0 and validation["result"] == "skipped" and "--validate" in validation["reason"]
+    assert not jobs_of(kube, node)
+
+
+def test_maintenance_finish_validate_returns_the_node_only_after_its_job_passes(
+    kube: Client,
+    control_plane: ControlPlane,
+    pool: dict[str, str],
+    fake_gpu_nodes: FakeNodes,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    crds: None,
+) -> None:
+    (node,) = fake_gpu_nodes(1, labels=pool)
+    failing = cli_config(tmp_path, pool, {EXIT_CODE_ENV: "1", MESSAGE_ENV: json.dumps(FAIL)})
+    start = ("maintenance", "start", node, "--reason", "driver 550.54.15", "--no-drain")
+    code, _ = gate(control_plane, capsys, failing, *start, "-o", "json")
+    assert code == 0
+
+    code, report = gate(
+        control_plane, capsys, failing, "maintenance", "finish", node, "--validate", "-o", "json"
+    )
+    assert code == 64 | 16 and report["finished"] is False
+    assert "gpuheal.io/maintenance" in {t.key for t in kube.get(Node, node).spec.taints or ()}  # type: ignore[union-attr]
+
+    passing = cli_config(tmp_path, pool, {EXIT_CODE_ENV: "0", MESSAGE_ENV: json.dumps(PASS)})
+    code, report = gate(
+        control_plane, capsys, passing, "maintenance", "finish", node, "--validate", "-o", "json"
+    )
+    assert code == 0 and report["finished"] is True, report
+    assert not jobs_of(kube, node)

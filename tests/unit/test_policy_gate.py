@@ -322,7 +322,7 @@ def test_validation_is_skipped_unless_run_and_fails_on_bit_16_with_its_reason() 
     skipped = check(run(facts()), "validation")
     assert skipped == (
         Result.SKIPPED,
-        "no validation Job run here; healthGate.validation.enabled is false",
+        "no validation Job run (healthGate.validation.enabled is false; --validate runs one)",
     )
     failed = run(
         facts(validation=Validated(False, "dcgmi-diag: Memory test failed: fail (exited 1)"))
