@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from gpuheal.controller.executor import Outcome
 from gpuheal.controller.notify import Notice
 from gpuheal.model import FaultRecord
+from gpuheal.policy import validation
 from gpuheal.policy.devices import (
     CreateCanary,
     CreateDeviceRecord,
@@ -58,6 +59,9 @@ _ENTRY_VERBS = {
     "manual-untaint": "taint removed by hand (respected)",
     "fault-returned": "fault returned",
     "gate-failed": "health gate failed, stays tainted",
+    validation.START_ACTION: "validation Job started",
+    validation.PASSED_ACTION: "validation passed",
+    validation.FAILED_ACTION: "validation failed, stays tainted",
     "canary-passed": "canary passed",
     "canary-failed": "canary failed, quarantine extended",
     "extend": "quarantine extended",

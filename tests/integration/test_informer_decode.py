@@ -90,7 +90,7 @@ def test_a_gpufault_with_a_null_recovering_since_neither_blocks_the_start_nor_th
     assert our_taint(kube, quiet) is None
 
     metrics = controller.metrics()
-    for informer in ("nodes", "pods", "gpufaults", "canaries"):
+    for informer in ("nodes", "pods", "gpufaults", "canaries", "validations"):
         # Nothing skipped: every object the API server allows is decoded.
         assert f'gpuheal_informer_decode_errors_total{{informer="{informer}"}} 0.0' in metrics
     assert "informer failed" not in controller.log()

@@ -19,6 +19,7 @@ from gpuheal.policy.plan import (
     RemoveTaint,
     UpdateRecord,
 )
+from gpuheal.policy.validation import DeleteValidationJob
 from tests.corpus import EKS_NODE, GPU_UUIDS
 
 T = "2026-11-29T12:00:00.000Z"
@@ -124,3 +125,18 @@ def test_a_plan_awaiting_approval_says_what_it_would_do() -> None:
         f"{EKS_NODE}: XidCritical79 — awaiting approval, taint {EKS_NODE} "
         "gpuheal.io/gpu-fault=f1:NoSchedule; evict 2 GPU pods: ml/a, ml/b"
     )
+
+
+def test_a_failed_validation_is_told_as_such() -> None:
+    record = FaultRecord("r1", EKS_NODE, "xid-79-a", Phase.RECOVERING, reason="XidCritical79")
+    job = "gpuheal-validate-4f1c2a9b3d-1"
+    ran = (
+        DeleteValidationJob(job),
+        UpdateRecord(
+            "r1", Phase.RECOVERING, ActionEntry(T, "validation-failed", "failed", f"{job}: boom")
+        ),
+        Emit("GPUHealthGateFailed", "…", EKS_NODE, "r1", warning=True),
+    )
+    notice = notice_for(EKS_NODE, ran, Outcome(), {"r1": record}.get)
+    assert notice is not None
+    assert notice.summary == f"{EKS_NODE}: XidCritical79 — validation failed, stays tainted"
