@@ -20,7 +20,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuheal import values
@@ -344,9 +344,35 @@ def step(
     if last is not None and last.action == FAILED_ACTION and elapsed < cfg.retry_seconds:
         return Step(Validated(False, last.detail), requeue_after=cfg.retry_seconds - elapsed)
     if last is None or last.action == FAILED_ACTION:
-        return _start(record, node, attempt.number + 1, config, now)
+        started = _start(record, node, attempt.number + 1, config, now)
+        pod = pods.get(started.job)
+        if started.verdict is not None or pod is None:
+            return started
+        # The attempt's Job was there already (made just before a restart): its pod may
+        # have finished meanwhile, and no event will come again to say so.
+        done = _judged(record, started.job, pod, elapsed=0.0, cfg=cfg, now=now)
+        if done.verdict is None:
+            return started
+        return replace(
+            done,
+            jobs=(*started.jobs, *done.jobs),
+            entries=(*started.entries, *done.entries),
+            events=(*started.events, *done.events),
+        )
     name = last.detail.split(" ", 1)[0]
-    pod = pods.get(name)
+    return _judged(record, name, pods.get(name), elapsed=elapsed, cfg=cfg, now=now)
+
+
+def _judged(
+    record: FaultRecord,
+    name: str,
+    pod: ValidationPod | None,
+    *,
+    elapsed: float,
+    cfg: ValidationConfig,
+    now: dt.datetime,
+) -> Step:
+    """A started attempt: its verdict recorded and its Job deleted, or a wait."""
     verdict = judge(pod, elapsed, cfg)
     if verdict is None:
         return Step(None, requeue_after=max(deadline(pod, cfg) - elapsed, 0.1), job=name)

@@ -346,3 +346,16 @@ def test_a_failed_validation_keeps_the_taint() -> None:
     held = plan(NodeState(node(), records=(record,), validations=bad), CONFIG, NOW)
     assert not any(isinstance(a, RemoveTaint) for a in held.actions)
     assert held.requeue_after == VALIDATION.retry_seconds
+
+
+def test_a_job_found_finished_at_its_start_is_judged_at_once() -> None:
+    """A controller killed after creating the Job, before its record said so: its
+    successor starts the same attempt, finds the Job (409) and its pod finished, and
+    no event will come again to say so."""
+    finished = {FIRST: pod(FIRST, "Succeeded", exit_code=0, message=PASS)}
+    again = step(RECORD, node(), finished, CONFIG, NOW)
+    assert again.verdict is not None and again.verdict.passed
+    assert [type(j).__name__ for j in again.jobs] == ["CreateValidationJob", "DeleteValidationJob"]
+    assert [e.action for e in again.entries] == [START_ACTION, PASSED_ACTION]
+    running = step(RECORD, node(), {FIRST: pod(FIRST)}, CONFIG, NOW)
+    assert running.verdict is None and [e.action for e in running.entries] == [START_ACTION]
