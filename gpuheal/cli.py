@@ -438,6 +438,12 @@ def _add_rollout(
         help="a changed node the gate still refuses by then is held (default 600)",
     )
     start.add_argument(
+        "--validate",
+        action="store_true",
+        help="the gate also runs the validation Job on each changed node "
+        "(healthGate.validation; recorded in the roll-out, so a resumed drive keeps it)",
+    )
+    start.add_argument(
         "--lease",
         type=float,
         default=30.0,

@@ -47,6 +47,7 @@ class SpecJson(msgspec.Struct):
     changeTimeoutSeconds: float = DEFAULT_CHANGE_TIMEOUT_S  # noqa: N815
     gateTimeoutSeconds: float = DEFAULT_GATE_TIMEOUT_S  # noqa: N815
     leaseSeconds: float = DEFAULT_LEASE_S  # noqa: N815
+    validate: bool = False  # the gate runs the validation Job too
 
 
 class NodeStepJson(msgspec.Struct):

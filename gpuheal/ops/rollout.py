@@ -49,7 +49,7 @@ from gpuheal.model import (
 from gpuheal.ops import exitcodes
 from gpuheal.ops.events import emit_node_event
 from gpuheal.ops.fleet import gpu_node, node_ready, node_selector_query
-from gpuheal.ops.gate import gather
+from gpuheal.ops.gate import judge_node
 from gpuheal.ops.maintenance import (
     FINISHED,
     TakeOut,
@@ -61,7 +61,7 @@ from gpuheal.ops.maintenance import (
 )
 from gpuheal.ops.output import Notes, Table, render
 from gpuheal.policy.breaker import quarantine_capacity
-from gpuheal.policy.gate import GATE_FAILED, evaluate
+from gpuheal.policy.gate import GATE_FAILED
 from gpuheal.policy.nodes import in_maintenance
 from gpuheal.policy.pools import pool_of
 from gpuheal.policy.rollout import (
@@ -261,6 +261,7 @@ async def start(ctx: Context, args: argparse.Namespace) -> int:
         "changeTimeoutSeconds": args.change_timeout,
         "gateTimeoutSeconds": args.gate_timeout,
         "leaseSeconds": args.lease,
+        "validate": args.validate,
     }
     if args.max_unavailable_percent is not None:
         spec["maxUnavailablePercent"] = args.max_unavailable_percent
@@ -699,7 +700,8 @@ async def _gate(
     """The health gate on the new version; passed: the node goes back (the
     maintenance finish write), failed past gateTimeoutSeconds: held."""
     since = parse_time(node.metadata.annotations.get(MAINTENANCE_SINCE, ""))
-    result = evaluate(await gather(ctx.api, ctx.config, node), ctx.config, ctx.now(), since)
+    # With validation the pass waits for the Job (the heartbeat keeps the lease).
+    result = await judge_node(ctx, node, since, validate=rollout.spec.validate)
     if not result.passed:
         if elapsed <= rollout.spec.gateTimeoutSeconds:
             return replace(p, detail=f"gate not passed yet: {result.summary()}")

@@ -30,6 +30,7 @@ from gpuheal.policy.rollout import rollout_name
 from gpuheal.sim import ControlPlane
 from gpuheal.sim.audit import evictions, offset, requests
 from gpuheal.sim.resources import GPURollout
+from gpuheal.sim.stages import EXIT_CODE_ENV, MESSAGE_ENV
 from gpuheal.sim.workloads import apply, gpu_pod, wait_pods_running
 from tests.helpers import FakeNodes, wait_for
 from tests.integration.conftest import (
@@ -417,3 +418,60 @@ def test_a_controller_failover_mid_roll_out_loses_nothing_and_its_recovery_gate_
     status = status_of(kube, value)
     assert status["phase"] == "Completed"
     assert set(steps(kube, value).values()) == {"done"}
+
+
+@pytest.mark.parametrize("passes", [True, False], ids=["validation-passes", "validation-fails"])
+def test_a_roll_out_started_with_validate_gates_each_node_with_its_validation_job(
+    kube: Client,
+    control_plane: ControlPlane,
+    fake_gpu_nodes: FakeNodes,
+    pool: dict[str, str],
+    rollouts: None,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    audited_controller_user: str,
+    passes: bool,
+) -> None:
+    """The runbook's gate before uncordon: with --validate (kept in the spec) each
+    changed node returns only once its validation Job passes; a failing Job stops
+    the roll-out with the canary held and the Job's own words in its detail."""
+    value = pool[POOL_LABEL]
+    nodes = pool_nodes(fake_gpu_nodes, kube, pool, 3)
+    detail = "dcgmi diag -r 2: 8 GPUs" + ("" if passes else ", HBM row remap on GPU 3")
+    result = {"result": "pass" if passes else "fail", "tool": "dcgmi-diag", "detail": detail}
+    env = {EXIT_CODE_ENV: "0" if passes else "1", MESSAGE_ENV: json.dumps(result)}
+    config = controller_config(pool, pools={"label": POOL_LABEL, "byName": {}})
+    config["pools"]["byName"][value] = {"gpusPerNode": 8}
+    config["maintenance"] = {"evictionRetrySeconds": 0.5, "checkpoint": "none"}
+    validation = {"enabled": True, "namespace": "gpuheal-system", "timeoutSeconds": 60, "env": env}
+    config["healthGate"] = {**config.get("healthGate", {}), "validation": validation}
+    path = tmp_path / "validating.yaml"
+    path.write_text(yaml.safe_dump(config))
+    since = offset(control_plane.audit_log)
+    with Tooling(kube, pool):
+        code = main(
+            [*START, value, "--driver-version", NEW, "--reason", "CUDA 12.6", "--canary", "1",
+             "--batch-size", "2", "--max-unavailable", "2", "--validate", "--poll", "0.2",
+             "--change-timeout", "60", "--gate-timeout", "0",
+             "--kubeconfig", str(control_plane.kubeconfig_for(audited_controller_user)),
+             "--config", str(path)]
+        )  # fmt: skip
+    out, err = capsys.readouterr()
+    assert kube.get(GPURollout, rollout_name(value)).spec["validate"] is True
+    created = [
+        r
+        for r in requests(control_plane.audit_log, user=audited_controller_user, since=since)
+        if r.verb == "create" and r.resource == "jobs" and r.code == 201
+    ]
+    status = status_of(kube, value)
+    if passes:
+        assert code == 0, out + err
+        assert status["phase"] == "Completed"
+        assert len(created) == 3  # one validation Job per node
+    else:
+        assert code == 3, out + err
+        held = {n["name"]: n for n in status["nodes"]}[nodes[0]]
+        assert held["step"] == "failed-held"
+        assert "validation" in held["detail"] and "HBM row remap on GPU 3" in held["detail"]
+        assert len(created) == 1  # the canary's; nothing after it started
+        assert [n["step"] for n in status["nodes"][1:]] == ["pending", "pending"]
