@@ -48,6 +48,7 @@ REPO = Path(__file__).resolve().parents[2]
 POOL_LABEL = "gpuheal.test/pool"
 OLD, NEW = "550.54.15", "560.35.03"
 Cli = Callable[..., tuple[int, str, str]]
+VALIDATION_PASS = {"result": "pass", "tool": "dcgmi-diag", "detail": "dcgmi diag -r 2: 8 GPUs"}
 
 
 @pytest.fixture
@@ -56,6 +57,11 @@ def config_file(tmp_path: Path, pool: dict[str, str]) -> Path:
     config = controller_config(pool, pools={"label": POOL_LABEL, "byName": {}})
     config["pools"]["byName"][pool[POOL_LABEL]] = {"gpusPerNode": 8}
     config["maintenance"] = {"evictionRetrySeconds": 0.5, "checkpoint": "none"}
+    # What `rollout start --validate` runs: kwok ends each Job's pod with a pass.
+    passing = {EXIT_CODE_ENV: "0", MESSAGE_ENV: json.dumps(VALIDATION_PASS)}
+    config["healthGate"] = {
+        "validation": {"namespace": "gpuheal-system", "timeoutSeconds": 60, "env": passing}
+    }
     path.write_text(yaml.safe_dump(config))
     return path
 
@@ -174,12 +180,14 @@ def test_a_12_node_pool_rolls_canary_first_then_batches_within_the_budget(
     with Tooling(kube, pool) as tooling:
         code, out, err = cli(
             *START, value, "--driver-version", NEW, "--reason", "CUDA 12.6",
-            "--canary", "1", "--batch-size", "3", "--max-unavailable", "3", *FAST,
+            "--canary", "1", "--batch-size", "3", "--max-unavailable", "3", "--validate", *FAST,
         )  # fmt: skip
     assert code == 0, out + err
     status = status_of(kube, value)
     assert status["phase"] == "Completed"
     assert (status["done"], status["total"]) == (12, 12)
+    # The gate with validation: one Job per node, each read and passed.
+    assert err.count("validation Job gpuheal-system/") == 12, err
     batches: dict[int, list[str]] = {}
     for entry in status["nodes"]:
         assert entry["step"] == "done", entry
