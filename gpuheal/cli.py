@@ -341,6 +341,21 @@ def _add_operator_commands(
         )
         decide.add_argument("fault", metavar="FAULT", help="the GPUFault name, or its fault id")
 
+    release = command(
+        commands,
+        "release",
+        ops.release,
+        help="let one fault held by the breaker past it, once",
+        description=(
+            "Release a GPUFault in phase Held (the blast-radius breaker kept it from being "
+            "quarantined): written to the record's status with your identity as the API "
+            "server knows it; the controller quarantines that fault once, past the full "
+            "breaker, and every other held fault stays held. Exit 5: no such fault; 2: it "
+            "is not held (quarantined, cleared) or already released."
+        ),
+    )
+    release.add_argument("fault", metavar="FAULT", help="the GPUFault name, or its fault id")
+
 
 def _add_rollout(
     commands: argparse._SubParsersAction[argparse.ArgumentParser],

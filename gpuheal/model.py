@@ -338,6 +338,10 @@ class FaultRecord:
     decision: str = ""
     decided_by: str = ""
     decided_at: str = ""
+    # A person's release of a Held fault ahead of the breaker (status.release): who
+    # and when; empty until then. The plan lets that one fault past the breaker once.
+    released_by: str = ""
+    released_at: str = ""
     # status.plan.evict: the GPU pods its plan (approval, observe) would evict.
     plan_evict: tuple[str, ...] = ()
     uid: str = ""  # metadata.uid: Events name it, so `kubectl describe gpufault` finds them

@@ -9,6 +9,7 @@ POST /api/v1/alerts      Alertmanager webhook (version 4)
 POST /api/v1/process     manual trigger: {node, action: quarantine|clear, reason, severity}
 GET  /api/v1/faults      current and recent faults (GPUFault records)
 POST /api/v1/faults/{name}/approve|reject   answer a plan awaiting approval
+POST /api/v1/faults/{name}/release          let a fault held by the breaker past it, once
 GET  /console/...        the web console (gpuheal/api/console/routes.py: its own sessions)
 
 Everything under /api/ needs `Authorization: Bearer <token>` (compared in
@@ -49,7 +50,8 @@ from gpuheal.sources.alertmanager import PayloadError, Webhook
 log = logging.getLogger(__name__)
 
 OPENAPI = Path(__file__).with_name("openapi.yaml")
-# Who an answer to a plan awaiting approval is from, when it comes through the API.
+# Who an answer to a plan awaiting approval, or a release of a held fault, is from
+# when it comes through the API.
 API_CALLER = "api-token"
 
 
@@ -203,6 +205,7 @@ class Api:
         app.router.add_get("/api/v1/faults", self.get_faults)
         app.router.add_post("/api/v1/faults/{name}/approve", self.post_approve)
         app.router.add_post("/api/v1/faults/{name}/reject", self.post_reject)
+        app.router.add_post("/api/v1/faults/{name}/release", self.post_release)
         self.console.add_routes(app)
         return app
 
@@ -347,6 +350,12 @@ class Api:
             return _problem(503, "not the leader; retry", **{"Retry-After": "2"})
         # Whoever holds a token: the tokens carry no names (the record says "api-token").
         status, body = await self.intake.answer(request.match_info["name"], decision, API_CALLER)
+        return web.json_response(body, status=status)
+
+    async def post_release(self, request: web.Request) -> web.Response:
+        if not self.intake.leading():
+            return _problem(503, "not the leader; retry", **{"Retry-After": "2"})
+        status, body = await self.intake.release(request.match_info["name"], API_CALLER)
         return web.json_response(body, status=status)
 
     async def get_faults(self, request: web.Request) -> web.Response:

@@ -20,6 +20,7 @@ from gpuheal.kube.projections import decode_fault
 from gpuheal.kube.writes import action_entry
 from gpuheal.model import MANAGED_LABEL, ActionEntry, FaultRecord, FaultSignal, NodeView, PodView
 from gpuheal.policy import history
+from gpuheal.policy import release as releasing
 from gpuheal.policy.approval import answer_patch, matching, refusal
 from gpuheal.sources import registered
 
@@ -160,6 +161,30 @@ class ControllerIntake:
         executor.caches.put_record(decode_fault(raw))
         body = {"name": record.name, "node": record.node, "faultId": record.fault_id}
         return 200, body | {"decision": decision, "by": by, "at": at}
+
+    async def release(self, wanted: str, by: str) -> tuple[int, dict[str, Any]]:
+        """Write a person's release on a record the breaker holds (the reconciler
+        lets that fault past the breaker once when the record's update arrives):
+        (HTTP status, body)."""
+        record = self._one(wanted)
+        if not isinstance(record, FaultRecord):
+            return record
+        why_not = releasing.refusal(record)
+        if why_not is not None:
+            return 409, {"error": why_not}
+        at = iso(dt.datetime.now(dt.UTC))
+        executor = self.reconciler.executor
+        try:
+            raw = await executor.api.patch(
+                gpufault_path(record.name, status=True), releasing.release_patch(record, by, at)
+            )
+        except ApiError as err:
+            if err.code != 409:
+                raise
+            return 409, {"error": f"GPUFault {record.name} changed meanwhile; look again"}
+        executor.caches.put_record(decode_fault(raw))
+        body = {"name": record.name, "node": record.node, "faultId": record.fault_id}
+        return 200, body | {"released": True, "by": by, "at": at}
 
     async def acknowledge(self, wanted: str, by: str) -> tuple[int, dict[str, Any]]:
         """Record that a person is on an open fault: an `acknowledged` entry in the

@@ -182,6 +182,11 @@ class ApprovalJson(msgspec.Struct):
     at: str = ""
 
 
+class ReleaseJson(msgspec.Struct):
+    by: str = ""
+    at: str = ""
+
+
 class PlanJson(msgspec.Struct):
     evict: list[str] = []
 
@@ -194,6 +199,7 @@ class FaultStatusJson(msgspec.Struct):
     expiry: str | None = None
     contactSupport: bool = False  # noqa: N815
     approval: ApprovalJson | None = None
+    release: ReleaseJson | None = None
     plan: PlanJson | None = None
 
 
@@ -380,6 +386,8 @@ def fault_record(fault: FaultJson) -> FaultRecord:
         contact_support=status.contactSupport,
         plan_evict=tuple(status.plan.evict) if status.plan else (),
         **_approval(status.approval),
+        released_by=status.release.by if status.release else "",
+        released_at=status.release.at if status.release else "",
         uid=fault.metadata.uid,
     )
 

@@ -65,6 +65,12 @@ async def reject(ctx: Context, args: argparse.Namespace) -> int:
     return await answer(ctx, args.fault, REJECTED)
 
 
+async def release(ctx: Context, args: argparse.Namespace) -> int:
+    from gpuheal.ops.release import release as run_release  # noqa: PLC0415
+
+    return await run_release(ctx, args.fault)
+
+
 async def rollout(ctx: Context, args: argparse.Namespace) -> int:
     """`gpuheal rollout STEP POOL`: the step's coroutine in ops/rollout.py."""
     from gpuheal.ops import rollout as steps  # noqa: PLC0415

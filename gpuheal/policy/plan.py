@@ -45,6 +45,7 @@ from gpuheal.policy.gate import GATE_FAILED, GateResult, evaluate, facts_from_vi
 from gpuheal.policy.history import opened_at
 from gpuheal.policy.nodes import in_maintenance
 from gpuheal.policy.recent import handled_lately
+from gpuheal.policy.release import released
 from gpuheal.policy.rollout import RolloutDriver
 from gpuheal.sources import SOURCES, Seen, Source
 
@@ -52,6 +53,7 @@ from gpuheal.sources import SOURCES, Seen, Source
 DETECTED = "GPUFaultDetected"
 QUARANTINED = "GPUFaultQuarantined"
 HELD = "GPUFaultHeld"
+RELEASED_EVENT = "GPUFaultReleased"
 EVICTED = "GPUPodEvicted"
 EVICTION_BLOCKED = "GPUPodEvictionBlocked"
 RECOVERED = "GPUFaultRecovered"
@@ -68,6 +70,7 @@ AWAIT_ACTION = "awaiting-approval"
 APPROVED_ACTION = APPROVED
 REJECTED_ACTION = REJECTED
 EXPIRED_ACTION = "approval-expired"
+RELEASED_ACTION = "released"
 # Observe mode's record entry: what the other modes would have done.
 WOULD_QUARANTINE_ACTION = "would-quarantine"
 
@@ -446,7 +449,11 @@ def _remediate(  # noqa: PLR0911 -- one return per rule reads best here
         # Approved: from here on the fault goes the way of any other, breaker included.
         record = replace(record, phase=Phase.DETECTED)
         fault = replace(fault, record=record)
-    if (
+    if record is not None and released(record):
+        # A person let this one held fault past the breaker: it goes on now, once
+        # (quarantined, its record leaves Held); every other held fault stays held.
+        actions += _release(fault, now)
+    elif (
         record is not None
         and record.phase in (Phase.HELD, Phase.DETECTED)
         and not _may_quarantine(state, config)
@@ -667,6 +674,24 @@ def _answer(
         ),
     ]
     return _with(base, actions)
+
+
+def _release(fault: _Fault, now: dt.datetime) -> list[Action]:
+    """The person's release, said once: a `released` entry naming them and its Event."""
+    record, signal = fault.record, fault.signal
+    if any(a.action == RELEASED_ACTION for a in record.actions):
+        return []  # said on an earlier pass that did not get to the taint
+    by = f"by {record.released_by} at {record.released_at}"
+    return [
+        UpdateRecord(record.name, Phase.HELD, _entry(now, RELEASED_ACTION, "ok", by)),
+        Emit(
+            RELEASED_EVENT,
+            f"fault {signal.fault_id}: released from the breaker {by}; quarantining it "
+            "(within the rate limit)",
+            signal.node,
+            record.name,
+        ),
+    ]
 
 
 def _altered(signal: FaultSignal, record: str) -> Emit:

@@ -1,7 +1,8 @@
 """The web console in a real headless browser (Debian's chromium, driven by
 Playwright), against the real control plane and controller (docs/console.md):
 faults appear live, the timeline is the record's, an approval from the page
-remediates once and says who, strings from the cluster are text, and a request
+remediates once and says who, a held fault released from the page is remediated
+once past the breaker, strings from the cluster are text, and a request
 without a session, without the CSRF token or from a view-only session is refused.
 The run writes the screenshots docs/console.md shows."""
 
@@ -353,3 +354,77 @@ def test_no_session_no_csrf_token_or_a_view_session_cannot_act(
     assert status["phase"] == "AwaitingApproval" and "approval" not in status
     assert not entries(kube, name, "acknowledged")
     assert our_taint(kube, node) is None
+
+
+def test_a_held_fault_released_from_the_page_is_remediated_once_and_a_viewer_cannot(
+    kube: Client,
+    namespace: str,
+    pool: dict[str, str],
+    tmp_path: Path,
+    fake_gpu_nodes: FakeNodes,
+    start_controller: StartController,
+    browser: Browser,
+    context: BrowserContext,
+) -> None:
+    first, second, third = fake_gpu_nodes(3, labels=pool)
+    for i, node in enumerate((second, third)):
+        apply(kube, gpu_pod(f"trainer-{i}", namespace, node_name=node))
+    wait_pods_running(kube, namespace, count=2)
+    # A breaker of one node: with the first quarantined, the others are held.
+    config = console_config(pool, tmp_path, approval=False) | {"breakerMaxNodes": 1}
+    controller = start_controller(config).wait_leading()
+    report_fault(kube, first, "xid-79-first")
+    wait_for("the first taint", lambda: our_taint(kube, first) is not None, timeout_s=30)
+    report_fault(kube, second, "xid-79-second")
+    report_fault(kube, third, "xid-79-third")
+    held = {node: name_of(record_of(kube, node, "Held")) for node in (second, third)}
+    release = f"/console/faults/{held[second]}/release"
+
+    # A view session sees the held faults and no Release button; its forged POST,
+    # with its own valid CSRF token, is refused.
+    viewer = browser.new_context()
+    try:
+        view_page = viewer.new_page()
+        sign_in(view_page, controller, VIEW_TOKEN, "shadow-oncall")
+        expect(view_page.locator("#held tr[data-fault]")).to_have_count(2)
+        assert view_page.locator("button.release").count() == 0
+        view_page.goto(f"{controller.url}/console/faults/{held[second]}")
+        assert view_page.locator("button.act").count() == 0
+        view_csrf = view_page.get_attribute(
+            "form[action='/console/logout'] input[name=_csrf]", "value"
+        )
+        assert view_csrf
+        forged = post(
+            controller, release, {"_csrf": view_csrf}, cookie=session_cookie(viewer)["value"]
+        )
+        assert forged == 403
+    finally:
+        viewer.close()
+    assert "release" not in (kube.get(GPUFault, held[second]).get("status") or {})
+
+    page = context.new_page()
+    sign_in(page, controller, TOKEN, "night-oncall")
+    expect(page.locator("#held button.release")).to_have_count(2)
+    assert post(controller, release, {}, cookie=session_cookie(context)["value"]) == 403
+    page.locator(f"#held tr[data-fault='{held[second]}'] button.release").click()
+    page.wait_for_url(f"**/console/faults/{held[second]}")
+    live(page)
+    # The page follows the remediation as the record moves on.
+    expect(page.locator("#phase")).to_have_text("Drained", timeout=30_000)
+    expect(page.locator("#released")).to_contain_text("by console:night-oncall at ")
+    assert page.locator("button.release").count() == 0
+    status = kube.get(GPUFault, held[second]).get("status") or {}
+    assert status["release"]["by"] == "console:night-oncall"
+    (released,) = entries(kube, held[second], "released")
+    assert released["detail"].startswith("by console:night-oncall at ")
+    assert len(entries(kube, held[second], "taint")) == 1
+    assert len(events_for(kube, second, "GPUFaultReleased")) == 1
+    assert pods_told_evicted(kube, second) == [f"{namespace}/trainer-0"]
+    assert our_taint(kube, second) is not None and not pods_on(kube, namespace, second)
+
+    # The other held fault stays held, its button still there.
+    page.goto(f"{controller.url}/console/fleet")
+    expect(page.locator("#held tr[data-fault]")).to_have_count(1)
+    assert page.get_attribute("#held tr[data-fault]", "data-fault") == held[third]
+    assert (kube.get(GPUFault, held[third]).get("status") or {})["phase"] == "Held"
+    assert our_taint(kube, third) is None and pods_on(kube, namespace, third) == {"trainer-1"}

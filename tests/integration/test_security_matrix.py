@@ -106,6 +106,7 @@ class Scene:
     fault: str  # a GPUFault record, open
     closed: str = ""  # a GPUFault record, Resolved (retention deletes such ones)
     rollout: str = ""  # a GPURollout of the tenant's pool
+    held: str = ""  # a GPUFault record the breaker holds, not released
     clients: dict[str, Client] = field(default_factory=dict)
     kubeconfigs: dict[str, Path] = field(default_factory=dict)
 
@@ -178,6 +179,7 @@ def scene(
         create_gpu_nodes(kube, [own, other], labels={POOL_LABEL: tenant})
         bindings: list[str] = []
         system_pod, fault, closed = unique("sys-agent"), unique("fault"), unique("closed")
+        held = unique("held")
         try:
             wait_nodes_ready(kube, [own, other])
             ours = {"key": TAINT_KEY, "value": "xid-79", "effect": "NoSchedule"}
@@ -203,6 +205,9 @@ def scene(
             awaiting = {"status": {"phase": "AwaitingApproval", "actions": []}}
             kube.patch(GPUFault.Status, fault, awaiting, patch_type=PatchType.MERGE)
             kube.create(fault_record(closed, own))
+            kube.create(fault_record(held, other))
+            kube.patch(GPUFault.Status, held, {"status": {"phase": "Held", "actions": []}},
+                       patch_type=PatchType.MERGE)  # fmt: skip
             resolved = {"status": {"phase": "Resolved"}}
             kube.patch(GPUFault.Status, closed, resolved, patch_type=PatchType.MERGE)
             for account, role in (("ops", "operator"), ("viewer", "operator-view")):
@@ -210,7 +215,9 @@ def scene(
                 bindings.append(bind(kube, f"{release.name}-{role}", account, system))
             rollout = unique("rollout")
             kube.create(rollout_object(rollout, tenant))
-            s = Scene(release, own, other, tenant, system_pod, "bystander", fault, closed, rollout)
+            s = Scene(
+                release, own, other, tenant, system_pod, "bystander", fault, closed, rollout, held
+            )
             tokens = {
                 "controller": token_for(kube, system, s.role("controller")),
                 "agent": token_for(kube, system, s.role("agent"), bound_node=own),
@@ -240,6 +247,7 @@ def scene(
             removals: list[Callable[[], None]] = [
                 lambda: kube.delete(GPUFault, fault),
                 lambda: kube.delete(GPUFault, closed),
+                lambda: kube.delete(GPUFault, held),
                 lambda: kube.delete(GPURollout, rollout),
                 lambda: kube.delete(Pod, system_pod, namespace="kube-system", grace_period=0),
             ]
@@ -457,6 +465,12 @@ def answer_plan(c: Client, s: Scene, by: str | None = None) -> Any:
     return c.patch(GPUFault.Status, s.fault, body, patch_type=PatchType.MERGE, dry_run=True)
 
 
+def release_fault(c: Client, s: Scene, by: str | None = None) -> Any:
+    """`gpuheal release`'s write: status.release, in the caller's name unless `by`."""
+    body = {"status": {"release": {"by": by or whoami(c), "at": DEADLINE}}}
+    return c.patch(GPUFault.Status, s.held, body, patch_type=PatchType.MERGE, dry_run=True)
+
+
 EVERYTHING = [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]
 TIER = "node-restriction.kubernetes.io/tier"
 CONTROL_PLANE = "node-role.kubernetes.io/control-plane"
@@ -576,6 +590,8 @@ ACTIONS: tuple[Action, ...] = (
         "controller"),
     act("gpufaults: delete", lambda c, s: c.delete(GPUFault, s.fault, dry_run=True)),
     act("gpufaults: answer a plan awaiting approval (as oneself)", answer_plan,
+        "controller", "operator"),
+    act("gpufaults: release a held fault (as oneself)", release_fault,
         "controller", "operator"),
     act("gpufaults: change a record's phase",
         lambda c, s: c.patch(GPUFault.Status, s.fault, {"status": {"phase": "Resolved"}},
@@ -889,6 +905,41 @@ def test_the_operator_role_answers_a_plan_only_in_its_own_name_and_only_that(
     finally:
         phase = (pending.get("status") or {}).get("phase")
         kube.patch(GPUFault.Status, scene.fault, {"status": {"phase": phase}},
+                   patch_type=PatchType.MERGE)  # fmt: skip
+
+
+def test_the_operator_role_releases_a_held_fault_only_in_its_own_name_and_only_once(
+    kube: Client, scene: Scene
+) -> None:
+    ops = scene.clients["operator"]
+    assert forbidden(lambda: release_fault(ops, scene, by="someone-else@example.com"))
+    both = {"status": {"phase": "Quarantined", "release": {"by": whoami(ops), "at": DEADLINE}}}
+    assert forbidden(
+        lambda: ops.patch(GPUFault.Status, scene.held, both, patch_type=PatchType.MERGE)
+    )
+    # Nor a release and an answer in one write: the answer's own rule refuses it.
+    approval = {"decision": "approved", "by": whoami(ops), "at": DEADLINE}
+    with_answer = {"status": {"release": {"by": whoami(ops), "at": DEADLINE},
+                              "approval": approval}}  # fmt: skip
+    assert forbidden(
+        lambda: ops.patch(GPUFault.Status, scene.held, with_answer, patch_type=PatchType.MERGE)
+    )
+    release_fault(ops, scene)  # its job, as itself (dry run)
+
+    # Not on a record that is not held (the open fault awaits approval) ...
+    def release_pending() -> Any:
+        body = {"status": {"release": {"by": whoami(ops), "at": DEADLINE}}}
+        return ops.patch(GPUFault.Status, scene.fault, body, patch_type=PatchType.MERGE,
+                         dry_run=True)  # fmt: skip
+
+    assert forbidden(release_pending)
+    # ... nor a second time: a release already there stays as it is.
+    first = {"status": {"release": {"by": "night-oncall", "at": DEADLINE}}}
+    kube.patch(GPUFault.Status, scene.held, first, patch_type=PatchType.MERGE)
+    try:
+        assert forbidden(lambda: release_fault(ops, scene))
+    finally:
+        kube.patch(GPUFault.Status, scene.held, {"status": {"release": None}},
                    patch_type=PatchType.MERGE)  # fmt: skip
 
 

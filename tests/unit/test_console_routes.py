@@ -43,6 +43,10 @@ class Intake:
         self.answers.append((wanted, decision, by))
         return 200, {"name": wanted}
 
+    async def release(self, wanted: str, by: str) -> tuple[int, dict[str, Any]]:
+        self.answers.append((wanted, "release", by))
+        return 200, {"name": wanted}
+
     async def acknowledge(self, wanted: str, by: str) -> tuple[int, dict[str, Any]]:
         self.answers.append((wanted, "acknowledge", by))
         return 200, {"name": wanted}
@@ -148,12 +152,20 @@ def test_an_action_goes_through_with_the_csrf_token_and_on_the_leader_only(
         )
         assert (done.status, done.headers["Location"]) == (303, "/console/faults/rec-1")
         assert (await client.post("/console/faults/rec-1/reject", data={})).status == 403
+        assert (await client.post("/console/faults/rec-2/release", data={})).status == 403
+        released = await client.post(
+            "/console/faults/rec-2/release", data={"_csrf": csrf}, allow_redirects=False
+        )
+        assert (released.status, released.headers["Location"]) == (303, "/console/faults/rec-2")
         intake.leads = False
         standby = await client.post("/console/faults/rec-1/acknowledge", data={"_csrf": csrf})
         assert standby.status == 503
 
     intake = run(tmp_path, test)
-    assert intake.answers == [("rec-1", "approved", "console:night-oncall")]
+    assert intake.answers == [
+        ("rec-1", "approved", "console:night-oncall"),
+        ("rec-2", "release", "console:night-oncall"),
+    ]
 
 
 def test_a_sign_in_beyond_the_addresss_budget_is_refused_before_its_token_is_looked_at(

@@ -4,7 +4,7 @@ GET  /console/login, POST /console/login, POST /console/logout
 GET  /console/fleet, /console/faults, /console/faults/{name}, /console/nodes/{name}
      (`?fragment=1`: only the live part, for the page's script)
 GET  /console/events                      server-sent events: the caches' version
-POST /console/faults/{name}/approve|reject|acknowledge
+POST /console/faults/{name}/approve|reject|release|acknowledge
 GET  /console/static/{version}/{file}
 
 Reads come from this replica's informer caches (no API server request); an
@@ -77,6 +77,9 @@ class ConsoleIntake(Protocol):
 
     async def answer(self, wanted: str, decision: str, by: str) -> tuple[int, dict[str, Any]]: ...
 
+    async def release(self, wanted: str, by: str) -> tuple[int, dict[str, Any]]:
+        """A person's release of a fault the breaker holds: (HTTP status, body)."""
+
     async def acknowledge(self, wanted: str, by: str) -> tuple[int, dict[str, Any]]: ...
 
 
@@ -113,6 +116,7 @@ class Console:
         routes.add_get("/console/events", self.events)
         routes.add_post("/console/faults/{name}/approve", _secured(self.approve))
         routes.add_post("/console/faults/{name}/reject", _secured(self.reject))
+        routes.add_post("/console/faults/{name}/release", _secured(self.release))
         routes.add_post("/console/faults/{name}/acknowledge", _secured(self.acknowledge))
         routes.add_get("/console/static/{version}/{file}", self.static)
         app.on_shutdown.append(self._close_streams)
@@ -262,6 +266,9 @@ class Console:
     async def reject(self, request: web.Request) -> web.Response:
         return await self._answer(request, REJECTED)
 
+    async def release(self, request: web.Request) -> web.Response:
+        return await self._act(request, "release")
+
     async def acknowledge(self, request: web.Request) -> web.Response:
         return await self._act(request, "acknowledge")
 
@@ -269,7 +276,7 @@ class Console:
         return await self._act(request, decision)
 
     async def _act(self, request: web.Request, what: str) -> web.Response:
-        """One action on a fault (approved, rejected, acknowledge), from an act
+        """One action on a fault (approved, rejected, release, acknowledge), from an act
         session with its CSRF token, on the leader; back to the fault's page."""
         session = self.session(request)
         refused = await self._check_post(request, session, act=True)
@@ -281,6 +288,8 @@ class Console:
             return self._refused(503, "this replica does not lead: open the leader's console")
         if what == "acknowledge":
             status, body = await self.intake.acknowledge(name, session.by)
+        elif what == "release":
+            status, body = await self.intake.release(name, session.by)
         else:
             status, body = await self.intake.answer(name, what, session.by)
         log.info(
