@@ -48,7 +48,15 @@ HELD_ACTION = "repair-held"  # the budget is full: waits
 EXHAUSTED_ACTION = "repair-exhausted"  # contact support: the node stays held
 
 # Reasons the agent reports that are not Xid rows, with their repair.
-_AGENT_REASONS = {"GpuFellOffBus": Action.REBOOT, "GpuLost": Action.REBOOT}
+_AGENT_REASONS = {
+    "GpuFellOffBus": Action.REBOOT,
+    "GpuLost": Action.REBOOT,
+    "GpuMissing": Action.REBOOT,
+    "EccUncorrectable": Action.RESET_GPU,
+    "RowRemapPending": Action.RESET_GPU,
+    "RetiredPagesPending": Action.RESET_GPU,
+    "NvlinkDown": Action.RESET_GPU,
+}
 
 
 def recommended(reason: str, config: Config) -> Action:
