@@ -260,7 +260,7 @@ def test_a_storm_of_repairable_faults_never_exceeds_the_repair_budget(
 ) -> None:
     """No agent answers on its own here: the test answers each request, one at a time,
     and counts the requests in flight all along."""
-    nodes = fake_gpu_nodes(6, labels=pool)
+    nodes = fake_gpu_nodes(20, labels=pool)
     start_controller(repair_config(pool, maxConcurrent=2))
     most = 0
     stop = threading.Event()
@@ -290,7 +290,7 @@ def test_a_storm_of_repairable_faults_never_exceeds_the_repair_budget(
         answered: set[str] = set()
         while len(answered) < len(nodes):
             flying = wait_for("a request", in_flight, timeout_s=30)
-            time.sleep(1)  # room for a request past the budget, if one were made
+            time.sleep(0.5)  # room for a request past the budget, if one were made
             assert len(in_flight()) <= 2
             node = flying[0]
             request = decode_request(node_annotations(kube, node)[REPAIR_REQUEST])

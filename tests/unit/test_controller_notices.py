@@ -19,6 +19,9 @@ from gpuheal.policy.plan import (
     RemoveTaint,
     UpdateRecord,
 )
+from gpuheal.policy.repair import RequestRepair
+from gpuheal.policy.repairwire import RepairRequest, fault_digest
+from gpuheal.xid import Action as XidAction
 from tests.corpus import EKS_NODE, GPU_UUIDS
 
 T = "2026-11-29T12:00:00.000Z"
@@ -124,3 +127,21 @@ def test_a_plan_awaiting_approval_says_what_it_would_do() -> None:
         f"{EKS_NODE}: XidCritical79 — awaiting approval, taint {EKS_NODE} "
         "gpuheal.io/gpu-fault=f1:NoSchedule; evict 2 GPU pods: ml/a, ml/b"
     )
+
+
+def test_a_repair_request_and_its_outcome_are_told() -> None:
+    record = FaultRecord("r1", EKS_NODE, "xid-94-a", Phase.DRAINED, reason="EccContained94")
+    request = RepairRequest(XidAction.RESET_GPU, fault_digest("xid-94-a"), 1, T[:19] + "Z")
+    ran = (
+        RequestRepair(EKS_NODE, request),
+        UpdateRecord("r1", Phase.DRAINED, ActionEntry(T, "repair-requested", "waiting", "x")),
+    )
+    notice = notice_for(EKS_NODE, ran, Outcome(), {"r1": record}.get)
+    assert notice is not None and notice.actions == ("RequestRepair", "UpdateRecord")
+    assert notice.summary == f"{EKS_NODE}: EccContained94 — repair requested"
+    exhausted = UpdateRecord(
+        "r1", Phase.DRAINED, ActionEntry(T, "repair-exhausted", "contact-support", "x")
+    )
+    notice = notice_for(EKS_NODE, (exhausted,), Outcome(), {"r1": record}.get)
+    assert notice is not None
+    assert notice.summary == f"{EKS_NODE}: EccContained94 — repairs exhausted: contact support"
