@@ -8,6 +8,8 @@ import datetime as dt
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpuheal.clock import iso
 from gpuheal.config import Config, ConfigError, RepairConfig, parse_config
@@ -409,3 +411,66 @@ def test_the_config_keys() -> None:
         parse_config({"repair": {"mode": "yolo"}})
     with pytest.raises(ConfigError, match=r"repair\.actionByReason"):
         parse_config({"repair": {"actionByReason": {"XidCritical79": "replace"}}})
+
+
+# -- any sequence of answers, delays and budgets ---------------------------------------
+
+Event = tuple[str, int]
+event = st.one_of(
+    st.tuples(st.just("tick"), st.integers(0, 2000)),
+    st.tuples(st.just("answer"), st.integers(0, 2)),
+    st.tuples(st.just("budget"), st.integers(0, 3)),
+)
+OUTCOMES = (Outcome.DONE, Outcome.FAILED, Outcome.REFUSED)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(event, min_size=1, max_size=60))
+def test_any_sequence_asks_each_attempt_once_within_the_budget_and_the_ladder(
+    events: list[Event],
+) -> None:
+    now = NOW
+    on_node = node()
+    record = drained()
+    busy: frozenset[str] = frozenset()
+    last_attempt = 0
+    exhausted = 0
+    for kind, value in events:
+        if kind == "tick":
+            now += dt.timedelta(seconds=value)
+        elif kind == "budget":
+            busy = frozenset(f"other-{i}" for i in range(value))
+        else:
+            request = decode_request(on_node.annotations.get(REPAIR_REQUEST))
+            if request is not None:
+                answer = RepairResult(
+                    request.action, request.fault, request.attempt, OUTCOMES[value],
+                    iso(now, "seconds"), "test",
+                )  # fmt: skip
+                on_node = replace(
+                    on_node, annotations=on_node.annotations | {REPAIR_RESULT: answer.encode()}
+                )
+        before = decode_request(on_node.annotations.get(REPAIR_REQUEST))
+        answered = decode_result(on_node.annotations.get(REPAIR_RESULT))
+        p = plan(state(on_node, record, repairing=busy), CONFIG, now)
+        asked = requests(p)
+        assert len(asked) <= 1
+        if asked:
+            request = decode_request(asked[0].value)
+            assert request is not None
+            assert request.attempt == last_attempt + 1 <= 3  # 2 resets, 1 reboot
+            assert len(busy) < repair_capacity(10, CONFIG)
+            if before is not None:  # the one before was answered, or timed out
+                timed_out = (now - dt.datetime.fromisoformat(before.time)).total_seconds()
+                assert (answered is not None and answered.answers(before)) or (
+                    timed_out >= CONFIG.repair.result_timeout_seconds
+                )
+            last_attempt = request.attempt
+            on_node = replace(
+                on_node, annotations=on_node.annotations | {REPAIR_REQUEST: asked[0].value}
+            )
+        assert not (exhausted and asked)  # a person's turn: nothing more is asked
+        new = [a.entry for a in p.repair if isinstance(a, UpdateRecord)]
+        exhausted += sum(1 for e in new if e.action == EXHAUSTED_ACTION)
+        assert exhausted <= 1
+        record = replace(record, actions=(*record.actions, *new))
