@@ -269,7 +269,11 @@ class Repairer:
             else:
                 command = config.repair_reboot_command
                 done = subprocess.run(
-                    list(command), capture_output=True, text=True, timeout=120, check=False
+                    list(command),
+                    capture_output=True,
+                    text=True,
+                    timeout=config.repair_reset_timeout_seconds,
+                    check=False,
                 )
                 if done.returncode != 0:
                     out = (done.stderr or done.stdout).strip()[:200]

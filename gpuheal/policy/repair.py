@@ -13,7 +13,7 @@ recorded once (its entry names the attempt).
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from gpuheal import values
 from gpuheal.clock import iso, parse_time
@@ -134,7 +134,7 @@ class Subject:
     gpu_nodes: int = 0
     # Nodes with a repair in flight (this one included if it has).
     repairing: frozenset[str] = frozenset()
-    devices: tuple[str, ...] = field(default=())
+    devices: tuple[str, ...] = ()  # the fault's GPUs (a reset's)
 
 
 _STEPS = {
