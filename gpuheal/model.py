@@ -86,6 +86,11 @@ CHECKPOINT_REQUESTED = "gpuheal.io/checkpoint-requested"
 # saved, the pod may be moved now (RFC 3339 time; any value counts).
 CHECKPOINT_DONE = "gpuheal.io/checkpoint-done"
 
+# A repair (policy/repairwire.py has the format): the request, written by the controller
+# only, and the agent's result, written by the agent only, on the Node.
+REPAIR_REQUEST = "gpuheal.io/repair-request"
+REPAIR_RESULT = "gpuheal.io/repair-result"
+
 TAINT_KEY = "gpuheal.io/gpu-fault"
 # On each GPUFault: its node, as a label value (gpuheal.values.node_label).
 NODE_LABEL = "gpuheal.io/node"

@@ -35,6 +35,7 @@ from gpuheal.agent.kmsg import (
     read_boot_id,
 )
 from gpuheal.agent.nvml import NvmlProbe, Thresholds, XidWatcher, xid_finding
+from gpuheal.agent.repair import Repairer, RepairLog, nvml_reset, smi_reset
 from gpuheal.agent.reporter import NodeReporter, desired
 from gpuheal.agent.smi import run_smi
 from gpuheal.agent.statefile import load_state
@@ -42,7 +43,14 @@ from gpuheal.agent.timeouts import GuardedProbe
 from gpuheal.clock import iso
 from gpuheal.kube.blocking import BlockingKube
 from gpuheal.metrics.agent import AgentMetrics
-from gpuheal.model import CUDA_VERSION, DRIVER_VERSION, GPU_PROCESSES, NODE_ENVIRONMENT, Severity
+from gpuheal.model import (
+    CUDA_VERSION,
+    DRIVER_VERSION,
+    GPU_PROCESSES,
+    NODE_ENVIRONMENT,
+    REPAIR_RESULT,
+    Severity,
+)
 from gpuheal.policy.backoff import backoff_delay
 from gpuheal.sources.annotations import written
 
@@ -117,6 +125,16 @@ class StickyEvents:
         with self._lock:
             if key not in self._items:
                 self._items[key] = (time.time(), finding)
+                self._save()
+
+    def clear_devices(self, devices: tuple[str, ...]) -> None:
+        """The GPUs were reset: the events they threw are over (a reset is the remedy
+        the catalogue names for them, as a reboot is for all)."""
+        with self._lock:
+            gone = [k for k, (_, f) in self._items.items() if set(f.devices) & set(devices)]
+            for key in gone:
+                del self._items[key]
+            if gone:
                 self._save()
 
     def current(self) -> tuple[Finding, ...]:
@@ -205,6 +223,25 @@ class Agent:
                 node=node,
             )
             self.probes.append(self.environment.run)
+        self.repairer: Repairer | None = None
+        self._next_repair_at = 0.0
+        self._repair_failures = 0
+        if config.repair_enabled:
+            fake = config.nvml_backend == "fake" and nvml_lib is not None
+            self.repairer = Repairer(
+                config,
+                node=node,
+                boot_id=self.boot_id,
+                repairs=RepairLog(
+                    config.state_path.with_name(config.state_path.stem + "-repair.json"),
+                    counted=self.metrics.state_file_errors.labels("repair").inc,
+                ),
+                reset=nvml_reset(nvml_lib)
+                if fake
+                else smi_reset(config.repair_reset_command, config.repair_reset_timeout_seconds),
+                nvml=nvml_lib if config.nvml_enabled else None,
+                on_reset=self.sticky.clear_devices,
+            )
         if config.kmsg_enabled:
             self.follower = KmsgFollower(
                 config.kmsg_path,
@@ -354,6 +391,7 @@ class Agent:
             )
         self.metrics.faulty.set(1 if self.state.reported else 0)
         self._report(seen)
+        self._repair()
         return seen
 
     def _new_fault_id(self) -> str:
@@ -395,6 +433,32 @@ class Agent:
             self._next_report_at = time.monotonic() + delay
             log.warning(
                 "report failed",
+                extra={"node": self.node, "error": str(err)[:300], "retry_s": delay},
+            )
+
+    def _repair(self) -> None:
+        """Look for the controller's repair request on this Node (only while a fault
+        is reported, or an attempt's result is still to be written) and answer it."""
+        repairer = self.repairer
+        if repairer is None or not self._adopted or time.monotonic() < self._next_repair_at:
+            return
+        if self.state.reported is None and not repairer.log.unanswered():
+            return
+        try:
+            result = repairer.answer(self.reporter.annotations(), self.state.reported)
+            if result is not None:
+                self.reporter.annotate(REPAIR_RESULT, result.encode())
+                repairer.written(result)
+                self.metrics.repairs.labels(result.action.value, result.outcome.value).inc()
+            self._repair_failures = 0
+            self._next_repair_at = time.monotonic() + self.config.repair_poll_seconds
+        except Exception as err:
+            self._repair_failures += 1
+            delay = backoff_delay(self._repair_failures, 0.5, 30.0)
+            self._next_repair_at = time.monotonic() + delay
+            self.metrics.report_failures.inc()
+            log.warning(
+                "repair request not answered",
                 extra={"node": self.node, "error": str(err)[:300], "retry_s": delay},
             )
 

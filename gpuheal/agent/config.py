@@ -166,7 +166,25 @@ class Reporting:
 
 
 @dataclass(frozen=True)
-class AgentConfig(Rounds, Expectations, Probes, Reporting):
+class Repairs:
+    """Repairs the controller may request on this node (docs/agent.md, "Repairs").
+    Off by default: the agent then never reads a request."""
+
+    repair_enabled: bool = setting(boolean, False)
+    # How often a faulty node's agent looks for a request on its Node.
+    repair_poll_seconds: float = setting(number(0.05, 3600), 10.0)
+    # The reset: `<command> -r -i <GPU UUID>` (pynvml has no reset call).
+    repair_reset_command: tuple[str, ...] = setting(strings, ("nvidia-smi",))
+    repair_reset_timeout_seconds: float = setting(number(1, 3600), 120.0)
+    # The reboot: none (refused), a sentinel file a reboot daemon such as kured acts
+    # on, or a command (run in the host's namespaces by the chart's hostPID pod).
+    repair_reboot_method: str = setting(one_of("none", "sentinel", "command"), "none")
+    repair_reboot_sentinel: Path = setting(file_path, Path("/var/run/reboot-required"))
+    repair_reboot_command: tuple[str, ...] = setting(strings, ())
+
+
+@dataclass(frozen=True)
+class AgentConfig(Rounds, Expectations, Probes, Reporting, Repairs):
     """The whole document: every key is at the top level."""
 
 
@@ -183,6 +201,8 @@ def _cross_checks(config: AgentConfig) -> list[str]:
         problems.append("nvmlFakeSpec: required when nvmlBackend is fake")
     if config.temperature_critical_c < config.temperature_warning_c:
         problems.append("temperatureCriticalC: must be >= temperatureWarningC")
+    if config.repair_reboot_method == "command" and not config.repair_reboot_command:
+        problems.append("repairRebootCommand: required when repairRebootMethod is command")
     return problems
 
 

@@ -19,9 +19,17 @@ the file changes, so a test injects a fault by rewriting it:
         hangSeconds: 0         # every call blocks this long (a hung driver)
         processes:             # compute processes (nvmlDeviceGetComputeRunningProcesses)
           - {pid: 4242, usedMemoryMiB: 1024}
+        resetFailures: 0       # the first N resets of this GPU fail (reset_gpu)
     xidEvents:                 # delivered once each through the event set
       - {id: 1, device: 0, xid: 79}
     initError: false           # nvmlInit fails (driver not loaded)
+
+NVML has no reset call in pynvml (nvmlDeviceResetGpuLockedClocks only resets clock
+limits); the agent resets through `nvidia-smi -r`, or here through `reset_gpu`,
+which stands for it: refused while a process holds the GPU, failing its first
+`resetFailures` times, and otherwise clearing what a reset clears (the volatile ECC
+count, a pending row remap, the driver's recovery action) in the spec. Each reset is
+a line of `<spec>.resets` (`<uuid> ok|failed|in-use`), across agent restarts.
 """
 
 from __future__ import annotations
@@ -189,3 +197,44 @@ class FakeNvml:
             if time.monotonic() >= deadline:
                 raise _error(pynvml.NVML_ERROR_TIMEOUT)
             time.sleep(0.05)
+
+    # -- the reset nvidia-smi -r does on a real node (agent/repair.py) -----------
+
+    @property
+    def resets_path(self) -> Path:
+        return self.spec_path.with_name(self.spec_path.name + ".resets")
+
+    def resets(self) -> list[tuple[str, str]]:
+        """Every reset asked for so far: (uuid, ok | failed | in-use)."""
+        try:
+            lines = self.resets_path.read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        return [(u, r) for u, _, r in (line.partition(" ") for line in lines) if u]
+
+    def reset_gpu(self, uuid: str) -> None:
+        """Reset one GPU; raises NVMLError as a refused or failed reset would."""
+        spec = self._load()
+        devices = spec.get("devices") or []
+        index = next((i for i, d in enumerate(devices) if d.get("uuid") == uuid), None)
+        if index is None:
+            raise _error(pynvml.NVML_ERROR_NOT_FOUND)
+        device = devices[index]
+        failed = sum(1 for u, r in self.resets() if u == uuid and r == "failed")
+        if device.get("processes"):
+            outcome, code = "in-use", pynvml.NVML_ERROR_IN_USE
+        elif failed < int(device.get("resetFailures") or 0):
+            outcome, code = "failed", pynvml.NVML_ERROR_RESET_REQUIRED
+        else:
+            outcome, code = "ok", 0
+        with self.resets_path.open("a") as log:
+            log.write(f"{uuid} {outcome}\n")
+        if code:
+            raise _error(code)
+        device["eccUncorrectedVolatile"] = 0
+        device["recoveryAction"] = 0
+        if device.get("remappedRows"):
+            device["remappedRows"] = {**device["remappedRows"], "pending": False}
+        tmp = self.spec_path.with_suffix(".reset-tmp")
+        tmp.write_text(yaml.safe_dump(spec))
+        tmp.replace(self.spec_path)

@@ -19,7 +19,7 @@ from gpuheal.clock import iso
 from gpuheal.kube.api import STRATEGIC_PATCH, node_path
 from gpuheal.kube.blocking import BlockingKube
 from gpuheal.kube.projections import NodeJson
-from gpuheal.model import FAULT_ID, GPU_HEALTHY_CONDITION
+from gpuheal.model import ANNOTATION_PREFIX, FAULT_ID, GPU_HEALTHY_CONDITION
 from gpuheal.sources.annotations import KEYS, Annotated, encode
 
 log = logging.getLogger(__name__)
@@ -78,6 +78,18 @@ class NodeReporter:
             ours = tuple((k, annotations.get(k)) for k in KEYS)
             self.written = Desired(Health(current.status), current.reason, current.message, ours)
         return {k: v for k, v in annotations.items() if k in KEYS}
+
+    def annotations(self) -> dict[str, str]:
+        """The node's gpuheal annotations as they are now (nothing remembered)."""
+        node = msgspec.json.decode(self.client.get(node_path(self.node)), type=NodeJson)
+        return {
+            k: v for k, v in node.metadata.annotations.items() if k.startswith(ANNOTATION_PREFIX)
+        }
+
+    def annotate(self, key: str, value: str) -> None:
+        """One annotation of the agent's own (the repair result), in its own PATCH."""
+        body = {"metadata": {"annotations": {key: value}}}
+        self.client.patch(f"{node_path(self.node)}/status", body, STRATEGIC_PATCH)
 
     def sync(self, want: Desired, facts: Mapping[str, str] | None = None) -> bool:
         """PATCH when `want` or a fact differs from what was written last (a fact

@@ -358,6 +358,46 @@ class RetentionConfig:
     deletes_per_second: float = setting(number(0.1, 1000), 20.0)
 
 
+def repair_actions(value: object) -> dict[str, str]:
+    """Fault reason -> the repair for it (`reset-gpu`, `reboot` or `none`), over the
+    Xid catalogue's recommended action."""
+    found = string_map(value)
+    parse = one_of(*REPAIR_CHOICES)
+    return {reason: parse(action) for reason, action in found.items()}
+
+
+REPAIR_CHOICES = ("reset-gpu", "reboot", "none")
+
+
+@dataclass(frozen=True)
+class RepairConfig:
+    """After the drain, the recommended repair of a fault the node's agent reported:
+    a GPU reset or a reboot, carried out by the agent on the controller's request
+    (docs/controller.md, "Repair"). Off by default."""
+
+    enabled: bool = setting(boolean, False)
+    # propose: the record says what would be done, nothing is asked of the agent.
+    mode: str = setting(one_of("propose", "act"), "propose")
+    # Repairs in flight at once, cluster-wide (and never more than the breaker allows).
+    max_concurrent: int = setting(integer(0, MAX_COUNT), 2)
+    # The ladder of one fault: this many resets, then this many reboots, then a person.
+    reset_attempts: int = setting(integer(0, 10), 2)
+    reboot_attempts: int = setting(integer(0, 10), 1)
+    # At most this many repair requests per node within windowSeconds (all its faults).
+    max_attempts_per_node: int = setting(integer(1, 100), 4)
+    window_seconds: float = setting(number(60, MAX_WINDOW_S), 86400.0)
+    # A request with no result after this long counts as a failed attempt.
+    result_timeout_seconds: float = setting(number(1, MAX_DELAY_S), 900.0)
+    # A repair said done whose fault is still reported this long after: ineffective.
+    settle_seconds: float = setting(number(0, MAX_DELAY_S), 300.0)
+    # Fault reason -> reset-gpu | reboot | none, over the Xid catalogue's action.
+    action_by_reason: Mapping[str, str] = setting(repair_actions, factory=dict)
+
+    @property
+    def acts(self) -> bool:
+        return self.enabled and self.mode == "act"
+
+
 # -- the top-level keys, by concern ------------------------------------------------------
 
 
@@ -492,6 +532,7 @@ class Config(Scope, Remediation, Eviction, Pace, Signals, HttpApi, Runtime):
     health_gate: HealthGateConfig = section(HealthGateConfig)
     maintenance: MaintenanceConfig = section(MaintenanceConfig)
     retention: RetentionConfig = section(RetentionConfig)
+    repair: RepairConfig = section(RepairConfig)
 
 
 # Every section's keys by its place in the document ("": the top level).

@@ -39,6 +39,7 @@ from gpuheal.model import (
     FAULT_TIME,
     HANDLED_FAULT_ID,
     QUARANTINED_DEVICES,
+    REPAIR_REQUEST,
     STATE_LABEL,
     SUSPECT_DEVICES,
     TAINT_KEY,
@@ -79,6 +80,7 @@ from gpuheal.policy.plan import (
     RequestCheckpoint,
     UpdateRecord,
 )
+from gpuheal.policy.repair import RequestRepair, repair_metric
 from gpuheal.policy.validation import CreateValidationJob, DeleteValidationJob
 
 log = logging.getLogger(__name__)
@@ -166,6 +168,7 @@ class RecordNews:
     expiry: str | None = None
     plan: Planned | None = None
     evictions: bool = False
+    contact_support: bool = False
 
     def add(self, action: UpdateRecord) -> None:
         self.phase = action.phase
@@ -177,6 +180,7 @@ class RecordNews:
             self.expiry = action.expiry
         if action.plan is not None:
             self.plan = action.plan
+        self.contact_support = self.contact_support or action.contact_support
 
 
 class Crashpoint:
@@ -316,7 +320,7 @@ class Executor:
             self._emit(action, state)
         self._tell_evictions(outcome)
 
-    async def _do(  # noqa: PLR0911 -- one dispatch arm per action kind
+    async def _do(  # noqa: PLR0911, PLR0912 -- one dispatch arm per action kind
         self,
         action: Action | DeviceAction,
         state: NodeState,
@@ -355,6 +359,8 @@ class Executor:
             case MarkHandled():
                 outcome.handled = True
                 return await self._mark_handled(action)
+            case RequestRepair():
+                return await self._request_repair(action)
             case Emit():
                 outcome.emits.append(action)
                 return "queued"
@@ -502,6 +508,9 @@ class Executor:
 
     def _update_record(self, action: UpdateRecord, outcome: Outcome) -> str:
         """Gathered into the record's news: written once, when the pass ends."""
+        counted = repair_metric(action.entry)
+        if counted is not None:
+            self.metrics.repairs.labels(*counted).inc()
         news = outcome.news.get(action.name)
         if news is None:
             outcome.news[action.name] = news = RecordNews(action.phase)
@@ -532,6 +541,8 @@ class Executor:
                 status["expiry"] = news.expiry
             if news.plan is not None:
                 status["plan"] = news.plan.status()
+            if news.contact_support:
+                status["contactSupport"] = True
             body = {"metadata": {"resourceVersion": record.resource_version}, "status": status}
             try:
                 raw = await self.api.patch(gpufault_path(name, status=True), body)
@@ -607,6 +618,17 @@ class Executor:
         if reported is not None:
             elapsed = (dt.datetime.now(dt.UTC) - reported).total_seconds()
             self.metrics.time_to_quarantine.observe(max(0.0, elapsed))
+
+    async def _request_repair(self, action: RequestRepair) -> str:
+        """The repair request on the node: one attempt, written once (a request
+        already there is the same attempt: a restarted pass does not ask again)."""
+        node = self.caches.node(action.node)
+        if node is not None and node.annotations.get(REPAIR_REQUEST) == action.value:
+            return "present"
+        body = {"metadata": {"annotations": {REPAIR_REQUEST: action.value}}}
+        raw = await self.api.patch(node_path(action.node), body)
+        self.caches.put_node(decode_node(raw))
+        return "requested"
 
     async def _mark_handled(self, action: MarkHandled) -> str:
         node = self.caches.node(action.node)

@@ -8,15 +8,18 @@ that would otherwise scan every cache on every reconcile or alert.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections import Counter, defaultdict
 from collections.abc import Callable
 
+from gpuheal.clock import parse_time
 from gpuheal.config import Config
 from gpuheal.controller.addresses import AddressIndex
 from gpuheal.kube.informer import Store
 from gpuheal.model import MAINTENANCE_ROLLOUT, MANAGED_LABEL, FaultRecord, NodeView, Phase, PodView
 from gpuheal.policy.nodes import gpu_node, in_maintenance
 from gpuheal.policy.pools import driver_version, pool_of
+from gpuheal.policy.repair import in_flight
 
 
 class Fleet:
@@ -36,6 +39,9 @@ class Fleet:
         self.pods_by_node: dict[str, set[str]] = defaultdict(set)
         self.records_by_node: dict[str, set[str]] = defaultdict(set)
         self.held: set[str] = set()  # record names in phase Held
+        # Nodes with a repair request their agent has not answered (the repair budget).
+        # node -> the request's time.
+        self.repairing: dict[str, dt.datetime] = {}
         # Driver versions per pool, for the health gate: node -> (pool, version),
         # and per pool the count of each version.
         self.driver_of: dict[str, tuple[str, str]] = {}
@@ -75,6 +81,7 @@ class Fleet:
                 self.unmanaged.discard(old.name)
                 self.quarantined.discard(old.name)
                 self.rolling.discard(old.name)
+                self.repairing.pop(old.name, None)
                 self._note_driver(old.name, None)
             return
         if self.selected(new):
@@ -99,6 +106,11 @@ class Fleet:
             self.rolling.add(new.name)
         else:
             self.rolling.discard(new.name)
+        request = in_flight(new.annotations)
+        if request is not None:
+            self.repairing[new.name] = parse_time(request.time) or dt.datetime.now(dt.UTC)
+        else:
+            self.repairing.pop(new.name, None)
         version = driver_version(new.labels, new.annotations)
         selected = new.name in self.gpu_nodes and version
         self._note_driver(
@@ -145,6 +157,12 @@ class Fleet:
                 self.held.discard(new.name)
         elif old is not None:
             self.held.discard(old.name)
+
+    def repairing_at(self, now: dt.datetime, timeout_s: float) -> frozenset[str]:
+        """Nodes with a repair in flight: requested, unanswered, and not past the
+        result timeout (a silent agent must not hold the budget for ever)."""
+        since = now - dt.timedelta(seconds=timeout_s)
+        return frozenset(n for n, at in self.repairing.items() if at >= since)
 
     def records_of(self, node: str, records: Store[FaultRecord]) -> tuple[FaultRecord, ...]:
         """The node's records, as the cache holds them now."""

@@ -37,6 +37,13 @@ from gpuheal.policy.plan import (
     RemoveTaint,
     UpdateRecord,
 )
+from gpuheal.policy.repair import (
+    EXHAUSTED_ACTION,
+    FAILED_ACTION,
+    PROPOSED_ACTION,
+    REPAIRED_ACTION,
+    REQUESTED_ACTION,
+)
 
 PODS_NAMED = 5  # pods named in a summary before "and N more"
 
@@ -67,6 +74,11 @@ _ENTRY_VERBS = {
     "extend": "quarantine extended",
     "release": "device released",
     "node-deleted": "node deleted, record closed",
+    REQUESTED_ACTION: "repair requested",
+    REPAIRED_ACTION: "repaired",
+    FAILED_ACTION: "repair failed",
+    PROPOSED_ACTION: "repair proposed (not asked)",
+    EXHAUSTED_ACTION: "repairs exhausted: contact support",
 }
 
 

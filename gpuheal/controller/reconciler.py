@@ -158,6 +158,9 @@ class Reconciler:
             rollout=self._rollout_view(node),
             handled_lately=self.handled.of(node.name, time.monotonic()),
             validations={v.job: v for v in self.validations() if v.node == node.name},
+            repairing=self.fleet.repairing_at(
+                dt.datetime.now(dt.UTC), self.config().repair.result_timeout_seconds
+            ),
         )
 
     def _rollout_view(self, node: NodeView) -> RolloutDriver | None:
@@ -275,6 +278,8 @@ class Reconciler:
         decided, state = decision
         if decided.new_quarantine:
             return await self._quarantine(decided, state, now)
+        if decided.new_repair:
+            return await self._repair(node.name, now)
         if not decided.actions:
             return Result(decided.requeue_after)
         return await self._execute(decided, state, now)
@@ -362,6 +367,21 @@ class Reconciler:
         fence = _not_in(decided.record + decided.fence, first)
         await self.executor.run(decided, state, fence, pass_, flush=False)
         return decided, state, True
+
+    async def _repair(self, name: str, now: dt.datetime) -> Result:
+        """A repair request and its budget check are one step across workers, as a
+        quarantine and the breaker: under the same lock the plan is made again from
+        the caches (every request and record entry written so far) and run whole,
+        its record entry included, before another worker counts the repairs in flight."""
+        async with self._breaker_lock:
+            node = self.nodes.get(name)
+            again = self._decide(node, now) if node else None
+            if again is None:
+                return DONE
+            decided, state = again
+            if decided.new_quarantine:
+                return AT_ONCE
+            return await self._execute(decided, state, now)
 
     def _unmanaged_fault(self, node: NodeView) -> None:
         """A node with GPUs outside the nodeSelector reports a fault: nothing will be

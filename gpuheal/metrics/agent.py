@@ -12,7 +12,7 @@ from prometheus_client.registry import Collector
 
 from gpuheal.metrics.declare import Metrics, counter, gauge, histogram
 
-STATE_FILES = ("cursor", "faults")
+STATE_FILES = ("cursor", "faults", "repair")
 
 
 class KernelLogReading(Protocol):
@@ -44,6 +44,14 @@ class AgentMetrics(Metrics):
         "gpuheal_agent_state_file_errors_total",
         "State files that could not be read, set aside as <file>.corrupt (a fresh start).",
         "file",
+    )
+
+    repairs = counter(
+        "gpuheal_agent_repairs_total",
+        "Repair requests answered, by action (reset-gpu, reboot) and outcome "
+        "(done, failed, refused).",
+        "action",
+        "outcome",
     )
 
     def __init__(self) -> None:

@@ -159,6 +159,14 @@ class ControllerMetrics(Metrics):
         "gpuheal_contact_support_total",
         "Faults flagged contact support: repeated remediations of one node.",
     )
+    # Repairs (policy/repair.py): each step of each attempt, as the record notes it.
+    repairs = counter(
+        "gpuheal_repairs_total",
+        "Repair steps, by action (reset-gpu, reboot) and step: requested, done, failed, "
+        "refused, timed-out, ineffective, proposed, contact-support.",
+        "action",
+        "step",
+    )
     # The notifier (controller/notify.py).
     notifications = counter(
         "gpuheal_notifications_total",

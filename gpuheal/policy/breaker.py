@@ -24,3 +24,10 @@ def quarantine_capacity(gpu_nodes: int, config: Config) -> int:
 def breaker_allows(quarantined: int, gpu_nodes: int, config: Config) -> bool:
     """May one more node be quarantined, given `quarantined` already are?"""
     return quarantined + 1 <= quarantine_capacity(gpu_nodes, config)
+
+
+def repair_capacity(gpu_nodes: int, config: Config) -> int:
+    """Repairs in flight at once: `repair.maxConcurrent`, and never more than the
+    breaker lets be quarantined (a repair runs only on a quarantined node, so the
+    two budgets are counted together: a repair never frees quarantine room)."""
+    return min(config.repair.max_concurrent, quarantine_capacity(gpu_nodes, config))

@@ -46,6 +46,8 @@ from gpuheal.policy.history import opened_at
 from gpuheal.policy.nodes import in_maintenance
 from gpuheal.policy.recent import handled_lately
 from gpuheal.policy.release import released
+from gpuheal.policy.repair import RepairStep, RequestRepair, Subject, outcome_only
+from gpuheal.policy.repair import step as repair_step
 from gpuheal.policy.rollout import RolloutDriver
 from gpuheal.sources import SOURCES, Seen, Source
 
@@ -125,6 +127,7 @@ class UpdateRecord:
     record_evictions: bool = False  # add the pods this plan's Evict actions evicted
     expiry: str | None = None  # a device quarantine's new end; None: unchanged
     plan: Planned | None = None  # status.plan; None: unchanged
+    contact_support: bool = False  # set status.contactSupport (never unset)
 
 
 @dataclass(frozen=True)
@@ -195,6 +198,7 @@ Action = (
     | Evict
     | DeletePod
     | MarkHandled
+    | RequestRepair
     | Emit
     | validation.CreateValidationJob
     | validation.DeleteValidationJob
@@ -219,18 +223,22 @@ class Plan:
     fence: tuple[Action, ...] = ()
     drain: tuple[Action, ...] = ()
     mark: tuple[Action, ...] = ()
+    # After the drain: the repair request, the record's repair entries and Events.
+    repair: tuple[Action, ...] = ()
     release: tuple[Action, ...] = ()
     requeue_after: float | None = None
     # Why nothing (more) is done: a dedupe layer or a rule; logged and counted.
     suppressed: str | None = None
     # The plan starts a quarantine: take a rate-limit token before its fence.
     new_quarantine: bool = False
+    # The plan asks for a repair: the repair budget's lock applies (as the breaker's).
+    new_repair: bool = False
     fault_id: str = ""
 
     @property
     def actions(self) -> tuple[Action, ...]:
         """Every stage's actions, in order."""
-        return self.record + self.fence + self.drain + self.mark + self.release
+        return self.record + self.fence + self.drain + self.mark + self.repair + self.release
 
     @property
     def moves_pods(self) -> bool:
@@ -265,6 +273,8 @@ class NodeState:
     handled_lately: frozenset[str] = frozenset()
     # The node's validation pods by Job name (healthGate.validation).
     validations: Mapping[str, validation.ValidationPod] = field(default_factory=dict)
+    # GPU nodes with a repair in flight (a request its agent has not answered).
+    repairing: frozenset[str] = frozenset()
 
 
 def _entry(now: dt.datetime, action: str, result: str = "ok", detail: str = "") -> ActionEntry:
@@ -280,7 +290,13 @@ def plan(
     node = state.node
     seen = Seen(node, config, state.external, (*state.records, *state.device_records))
     signal = current_signal(seen, sources)
-    if signal is not None and handled_lately(node, signal, state.handled_lately, config):
+    # With repair on, a handled fault's node still has steps to take (the repair
+    # request, its result): the memory rule would hide them.
+    if (
+        signal is not None
+        and not config.repair.enabled
+        and handled_lately(node, signal, state.handled_lately, config)
+    ):
         return Plan(suppressed="memory", fault_id=signal.fault_id)
     if node.labels.get(MANAGED_LABEL) == "false":
         return Plan(suppressed="opt-out")
@@ -773,15 +789,52 @@ def _advance(
     if fault.mode is Mode.QUARANTINE:
         return _with(base, actions, fence=fence, mark=handled, new_quarantine=new_quarantine)
     drain, mark, requeue = _drain_step(fault, config, now)
+    repair: RepairStep = RepairStep()
+    if not drain and requeue is None and config.repair.enabled:
+        if mark or new_quarantine:
+            requeue = 0.1  # drained just now: the repair on the node's next turn
+        else:
+            repair = repair_step(_subject(fault.state, fault.record, fault.signal), config, now)
+            requeue = repair.requeue_after
     return _with(
         base,
         actions,
         fence=fence,
         drain=drain,
         mark=mark,
+        repair=_repair_actions(repair, fault.state.node.name, fault.record),
         new_quarantine=new_quarantine,
+        new_repair=repair.request is not None,
+        suppressed=repair.suppressed,
         requeue_after=requeue,
     )
+
+
+def _subject(state: NodeState, record: FaultRecord, signal: FaultSignal | None) -> Subject:
+    node = state.node
+    return Subject(
+        node=node.name,
+        annotations=node.annotations,
+        signal=signal,
+        record=record,
+        node_records=state.records,
+        gpu_nodes=state.gpu_nodes,
+        repairing=state.repairing,
+        devices=signal.devices if signal is not None else (),
+    )
+
+
+def _repair_actions(repair: RepairStep, node: str, record: FaultRecord) -> tuple[Action, ...]:
+    """The request first, then its record entries (the durable note after the act),
+    then the Events."""
+    actions: list[Action] = [repair.request] if repair.request is not None else []
+    phase = record.phase if record.phase in TAINTED_PHASES else Phase.DRAINED
+    actions += [
+        UpdateRecord(record.name, phase, entry, contact_support=repair.contact_support)
+        for entry in repair.entries
+    ]
+    actions += [Emit(s.reason, s.note, node, record.name, warning=s.warning) for s in repair.said]
+    return tuple(actions)
 
 
 def _quarantine_step(
@@ -1019,6 +1072,9 @@ def _recover(state: NodeState, config: Config, now: dt.datetime) -> Plan:
                 Emit(RECOVERED, f"fault {record.fault_id} cleared", node.name, record.name),
             ]
             continue
+        # A repair's result that came as the fault cleared is recorded all the same.
+        told = outcome_only(_subject(state, record, None), now)
+        actions += _repair_actions(told, node.name, record)
         since = parse_time(record.recovering_since)
         if since is None:
             actions.append(
@@ -1135,17 +1191,21 @@ def _with(
     fence: Sequence[Action] = (),
     drain: Sequence[Action] = (),
     mark: Sequence[Action] = (),
+    repair: Sequence[Action] = (),
     suppressed: str | None = None,
     requeue_after: float | None = None,
     new_quarantine: bool = False,
+    new_repair: bool = False,
 ) -> Plan:
     return Plan(
         record=tuple(record),
         fence=tuple(fence),
         drain=tuple(drain),
         mark=tuple(mark),
+        repair=tuple(repair),
         requeue_after=requeue_after,
         suppressed=suppressed,
         new_quarantine=new_quarantine,
+        new_repair=new_repair,
         fault_id=base.fault_id,
     )

@@ -56,6 +56,9 @@ class AgentProcess:
         self.spec_path = self.dir / "nvml-spec.yaml"
         self.kmsg_path = self.dir / "kmsg"
         self.boot_id_path = self.dir / "boot_id"
+        # The node's /var/run: a tmpfs a reboot empties (the reboot sentinel lives there).
+        self.run_dir = self.dir / "run"
+        self.reboot_sentinel = self.run_dir / "reboot-required"
         self.spec = gpu_spec(node, gpus)
         self.write_spec()
         self.kmsg_path.touch()
@@ -71,6 +74,7 @@ class AgentProcess:
             "bootIdPath": str(self.boot_id_path),
             "envEnabled": False,
             "metricsPort": 0,
+            "repairRebootSentinel": str(self.reboot_sentinel),
             **(config or {}),
         }
         self.config_path = self.dir / "agent.yaml"
@@ -108,6 +112,13 @@ class AgentProcess:
         boot = self.boot_id_path.read_text().strip()
         self.boot_id_path.write_text(f"{boot}+\n")
         self.kmsg_path.write_text("")
+        self.reboot_sentinel.unlink(missing_ok=True)
+
+    def resets(self) -> list[tuple[str, str]]:
+        """Every GPU reset the fake NVML backend was asked for: (uuid, outcome)."""
+        path = self.spec_path.with_name(self.spec_path.name + ".resets")
+        lines = path.read_text().splitlines() if path.exists() else []
+        return [(u, r) for u, _, r in (line.partition(" ") for line in lines) if u]
 
     def start(self, timeout_s: float = 30) -> AgentProcess:
         self.component.start()

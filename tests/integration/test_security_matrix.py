@@ -61,6 +61,8 @@ from gpuheal.model import (
     MAINTENANCE_TAINT_KEY,
     MANAGED_LABEL,
     QUARANTINED_DEVICES,
+    REPAIR_REQUEST,
+    REPAIR_RESULT,
     STATE_LABEL,
     STATUS,
     SUSPECT_DEVICES,
@@ -279,6 +281,8 @@ def act(what: str, attempt: Attempt, *allowed: str) -> Action:
 
 DEADLINE = "2026-01-01T00:00:00Z"
 LATER = "2026-01-01T01:00:00Z"
+REPAIR_ASKED = f"reboot;{'0' * 10};1;{DEADLINE}"
+REPAIR_DONE = f"reboot;{'0' * 10};1;done;{LATER};rebooted"
 
 
 def system_pod(body: dict[str, Any]) -> Attempt:
@@ -550,6 +554,12 @@ ACTIONS: tuple[Action, ...] = (
     act("node: the controller's annotations (handled-*)",
         node_change({"metadata": {"annotations": {HANDLED_FAULT_ID: "x", HANDLED_AT: DEADLINE}}}),
         "controller"),
+    act("node: request a repair (gpuheal.io/repair-request)",
+        node_change({"metadata": {"annotations": {REPAIR_REQUEST: REPAIR_ASKED}}}), "controller"),
+    act("node: answer a repair (gpuheal.io/repair-result), own node",
+        node_change({"metadata": {"annotations": {REPAIR_RESULT: REPAIR_DONE}}}), "agent"),
+    act("node: answer a repair, another node",
+        node_change({"metadata": {"annotations": {REPAIR_RESULT: REPAIR_DONE}}}, "other")),
     act("node: the maintenance label, taint and annotations",
         taint_change(lambda ts: [*ts, MAINTENANCE_TAINT], labels={STATE_LABEL: "maintenance"},
                      annotations={MAINTENANCE_REASON: "drivers", MAINTENANCE_ROLLOUT: "r"}),
@@ -863,10 +873,10 @@ def test_the_policies_name_exactly_the_keys_the_code_writes(scene: Scene) -> Non
         (var,) = [v for v in spec["variables"] if v["name"] == "annotationKeys"]
         return set(yaml.safe_load(var["expression"]))
 
-    assert keys("agent-own-node") == {*FAULT_KEYS, *FACT_KEYS}
+    assert keys("agent-own-node") == {*FAULT_KEYS, *FACT_KEYS, REPAIR_RESULT}
     assert keys("controller-nodes") == {
         HANDLED_FAULT_ID, HANDLED_AT, LAST_PROCESS_TIME,
-        QUARANTINED_DEVICES, SUSPECT_DEVICES, UNKNOWN_DEVICES,
+        QUARANTINED_DEVICES, SUSPECT_DEVICES, UNKNOWN_DEVICES, REPAIR_REQUEST,
     }  # fmt: skip
     assert keys("operator-nodes") == {
         MAINTENANCE_REASON, MAINTENANCE_SINCE, MAINTENANCE_BASELINE, MAINTENANCE_CORDONED,

@@ -19,7 +19,10 @@ from gpuheal.policy.plan import (
     RemoveTaint,
     UpdateRecord,
 )
+from gpuheal.policy.repair import RequestRepair
+from gpuheal.policy.repairwire import RepairRequest, fault_digest
 from gpuheal.policy.validation import DeleteValidationJob
+from gpuheal.xid import Action as XidAction
 from tests.corpus import EKS_NODE, GPU_UUIDS
 
 T = "2026-11-29T12:00:00.000Z"
@@ -140,3 +143,21 @@ def test_a_failed_validation_is_told_as_such() -> None:
     notice = notice_for(EKS_NODE, ran, Outcome(), {"r1": record}.get)
     assert notice is not None
     assert notice.summary == f"{EKS_NODE}: XidCritical79 — validation failed, stays tainted"
+
+
+def test_a_repair_request_and_its_outcome_are_told() -> None:
+    record = FaultRecord("r1", EKS_NODE, "xid-94-a", Phase.DRAINED, reason="EccContained94")
+    request = RepairRequest(XidAction.RESET_GPU, fault_digest("xid-94-a"), 1, T[:19] + "Z")
+    ran = (
+        RequestRepair(EKS_NODE, request),
+        UpdateRecord("r1", Phase.DRAINED, ActionEntry(T, "repair-requested", "waiting", "x")),
+    )
+    notice = notice_for(EKS_NODE, ran, Outcome(), {"r1": record}.get)
+    assert notice is not None and notice.actions == ("RequestRepair", "UpdateRecord")
+    assert notice.summary == f"{EKS_NODE}: EccContained94 — repair requested"
+    exhausted = UpdateRecord(
+        "r1", Phase.DRAINED, ActionEntry(T, "repair-exhausted", "contact-support", "x")
+    )
+    notice = notice_for(EKS_NODE, (exhausted,), Outcome(), {"r1": record}.get)
+    assert notice is not None
+    assert notice.summary == f"{EKS_NODE}: EccContained94 — repairs exhausted: contact support"

@@ -12,14 +12,14 @@ change on an object RBAC lets them patch. The key lists are the code's
 {{- toJson (list "gpuheal.io/maintenance-reason" "gpuheal.io/maintenance-since" "gpuheal.io/maintenance-baseline" "gpuheal.io/maintenance-cordoned" "gpuheal.io/maintenance-rollout" "gpuheal.io/diagnostics") -}}
 {{- end -}}
 
-{{/* Node annotations the controller writes. */}}
+{{/* Node annotations the controller writes (the repair request: only the controller). */}}
 {{- define "gpuheal.controller.nodeAnnotations" -}}
-{{- toJson (list "gpuheal.io/handled-fault-id" "gpuheal.io/handled-at" "gpuheal.io/last-process-time" "gpuheal.io/quarantined-devices" "gpuheal.io/suspect-devices" "gpuheal.io/unknown-devices") -}}
+{{- toJson (list "gpuheal.io/handled-fault-id" "gpuheal.io/handled-at" "gpuheal.io/last-process-time" "gpuheal.io/quarantined-devices" "gpuheal.io/suspect-devices" "gpuheal.io/unknown-devices" "gpuheal.io/repair-request") -}}
 {{- end -}}
 
-{{/* Node annotations the agent writes: its verdict and its facts. */}}
+{{/* Node annotations the agent writes: its verdict, its facts, a repair's result (only the agent). */}}
 {{- define "gpuheal.agent.nodeAnnotations" -}}
-{{- toJson (list "gpuheal.io/status" "gpuheal.io/fault-id" "gpuheal.io/fault-time" "gpuheal.io/fault-reason" "gpuheal.io/fault-devices" "gpuheal.io/fault-severity" "gpuheal.io/driver-version" "gpuheal.io/cuda-version" "gpuheal.io/xid-errors" "gpuheal.io/ecc-errors" "gpuheal.io/counters-since" "gpuheal.io/last-gpu-error" "gpuheal.io/gpu-processes" "gpuheal.io/node-environment") -}}
+{{- toJson (list "gpuheal.io/status" "gpuheal.io/fault-id" "gpuheal.io/fault-time" "gpuheal.io/fault-reason" "gpuheal.io/fault-devices" "gpuheal.io/fault-severity" "gpuheal.io/driver-version" "gpuheal.io/cuda-version" "gpuheal.io/xid-errors" "gpuheal.io/ecc-errors" "gpuheal.io/counters-since" "gpuheal.io/last-gpu-error" "gpuheal.io/gpu-processes" "gpuheal.io/node-environment" "gpuheal.io/repair-result") -}}
 {{- end -}}
 
 {{/* CEL variables comparing a node before and after an UPDATE. Absent and empty are the same. */}}

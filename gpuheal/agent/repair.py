@@ -1,0 +1,309 @@
+"""Carry out a repair the controller requested on this node, at most once.
+
+The request is the controller's annotation on this agent's own Node
+(policy/repairwire.py). The agent acts on it only when it can verify it: it
+names the fault this agent reports, it is not answered yet, and this agent has
+not acted on it before. What the agent does is written to its state file
+*before* it acts (`started`) and again after (the outcome), so a restart in the
+middle never acts twice: a `started` attempt found after a restart is answered
+failed, not tried again. The answer is the agent's result annotation.
+
+The means:
+- `reset-gpu`: `nvidia-smi -r -i <uuid>` per GPU of the fault (pynvml has no
+  reset call; nvmlDeviceResetGpuLockedClocks resets clock limits, not the GPU),
+  or the fake NVML backend's `reset_gpu` in tests. Refused while a compute
+  process holds one of the GPUs (the agent says which).
+- `reboot`: `repairRebootMethod`: a sentinel file (kured's /var/run/reboot-required)
+  or a command; `none` refuses. The result is written after the node is back (a
+  new boot id): a reboot is done when it happened, not when it was asked for.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pynvml
+
+from gpuheal.agent.config import AgentConfig
+from gpuheal.agent.debounce import Report
+from gpuheal.agent.statefile import load_state
+from gpuheal.clock import iso
+from gpuheal.model import REPAIR_REQUEST, REPAIR_RESULT
+from gpuheal.policy.repairwire import (
+    Outcome,
+    RepairRequest,
+    RepairResult,
+    decode_request,
+    decode_result,
+    fault_digest,
+)
+from gpuheal.xid import Action
+
+log = logging.getLogger(__name__)
+
+STARTED = "started"  # written before acting
+REBOOTING = "rebooting"  # the reboot was asked for; answered once the boot id changes
+KEEP = 32  # attempts remembered (a node sees a handful in its life)
+
+
+class Attempt(msgspec.Struct):
+    action: str
+    outcome: str  # started | rebooting | done | failed | refused
+    time: str
+    detail: str = ""
+    boot_id: str = ""
+    written: bool = False  # the result annotation was written
+
+
+class RepairFile(msgspec.Struct):
+    attempts: dict[str, Attempt] = {}
+
+
+class RepairLog:
+    """The attempts this node's agent acted on, by request key, on disk."""
+
+    def __init__(self, path: Path, counted: Callable[[], None] = lambda: None) -> None:
+        self.path = path
+        saved = load_state(path, RepairFile, counted)
+        self.attempts: dict[str, Attempt] = dict(saved.attempts) if saved else {}
+
+    def put(self, key: str, attempt: Attempt) -> None:
+        self.attempts.pop(key, None)
+        self.attempts[key] = attempt  # newest last
+        for old in list(self.attempts)[:-KEEP]:
+            del self.attempts[old]
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_bytes(msgspec.json.encode(RepairFile(self.attempts)))
+        tmp.replace(self.path)
+
+    def unanswered(self) -> bool:
+        """An attempt whose result is not on the Node yet (the agent must look)."""
+        return any(not a.written for a in self.attempts.values())
+
+
+class RepairFailedError(Exception):
+    def __init__(self, outcome: Outcome, detail: str) -> None:
+        super().__init__(detail)
+        self.outcome = outcome
+        self.detail = detail
+
+
+Reset = Callable[[str], None]  # one GPU by UUID; raises RepairFailedError
+
+
+def smi_reset(command: Sequence[str], timeout_s: float) -> Reset:
+    """The reset on a real node: `nvidia-smi -r -i <uuid>` (it refuses while the GPU
+    is in use, and says why)."""
+
+    def reset(uuid: str) -> None:
+        argv = [*command, "-r", "-i", uuid]
+        try:
+            done = subprocess.run(
+                argv, capture_output=True, text=True, timeout=timeout_s, check=False
+            )
+        except FileNotFoundError:
+            raise RepairFailedError(Outcome.REFUSED, f"{command[0]} not found") from None
+        except subprocess.TimeoutExpired:
+            raise RepairFailedError(
+                Outcome.FAILED, f"{command[0]} -r timed out after {timeout_s:g}s"
+            ) from None
+        if done.returncode != 0:
+            said = (done.stderr or done.stdout).strip()[:200]
+            raise RepairFailedError(
+                Outcome.FAILED, f"{command[0]} -r exited {done.returncode}: {said}"
+            )
+
+    return reset
+
+
+def nvml_reset(lib: Any) -> Reset:
+    """The fake NVML backend's reset (agent/fakenvml.py), with NVML's answers."""
+
+    def reset(uuid: str) -> None:
+        try:
+            lib.reset_gpu(uuid)
+        except pynvml.NVMLError as err:
+            code = int(getattr(err, "value", -1))
+            refused = code == pynvml.NVML_ERROR_IN_USE
+            raise RepairFailedError(
+                Outcome.REFUSED if refused else Outcome.FAILED, f"reset of {uuid}: {err}"
+            ) from None
+
+    return reset
+
+
+def holders(lib: Any | None, uuids: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    """The compute processes on each of `uuids` that has any (NVML; without it the
+    reset command's own refusal stands)."""
+    if lib is None:
+        return {}
+    held: dict[str, tuple[int, ...]] = {}
+    try:
+        for index in range(int(lib.nvmlDeviceGetCount())):
+            handle = lib.nvmlDeviceGetHandleByIndex(index)
+            uuid = lib.nvmlDeviceGetUUID(handle)
+            uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+            if uuid in uuids:
+                pids = tuple(p.pid for p in lib.nvmlDeviceGetComputeRunningProcesses(handle))
+                if pids:
+                    held[uuid] = pids
+    except pynvml.NVMLError as err:
+        log.warning("cannot list GPU processes before a reset", extra={"error": str(err)})
+    return held
+
+
+def _now() -> str:
+    return iso(dt.datetime.now(dt.UTC), "seconds")
+
+
+class Repairer:
+    """Answers the controller's requests on one node."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        node: str,
+        boot_id: str,
+        repairs: RepairLog,
+        reset: Reset,
+        nvml: Any | None,
+        on_reset: Callable[[tuple[str, ...]], None] = lambda _: None,
+    ) -> None:
+        self.config = config
+        self.node = node
+        self.boot_id = boot_id
+        self.log = repairs
+        self.reset = reset
+        self.nvml = nvml
+        self.on_reset = on_reset  # the GPUs reset: their held Xid events are over
+
+    def answer(self, annotations: Mapping[str, str], report: Report | None) -> RepairResult | None:
+        """The result to write for the Node's request now (None: nothing to write),
+        acting first if the request is new and verified."""
+        request = decode_request(annotations.get(REPAIR_REQUEST))
+        if request is None:
+            return None
+        written = decode_result(annotations.get(REPAIR_RESULT))
+        known = self.log.attempts.get(request.key)
+        if written is not None and written.answers(request):
+            if known is not None and not known.written:
+                self.log.put(request.key, msgspec.structs.replace(known, written=True))
+            return None
+        if known is not None:
+            return self._known(request, known)
+        refusal = self._refusal(request, report)
+        if refusal is not None:
+            return self._finish(request, Outcome.REFUSED, refusal)
+        # On disk before the act: a restart from here on never acts again.
+        self.log.put(request.key, Attempt(request.action.value, STARTED, _now(), "", self.boot_id))
+        if request.action is Action.REBOOT:
+            return self._reboot(request)
+        devices = report.devices if report is not None else ()  # _refusal checked it
+        return self._reset(request, devices)
+
+    def written(self, result: RepairResult) -> None:
+        known = self.log.attempts.get(result.key)
+        if known is not None:
+            self.log.put(result.key, msgspec.structs.replace(known, written=True))
+
+    def _known(self, request: RepairRequest, known: Attempt) -> RepairResult | None:
+        if known.outcome == STARTED:
+            # The agent stopped while acting: what happened is unknown, and acting
+            # again could be a second reset or reboot. The controller decides.
+            return self._finish(
+                request, Outcome.FAILED, "the agent restarted during the repair; not tried again"
+            )
+        if known.outcome == REBOOTING:
+            if known.boot_id == self.boot_id:
+                return None  # not rebooted yet
+            return self._finish(
+                request, Outcome.DONE, f"rebooted (boot {known.boot_id[:8]} -> {self.boot_id[:8]})"
+            )
+        return RepairResult(
+            request.action, request.fault, request.attempt, Outcome(known.outcome),
+            known.time, known.detail,
+        )  # fmt: skip
+
+    def _refusal(self, request: RepairRequest, report: Report | None) -> str | None:
+        if report is None:
+            return "this node reports no fault now"
+        if fault_digest(report.fault_id) != request.fault:
+            return f"not the fault this node reports ({report.fault_id})"
+        if request.action is Action.RESET_GPU:
+            if not report.devices:
+                return "the fault names no GPU to reset"
+            held = holders(self.nvml, report.devices)
+            if held:
+                said = "; ".join(
+                    f"{uuid} by pid {', '.join(map(str, pids))}" for uuid, pids in held.items()
+                )
+                return f"GPU in use: {said}"
+        if request.action is Action.REBOOT and self.config.repair_reboot_method == "none":
+            return "no reboot method on this node (repairRebootMethod: none)"
+        return None
+
+    def _reset(self, request: RepairRequest, uuids: tuple[str, ...]) -> RepairResult:
+        for uuid in uuids:
+            try:
+                self.reset(uuid)
+            except RepairFailedError as err:
+                return self._finish(request, err.outcome, err.detail)
+        self.on_reset(uuids)
+        return self._finish(request, Outcome.DONE, f"reset {', '.join(uuids)}")
+
+    def _reboot(self, request: RepairRequest) -> RepairResult | None:
+        config = self.config
+        try:
+            if config.repair_reboot_method == "sentinel":
+                path = config.repair_reboot_sentinel
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(f"gpuheal {request.key} {request.time}\n")
+                said = f"wrote {path} for the reboot daemon"
+            else:
+                command = config.repair_reboot_command
+                done = subprocess.run(
+                    list(command),
+                    capture_output=True,
+                    text=True,
+                    timeout=config.repair_reset_timeout_seconds,
+                    check=False,
+                )
+                if done.returncode != 0:
+                    out = (done.stderr or done.stdout).strip()[:200]
+                    return self._finish(
+                        request, Outcome.FAILED, f"{command[0]} exited {done.returncode}: {out}"
+                    )
+                said = f"ran {command[0]}"
+        except (OSError, subprocess.TimeoutExpired) as err:
+            return self._finish(request, Outcome.FAILED, f"reboot not requested: {err}")
+        self.log.put(
+            request.key, Attempt(request.action.value, REBOOTING, _now(), said, self.boot_id)
+        )
+        log.warning(
+            "reboot requested", extra={"node": self.node, "repair": request.key, "how": said}
+        )
+        return None  # answered after the reboot
+
+    def _finish(self, request: RepairRequest, outcome: Outcome, detail: str) -> RepairResult:
+        at = _now()
+        self.log.put(
+            request.key, Attempt(request.action.value, outcome.value, at, detail, self.boot_id)
+        )
+        log.warning(
+            "repair",
+            extra={
+                "node": self.node,
+                "repair": request.key,
+                "action": request.action.value,
+                "outcome": outcome.value,
+                "detail": detail,
+            },
+        )
+        return RepairResult(request.action, request.fault, request.attempt, outcome, at, detail)

@@ -1,0 +1,388 @@
+"""The repair step: after the drain, ask the node's agent to carry out the fault's
+recommended repair (a GPU reset, a reboot), exactly once per attempt, within a
+cluster-wide budget, and escalate reset -> reboot -> a person.
+
+Level-triggered like the rest of the plan: every decision is derived from what is
+observed, the node's request and result annotations (policy/repairwire.py) and the
+record's entries, never from memory. The attempt number is in the request, and the
+attempt's action follows from it (the ladder), so a restarted or new controller
+continues where the node is: a request present is never made again, a result is
+recorded once (its entry names the attempt).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from gpuheal import values
+from gpuheal.clock import iso, parse_time
+from gpuheal.config import Config
+from gpuheal.model import REPAIR_REQUEST, REPAIR_RESULT, ActionEntry, FaultRecord, FaultSignal
+from gpuheal.policy.breaker import repair_capacity
+from gpuheal.policy.repairwire import (
+    Outcome,
+    RepairRequest,
+    RepairResult,
+    decode_request,
+    decode_result,
+    fault_digest,
+)
+from gpuheal.sources.annotations import SOURCE as AGENT_SOURCE
+from gpuheal.xid import CATALOGUE, RECOVERY_ACTIONS, Action
+
+# Event reasons (docs/architecture.md#events).
+REPAIR_REQUESTED = "GPUFaultRepairRequested"
+REPAIRED = "GPUFaultRepaired"
+REPAIR_FAILED = "GPUFaultRepairFailed"
+REPAIR_PROPOSED = "GPUFaultRepairProposed"
+# The same reason as a device's: a person must look at the hardware.
+CONTACT_SUPPORT = "GPUContactSupport"
+
+# Record entries; each names its attempt first ("reset-gpu attempt 2: ...").
+REQUESTED_ACTION = "repair-requested"
+REPAIRED_ACTION = "repaired"
+FAILED_ACTION = "repair-failed"
+PROPOSED_ACTION = "would-repair"
+HELD_ACTION = "repair-held"  # the budget is full: waits
+EXHAUSTED_ACTION = "repair-exhausted"  # contact support: the node stays held
+
+# Reasons the agent reports that are not Xid rows, with their repair.
+_AGENT_REASONS = {
+    "GpuFellOffBus": Action.REBOOT,
+    "GpuLost": Action.REBOOT,
+    "GpuMissing": Action.REBOOT,
+    "EccUncorrectable": Action.RESET_GPU,
+    "RowRemapPending": Action.RESET_GPU,
+    "RetiredPagesPending": Action.RESET_GPU,
+    "NvlinkDown": Action.RESET_GPU,
+}
+
+
+def recommended(reason: str, config: Config) -> Action:
+    """The repair a fault reason calls for: the config's, else the Xid catalogue's
+    (`none` for a reason neither knows: nothing is repaired blind)."""
+    chosen = config.repair.action_by_reason.get(reason)
+    if chosen is not None:
+        return Action.NONE if chosen == "none" else Action(chosen)
+    for row in (*CATALOGUE.values(), *RECOVERY_ACTIONS.values()):
+        if row.reason == reason:
+            return row.action
+    return _AGENT_REASONS.get(reason, Action.NONE)
+
+
+def ladder(first: Action, devices: tuple[str, ...], config: Config) -> tuple[Action, ...]:
+    """The actions of attempts 1, 2, ...: resets (when the fault names its GPUs),
+    then reboots. Past its end: a person."""
+    cfg = config.repair
+    resets = (Action.RESET_GPU,) * cfg.reset_attempts if devices else ()
+    reboots = (Action.REBOOT,) * cfg.reboot_attempts
+    if first is Action.RESET_GPU:
+        return resets + reboots
+    if first is Action.REBOOT:
+        return reboots
+    return ()
+
+
+@dataclass(frozen=True)
+class RequestRepair:
+    """Write the repair request on the node (the controller's annotation)."""
+
+    node: str
+    request: RepairRequest
+
+    @property
+    def value(self) -> str:
+        return self.request.encode()
+
+
+@dataclass(frozen=True)
+class Said:
+    """An Event of the repair step."""
+
+    reason: str
+    note: str
+    warning: bool = False
+
+
+@dataclass(frozen=True)
+class RepairStep:
+    """What the repair step decided: the request to write (at most one), the
+    record's entries and Events, whether the record now says contact support."""
+
+    request: RequestRepair | None = None
+    entries: tuple[ActionEntry, ...] = ()
+    said: tuple[Said, ...] = ()
+    contact_support: bool = False
+    requeue_after: float | None = None
+    suppressed: str | None = None
+
+    @property
+    def acts(self) -> bool:
+        return bool(self.request or self.entries)
+
+
+@dataclass(frozen=True)
+class Subject:
+    """The fault whose node is drained, and what the step may look at."""
+
+    node: str
+    annotations: dict[str, str]
+    signal: FaultSignal | None  # None: the fault cleared (only results are recorded)
+    record: FaultRecord
+    node_records: tuple[FaultRecord, ...] = ()
+    gpu_nodes: int = 0
+    # Nodes with a repair in flight (this one included if it has).
+    repairing: frozenset[str] = frozenset()
+    devices: tuple[str, ...] = ()  # the fault's GPUs (a reset's)
+
+
+_STEPS = {
+    REQUESTED_ACTION: "requested",
+    REPAIRED_ACTION: "done",
+    PROPOSED_ACTION: "proposed",
+    EXHAUSTED_ACTION: "contact-support",
+}
+
+
+def repair_metric(entry: ActionEntry) -> tuple[str, str] | None:
+    """(action, step) of a record entry of this step, for gpuheal_repairs_total;
+    None for any other entry."""
+    if entry.action == FAILED_ACTION:
+        step_name = entry.result
+    elif entry.action in _STEPS:
+        step_name = _STEPS[entry.action]
+    else:
+        return None
+    word = entry.detail.split(" ", 1)[0]
+    action = word if word in (Action.RESET_GPU.value, Action.REBOOT.value) else "none"
+    return action, step_name
+
+
+def _entry(now: dt.datetime, action: str, result: str, detail: str) -> ActionEntry:
+    return ActionEntry(iso(now), action, result, values.text(detail, values.DETAIL_MAX))
+
+
+def _tag(action: Action, attempt: int) -> str:
+    return f"{action.value} attempt {attempt}"
+
+
+def _said(record: FaultRecord, actions: tuple[str, ...], tag: str) -> bool:
+    return any(a.action in actions and a.detail.startswith(tag + ":") for a in record.actions)
+
+
+def current(subject: Subject) -> tuple[RepairRequest | None, RepairResult | None]:
+    """The node's request for this fault, and its result (None: none yet)."""
+    digest = fault_digest(subject.record.fault_id)
+    request = decode_request(subject.annotations.get(REPAIR_REQUEST))
+    if request is None or request.fault != digest:
+        return None, None
+    result = decode_result(subject.annotations.get(REPAIR_RESULT))
+    return request, result if result is not None and result.answers(request) else None
+
+
+def in_flight(annotations: dict[str, str]) -> RepairRequest | None:
+    """The node's request its agent has not answered (the budget counts it)."""
+    request = decode_request(annotations.get(REPAIR_REQUEST))
+    if request is None:
+        return None
+    result = decode_result(annotations.get(REPAIR_RESULT))
+    return request if result is None or not result.answers(request) else None
+
+
+def outcome_only(subject: Subject, now: dt.datetime) -> RepairStep:
+    """The fault cleared: record the result that came (once); nothing new is asked."""
+    request, result = current(subject)
+    if request is None:
+        return RepairStep()
+    return _recorded(subject, request, result, now)
+
+
+def _recorded(
+    subject: Subject, request: RepairRequest, result: RepairResult | None, now: dt.datetime
+) -> RepairStep:
+    """The request's entry when the record lacks it (we stopped between the two), and
+    the result's entry and Event, once."""
+    tag = _tag(request.action, request.attempt)
+    entries: tuple[ActionEntry, ...] = ()
+    if not _said(subject.record, (REQUESTED_ACTION,), tag):
+        what = _what(request.action, subject)
+        entries = (_entry(now, REQUESTED_ACTION, "waiting", f"{tag}: {what}"),)
+    if result is None or _said(subject.record, (REPAIRED_ACTION, FAILED_ACTION), tag):
+        return RepairStep(entries=entries)
+    fault = subject.record.fault_id
+    if result.outcome is Outcome.DONE:
+        entry = _entry(now, REPAIRED_ACTION, "ok", f"{tag}: {result.detail}")
+        said = Said(REPAIRED, f"fault {fault}: {tag} done by the agent: {result.detail}")
+    else:
+        entry = _entry(now, FAILED_ACTION, result.outcome.value, f"{tag}: {result.detail}")
+        note = f"fault {fault}: {tag} {result.outcome.value}: {result.detail}"
+        said = Said(REPAIR_FAILED, note, warning=True)
+    return RepairStep(entries=(*entries, entry), said=(said,))
+
+
+def _what(action: Action, subject: Subject) -> str:
+    if action is Action.RESET_GPU:
+        return f"reset {', '.join(subject.devices)}"
+    return f"reboot {subject.node}"
+
+
+def _merge(*steps: RepairStep) -> RepairStep:
+    requeue = [s.requeue_after for s in steps if s.requeue_after is not None]
+    return RepairStep(
+        request=next((s.request for s in steps if s.request), None),
+        entries=tuple(e for s in steps for e in s.entries),
+        said=tuple(x for s in steps for x in s.said),
+        contact_support=any(s.contact_support for s in steps),
+        requeue_after=min(requeue) if requeue else None,
+        suppressed=next((s.suppressed for s in steps if s.suppressed), None),
+    )
+
+
+def step(subject: Subject, config: Config, now: dt.datetime) -> RepairStep:
+    """The repair step of a drained node whose fault is still reported."""
+    cfg = config.repair
+    signal = subject.signal
+    if not cfg.enabled or signal is None or signal.source != AGENT_SOURCE:
+        # Only the agent's own report: the agent acts on the fault it reported.
+        return RepairStep()
+    record = subject.record
+    steps = ladder(recommended(record.reason or signal.reason, config), subject.devices, config)
+    if not steps:
+        return RepairStep()
+    if not cfg.acts:
+        return _proposed(subject, steps[0], now)
+    request, result = current(subject)
+    done: RepairStep = RepairStep()
+    if request is not None:
+        done = _recorded(subject, request, result, now)
+        tag = _tag(request.action, request.attempt)
+        if result is None:
+            waited = (now - (parse_time(request.time) or now)).total_seconds()
+            left = cfg.result_timeout_seconds - waited
+            if left > 0:
+                return _merge(done, RepairStep(requeue_after=left, suppressed="repairing"))
+            timed_out = _entry(
+                now, FAILED_ACTION, "timed-out",
+                f"{tag}: no result from the agent within {cfg.result_timeout_seconds:g}s",
+            )  # fmt: skip
+            note = f"fault {record.fault_id}: {tag}: no result from the agent in time"
+            if not _said(record, (FAILED_ACTION,), tag):
+                done = _merge(
+                    done, RepairStep(entries=(timed_out,), said=(Said(REPAIR_FAILED, note, True),))
+                )
+        elif result.outcome is Outcome.DONE:
+            # The fault is still reported: give the agent's next rounds time to clear it.
+            settled = (now - (parse_time(result.time) or now)).total_seconds()
+            left = cfg.settle_seconds - settled
+            if left > 0:
+                return _merge(done, RepairStep(requeue_after=left, suppressed="settling"))
+            if not _said(record, (FAILED_ACTION,), tag):
+                detail = (
+                    f"{tag}: done, and the fault is still reported {cfg.settle_seconds:g}s after"
+                )
+                ineffective = _entry(now, FAILED_ACTION, "ineffective", detail)
+                note = f"fault {record.fault_id}: {detail}"
+                done = _merge(
+                    done,
+                    RepairStep(entries=(ineffective,), said=(Said(REPAIR_FAILED, note, True),)),
+                )
+    attempt = 1 if request is None else request.attempt + 1
+    return _merge(done, _next(subject, steps, attempt, config, now))
+
+
+def _next(
+    subject: Subject, steps: tuple[Action, ...], attempt: int, config: Config, now: dt.datetime
+) -> RepairStep:
+    """Attempt `attempt`: requested within the budget, or a person is asked."""
+    cfg = config.repair
+    record = subject.record
+    if attempt > len(steps):
+        return _exhausted(subject, f"{len(steps)} repair attempt(s) did not clear the fault", now)
+    recent = _requests_within(subject, cfg.window_seconds, now)
+    if recent >= cfg.max_attempts_per_node:
+        return _exhausted(
+            subject,
+            f"{recent} repair requests on {subject.node} within {cfg.window_seconds:g}s "
+            f"(repair.maxAttemptsPerNode {cfg.max_attempts_per_node})",
+            now,
+        )
+    others = len(subject.repairing - {subject.node})
+    capacity = repair_capacity(subject.gpu_nodes, config)
+    if others >= capacity:
+        last = record.actions[-1] if record.actions else None
+        held = (
+            ()
+            if last is not None and last.action == HELD_ACTION
+            else (
+                _entry(
+                    now, HELD_ACTION, "waiting",
+                    f"{others} repairs in flight (budget {capacity}); waits",
+                ),
+            )
+        )  # fmt: skip
+        return RepairStep(
+            entries=held, requeue_after=config.hold_retry_seconds, suppressed="repair-budget"
+        )
+    action = steps[attempt - 1]
+    request = RepairRequest(action, fault_digest(record.fault_id), attempt, iso(now, "seconds"))
+    tag = _tag(action, attempt)
+    what = _what(action, subject)
+    return RepairStep(
+        request=RequestRepair(subject.node, request),
+        entries=(_entry(now, REQUESTED_ACTION, "waiting", f"{tag}: {what}"),),
+        said=(
+            Said(
+                REPAIR_REQUESTED,
+                f"fault {record.fault_id} ({record.reason}): {tag} requested: {what}",
+            ),
+        ),
+        requeue_after=cfg.result_timeout_seconds,
+    )
+
+
+def _requests_within(subject: Subject, window: float, now: dt.datetime) -> int:
+    since = now - dt.timedelta(seconds=window)
+    count = 0
+    others = (r for r in subject.node_records if r.name != subject.record.name)
+    for record in (*others, subject.record):
+        for entry in record.actions:
+            at = parse_time(entry.time)
+            if entry.action == REQUESTED_ACTION and at is not None and at >= since:
+                count += 1
+    return count
+
+
+def _exhausted(subject: Subject, why: str, now: dt.datetime) -> RepairStep:
+    """No more repairs: the node stays held, a person is asked, once."""
+    record = subject.record
+    if any(a.action == EXHAUSTED_ACTION for a in record.actions):
+        return RepairStep(suppressed="contact-support")
+    note = (
+        f"fault {record.fault_id} ({record.reason}) on {subject.node}: {why}; the node stays "
+        "quarantined: contact support"
+    )
+    return RepairStep(
+        entries=(_entry(now, EXHAUSTED_ACTION, "contact-support", why),),
+        said=(Said(CONTACT_SUPPORT, note, warning=True),),
+        contact_support=True,
+    )
+
+
+def _proposed(subject: Subject, action: Action, now: dt.datetime) -> RepairStep:
+    """Propose mode: the record says what would be done (once); the node is not asked."""
+    record = subject.record
+    if any(a.action == PROPOSED_ACTION for a in record.actions):
+        return RepairStep(suppressed="proposed")
+    tag = _tag(action, 1)
+    what = _what(action, subject)
+    return RepairStep(
+        entries=(_entry(now, PROPOSED_ACTION, "propose", f"{tag}: {what}"),),
+        said=(
+            Said(
+                REPAIR_PROPOSED,
+                f"fault {record.fault_id} ({record.reason}): would {what} "
+                "(repair.mode is propose; nothing asked of the agent)",
+            ),
+        ),
+    )
