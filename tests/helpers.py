@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -40,3 +41,12 @@ def pid_alive(pid: int) -> bool:
 
 
 __all__ = ["FakeNodes", "pid_alive", "unique", "wait_for"]
+
+
+_REFUSAL = re.compile(r"\b403\b|Forbidden")
+
+
+def refusals(text: str) -> list[str]:
+    """The lines of a log or an output that tell of a refusal (HTTP 403, Forbidden):
+    a whole number 403, not one inside a port (42403) or a time (.403Z)."""
+    return [line for line in text.splitlines() if _REFUSAL.search(line)]
