@@ -266,6 +266,10 @@ class PodView:
     # Its CHECKPOINT_REQUESTED and CHECKPOINT_DONE annotations ("": absent).
     checkpoint_requested: str = ""
     checkpoint_done: str = ""
+    # Its controller (the ownerReference marked controller), "Kind/name", or "":
+    # what recreates it once evicted (the console's "where the moved pods went").
+    owner: str = ""
+    created_at: str = ""  # metadata.creationTimestamp, RFC 3339
 
     @property
     def key(self) -> str:

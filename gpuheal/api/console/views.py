@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from gpuheal.api.console.moves import Move, moves
 from gpuheal.config import Config
 from gpuheal.model import (
     ANNOTATION_PREFIX,
@@ -174,6 +175,7 @@ class Fault:
     record: FaultRecord
     timeline: list[ActionEntry]  # oldest first, as the record keeps them
     pods: list[str]  # moved off the node (or, awaiting approval, planned)
+    moves: list[Move]  # where each moved pod went (none before an eviction)
     node_known: bool
     version: str
 
@@ -186,9 +188,15 @@ def fault(cluster: Cluster, name: str) -> Fault | None:
         record=record,
         timeline=list(record.actions),
         pods=list(record.evicted_pods or record.plan_evict),
+        moves=moves(record.evicted_pods, _eviction_began(record), cluster.pods),
         node_known=record.node in cluster.nodes,
         version=cluster.version,
     )
+
+
+def _eviction_began(record: FaultRecord) -> str:
+    began = next((a.time for a in record.actions if a.action == "evict"), "")
+    return began or record.created_at
 
 
 @dataclass(frozen=True)
