@@ -281,6 +281,21 @@ class PodView:
 
 
 @dataclass(frozen=True)
+class EventView:
+    """One of gpuheal's own Events (events.k8s.io/v1), as the console shows it."""
+
+    key: str  # namespace/name
+    time: str  # eventTime, RFC 3339
+    reason: str
+    note: str
+    type: str  # Normal or Warning
+    action: str
+    instance: str  # the replica that sent it (reportingInstance)
+    regarding: tuple[str, str]  # (kind, name) of the object it is about
+    related: tuple[str, str] | None = None
+
+
+@dataclass(frozen=True)
 class CanaryView:
     """One of our canary pods (CANARY_LABEL), finished ones included."""
 

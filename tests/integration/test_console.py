@@ -228,7 +228,7 @@ def test_a_fault_appears_live_and_an_approval_from_the_page_remediates_once(
     node_page.screenshot(path=str(DOCS / "console-node.png"), full_page=True)
 
 
-def test_the_fault_page_shows_where_a_deployments_evicted_pod_went(
+def test_the_fault_page_shows_where_a_deployments_evicted_pod_went_and_its_events(
     kube: Client,
     namespace: str,
     pool: dict[str, str],
@@ -257,6 +257,12 @@ def test_the_fault_page_shows_where_a_deployments_evicted_pod_went(
     owner = running.metadata.ownerReferences[0]
     expect(row.locator("td.owner")).to_have_text(f"ReplicaSet/{owner.name}")
     assert pods_on(kube, namespace, spare)  # its replacement, where the page says
+    # gpuheal's Events about it, from the controller's Event cache.
+    (quarantined,) = events_for(kube, node, "GPUFaultQuarantined")
+    expect(page.locator("#events td.reason", has_text="GPUFaultQuarantined")).to_have_count(
+        1, timeout=30_000
+    )
+    expect(page.locator("#events")).to_contain_text(str(quarantined.message))
 
 
 def test_strings_from_the_cluster_render_as_text_and_run_nothing(
