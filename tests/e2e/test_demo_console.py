@@ -179,6 +179,18 @@ def test_the_demos_faults_appear_live_on_its_console_and_the_timeline_is_the_rec
     recorded = [row[1] for row in _timeline(kube.get(GPUFault, name))]
     assert {"detect", "taint", "untaint"} <= set(recorded), recorded
     expect(page.locator("#phase")).to_have_text("Resolved")
+    # The Deployment's pods it moved: each with its ReplicaSet and the nodes of the
+    # pods that ReplicaSet created since (the node itself again, once it returned).
+    moved = (record.get("status") or {}).get("evictedPods") or []
+    assert moved, record
+    rows = page.locator("#moves tr[data-pod]")
+    expect(rows).to_have_count(len(moved))
+    for row in rows.all():
+        assert row.locator("td.owner").inner_text().startswith("ReplicaSet/llm-finetune-")
+        where = row.locator("td.where").inner_text()
+        assert where and all(n.startswith("gpu-node-") for n in where.split(", ")), where
+    # And gpuheal's Events about it, from the controller's Event cache.
+    expect(page.locator("#events td.reason", has_text="GPUFaultQuarantined")).to_have_count(1)
     context.close()
 
     process.send_signal(signal.SIGINT)
