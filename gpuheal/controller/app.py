@@ -206,7 +206,11 @@ class Controller:
         self.changes = ChangeFeed()
         # gpuheal's own Events, for the fault page; not among the caches that make
         # a replica ready: the console can do without them.
-        self.events = EventCache(api, watch_timeout_s=config.watch_timeout_seconds)
+        self.events = EventCache(
+            api,
+            watch_timeout_s=config.watch_timeout_seconds,
+            inactivity_s=config.watch_inactivity_seconds,
+        )
         for informer in (self.nodes, self.pods, self.records, self.events):
             informer.handlers.append(self.changes.on_change)
         self.intake = ControllerIntake(

@@ -25,7 +25,7 @@ EVENTS_PATH = "/apis/events.k8s.io/v1/events"
 # A field of events.k8s.io/v1 Events the API server selects on (core/v1 calls it
 # reportingComponent); checked against the real API server by the tests.
 OURS = f"reportingController={REPORTING_CONTROLLER}"
-EVENTS_KEPT = 20_000  # ~10 MB of slim views: hours of a busy fleet's remediations
+EVENTS_KEPT = 10_000  # ~16 MiB of views and index (tracemalloc, one node per Event: the worst)
 
 Object = tuple[str, str]  # (kind, name)
 
@@ -65,7 +65,12 @@ def event_view(event: EventJson) -> EventView:
 
 class EventCache(Informer[EventJson, EventView]):
     def __init__(
-        self, api: KubeApi, *, capacity: int = EVENTS_KEPT, watch_timeout_s: int = 300
+        self,
+        api: KubeApi,
+        *,
+        capacity: int = EVENTS_KEPT,
+        watch_timeout_s: int = 300,
+        inactivity_s: float = 90.0,
     ) -> None:
         super().__init__(
             api,
@@ -76,6 +81,7 @@ class EventCache(Informer[EventJson, EventView]):
             name="events",
             field_selector=OURS,
             watch_timeout_s=watch_timeout_s,
+            inactivity_s=inactivity_s,
         )
         self.capacity = capacity
         self.dropped = 0  # Events let go for the bound

@@ -64,8 +64,9 @@ def test_the_cache_holds_only_gpuheals_events_by_object_and_within_its_bound(
             await api.create(path, event("GPUFaultRecovered"))
             await until("watched", lambda: len(cache.of([("Node", node)])) == 3)
 
-            await until("the bound", bounded.synced.is_set)
-            assert len(bounded.store) == 1 and bounded.dropped >= 2
+            # At least three of ours exist now (listed or watched): two let go.
+            await until("the bound", lambda: bounded.dropped >= 2)
+            assert len(bounded.store) == 1
             # The index forgets what the bound let go.
             assert sum(len(keys) for keys in bounded.about.values()) <= 2
         finally:
