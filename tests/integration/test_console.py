@@ -258,7 +258,9 @@ def test_the_fault_page_shows_where_a_deployments_evicted_pod_went_and_its_event
     expect(row.locator("td.owner")).to_have_text(f"ReplicaSet/{owner.name}")
     assert pods_on(kube, namespace, spare)  # its replacement, where the page says
     # gpuheal's Events about it, from the controller's Event cache.
-    (quarantined,) = events_for(kube, node, "GPUFaultQuarantined")
+    (quarantined,) = wait_for(
+        "the Event sent", lambda: events_for(kube, node, "GPUFaultQuarantined"), timeout_s=15
+    )
     expect(page.locator("#events td.reason", has_text="GPUFaultQuarantined")).to_have_count(
         1, timeout=30_000
     )
