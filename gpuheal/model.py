@@ -271,6 +271,10 @@ class PodView:
     # Its CHECKPOINT_REQUESTED and CHECKPOINT_DONE annotations ("": absent).
     checkpoint_requested: str = ""
     checkpoint_done: str = ""
+    # Its controller (the ownerReference marked controller), "Kind/name", or "":
+    # what recreates it once evicted (the console's "where the moved pods went").
+    owner: str = ""
+    created_at: str = ""  # metadata.creationTimestamp, RFC 3339
 
     @property
     def key(self) -> str:
@@ -279,6 +283,21 @@ class PodView:
     @property
     def terminal(self) -> bool:
         return self.phase in ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class EventView:
+    """One of gpuheal's own Events (events.k8s.io/v1), as the console shows it."""
+
+    key: str  # namespace/name
+    time: str  # eventTime, RFC 3339
+    reason: str
+    note: str
+    type: str  # Normal or Warning
+    action: str
+    instance: str  # the replica that sent it (reportingInstance)
+    regarding: tuple[str, str]  # (kind, name) of the object it is about
+    related: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)

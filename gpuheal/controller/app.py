@@ -35,6 +35,7 @@ from gpuheal.controller.retention import RecordCollector
 from gpuheal.controller.signals import ExternalSignals
 from gpuheal.controller.worker import RECONCILE_FAILED, ReconcileFailures, work
 from gpuheal.kube.api import KubeApi, gpufault_path, gpurollout_path, node_path, pod_path
+from gpuheal.kube.event_cache import EventCache
 from gpuheal.kube.events import EventRecorder, ObjectRef, node_ref
 from gpuheal.kube.informer import Informer, J, V, default_key_of
 from gpuheal.kube.leader import LeaderElector
@@ -203,7 +204,14 @@ class Controller:
         # The console's live updates: every cache change bumps a version (last, so
         # a page drawn on the bump sees the fleet's indexes current).
         self.changes = ChangeFeed()
-        for informer in (self.nodes, self.pods, self.records):
+        # gpuheal's own Events, for the fault page; not among the caches that make
+        # a replica ready: the console can do without them.
+        self.events = EventCache(
+            api,
+            watch_timeout_s=config.watch_timeout_seconds,
+            inactivity_s=config.watch_inactivity_seconds,
+        )
+        for informer in (self.nodes, self.pods, self.records, self.events):
             informer.handlers.append(self.changes.on_change)
         self.intake = ControllerIntake(
             self.reconciler,
@@ -212,7 +220,7 @@ class Controller:
             enqueue=self.queue.add,
             synced=lambda: self.synced,
             leading=lambda: self.leading,
-            caches=IntakeCaches(self.nodes.store, self.pods.store, self.records.store),
+            caches=IntakeCaches(self.nodes.store, self.pods.store, self.records.store, self.events),
             changes=self.changes,
         )
         self.elector: LeaderElector | None = None
@@ -443,7 +451,8 @@ class Controller:
         url = self.config.dcgm_prometheus_url
         dcgm = asyncio.create_task(self._dcgm(url).run()) if url else None
         informers = [
-            asyncio.create_task(i.run(), name=f"informer-{i.name}") for i in self._informers
+            asyncio.create_task(i.run(), name=f"informer-{i.name}")
+            for i in (*self._informers, self.events)
         ]
         election: asyncio.Task[None] | None = None
         try:

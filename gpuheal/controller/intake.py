@@ -14,6 +14,7 @@ from gpuheal.clock import iso
 from gpuheal.controller.addresses import NodeFinder
 from gpuheal.controller.reconciler import Reconciler
 from gpuheal.kube.api import ApiError, gpufault_path
+from gpuheal.kube.event_cache import EventCache
 from gpuheal.kube.events import fault_ref, node_ref
 from gpuheal.kube.informer import Store
 from gpuheal.kube.projections import decode_fault
@@ -37,6 +38,7 @@ class Caches:
     nodes: Mapping[str, NodeView]
     pods: Mapping[str, PodView]
     records: Mapping[str, FaultRecord]
+    events: EventCache | None = None  # gpuheal's own Events (the fault page)
 
 
 class ControllerIntake:
@@ -66,6 +68,7 @@ class ControllerIntake:
         """The caches as they are, for the console: the informers' own maps, read in
         place (the console renders without awaiting), and the fleet's indexes."""
         fleet = self.reconciler.fleet
+        events = self.caches.events
         return Cluster(
             nodes=self.caches.nodes,
             pods=self.caches.pods,
@@ -77,6 +80,8 @@ class ControllerIntake:
             config=self.reconciler.config(),
             leading=self.leading(),
             version=self.changes.tag(),
+            events_of=events.of if events is not None else lambda _objects: [],
+            events_synced=events is not None and events.synced.is_set(),
         )
 
     def synced(self) -> bool:

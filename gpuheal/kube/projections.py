@@ -38,6 +38,8 @@ from gpuheal.model import (
 
 class OwnerRef(msgspec.Struct):
     kind: str = ""
+    name: str = ""
+    controller: bool = False
 
 
 class Meta(msgspec.Struct):
@@ -299,6 +301,8 @@ def pod_view_factory(
             device_plugin=is_device_plugin(meta.namespace, meta.labels),
             checkpoint_requested=meta.annotations.get(CHECKPOINT_REQUESTED, ""),
             checkpoint_done=meta.annotations.get(CHECKPOINT_DONE, ""),
+            owner=next((f"{o.kind}/{o.name}" for o in meta.ownerReferences if o.controller), ""),
+            created_at=meta.creationTimestamp or "",
         )
 
     return view

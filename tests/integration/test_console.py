@@ -25,7 +25,7 @@ from playwright.sync_api import Browser, BrowserContext, Dialog, Page, expect, s
 from gpuheal.api.console.routes import CSP
 from gpuheal.sim.controller import ControllerProcess
 from gpuheal.sim.resources import GPUFault
-from gpuheal.sim.workloads import apply, gpu_pod, wait_pods_running
+from gpuheal.sim.workloads import apply, gpu_deployment, gpu_pod, wait_pods_running
 from tests.corpus import alert, webhook
 from tests.helpers import FakeNodes, wait_for
 from tests.integration.conftest import (
@@ -226,6 +226,45 @@ def test_a_fault_appears_live_and_an_approval_from_the_page_remediates_once(
     assert node_page.inner_text("#state") == "quarantined"
     assert name in node_page.inner_html("#history")
     node_page.screenshot(path=str(DOCS / "console-node.png"), full_page=True)
+
+
+def test_the_fault_page_shows_where_a_deployments_evicted_pod_went_and_its_events(
+    kube: Client,
+    namespace: str,
+    pool: dict[str, str],
+    tmp_path: Path,
+    fake_gpu_nodes: FakeNodes,
+    start_controller: StartController,
+    context: BrowserContext,
+) -> None:
+    nodes = fake_gpu_nodes(2, labels=pool)
+    apply(kube, gpu_deployment("llm-finetune", namespace, replicas=1, node_selector=pool))
+    (running,) = wait_pods_running(kube, namespace, count=1, labels={"app": "llm-finetune"})
+    assert running.metadata and running.spec and running.metadata.ownerReferences
+    evicted = f"{namespace}/{running.metadata.name}"
+    node = str(running.spec.nodeName)
+    (spare,) = set(nodes) - {node}
+    controller = start_controller(console_config(pool, tmp_path, approval=False)).wait_leading()
+
+    report_fault(kube, node, "xid-79-moved-pods")
+    name = name_of(record_of(kube, node, "Drained"))
+    page = context.new_page()
+    sign_in(page, controller, TOKEN, "night-oncall")
+    page.goto(f"{controller.url}/console/faults/{name}")
+    live(page)
+    row = page.locator(f'#moves tr[data-pod="{evicted}"]')
+    expect(row.locator("td.where")).to_have_text(spare, timeout=30_000)
+    owner = running.metadata.ownerReferences[0]
+    expect(row.locator("td.owner")).to_have_text(f"ReplicaSet/{owner.name}")
+    assert pods_on(kube, namespace, spare)  # its replacement, where the page says
+    # gpuheal's Events about it, from the controller's Event cache.
+    (quarantined,) = wait_for(
+        "the Event sent", lambda: events_for(kube, node, "GPUFaultQuarantined"), timeout_s=15
+    )
+    expect(page.locator("#events td.reason", has_text="GPUFaultQuarantined")).to_have_count(
+        1, timeout=30_000
+    )
+    expect(page.locator("#events")).to_contain_text(str(quarantined.message))
 
 
 def test_strings_from_the_cluster_render_as_text_and_run_nothing(

@@ -5,18 +5,22 @@ without a server. Rendering (escaping included) is `render.py`'s."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from gpuheal.api.console.moves import Move, moves
+from gpuheal.clock import parse_time
 from gpuheal.config import Config
 from gpuheal.model import (
     ANNOTATION_PREFIX,
     FAULT_REASON,
+    GPUFAULT_KIND,
     MAINTENANCE_REASON,
     MAINTENANCE_SINCE,
     MAINTENANCE_TAINT_KEY,
     STATUS,
     ActionEntry,
+    EventView,
     FaultRecord,
     NodeView,
     Phase,
@@ -44,6 +48,10 @@ class Cluster:
     config: Config
     leading: bool
     version: str  # the change feed's tag: a page says which it shows
+    # gpuheal's own Events about any of these (kind, name) objects, oldest first
+    # (the controller's Event cache, gpuheal/kube/event_cache.py).
+    events_of: Callable[[Iterable[tuple[str, str]]], list[EventView]] = lambda _objects: []
+    events_synced: bool = False  # that cache has listed once
 
 
 def node_state(node: NodeView) -> str:
@@ -174,6 +182,9 @@ class Fault:
     record: FaultRecord
     timeline: list[ActionEntry]  # oldest first, as the record keeps them
     pods: list[str]  # moved off the node (or, awaiting approval, planned)
+    moves: list[Move]  # where each moved pod went (none before an eviction)
+    events: list[EventView]  # gpuheal's Events about it, oldest first
+    events_synced: bool
     node_known: bool
     version: str
 
@@ -186,9 +197,36 @@ def fault(cluster: Cluster, name: str) -> Fault | None:
         record=record,
         timeline=list(record.actions),
         pods=list(record.evicted_pods or record.plan_evict),
+        moves=moves(record.evicted_pods, _eviction_began(record), cluster.pods),
+        events=fault_events(
+            record, cluster.events_of([(GPUFAULT_KIND, record.name), ("Node", record.node)])
+        ),
+        events_synced=cluster.events_synced,
         node_known=record.node in cluster.nodes,
         version=cluster.version,
     )
+
+
+def fault_events(record: FaultRecord, events: Iterable[EventView]) -> list[EventView]:
+    """Of the Events about the record or its node, those of this fault: every one
+    about the record, and the node's since the record was made that name no other
+    record (a node's Events before it, or another fault's, are not this one's)."""
+    created = parse_time(record.created_at)
+    since = created.replace(microsecond=0) if created else None
+    mine = []
+    for event in events:
+        if (GPUFAULT_KIND, record.name) not in (event.regarding, event.related):
+            other = event.related is not None and event.related[0] == GPUFAULT_KIND
+            when = parse_time(event.time)
+            if other or since is None or when is None or when < since:
+                continue
+        mine.append(event)
+    return mine
+
+
+def _eviction_began(record: FaultRecord) -> str:
+    began = next((a.time for a in record.actions if a.action == "evict"), "")
+    return began or record.created_at
 
 
 @dataclass(frozen=True)
