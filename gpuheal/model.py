@@ -316,6 +316,19 @@ class ActionEntry:
 
 
 @dataclass(frozen=True)
+class RepairApproval:
+    """status.repairApproval: the controller's question (which attempt of which repair
+    awaits a person, since when) and, once given, the person's answer."""
+
+    attempt: int
+    action: str
+    since: str
+    decision: str = ""  # "approved" or "rejected"; empty while unanswered
+    by: str = ""
+    at: str = ""
+
+
+@dataclass(frozen=True)
 class FaultRecord:
     """Projection of one GPUFault object."""
 
@@ -349,6 +362,8 @@ class FaultRecord:
     released_at: str = ""
     # status.plan.evict: the GPU pods its plan (approval, observe) would evict.
     plan_evict: tuple[str, ...] = ()
+    # status.repairApproval: a repair attempt that awaits (or got) a person's answer.
+    repair_approval: RepairApproval | None = None
     uid: str = ""  # metadata.uid: Events name it, so `kubectl describe gpufault` finds them
 
     @property

@@ -369,6 +369,12 @@ def repair_actions(value: object) -> dict[str, str]:
 REPAIR_CHOICES = ("reset-gpu", "reboot", "none")
 
 
+def approved_repairs(value: object) -> tuple[str, ...]:
+    """The repairs (`reset-gpu`, `reboot`) a person approves before each attempt."""
+    parse = one_of("reset-gpu", "reboot")
+    return tuple(dict.fromkeys(parse(v) for v in strings(value)))
+
+
 @dataclass(frozen=True)
 class RepairConfig:
     """After the drain, the recommended repair of a fault the node's agent reported:
@@ -392,10 +398,16 @@ class RepairConfig:
     settle_seconds: float = setting(number(0, MAX_DELAY_S), 300.0)
     # Fault reason -> reset-gpu | reboot | none, over the Xid catalogue's action.
     action_by_reason: Mapping[str, str] = setting(repair_actions, factory=dict)
+    # These repairs wait for a person's `gpuheal approve` before each attempt; an
+    # unanswered one ends after approval.expirySeconds (a person is asked instead).
+    approval: tuple[str, ...] = setting(approved_repairs, ())
 
     @property
     def acts(self) -> bool:
         return self.enabled and self.mode == "act"
+
+    def approval_for(self, action: str) -> bool:
+        return action in self.approval
 
 
 # -- the top-level keys, by concern ------------------------------------------------------

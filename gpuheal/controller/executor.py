@@ -51,6 +51,7 @@ from gpuheal.model import (
     NodeView,
     Phase,
     PodView,
+    RepairApproval,
 )
 from gpuheal.policy import history
 from gpuheal.policy.devices import (
@@ -169,6 +170,7 @@ class RecordNews:
     plan: Planned | None = None
     evictions: bool = False
     contact_support: bool = False
+    repair_approval: RepairApproval | None = None
 
     def add(self, action: UpdateRecord) -> None:
         self.phase = action.phase
@@ -181,6 +183,8 @@ class RecordNews:
         if action.plan is not None:
             self.plan = action.plan
         self.contact_support = self.contact_support or action.contact_support
+        if action.repair_approval is not None:
+            self.repair_approval = action.repair_approval
 
 
 class Crashpoint:
@@ -543,6 +547,8 @@ class Executor:
                 status["plan"] = news.plan.status()
             if news.contact_support:
                 status["contactSupport"] = True
+            if news.repair_approval is not None:
+                status["repairApproval"] = writes.repair_approval(news.repair_approval)
             body = {"metadata": {"resourceVersion": record.resource_version}, "status": status}
             try:
                 raw = await self.api.patch(gpufault_path(name, status=True), body)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from gpuheal.controller.executor import Outcome
 from gpuheal.controller.notify import Notice
 from gpuheal.model import FaultRecord
-from gpuheal.policy import validation
+from gpuheal.policy import repair, validation
 from gpuheal.policy.devices import (
     CreateCanary,
     CreateDeviceRecord,
@@ -79,6 +79,10 @@ _ENTRY_VERBS = {
     FAILED_ACTION: "repair failed",
     PROPOSED_ACTION: "repair proposed (not asked)",
     EXHAUSTED_ACTION: "repairs exhausted: contact support",
+    repair.AWAITING_APPROVAL_ACTION: "repair awaits approval",
+    repair.APPROVED_ACTION: "repair approved",
+    repair.REJECTED_ACTION: "repair rejected, not carried out",
+    repair.EXPIRED_ACTION: "repair approval expired, not carried out",
 }
 
 

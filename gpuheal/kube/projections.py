@@ -31,6 +31,7 @@ from gpuheal.model import (
     NodeView,
     Phase,
     PodView,
+    RepairApproval,
     Severity,
     Taint,
 )
@@ -182,6 +183,15 @@ class ApprovalJson(msgspec.Struct):
     at: str = ""
 
 
+class RepairApprovalJson(msgspec.Struct):
+    attempt: int = 0
+    action: str = ""
+    since: str = ""
+    decision: str = ""
+    by: str = ""
+    at: str = ""
+
+
 class ReleaseJson(msgspec.Struct):
     by: str = ""
     at: str = ""
@@ -201,6 +211,7 @@ class FaultStatusJson(msgspec.Struct):
     approval: ApprovalJson | None = None
     release: ReleaseJson | None = None
     plan: PlanJson | None = None
+    repairApproval: RepairApprovalJson | None = None  # noqa: N815
 
 
 class FaultJson(msgspec.Struct):
@@ -388,7 +399,19 @@ def fault_record(fault: FaultJson) -> FaultRecord:
         **_approval(status.approval),
         released_by=status.release.by if status.release else "",
         released_at=status.release.at if status.release else "",
+        repair_approval=_repair_approval(status.repairApproval),
         uid=fault.metadata.uid,
+    )
+
+
+def _repair_approval(asked: RepairApprovalJson | None) -> RepairApproval | None:
+    """The question and its answer; an answer that is no decision is no answer."""
+    if asked is None or asked.attempt < 1:
+        return None
+    if asked.decision not in DECISIONS:
+        return RepairApproval(asked.attempt, asked.action, asked.since)
+    return RepairApproval(
+        asked.attempt, asked.action, asked.since, asked.decision, asked.by, asked.at
     )
 
 

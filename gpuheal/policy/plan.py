@@ -34,6 +34,7 @@ from gpuheal.model import (
     NodeView,
     Phase,
     PodView,
+    RepairApproval,
     Severity,
     fault_record_name,
 )
@@ -128,6 +129,7 @@ class UpdateRecord:
     expiry: str | None = None  # a device quarantine's new end; None: unchanged
     plan: Planned | None = None  # status.plan; None: unchanged
     contact_support: bool = False  # set status.contactSupport (never unset)
+    repair_approval: RepairApproval | None = None  # status.repairApproval; None: unchanged
 
 
 @dataclass(frozen=True)
@@ -830,7 +832,13 @@ def _repair_actions(repair: RepairStep, node: str, record: FaultRecord) -> tuple
     actions: list[Action] = [repair.request] if repair.request is not None else []
     phase = record.phase if record.phase in TAINTED_PHASES else Phase.DRAINED
     actions += [
-        UpdateRecord(record.name, phase, entry, contact_support=repair.contact_support)
+        UpdateRecord(
+            record.name,
+            phase,
+            entry,
+            contact_support=repair.contact_support,
+            repair_approval=repair.ask,
+        )
         for entry in repair.entries
     ]
     actions += [Emit(s.reason, s.note, node, record.name, warning=s.warning) for s in repair.said]

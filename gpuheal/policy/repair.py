@@ -18,7 +18,15 @@ from dataclasses import dataclass
 from gpuheal import values
 from gpuheal.clock import iso, parse_time
 from gpuheal.config import Config
-from gpuheal.model import REPAIR_REQUEST, REPAIR_RESULT, ActionEntry, FaultRecord, FaultSignal
+from gpuheal.model import (
+    APPROVED,
+    REPAIR_REQUEST,
+    REPAIR_RESULT,
+    ActionEntry,
+    FaultRecord,
+    FaultSignal,
+    RepairApproval,
+)
 from gpuheal.policy.breaker import repair_capacity
 from gpuheal.policy.repairwire import (
     Outcome,
@@ -38,6 +46,10 @@ REPAIR_FAILED = "GPUFaultRepairFailed"
 REPAIR_PROPOSED = "GPUFaultRepairProposed"
 # The same reason as a device's: a person must look at the hardware.
 CONTACT_SUPPORT = "GPUContactSupport"
+REPAIR_AWAITING = "GPUFaultRepairAwaitingApproval"
+REPAIR_APPROVED = "GPUFaultRepairApproved"
+REPAIR_REJECTED = "GPUFaultRepairRejected"
+REPAIR_APPROVAL_EXPIRED = "GPUFaultRepairApprovalExpired"
 
 # Record entries; each names its attempt first ("reset-gpu attempt 2: ...").
 REQUESTED_ACTION = "repair-requested"
@@ -46,6 +58,11 @@ FAILED_ACTION = "repair-failed"
 PROPOSED_ACTION = "would-repair"
 HELD_ACTION = "repair-held"  # the budget is full: waits
 EXHAUSTED_ACTION = "repair-exhausted"  # contact support: the node stays held
+# repair.approval: an attempt waits for a person's answer (status.repairApproval).
+AWAITING_APPROVAL_ACTION = "repair-awaiting-approval"
+APPROVED_ACTION = "repair-approved"
+REJECTED_ACTION = "repair-rejected"
+EXPIRED_ACTION = "repair-approval-expired"
 
 # Reasons the agent reports that are not Xid rows, with their repair.
 _AGENT_REASONS = {
@@ -116,6 +133,8 @@ class RepairStep:
     contact_support: bool = False
     requeue_after: float | None = None
     suppressed: str | None = None
+    # status.repairApproval to write: the attempt a person is asked to approve.
+    ask: RepairApproval | None = None
 
     @property
     def acts(self) -> bool:
@@ -142,6 +161,10 @@ _STEPS = {
     REPAIRED_ACTION: "done",
     PROPOSED_ACTION: "proposed",
     EXHAUSTED_ACTION: "contact-support",
+    AWAITING_APPROVAL_ACTION: "awaiting-approval",
+    APPROVED_ACTION: "approved",
+    REJECTED_ACTION: "rejected",
+    EXPIRED_ACTION: "approval-expired",
 }
 
 
@@ -169,6 +192,16 @@ def _tag(action: Action, attempt: int) -> str:
 
 def _said(record: FaultRecord, actions: tuple[str, ...], tag: str) -> bool:
     return any(a.action in actions and a.detail.startswith(tag + ":") for a in record.actions)
+
+
+def awaiting_approval(record: FaultRecord) -> RepairApproval | None:
+    """The repair attempt of an open record that waits for a person's answer now
+    (asked, unanswered, not expired); None when none does."""
+    asked = record.repair_approval
+    if asked is None or asked.decision or not record.open:
+        return None
+    tag = f"{asked.action} attempt {asked.attempt}"
+    return None if _said(record, (EXPIRED_ACTION,), tag) else asked
 
 
 def current(subject: Subject) -> tuple[RepairRequest | None, RepairResult | None]:
@@ -236,6 +269,7 @@ def _merge(*steps: RepairStep) -> RepairStep:
         contact_support=any(s.contact_support for s in steps),
         requeue_after=min(requeue) if requeue else None,
         suppressed=next((s.suppressed for s in steps if s.suppressed), None),
+        ask=next((s.ask for s in steps if s.ask), None),
     )
 
 
@@ -307,6 +341,12 @@ def _next(
             f"(repair.maxAttemptsPerNode {cfg.max_attempts_per_node})",
             now,
         )
+    action = steps[attempt - 1]
+    approved = RepairStep()
+    if cfg.approval_for(action.value):
+        approved, go = _approval(subject, action, attempt, config, now)
+        if not go:
+            return approved
     others = len(subject.repairing - {subject.node})
     capacity = repair_capacity(subject.gpu_nodes, config)
     if others >= capacity:
@@ -321,14 +361,16 @@ def _next(
                 ),
             )
         )  # fmt: skip
-        return RepairStep(
-            entries=held, requeue_after=config.hold_retry_seconds, suppressed="repair-budget"
+        return _merge(
+            approved,
+            RepairStep(
+                entries=held, requeue_after=config.hold_retry_seconds, suppressed="repair-budget"
+            ),
         )
-    action = steps[attempt - 1]
     request = RepairRequest(action, fault_digest(record.fault_id), attempt, iso(now, "seconds"))
     tag = _tag(action, attempt)
     what = _what(action, subject)
-    return RepairStep(
+    asked = RepairStep(
         request=RequestRepair(subject.node, request),
         entries=(_entry(now, REQUESTED_ACTION, "waiting", f"{tag}: {what}"),),
         said=(
@@ -339,6 +381,76 @@ def _next(
         ),
         requeue_after=cfg.result_timeout_seconds,
     )
+    return _merge(approved, asked)
+
+
+def _approval(
+    subject: Subject, action: Action, attempt: int, config: Config, now: dt.datetime
+) -> tuple[RepairStep, bool]:
+    """repair.approval: the attempt waits for a person (status.repairApproval). True
+    once approved (with its entry, once); else what the record says meanwhile: the
+    question (once), the wait, or the refusal or expiry and a person asked instead."""
+    record = subject.record
+    tag = _tag(action, attempt)
+    asked = record.repair_approval
+    expiry = config.approval.expiry_seconds
+    if asked is None or (asked.attempt, asked.action) != (attempt, action.value):
+        what = _what(action, subject)
+        note = (
+            f"fault {record.fault_id} ({record.reason}): {tag} awaits approval: {what}. "
+            f"Approve or reject with `gpuheal approve|reject {record.name}` within {expiry:g}s"
+        )
+        return RepairStep(
+            ask=RepairApproval(attempt, action.value, iso(now, "seconds")),
+            entries=(_entry(now, AWAITING_APPROVAL_ACTION, "waiting", f"{tag}: {what}"),),
+            said=(Said(REPAIR_AWAITING, note),),
+            requeue_after=expiry,
+            suppressed="repair-awaiting-approval",
+        ), False
+    if _said(record, (EXPIRED_ACTION,), tag):
+        # An answer that came after the expiry was recorded changes nothing.
+        return _exhausted(subject, f"{tag}: approval expired", now), False
+    if asked.decision:
+        return _answered(subject, asked, tag, now)
+    waited = (now - (parse_time(asked.since) or now)).total_seconds()
+    if waited < expiry:
+        return RepairStep(
+            requeue_after=expiry - waited, suppressed="repair-awaiting-approval"
+        ), False
+    why = f"{tag}: no answer within {expiry:g}s (approval.expirySeconds)"
+    expired = RepairStep(
+        entries=(_entry(now, EXPIRED_ACTION, "expired", why),),
+        said=(
+            Said(REPAIR_APPROVAL_EXPIRED, f"fault {record.fault_id}: {why}; not carried out", True),
+        ),
+    )
+    return _merge(expired, _exhausted(subject, why, now)), False
+
+
+def _answered(
+    subject: Subject, asked: RepairApproval, tag: str, now: dt.datetime
+) -> tuple[RepairStep, bool]:
+    """A person's answer to the attempt: approved (its entry and Event, once) goes
+    on; rejected is recorded once, and a person is asked instead."""
+    record = subject.record
+    by = f"by {asked.by} at {asked.at}"
+    if asked.decision == APPROVED:
+        if _said(record, (APPROVED_ACTION,), tag):
+            return RepairStep(), True
+        note = f"fault {record.fault_id}: {tag} approved {by}"
+        return RepairStep(
+            entries=(_entry(now, APPROVED_ACTION, "ok", f"{tag}: approved {by}"),),
+            said=(Said(REPAIR_APPROVED, note),),
+        ), True
+    # Rejected.
+    ended = RepairStep()
+    if not _said(record, (REJECTED_ACTION,), tag):
+        note = f"fault {record.fault_id}: {tag} rejected {by}; not carried out"
+        ended = RepairStep(
+            entries=(_entry(now, REJECTED_ACTION, "rejected", f"{tag}: rejected {by}"),),
+            said=(Said(REPAIR_REJECTED, note, warning=True),),
+        )
+    return _merge(ended, _exhausted(subject, f"{tag} rejected {by}", now)), False
 
 
 def _requests_within(subject: Subject, window: float, now: dt.datetime) -> int:
