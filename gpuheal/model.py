@@ -218,6 +218,7 @@ class NodeView:
     # status.capacity of the same: whether it is a GPU node at all (a MIG-only node
     # of the mixed strategy has no nvidia.com/gpu).
     capacity: tuple[tuple[str, int], ...] = ()
+    provider_id: str = ""  # spec.providerID: the cloud's name of the machine (replace)
 
     def taint(self, key: str = TAINT_KEY) -> Taint | None:
         return next((t for t in self.taints if t.key == key), None)

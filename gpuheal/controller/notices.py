@@ -14,6 +14,7 @@ from gpuheal.controller.executor import Outcome
 from gpuheal.controller.notify import Notice
 from gpuheal.model import FaultRecord
 from gpuheal.policy import repair, validation
+from gpuheal.policy import replace as replacing
 from gpuheal.policy.devices import (
     CreateCanary,
     CreateDeviceRecord,
@@ -83,6 +84,9 @@ _ENTRY_VERBS = {
     repair.APPROVED_ACTION: "repair approved",
     repair.REJECTED_ACTION: "repair rejected, not carried out",
     repair.EXPIRED_ACTION: "repair approval expired, not carried out",
+    replacing.REQUESTED_ACTION: "node replacement requested from the provider",
+    replacing.ACCEPTED_ACTION: "node replacement accepted by the provider",
+    replacing.FAILED_ACTION: "node replacement call failed",
 }
 
 

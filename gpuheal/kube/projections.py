@@ -64,6 +64,7 @@ class TaintJson(msgspec.Struct):
 class NodeSpec(msgspec.Struct):
     taints: list[TaintJson] = []
     unschedulable: bool = False
+    providerID: str = ""  # noqa: N815 -- API field name
 
 
 class ConditionJson(msgspec.Struct):
@@ -255,6 +256,7 @@ def node_view(node: NodeJson, gpu_resource: str = "nvidia.com/gpu") -> NodeView:
         # Extended resources only (a domain in the name): a handful, not cpu/memory/pods.
         allocatable=_extended(node.status.allocatable),
         capacity=_extended(node.status.capacity),
+        provider_id=node.spec.providerID,
     )
 
 

@@ -49,6 +49,7 @@ from gpuheal.policy.recent import handled_lately
 from gpuheal.policy.release import released
 from gpuheal.policy.repair import RepairStep, RequestRepair, Subject, outcome_only
 from gpuheal.policy.repair import step as repair_step
+from gpuheal.policy.replace import CallReplace
 from gpuheal.policy.rollout import RolloutDriver
 from gpuheal.sources import SOURCES, Seen, Source
 
@@ -133,6 +134,12 @@ class UpdateRecord:
 
 
 @dataclass(frozen=True)
+class ReplaceIntent(UpdateRecord):
+    """The intent of a provider-hook call: written at once, before the call
+    (policy/replace.py), not with the pass's other record news."""
+
+
+@dataclass(frozen=True)
 class AwaitApproval(UpdateRecord):
     """The record's plan waits for a person (its own name in metrics and notifications)."""
 
@@ -201,6 +208,7 @@ Action = (
     | DeletePod
     | MarkHandled
     | RequestRepair
+    | CallReplace
     | Emit
     | validation.CreateValidationJob
     | validation.DeleteValidationJob
@@ -823,6 +831,7 @@ def _subject(state: NodeState, record: FaultRecord, signal: FaultSignal | None) 
         gpu_nodes=state.gpu_nodes,
         repairing=state.repairing,
         devices=signal.devices if signal is not None else (),
+        provider_id=node.provider_id,
     )
 
 
@@ -841,6 +850,11 @@ def _repair_actions(repair: RepairStep, node: str, record: FaultRecord) -> tuple
         )
         for entry in repair.entries
     ]
+    call = repair.replace
+    if call is not None:
+        if call.intent is not None:
+            actions.append(ReplaceIntent(record.name, phase, call.intent))
+        actions.append(replace(call, phase=phase))
     actions += [Emit(s.reason, s.note, node, record.name, warning=s.warning) for s in repair.said]
     return tuple(actions)
 

@@ -27,6 +27,7 @@ from gpuheal.model import (
     FaultSignal,
     RepairApproval,
 )
+from gpuheal.policy import replace as replacing
 from gpuheal.policy.breaker import repair_capacity
 from gpuheal.policy.repairwire import (
     Outcome,
@@ -36,6 +37,7 @@ from gpuheal.policy.repairwire import (
     decode_result,
     fault_digest,
 )
+from gpuheal.policy.replace import CallReplace, replace_step
 from gpuheal.sources.annotations import SOURCE as AGENT_SOURCE
 from gpuheal.xid import CATALOGUE, RECOVERY_ACTIONS, Action
 
@@ -58,6 +60,8 @@ FAILED_ACTION = "repair-failed"
 PROPOSED_ACTION = "would-repair"
 HELD_ACTION = "repair-held"  # the budget is full: waits
 EXHAUSTED_ACTION = "repair-exhausted"  # contact support: the node stays held
+# repair.replace: the controller calls the provider's hook (policy/replace.py).
+REPLACE = "replace"
 # repair.approval: an attempt waits for a person's answer (status.repairApproval).
 AWAITING_APPROVAL_ACTION = "repair-awaiting-approval"
 APPROVED_ACTION = "repair-approved"
@@ -81,7 +85,8 @@ def recommended(reason: str, config: Config) -> Action:
     (`none` for a reason neither knows: nothing is repaired blind)."""
     chosen = config.repair.action_by_reason.get(reason)
     if chosen is not None:
-        return Action.NONE if chosen == "none" else Action(chosen)
+        # `replace` is the controller's (replaced()), not an action of the agent's.
+        return Action.NONE if chosen in ("none", REPLACE) else Action(chosen)
     for row in (*CATALOGUE.values(), *RECOVERY_ACTIONS.values()):
         if row.reason == reason:
             return row.action
@@ -135,6 +140,8 @@ class RepairStep:
     suppressed: str | None = None
     # status.repairApproval to write: the attempt a person is asked to approve.
     ask: RepairApproval | None = None
+    # repair.replace: the provider hook's call (after its intent entry, if new).
+    replace: CallReplace | None = None
 
     @property
     def acts(self) -> bool:
@@ -154,6 +161,7 @@ class Subject:
     # Nodes with a repair in flight (this one included if it has).
     repairing: frozenset[str] = frozenset()
     devices: tuple[str, ...] = ()  # the fault's GPUs (a reset's)
+    provider_id: str = ""  # the node's spec.providerID (a replace's)
 
 
 _STEPS = {
@@ -165,6 +173,9 @@ _STEPS = {
     APPROVED_ACTION: "approved",
     REJECTED_ACTION: "rejected",
     EXPIRED_ACTION: "approval-expired",
+    replacing.REQUESTED_ACTION: "requested",
+    replacing.ACCEPTED_ACTION: "accepted",
+    replacing.FAILED_ACTION: "failed",
 }
 
 
@@ -178,7 +189,7 @@ def repair_metric(entry: ActionEntry) -> tuple[str, str] | None:
     else:
         return None
     word = entry.detail.split(" ", 1)[0]
-    action = word if word in (Action.RESET_GPU.value, Action.REBOOT.value) else "none"
+    action = word if word in (Action.RESET_GPU.value, Action.REBOOT.value, REPLACE) else "none"
     return action, step_name
 
 
@@ -270,10 +281,11 @@ def _merge(*steps: RepairStep) -> RepairStep:
         requeue_after=min(requeue) if requeue else None,
         suppressed=next((s.suppressed for s in steps if s.suppressed), None),
         ask=next((s.ask for s in steps if s.ask), None),
+        replace=next((s.replace for s in steps if s.replace), None),
     )
 
 
-def step(subject: Subject, config: Config, now: dt.datetime) -> RepairStep:
+def step(subject: Subject, config: Config, now: dt.datetime) -> RepairStep:  # noqa: PLR0911 -- a return per stage of the attempt
     """The repair step of a drained node whose fault is still reported."""
     cfg = config.repair
     signal = subject.signal
@@ -281,7 +293,10 @@ def step(subject: Subject, config: Config, now: dt.datetime) -> RepairStep:
         # Only the agent's own report: the agent acts on the fault it reported.
         return RepairStep()
     record = subject.record
-    steps = ladder(recommended(record.reason or signal.reason, config), subject.devices, config)
+    reason = record.reason or signal.reason
+    if cfg.acts and cfg.replace.configured and cfg.action_by_reason.get(reason) == REPLACE:
+        return _replace_step(subject, config, now)
+    steps = ladder(recommended(reason, config), subject.devices, config)
     if not steps:
         return RepairStep()
     if not cfg.acts:
@@ -332,6 +347,8 @@ def _next(
     cfg = config.repair
     record = subject.record
     if attempt > len(steps):
+        if cfg.replace.configured:
+            return _replace_step(subject, config, now)
         return _exhausted(subject, f"{len(steps)} repair attempt(s) did not clear the fault", now)
     recent = _requests_within(subject, cfg.window_seconds, now)
     if recent >= cfg.max_attempts_per_node:
@@ -497,4 +514,21 @@ def _proposed(subject: Subject, action: Action, now: dt.datetime) -> RepairStep:
                 "(repair.mode is propose; nothing asked of the agent)",
             ),
         ),
+    )
+
+
+def _replace_step(subject: Subject, config: Config, now: dt.datetime) -> RepairStep:
+    """The provider's hook, in the policy's terms (policy/replace.py); past its
+    attempts a person is asked, as after the ladder."""
+    decided = replace_step(
+        subject.node, subject.record, subject.provider_id, config.repair.replace, now
+    )
+    if decided.exhausted:
+        return _exhausted(subject, decided.exhausted, now)
+    said = tuple(Said(r, n, w) for r, n, w in decided.said)
+    return RepairStep(
+        replace=decided.call,
+        said=said,
+        requeue_after=decided.requeue_after,
+        suppressed=decided.suppressed,
     )
