@@ -118,10 +118,17 @@ def replace_step(
             node, record.name, record.fault_id, record.reason, provider_id, attempt, intent
         )
 
+    def backoff(attempt: int) -> float:
+        return float(cfg.retry_base_seconds * 2 ** (attempt - 1))
+
+    # After a call, the next look comes when a failure's backoff ends: the outcome's
+    # own record update is this pass's write, not a reason to look again.
     if last and last not in outcomes:
         # An intent without its outcome: the call may or may not have reached the
         # receiver. Again, under the same key.
-        return ReplaceDecision(call=call(last, None), suppressed="replacing")
+        return ReplaceDecision(
+            call=call(last, None), requeue_after=backoff(last), suppressed="replacing"
+        )
     if last:
         if last >= cfg.max_attempts:
             return ReplaceDecision(
@@ -129,8 +136,7 @@ def replace_step(
                 f"{cfg.max_attempts})"
             )
         failed_at = parse_time(outcomes[last].time) or now
-        backoff = cfg.retry_base_seconds * 2 ** (last - 1)
-        left = backoff - (now - failed_at).total_seconds()
+        left = backoff(last) - (now - failed_at).total_seconds()
         if left > 0:
             return ReplaceDecision(requeue_after=left, suppressed="replace-backoff")
     attempt = last + 1
@@ -142,4 +148,8 @@ def replace_step(
         f"fault {record.fault_id} ({record.reason}): replace attempt {attempt} of {node} "
         f"requested from the provider (key {key})"
     )
-    return ReplaceDecision(call=call(attempt, intent), said=((REPLACE_REQUESTED, note, False),))
+    return ReplaceDecision(
+        call=call(attempt, intent),
+        said=((REPLACE_REQUESTED, note, False),),
+        requeue_after=backoff(attempt),
+    )
