@@ -47,6 +47,7 @@ from tests.integration.conftest import (
     our_taint,
     pods_on,
 )
+from tests.integration.test_approval import TOKEN, post
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -394,26 +395,29 @@ def test_an_approval_required_reset_waits_for_gpuheal_approve_then_is_done_once(
     assert code == 2 and "not awaiting approval" in err, err
 
 
-def test_a_rejected_repair_is_recorded_nothing_is_asked_and_the_node_stays_held(
-    control_plane: ControlPlane,
+def test_a_repair_rejected_through_the_api_is_recorded_nothing_is_asked_and_the_node_stays_held(
     kube: Client,
     pool: dict[str, str],
-    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
     fake_gpu_nodes: FakeNodes,
     start_controller: StartController,
 ) -> None:
     (node,) = fake_gpu_nodes(1, labels=pool)
-    start_controller(repair_config(pool, approval=["reset-gpu", "reboot"]))
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    config = repair_config(pool, approval=["reset-gpu", "reboot"])
+    controller = start_controller(config | {"apiTokenFile": str(token_file)})
+    controller.wait_leading()
     report(kube, node, "rejected-repair")
     record = wait_for("the approval asked", lambda: awaiting(kube, node), timeout_s=30)
     name = record.metadata.name
 
-    code, out, err = gpuheal(control_plane, capsys, "reject", name)
-    assert code == 0, err
-    assert json.loads(out)["decision"] == "rejected"
+    code, body = post(controller, f"/api/v1/faults/{name}/reject")
+    assert code == 200, body
+    assert body["repair"] == {"action": "reset-gpu", "attempt": 1}
     record = wait_for("contact support", lambda: held(kube, node), timeout_s=30)
     (rejected,) = entries(record, "repair-rejected")
-    assert rejected["detail"].startswith(f"reset-gpu attempt 1: rejected by {ADMIN} at ")
+    assert rejected["detail"].startswith("reset-gpu attempt 1: rejected by api-token at ")
     (exhausted,) = entries(record, "repair-exhausted")
     assert exhausted["result"] == "contact-support"
     assert len(events_for(kube, node, "GPUFaultRepairRejected")) == 1
@@ -422,3 +426,6 @@ def test_a_rejected_repair_is_recorded_nothing_is_asked_and_the_node_stays_held(
     assert REPAIR_REQUEST not in node_annotations(kube, node)  # nothing asked of the node
     assert our_taint(kube, node) is not None
     assert not entries(one_record(kube, node), "repair-requested")
+    # Answered once: a second answer is refused.
+    code, body = post(controller, f"/api/v1/faults/{name}/approve")
+    assert code == 409 and "already rejected" in body["error"]

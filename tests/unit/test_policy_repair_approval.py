@@ -12,6 +12,8 @@ import pytest
 
 from gpuheal.clock import iso
 from gpuheal.config import ConfigError, RepairConfig, parse_config
+from gpuheal.controller.executor import Outcome
+from gpuheal.controller.notices import notice_for
 from gpuheal.model import (
     APPROVED,
     REJECTED,
@@ -189,3 +191,11 @@ def test_the_config_key_and_the_metric_steps() -> None:
     assert RepairConfig().approval == ()
     said = entry(AWAITING_APPROVAL_ACTION, "reboot attempt 3: reboot x", "waiting")
     assert repair_metric(said) == ("reboot", "awaiting-approval")
+
+
+def test_the_question_is_told_to_the_notification_sinks() -> None:
+    p = plan(state(node(), drained()), APPROVING, NOW)
+    record = drained()
+    notice = notice_for(record.node, p.repair, Outcome(), {record.name: record}.get)
+    assert notice is not None
+    assert notice.summary == f"{record.node}: EccContained94 — repair awaits approval"
