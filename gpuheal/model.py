@@ -218,6 +218,7 @@ class NodeView:
     # status.capacity of the same: whether it is a GPU node at all (a MIG-only node
     # of the mixed strategy has no nvidia.com/gpu).
     capacity: tuple[tuple[str, int], ...] = ()
+    provider_id: str = ""  # spec.providerID: the cloud's name of the machine (replace)
 
     def taint(self, key: str = TAINT_KEY) -> Taint | None:
         return next((t for t in self.taints if t.key == key), None)
@@ -335,6 +336,19 @@ class ActionEntry:
 
 
 @dataclass(frozen=True)
+class RepairApproval:
+    """status.repairApproval: the controller's question (which attempt of which repair
+    awaits a person, since when) and, once given, the person's answer."""
+
+    attempt: int
+    action: str
+    since: str
+    decision: str = ""  # "approved" or "rejected"; empty while unanswered
+    by: str = ""
+    at: str = ""
+
+
+@dataclass(frozen=True)
 class FaultRecord:
     """Projection of one GPUFault object."""
 
@@ -368,6 +382,8 @@ class FaultRecord:
     released_at: str = ""
     # status.plan.evict: the GPU pods its plan (approval, observe) would evict.
     plan_evict: tuple[str, ...] = ()
+    # status.repairApproval: a repair attempt that awaits (or got) a person's answer.
+    repair_approval: RepairApproval | None = None
     uid: str = ""  # metadata.uid: Events name it, so `kubectl describe gpufault` finds them
 
     @property

@@ -359,14 +359,38 @@ class RetentionConfig:
 
 
 def repair_actions(value: object) -> dict[str, str]:
-    """Fault reason -> the repair for it (`reset-gpu`, `reboot` or `none`), over the
-    Xid catalogue's recommended action."""
+    """Fault reason -> the repair for it (`reset-gpu`, `reboot`, `replace` or `none`),
+    over the Xid catalogue's recommended action."""
     found = string_map(value)
     parse = one_of(*REPAIR_CHOICES)
     return {reason: parse(action) for reason, action in found.items()}
 
 
-REPAIR_CHOICES = ("reset-gpu", "reboot", "none")
+REPAIR_CHOICES = ("reset-gpu", "reboot", "replace", "none")
+
+
+def approved_repairs(value: object) -> tuple[str, ...]:
+    """The repairs (`reset-gpu`, `reboot`) a person approves before each attempt."""
+    parse = one_of("reset-gpu", "reboot")
+    return tuple(dict.fromkeys(parse(v) for v in strings(value)))
+
+
+@dataclass(frozen=True)
+class ReplaceConfig:
+    """The provider hook that replaces a node (docs/controller.md, "Repair"): a
+    webhook or a command the controller calls, once per attempt. Neither: off."""
+
+    webhook: str = setting(url, "")  # a secret: logged only as url_origin(webhook)
+    # argv; the call's JSON on stdin, its idempotency key in GPUHEAL_IDEMPOTENCY_KEY.
+    command: tuple[str, ...] = setting(strings, ())
+    timeout_seconds: float = setting(number(1, 600), 30.0)
+    # Failed calls: retried after retryBaseSeconds, doubling, up to maxAttempts calls.
+    max_attempts: int = setting(integer(1, 20), 3)
+    retry_base_seconds: float = setting(number(0.1, MAX_DELAY_S), 60.0)
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.webhook or self.command)
 
 
 @dataclass(frozen=True)
@@ -392,10 +416,19 @@ class RepairConfig:
     settle_seconds: float = setting(number(0, MAX_DELAY_S), 300.0)
     # Fault reason -> reset-gpu | reboot | none, over the Xid catalogue's action.
     action_by_reason: Mapping[str, str] = setting(repair_actions, factory=dict)
+    # These repairs wait for a person's `gpuheal approve` before each attempt; an
+    # unanswered one ends after approval.expirySeconds (a person is asked instead).
+    approval: tuple[str, ...] = setting(approved_repairs, ())
+    # The node replaced through the provider's hook: after the ladder instead of
+    # contact support, or for the reasons actionByReason maps to `replace`.
+    replace: ReplaceConfig = section(ReplaceConfig)
 
     @property
     def acts(self) -> bool:
         return self.enabled and self.mode == "act"
+
+    def approval_for(self, action: str) -> bool:
+        return action in self.approval
 
 
 # -- the top-level keys, by concern ------------------------------------------------------
@@ -557,6 +590,15 @@ def _cross_checks(config: Config) -> list[str]:
     m = config.maintenance
     if m.checkpoint == "webhook" and not m.checkpoint_webhook_url:
         errors.append("maintenance.checkpointWebhookUrl: required when checkpoint is webhook")
+    hook = config.repair.replace
+    if hook.webhook and hook.command:
+        errors.append("repair.replace: a webhook or a command, not both")
+    replaced = sorted(r for r, a in config.repair.action_by_reason.items() if a == "replace")
+    if replaced and not hook.configured:
+        errors.append(
+            f"repair.actionByReason: {', '.join(replaced)} mapped to replace, but "
+            "repair.replace has no webhook or command"
+        )
     gate = config.health_gate
     both = sorted(set(gate.environment_required) & set(gate.environment_ignored))
     if both:

@@ -28,6 +28,7 @@ from typing import Any
 from gpuheal import values
 from gpuheal.clock import iso, parse_time
 from gpuheal.config import Config
+from gpuheal.controller.replace import call_hook
 from gpuheal.kube import validation, writes
 from gpuheal.kube.api import ApiError, KubeApi, gpufault_path, node_path, pod_path
 from gpuheal.kube.events import EventRecorder, ObjectRef, fault_ref, node_ref, pod_ref
@@ -51,6 +52,7 @@ from gpuheal.model import (
     NodeView,
     Phase,
     PodView,
+    RepairApproval,
 )
 from gpuheal.policy import history
 from gpuheal.policy.devices import (
@@ -77,10 +79,12 @@ from gpuheal.policy.plan import (
     Plan,
     Planned,
     RemoveTaint,
+    ReplaceIntent,
     RequestCheckpoint,
     UpdateRecord,
 )
 from gpuheal.policy.repair import RequestRepair, repair_metric
+from gpuheal.policy.replace import REPLACE_ACCEPTED, REPLACE_FAILED, CallReplace
 from gpuheal.policy.validation import CreateValidationJob, DeleteValidationJob
 
 log = logging.getLogger(__name__)
@@ -169,6 +173,7 @@ class RecordNews:
     plan: Planned | None = None
     evictions: bool = False
     contact_support: bool = False
+    repair_approval: RepairApproval | None = None
 
     def add(self, action: UpdateRecord) -> None:
         self.phase = action.phase
@@ -181,6 +186,8 @@ class RecordNews:
         if action.plan is not None:
             self.plan = action.plan
         self.contact_support = self.contact_support or action.contact_support
+        if action.repair_approval is not None:
+            self.repair_approval = action.repair_approval
 
 
 class Crashpoint:
@@ -338,6 +345,8 @@ class Executor:
         match action:
             case CreateRecord():
                 return await self._create_record(action, outcome)
+            case ReplaceIntent():
+                return await self._write_intent(action, outcome)
             case UpdateRecord():
                 return self._update_record(action, outcome)
             case AddTaint():
@@ -361,6 +370,8 @@ class Executor:
                 return await self._mark_handled(action)
             case RequestRepair():
                 return await self._request_repair(action)
+            case CallReplace():
+                return await self._call_replace(action, outcome)
             case Emit():
                 outcome.emits.append(action)
                 return "queued"
@@ -543,6 +554,8 @@ class Executor:
                 status["plan"] = news.plan.status()
             if news.contact_support:
                 status["contactSupport"] = True
+            if news.repair_approval is not None:
+                status["repairApproval"] = writes.repair_approval(news.repair_approval)
             body = {"metadata": {"resourceVersion": record.resource_version}, "status": status}
             try:
                 raw = await self.api.patch(gpufault_path(name, status=True), body)
@@ -629,6 +642,24 @@ class Executor:
         raw = await self.api.patch(node_path(action.node), body)
         self.caches.put_node(decode_node(raw))
         return "requested"
+
+    async def _write_intent(self, action: ReplaceIntent, outcome: Outcome) -> str:
+        """The intent of a provider-hook call, written now (with what the pass decided
+        about the record before it): the call comes only after it is stored."""
+        self._update_record(action, outcome)
+        await self._write_status(action.name, outcome.news.pop(action.name), outcome)
+        return "intent"
+
+    async def _call_replace(self, action: CallReplace, outcome: Outcome) -> str:
+        """The provider's hook, once for this look; its outcome goes into the record
+        with the pass's news, and an Event."""
+        accepted, detail = await call_hook(self.config().repair.replace, action)
+        entry = action.outcome(accepted, detail, dt.datetime.now(dt.UTC))
+        self._update_record(UpdateRecord(action.record, action.phase, entry), outcome)
+        reason = REPLACE_ACCEPTED if accepted else REPLACE_FAILED
+        note = f"fault {action.fault_id}: {entry.detail}"
+        outcome.emits.append(Emit(reason, note, action.node, action.record, warning=not accepted))
+        return entry.action
 
     async def _mark_handled(self, action: MarkHandled) -> str:
         node = self.caches.node(action.node)

@@ -22,7 +22,7 @@ from gpuheal.kube.writes import action_entry
 from gpuheal.model import MANAGED_LABEL, ActionEntry, FaultRecord, FaultSignal, NodeView, PodView
 from gpuheal.policy import history
 from gpuheal.policy import release as releasing
-from gpuheal.policy.approval import answer_patch, matching, refusal
+from gpuheal.policy.approval import answer_patch, answers_repair, matching, refusal
 from gpuheal.sources import registered
 
 # A person says they are on a fault (the console's Acknowledge): an entry in the
@@ -164,8 +164,12 @@ class ControllerIntake:
                 raise
             return 409, {"error": f"GPUFault {record.name} changed meanwhile; look again"}
         executor.caches.put_record(decode_fault(raw))
-        body = {"name": record.name, "node": record.node, "faultId": record.fault_id}
-        return 200, body | {"decision": decision, "by": by, "at": at}
+        body: dict[str, Any] = {"name": record.name, "node": record.node}
+        body |= {"faultId": record.fault_id, "decision": decision, "by": by, "at": at}
+        asked = record.repair_approval
+        if answers_repair(record) and asked is not None:
+            body["repair"] = {"action": asked.action, "attempt": asked.attempt}
+        return 200, body
 
     async def release(self, wanted: str, by: str) -> tuple[int, dict[str, Any]]:
         """Write a person's release on a record the breaker holds (the reconciler

@@ -13,7 +13,8 @@ from collections.abc import Callable, Sequence
 from gpuheal.controller.executor import Outcome
 from gpuheal.controller.notify import Notice
 from gpuheal.model import FaultRecord
-from gpuheal.policy import validation
+from gpuheal.policy import repair, validation
+from gpuheal.policy import replace as replacing
 from gpuheal.policy.devices import (
     CreateCanary,
     CreateDeviceRecord,
@@ -79,6 +80,13 @@ _ENTRY_VERBS = {
     FAILED_ACTION: "repair failed",
     PROPOSED_ACTION: "repair proposed (not asked)",
     EXHAUSTED_ACTION: "repairs exhausted: contact support",
+    repair.AWAITING_APPROVAL_ACTION: "repair awaits approval",
+    repair.APPROVED_ACTION: "repair approved",
+    repair.REJECTED_ACTION: "repair rejected, not carried out",
+    repair.EXPIRED_ACTION: "repair approval expired, not carried out",
+    replacing.REQUESTED_ACTION: "node replacement requested from the provider",
+    replacing.ACCEPTED_ACTION: "node replacement accepted by the provider",
+    replacing.FAILED_ACTION: "node replacement call failed",
 }
 
 

@@ -31,6 +31,7 @@ from gpuheal.model import (
     NodeView,
     Phase,
     PodView,
+    RepairApproval,
     Severity,
     Taint,
 )
@@ -65,6 +66,7 @@ class TaintJson(msgspec.Struct):
 class NodeSpec(msgspec.Struct):
     taints: list[TaintJson] = []
     unschedulable: bool = False
+    providerID: str = ""  # noqa: N815 -- API field name
 
 
 class ConditionJson(msgspec.Struct):
@@ -184,6 +186,15 @@ class ApprovalJson(msgspec.Struct):
     at: str = ""
 
 
+class RepairApprovalJson(msgspec.Struct):
+    attempt: int = 0
+    action: str = ""
+    since: str = ""
+    decision: str = ""
+    by: str = ""
+    at: str = ""
+
+
 class ReleaseJson(msgspec.Struct):
     by: str = ""
     at: str = ""
@@ -203,6 +214,7 @@ class FaultStatusJson(msgspec.Struct):
     approval: ApprovalJson | None = None
     release: ReleaseJson | None = None
     plan: PlanJson | None = None
+    repairApproval: RepairApprovalJson | None = None  # noqa: N815
 
 
 class FaultJson(msgspec.Struct):
@@ -246,6 +258,7 @@ def node_view(node: NodeJson, gpu_resource: str = "nvidia.com/gpu") -> NodeView:
         # Extended resources only (a domain in the name): a handful, not cpu/memory/pods.
         allocatable=_extended(node.status.allocatable),
         capacity=_extended(node.status.capacity),
+        provider_id=node.spec.providerID,
     )
 
 
@@ -392,7 +405,19 @@ def fault_record(fault: FaultJson) -> FaultRecord:
         **_approval(status.approval),
         released_by=status.release.by if status.release else "",
         released_at=status.release.at if status.release else "",
+        repair_approval=_repair_approval(status.repairApproval),
         uid=fault.metadata.uid,
+    )
+
+
+def _repair_approval(asked: RepairApprovalJson | None) -> RepairApproval | None:
+    """The question and its answer; an answer that is no decision is no answer."""
+    if asked is None or asked.attempt < 1:
+        return None
+    if asked.decision not in DECISIONS:
+        return RepairApproval(asked.attempt, asked.action, asked.since)
+    return RepairApproval(
+        asked.attempt, asked.action, asked.since, asked.decision, asked.by, asked.at
     )
 
 

@@ -28,6 +28,7 @@ from gpuheal.model import (
     Mode,
     NodeView,
     Phase,
+    RepairApproval,
 )
 
 
@@ -95,6 +96,19 @@ def action_entry(entry: ActionEntry) -> dict[str, str]:
         "action": entry.action,
         "result": entry.result,
         "detail": values.text(entry.detail, values.DETAIL_MAX),
+    }
+
+
+def repair_approval(asked: RepairApproval) -> dict[str, Any]:
+    """status.repairApproval as the controller asks it (a merge patch): the attempt's
+    question, and the answer to an earlier attempt removed (null)."""
+    return {
+        "attempt": asked.attempt,
+        "action": asked.action,
+        "since": asked.since,
+        "decision": asked.decision or None,
+        "by": values.text(asked.by) if asked.by else None,
+        "at": asked.at or None,
     }
 
 

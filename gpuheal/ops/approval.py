@@ -24,7 +24,7 @@ from gpuheal.kube.snapshot import list_all
 from gpuheal.model import APPROVED, FaultRecord
 from gpuheal.ops import exitcodes
 from gpuheal.ops.output import Notes, Table, render
-from gpuheal.policy.approval import answer_patch, matching, refusal
+from gpuheal.policy.approval import answer_patch, answers_repair, matching, refusal
 
 if TYPE_CHECKING:
     from gpuheal.ops.context import Context
@@ -65,7 +65,7 @@ class Answered:
     plan: dict[str, Any]
 
     def data(self) -> dict[str, Any]:
-        return {
+        found: dict[str, Any] = {
             "name": self.record.name,
             "node": self.record.node,
             "faultId": self.record.fault_id,
@@ -74,19 +74,27 @@ class Answered:
             "at": self.at,
             "plan": self.plan,
         }
+        asked = self.record.repair_approval
+        if answers_repair(self.record) and asked is not None:
+            found["repair"] = {"action": asked.action, "attempt": asked.attempt}
+        return found
 
     def views(self) -> Sequence[Table | Notes]:
         pods = self.plan.get("evict") or []
         what = f"taint {self.plan.get('taint', '?')}" + (
             f", evict {len(pods)} GPU pods" if pods else ""
         )
+        said = f"the plan: {what}" if self.plan else "the plan: (not recorded)"
+        asked = self.record.repair_approval
+        if answers_repair(self.record) and asked is not None:
+            said = f"the repair: {asked.action} attempt {asked.attempt}"
         verb = "approved" if self.decision == APPROVED else "rejected"
         return [
             Notes(
                 f"GPUFault {self.record.name} ({self.record.node}, fault {self.record.fault_id})",
                 [
                     ("ok", f"{verb} by {self.by} at {self.at}"),
-                    ("", f"the plan: {what}" if self.plan else "the plan: (not recorded)"),
+                    ("", said),
                     ("", "the controller acts on it now: kubectl get gf " + self.record.name),
                 ],
             )

@@ -34,6 +34,7 @@ from gpuheal.model import (
     NodeView,
     Phase,
     PodView,
+    RepairApproval,
     Severity,
     fault_record_name,
 )
@@ -48,6 +49,7 @@ from gpuheal.policy.recent import handled_lately
 from gpuheal.policy.release import released
 from gpuheal.policy.repair import RepairStep, RequestRepair, Subject, outcome_only
 from gpuheal.policy.repair import step as repair_step
+from gpuheal.policy.replace import CallReplace
 from gpuheal.policy.rollout import RolloutDriver
 from gpuheal.sources import SOURCES, Seen, Source
 
@@ -128,6 +130,13 @@ class UpdateRecord:
     expiry: str | None = None  # a device quarantine's new end; None: unchanged
     plan: Planned | None = None  # status.plan; None: unchanged
     contact_support: bool = False  # set status.contactSupport (never unset)
+    repair_approval: RepairApproval | None = None  # status.repairApproval; None: unchanged
+
+
+@dataclass(frozen=True)
+class ReplaceIntent(UpdateRecord):
+    """The intent of a provider-hook call: written at once, before the call
+    (policy/replace.py), not with the pass's other record news."""
 
 
 @dataclass(frozen=True)
@@ -199,6 +208,7 @@ Action = (
     | DeletePod
     | MarkHandled
     | RequestRepair
+    | CallReplace
     | Emit
     | validation.CreateValidationJob
     | validation.DeleteValidationJob
@@ -821,6 +831,7 @@ def _subject(state: NodeState, record: FaultRecord, signal: FaultSignal | None) 
         gpu_nodes=state.gpu_nodes,
         repairing=state.repairing,
         devices=signal.devices if signal is not None else (),
+        provider_id=node.provider_id,
     )
 
 
@@ -830,9 +841,20 @@ def _repair_actions(repair: RepairStep, node: str, record: FaultRecord) -> tuple
     actions: list[Action] = [repair.request] if repair.request is not None else []
     phase = record.phase if record.phase in TAINTED_PHASES else Phase.DRAINED
     actions += [
-        UpdateRecord(record.name, phase, entry, contact_support=repair.contact_support)
+        UpdateRecord(
+            record.name,
+            phase,
+            entry,
+            contact_support=repair.contact_support,
+            repair_approval=repair.ask,
+        )
         for entry in repair.entries
     ]
+    call = repair.replace
+    if call is not None:
+        if call.intent is not None:
+            actions.append(ReplaceIntent(record.name, phase, call.intent))
+        actions.append(replace(call, phase=phase))
     actions += [Emit(s.reason, s.note, node, record.name, warning=s.warning) for s in repair.said]
     return tuple(actions)
 

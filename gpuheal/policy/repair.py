@@ -18,7 +18,16 @@ from dataclasses import dataclass
 from gpuheal import values
 from gpuheal.clock import iso, parse_time
 from gpuheal.config import Config
-from gpuheal.model import REPAIR_REQUEST, REPAIR_RESULT, ActionEntry, FaultRecord, FaultSignal
+from gpuheal.model import (
+    APPROVED,
+    REPAIR_REQUEST,
+    REPAIR_RESULT,
+    ActionEntry,
+    FaultRecord,
+    FaultSignal,
+    RepairApproval,
+)
+from gpuheal.policy import replace as replacing
 from gpuheal.policy.breaker import repair_capacity
 from gpuheal.policy.repairwire import (
     Outcome,
@@ -28,6 +37,7 @@ from gpuheal.policy.repairwire import (
     decode_result,
     fault_digest,
 )
+from gpuheal.policy.replace import CallReplace, replace_step
 from gpuheal.sources.annotations import SOURCE as AGENT_SOURCE
 from gpuheal.xid import CATALOGUE, RECOVERY_ACTIONS, Action
 
@@ -38,6 +48,10 @@ REPAIR_FAILED = "GPUFaultRepairFailed"
 REPAIR_PROPOSED = "GPUFaultRepairProposed"
 # The same reason as a device's: a person must look at the hardware.
 CONTACT_SUPPORT = "GPUContactSupport"
+REPAIR_AWAITING = "GPUFaultRepairAwaitingApproval"
+REPAIR_APPROVED = "GPUFaultRepairApproved"
+REPAIR_REJECTED = "GPUFaultRepairRejected"
+REPAIR_APPROVAL_EXPIRED = "GPUFaultRepairApprovalExpired"
 
 # Record entries; each names its attempt first ("reset-gpu attempt 2: ...").
 REQUESTED_ACTION = "repair-requested"
@@ -46,6 +60,13 @@ FAILED_ACTION = "repair-failed"
 PROPOSED_ACTION = "would-repair"
 HELD_ACTION = "repair-held"  # the budget is full: waits
 EXHAUSTED_ACTION = "repair-exhausted"  # contact support: the node stays held
+# repair.replace: the controller calls the provider's hook (policy/replace.py).
+REPLACE = "replace"
+# repair.approval: an attempt waits for a person's answer (status.repairApproval).
+AWAITING_APPROVAL_ACTION = "repair-awaiting-approval"
+APPROVED_ACTION = "repair-approved"
+REJECTED_ACTION = "repair-rejected"
+EXPIRED_ACTION = "repair-approval-expired"
 
 # Reasons the agent reports that are not Xid rows, with their repair.
 _AGENT_REASONS = {
@@ -64,7 +85,8 @@ def recommended(reason: str, config: Config) -> Action:
     (`none` for a reason neither knows: nothing is repaired blind)."""
     chosen = config.repair.action_by_reason.get(reason)
     if chosen is not None:
-        return Action.NONE if chosen == "none" else Action(chosen)
+        # `replace` is the controller's (replaced()), not an action of the agent's.
+        return Action.NONE if chosen in ("none", REPLACE) else Action(chosen)
     for row in (*CATALOGUE.values(), *RECOVERY_ACTIONS.values()):
         if row.reason == reason:
             return row.action
@@ -116,6 +138,10 @@ class RepairStep:
     contact_support: bool = False
     requeue_after: float | None = None
     suppressed: str | None = None
+    # status.repairApproval to write: the attempt a person is asked to approve.
+    ask: RepairApproval | None = None
+    # repair.replace: the provider hook's call (after its intent entry, if new).
+    replace: CallReplace | None = None
 
     @property
     def acts(self) -> bool:
@@ -135,6 +161,7 @@ class Subject:
     # Nodes with a repair in flight (this one included if it has).
     repairing: frozenset[str] = frozenset()
     devices: tuple[str, ...] = ()  # the fault's GPUs (a reset's)
+    provider_id: str = ""  # the node's spec.providerID (a replace's)
 
 
 _STEPS = {
@@ -142,6 +169,13 @@ _STEPS = {
     REPAIRED_ACTION: "done",
     PROPOSED_ACTION: "proposed",
     EXHAUSTED_ACTION: "contact-support",
+    AWAITING_APPROVAL_ACTION: "awaiting-approval",
+    APPROVED_ACTION: "approved",
+    REJECTED_ACTION: "rejected",
+    EXPIRED_ACTION: "approval-expired",
+    replacing.REQUESTED_ACTION: "requested",
+    replacing.ACCEPTED_ACTION: "accepted",
+    replacing.FAILED_ACTION: "failed",
 }
 
 
@@ -155,7 +189,7 @@ def repair_metric(entry: ActionEntry) -> tuple[str, str] | None:
     else:
         return None
     word = entry.detail.split(" ", 1)[0]
-    action = word if word in (Action.RESET_GPU.value, Action.REBOOT.value) else "none"
+    action = word if word in (Action.RESET_GPU.value, Action.REBOOT.value, REPLACE) else "none"
     return action, step_name
 
 
@@ -169,6 +203,16 @@ def _tag(action: Action, attempt: int) -> str:
 
 def _said(record: FaultRecord, actions: tuple[str, ...], tag: str) -> bool:
     return any(a.action in actions and a.detail.startswith(tag + ":") for a in record.actions)
+
+
+def awaiting_approval(record: FaultRecord) -> RepairApproval | None:
+    """The repair attempt of an open record that waits for a person's answer now
+    (asked, unanswered, not expired); None when none does."""
+    asked = record.repair_approval
+    if asked is None or asked.decision or not record.open:
+        return None
+    tag = f"{asked.action} attempt {asked.attempt}"
+    return None if _said(record, (EXPIRED_ACTION,), tag) else asked
 
 
 def current(subject: Subject) -> tuple[RepairRequest | None, RepairResult | None]:
@@ -236,10 +280,12 @@ def _merge(*steps: RepairStep) -> RepairStep:
         contact_support=any(s.contact_support for s in steps),
         requeue_after=min(requeue) if requeue else None,
         suppressed=next((s.suppressed for s in steps if s.suppressed), None),
+        ask=next((s.ask for s in steps if s.ask), None),
+        replace=next((s.replace for s in steps if s.replace), None),
     )
 
 
-def step(subject: Subject, config: Config, now: dt.datetime) -> RepairStep:
+def step(subject: Subject, config: Config, now: dt.datetime) -> RepairStep:  # noqa: PLR0911 -- a return per stage of the attempt
     """The repair step of a drained node whose fault is still reported."""
     cfg = config.repair
     signal = subject.signal
@@ -247,7 +293,10 @@ def step(subject: Subject, config: Config, now: dt.datetime) -> RepairStep:
         # Only the agent's own report: the agent acts on the fault it reported.
         return RepairStep()
     record = subject.record
-    steps = ladder(recommended(record.reason or signal.reason, config), subject.devices, config)
+    reason = record.reason or signal.reason
+    if cfg.acts and cfg.replace.configured and cfg.action_by_reason.get(reason) == REPLACE:
+        return _replace_step(subject, config, now)
+    steps = ladder(recommended(reason, config), subject.devices, config)
     if not steps:
         return RepairStep()
     if not cfg.acts:
@@ -298,6 +347,8 @@ def _next(
     cfg = config.repair
     record = subject.record
     if attempt > len(steps):
+        if cfg.replace.configured:
+            return _replace_step(subject, config, now)
         return _exhausted(subject, f"{len(steps)} repair attempt(s) did not clear the fault", now)
     recent = _requests_within(subject, cfg.window_seconds, now)
     if recent >= cfg.max_attempts_per_node:
@@ -307,6 +358,12 @@ def _next(
             f"(repair.maxAttemptsPerNode {cfg.max_attempts_per_node})",
             now,
         )
+    action = steps[attempt - 1]
+    approved = RepairStep()
+    if cfg.approval_for(action.value):
+        approved, go = _approval(subject, action, attempt, config, now)
+        if not go:
+            return approved
     others = len(subject.repairing - {subject.node})
     capacity = repair_capacity(subject.gpu_nodes, config)
     if others >= capacity:
@@ -321,14 +378,16 @@ def _next(
                 ),
             )
         )  # fmt: skip
-        return RepairStep(
-            entries=held, requeue_after=config.hold_retry_seconds, suppressed="repair-budget"
+        return _merge(
+            approved,
+            RepairStep(
+                entries=held, requeue_after=config.hold_retry_seconds, suppressed="repair-budget"
+            ),
         )
-    action = steps[attempt - 1]
     request = RepairRequest(action, fault_digest(record.fault_id), attempt, iso(now, "seconds"))
     tag = _tag(action, attempt)
     what = _what(action, subject)
-    return RepairStep(
+    asked = RepairStep(
         request=RequestRepair(subject.node, request),
         entries=(_entry(now, REQUESTED_ACTION, "waiting", f"{tag}: {what}"),),
         said=(
@@ -339,6 +398,76 @@ def _next(
         ),
         requeue_after=cfg.result_timeout_seconds,
     )
+    return _merge(approved, asked)
+
+
+def _approval(
+    subject: Subject, action: Action, attempt: int, config: Config, now: dt.datetime
+) -> tuple[RepairStep, bool]:
+    """repair.approval: the attempt waits for a person (status.repairApproval). True
+    once approved (with its entry, once); else what the record says meanwhile: the
+    question (once), the wait, or the refusal or expiry and a person asked instead."""
+    record = subject.record
+    tag = _tag(action, attempt)
+    asked = record.repair_approval
+    expiry = config.approval.expiry_seconds
+    if asked is None or (asked.attempt, asked.action) != (attempt, action.value):
+        what = _what(action, subject)
+        note = (
+            f"fault {record.fault_id} ({record.reason}): {tag} awaits approval: {what}. "
+            f"Approve or reject with `gpuheal approve|reject {record.name}` within {expiry:g}s"
+        )
+        return RepairStep(
+            ask=RepairApproval(attempt, action.value, iso(now, "seconds")),
+            entries=(_entry(now, AWAITING_APPROVAL_ACTION, "waiting", f"{tag}: {what}"),),
+            said=(Said(REPAIR_AWAITING, note),),
+            requeue_after=expiry,
+            suppressed="repair-awaiting-approval",
+        ), False
+    if _said(record, (EXPIRED_ACTION,), tag):
+        # An answer that came after the expiry was recorded changes nothing.
+        return _exhausted(subject, f"{tag}: approval expired", now), False
+    if asked.decision:
+        return _answered(subject, asked, tag, now)
+    waited = (now - (parse_time(asked.since) or now)).total_seconds()
+    if waited < expiry:
+        return RepairStep(
+            requeue_after=expiry - waited, suppressed="repair-awaiting-approval"
+        ), False
+    why = f"{tag}: no answer within {expiry:g}s (approval.expirySeconds)"
+    expired = RepairStep(
+        entries=(_entry(now, EXPIRED_ACTION, "expired", why),),
+        said=(
+            Said(REPAIR_APPROVAL_EXPIRED, f"fault {record.fault_id}: {why}; not carried out", True),
+        ),
+    )
+    return _merge(expired, _exhausted(subject, why, now)), False
+
+
+def _answered(
+    subject: Subject, asked: RepairApproval, tag: str, now: dt.datetime
+) -> tuple[RepairStep, bool]:
+    """A person's answer to the attempt: approved (its entry and Event, once) goes
+    on; rejected is recorded once, and a person is asked instead."""
+    record = subject.record
+    by = f"by {asked.by} at {asked.at}"
+    if asked.decision == APPROVED:
+        if _said(record, (APPROVED_ACTION,), tag):
+            return RepairStep(), True
+        note = f"fault {record.fault_id}: {tag} approved {by}"
+        return RepairStep(
+            entries=(_entry(now, APPROVED_ACTION, "ok", f"{tag}: approved {by}"),),
+            said=(Said(REPAIR_APPROVED, note),),
+        ), True
+    # Rejected.
+    ended = RepairStep()
+    if not _said(record, (REJECTED_ACTION,), tag):
+        note = f"fault {record.fault_id}: {tag} rejected {by}; not carried out"
+        ended = RepairStep(
+            entries=(_entry(now, REJECTED_ACTION, "rejected", f"{tag}: rejected {by}"),),
+            said=(Said(REPAIR_REJECTED, note, warning=True),),
+        )
+    return _merge(ended, _exhausted(subject, f"{tag} rejected {by}", now)), False
 
 
 def _requests_within(subject: Subject, window: float, now: dt.datetime) -> int:
@@ -385,4 +514,21 @@ def _proposed(subject: Subject, action: Action, now: dt.datetime) -> RepairStep:
                 "(repair.mode is propose; nothing asked of the agent)",
             ),
         ),
+    )
+
+
+def _replace_step(subject: Subject, config: Config, now: dt.datetime) -> RepairStep:
+    """The provider's hook, in the policy's terms (policy/replace.py); past its
+    attempts a person is asked, as after the ladder."""
+    decided = replace_step(
+        subject.node, subject.record, subject.provider_id, config.repair.replace, now
+    )
+    if decided.exhausted:
+        return _exhausted(subject, decided.exhausted, now)
+    said = tuple(Said(r, n, w) for r, n, w in decided.said)
+    return RepairStep(
+        replace=decided.call,
+        said=said,
+        requeue_after=decided.requeue_after,
+        suppressed=decided.suppressed,
     )

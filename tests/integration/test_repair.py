@@ -2,11 +2,13 @@
 requests, the real agent (fake NVML backend) resets its GPU or asks for a reboot
 (the sim's reboot: new boot id, fresh kernel log, agent restart), the normal path
 returns the node; exactly once through a controller SIGKILL and an agent restart;
-escalation to a person; the budget in a storm; propose mode."""
+escalation to a person; the budget in a storm; propose mode; a repair that waits
+for `gpuheal approve` (or is rejected)."""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +19,7 @@ import pytest
 from lightkube import Client
 from lightkube.resources.core_v1 import Node
 
+from gpuheal.cli import main
 from gpuheal.model import (
     FAULT_DEVICES,
     FAULT_ID,
@@ -30,6 +33,7 @@ from gpuheal.model import (
 from gpuheal.policy.repairwire import Outcome, decode_request, decode_result, fault_digest
 from gpuheal.sim import ControlPlane
 from gpuheal.sim.agent import AgentProcess
+from gpuheal.sim.controlplane import ADMIN
 from gpuheal.sim.resources import GPUFault
 from gpuheal.sim.workloads import apply, gpu_pod, wait_pods_running
 from gpuheal.xid import Action
@@ -43,6 +47,7 @@ from tests.integration.conftest import (
     our_taint,
     pods_on,
 )
+from tests.integration.test_approval import TOKEN, post
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -323,3 +328,104 @@ def test_propose_mode_records_what_would_be_done_and_asks_nothing_of_the_agent(
     assert REPAIR_REQUEST not in node_annotations(kube, node)
     assert len(entries(one_record(kube, node), "would-repair")) == 1
     assert len(events_for(kube, node, "GPUFaultRepairProposed")) == 1
+
+
+def gpuheal(
+    control_plane: ControlPlane, capsys: pytest.CaptureFixture[str], *args: str
+) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main([*args, "--kubeconfig", str(control_plane.kubeconfig), "-o", "json"])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def awaiting(kube: Client, node: str) -> Any:
+    """The node's record once its repair awaits approval."""
+    records = faults_of(kube, node)
+    return records[0] if records and entries(records[0], "repair-awaiting-approval") else None
+
+
+def test_an_approval_required_reset_waits_for_gpuheal_approve_then_is_done_once(
+    control_plane: ControlPlane,
+    kube: Client,
+    pool: dict[str, str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    fake_gpu_nodes: FakeNodes,
+    agents: list[AgentProcess],
+    start_controller: StartController,
+) -> None:
+    (node,) = fake_gpu_nodes(1, labels=pool)
+    # settleSeconds: time for the agent's healthy rounds after the reset (no attempt 2).
+    start_controller(repair_config(pool, approval=["reset-gpu"], settleSeconds=30))
+    agent = AgentProcess(tmp_path, control_plane.kubeconfig, node, AGENT).start()
+    agents.append(agent)
+    gpu = agent.spec["devices"][0]["uuid"]
+
+    agent.kernel(XID_94)
+    record = wait_for("the approval asked", lambda: awaiting(kube, node), timeout_s=60)
+    name = record.metadata.name
+    assert record.status["repairApproval"]["attempt"] == 1
+    assert record.status["repairApproval"]["action"] == "reset-gpu"
+    (asked,) = entries(record, "repair-awaiting-approval")
+    assert asked["detail"] == f"reset-gpu attempt 1: reset {gpu}"
+    wait_for("the Event", lambda: events_for(kube, node, "GPUFaultRepairAwaitingApproval"))
+    time.sleep(2)  # whatever the controller would do unasked, it would have done by now
+    assert REPAIR_REQUEST not in node_annotations(kube, node)
+    assert agent.resets() == [] and our_taint(kube, node) is not None
+
+    code, out, err = gpuheal(control_plane, capsys, "approve", name)
+    assert code == 0, err
+    answered = json.loads(out)
+    assert (answered["decision"], answered["by"]) == ("approved", ADMIN)
+    assert answered["repair"] == {"action": "reset-gpu", "attempt": 1}
+
+    wait_for("the node returned", lambda: our_taint(kube, node) is None, timeout_s=90)
+    wait_for("record Resolved", lambda: phase(kube, name) == "Resolved")
+    record = one_record(kube, node)
+    assert agent.resets() == [(gpu, "ok")]  # one reset, after the approval
+    assert len(entries(record, "repair-requested")) == 1
+    (approved,) = entries(record, "repair-approved")
+    assert approved["detail"].startswith(f"reset-gpu attempt 1: approved by {ADMIN} at ")
+    assert record.status["repairApproval"]["by"] == ADMIN
+    assert len(events_for(kube, node, "GPUFaultRepairApproved")) == 1
+    assert len(entries(record, "repaired")) == 1
+    # Answered and acted on: a second answer is refused, and changes nothing.
+    code, _, err = gpuheal(control_plane, capsys, "approve", name)
+    assert code == 2 and "not awaiting approval" in err, err
+
+
+def test_a_repair_rejected_through_the_api_is_recorded_nothing_is_asked_and_the_node_stays_held(
+    kube: Client,
+    pool: dict[str, str],
+    tmp_path: Path,
+    fake_gpu_nodes: FakeNodes,
+    start_controller: StartController,
+) -> None:
+    (node,) = fake_gpu_nodes(1, labels=pool)
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    config = repair_config(pool, approval=["reset-gpu", "reboot"])
+    controller = start_controller(config | {"apiTokenFile": str(token_file)})
+    controller.wait_leading()
+    report(kube, node, "rejected-repair")
+    record = wait_for("the approval asked", lambda: awaiting(kube, node), timeout_s=30)
+    name = record.metadata.name
+
+    code, body = post(controller, f"/api/v1/faults/{name}/reject")
+    assert code == 200, body
+    assert body["repair"] == {"action": "reset-gpu", "attempt": 1}
+    record = wait_for("contact support", lambda: held(kube, node), timeout_s=30)
+    (rejected,) = entries(record, "repair-rejected")
+    assert rejected["detail"].startswith("reset-gpu attempt 1: rejected by api-token at ")
+    (exhausted,) = entries(record, "repair-exhausted")
+    assert exhausted["result"] == "contact-support"
+    assert len(events_for(kube, node, "GPUFaultRepairRejected")) == 1
+    assert len(events_for(kube, node, "GPUContactSupport")) == 1
+    time.sleep(1.5)
+    assert REPAIR_REQUEST not in node_annotations(kube, node)  # nothing asked of the node
+    assert our_taint(kube, node) is not None
+    assert not entries(one_record(kube, node), "repair-requested")
+    # Answered once: a second answer is refused.
+    code, body = post(controller, f"/api/v1/faults/{name}/approve")
+    assert code == 409 and "already rejected" in body["error"]

@@ -109,6 +109,7 @@ class Scene:
     closed: str = ""  # a GPUFault record, Resolved (retention deletes such ones)
     rollout: str = ""  # a GPURollout of the tenant's pool
     held: str = ""  # a GPUFault record the breaker holds, not released
+    repairing: str = ""  # a GPUFault record whose repair attempt 1 awaits approval
     clients: dict[str, Client] = field(default_factory=dict)
     kubeconfigs: dict[str, Path] = field(default_factory=dict)
 
@@ -181,7 +182,7 @@ def scene(
         create_gpu_nodes(kube, [own, other], labels={POOL_LABEL: tenant})
         bindings: list[str] = []
         system_pod, fault, closed = unique("sys-agent"), unique("fault"), unique("closed")
-        held = unique("held")
+        held, repairing = unique("held"), unique("repairing")
         try:
             wait_nodes_ready(kube, [own, other])
             ours = {"key": TAINT_KEY, "value": "xid-79", "effect": "NoSchedule"}
@@ -210,6 +211,9 @@ def scene(
             kube.create(fault_record(held, other))
             kube.patch(GPUFault.Status, held, {"status": {"phase": "Held", "actions": []}},
                        patch_type=PatchType.MERGE)  # fmt: skip
+            kube.create(fault_record(repairing, own))
+            kube.patch(GPUFault.Status, repairing, {"status": {"phase": "Drained", "actions": [],
+                       "repairApproval": REPAIR_QUESTION}}, patch_type=PatchType.MERGE)  # fmt: skip
             resolved = {"status": {"phase": "Resolved"}}
             kube.patch(GPUFault.Status, closed, resolved, patch_type=PatchType.MERGE)
             for account, role in (("ops", "operator"), ("viewer", "operator-view")):
@@ -218,7 +222,17 @@ def scene(
             rollout = unique("rollout")
             kube.create(rollout_object(rollout, tenant))
             s = Scene(
-                release, own, other, tenant, system_pod, "bystander", fault, closed, rollout, held
+                release,
+                own,
+                other,
+                tenant,
+                system_pod,
+                "bystander",
+                fault,
+                closed,
+                rollout,
+                held,
+                repairing,
             )
             tokens = {
                 "controller": token_for(kube, system, s.role("controller")),
@@ -250,6 +264,7 @@ def scene(
                 lambda: kube.delete(GPUFault, fault),
                 lambda: kube.delete(GPUFault, closed),
                 lambda: kube.delete(GPUFault, held),
+                lambda: kube.delete(GPUFault, repairing),
                 lambda: kube.delete(GPURollout, rollout),
                 lambda: kube.delete(Pod, system_pod, namespace="kube-system", grace_period=0),
             ]
@@ -283,6 +298,7 @@ DEADLINE = "2026-01-01T00:00:00Z"
 LATER = "2026-01-01T01:00:00Z"
 REPAIR_ASKED = f"reboot;{'0' * 10};1;{DEADLINE}"
 REPAIR_DONE = f"reboot;{'0' * 10};1;done;{LATER};rebooted"
+REPAIR_QUESTION = {"attempt": 1, "action": "reset-gpu", "since": DEADLINE}
 
 
 def system_pod(body: dict[str, Any]) -> Attempt:
@@ -469,6 +485,14 @@ def answer_plan(c: Client, s: Scene, by: str | None = None) -> Any:
     return c.patch(GPUFault.Status, s.fault, body, patch_type=PatchType.MERGE, dry_run=True)
 
 
+def answer_repair(c: Client, s: Scene, by: str | None = None, **question: Any) -> Any:
+    """`gpuheal approve`'s write on a repair awaiting approval: the answer of
+    status.repairApproval, in the caller's name unless `by` (`question`: changes to it)."""
+    answer = {"decision": "approved", "by": by or whoami(c), "at": DEADLINE} | question
+    body = {"status": {"repairApproval": {"attempt": 1} | answer}}
+    return c.patch(GPUFault.Status, s.repairing, body, patch_type=PatchType.MERGE, dry_run=True)
+
+
 def release_fault(c: Client, s: Scene, by: str | None = None) -> Any:
     """`gpuheal release`'s write: status.release, in the caller's name unless `by`."""
     body = {"status": {"release": {"by": by or whoami(c), "at": DEADLINE}}}
@@ -602,6 +626,8 @@ ACTIONS: tuple[Action, ...] = (
     act("gpufaults: answer a plan awaiting approval (as oneself)", answer_plan,
         "controller", "operator"),
     act("gpufaults: release a held fault (as oneself)", release_fault,
+        "controller", "operator"),
+    act("gpufaults: answer a repair awaiting approval (as oneself)", answer_repair,
         "controller", "operator"),
     act("gpufaults: change a record's phase",
         lambda c, s: c.patch(GPUFault.Status, s.fault, {"status": {"phase": "Resolved"}},
@@ -915,6 +941,42 @@ def test_the_operator_role_answers_a_plan_only_in_its_own_name_and_only_that(
     finally:
         phase = (pending.get("status") or {}).get("phase")
         kube.patch(GPUFault.Status, scene.fault, {"status": {"phase": phase}},
+                   patch_type=PatchType.MERGE)  # fmt: skip
+
+
+def test_the_operator_role_answers_a_repair_only_in_its_own_name_only_while_asked_and_once(
+    kube: Client, scene: Scene
+) -> None:
+    ops = scene.clients["operator"]
+    assert forbidden(lambda: answer_repair(ops, scene, by="someone-else@example.com"))
+    # The question is the controller's: not another attempt, action or time.
+    assert forbidden(lambda: answer_repair(ops, scene, attempt=2))
+    assert forbidden(lambda: answer_repair(ops, scene, action="reboot"))
+    assert forbidden(lambda: answer_repair(ops, scene, since=LATER))
+    # Nor the phase with it.
+    answer = {"attempt": 1, "decision": "approved", "by": whoami(ops), "at": DEADLINE}
+    both = {"status": {"phase": "Resolved", "repairApproval": answer}}
+    assert forbidden(
+        lambda: ops.patch(GPUFault.Status, scene.repairing, both, patch_type=PatchType.MERGE)
+    )
+    answer_repair(ops, scene)  # its job, as itself (dry run)
+
+    # Not where no repair is asked (the open fault awaits the approval of its plan) ...
+    def answer_unasked() -> Any:
+        body = {"status": {"repairApproval": answer | {"action": "reset-gpu", "since": DEADLINE}}}
+        return ops.patch(GPUFault.Status, scene.fault, body, patch_type=PatchType.MERGE,
+                         dry_run=True)  # fmt: skip
+
+    assert forbidden(answer_unasked)
+    # ... nor a second time: an answer already there stays as it is.
+    first = {"status": {"repairApproval": {"decision": "rejected", "by": "night-oncall",
+                                           "at": DEADLINE}}}  # fmt: skip
+    kube.patch(GPUFault.Status, scene.repairing, first, patch_type=PatchType.MERGE)
+    try:
+        assert forbidden(lambda: answer_repair(ops, scene))
+    finally:
+        kube.patch(GPUFault.Status, scene.repairing,
+                   {"status": {"repairApproval": {"decision": None, "by": None, "at": None}}},
                    patch_type=PatchType.MERGE)  # fmt: skip
 
 

@@ -410,6 +410,9 @@ def test_the_config_keys() -> None:
     with pytest.raises(ConfigError, match=r"repair\.mode"):
         parse_config({"repair": {"mode": "yolo"}})
     with pytest.raises(ConfigError, match=r"repair\.actionByReason"):
+        parse_config({"repair": {"actionByReason": {"XidCritical79": "rma"}}})
+    # `replace` only with a hook to call.
+    with pytest.raises(ConfigError, match=r"repair\.actionByReason: XidCritical79 mapped"):
         parse_config({"repair": {"actionByReason": {"XidCritical79": "replace"}}})
 
 

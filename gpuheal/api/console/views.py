@@ -26,6 +26,7 @@ from gpuheal.model import (
     Phase,
     PodView,
 )
+from gpuheal.policy import repair
 from gpuheal.policy.breaker import quarantine_capacity
 from gpuheal.policy.pools import pool_of
 
@@ -146,7 +147,11 @@ def fleet(cluster: Cluster) -> Fleet:
         totals=totals,
         attention=attention,
         held=_newest(r for r in records if r.phase is Phase.HELD),
-        awaiting=_newest(r for r in records if r.phase is Phase.AWAITING_APPROVAL),
+        awaiting=_newest(
+            r
+            for r in records
+            if r.phase is Phase.AWAITING_APPROVAL or repair.awaiting_approval(r) is not None
+        ),
         maintenance=maintenance,
         open_faults=sum(r.open for r in records),
         version=cluster.version,
