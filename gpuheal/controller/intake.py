@@ -144,6 +144,22 @@ class ControllerIntake:
             return 409, {"error": f"fault id {wanted!r} names {len(found)} records: {names}"}
         return found[0]
 
+    async def _write_status(
+        self, record: FaultRecord, patch: dict[str, Any]
+    ) -> tuple[int, dict[str, Any]] | None:
+        """A person's write on the record's status, on the version the patch names
+        (so no write of the reconciler's is lost), cached at once: None, or the 409
+        to answer when the record changed meanwhile."""
+        executor = self.reconciler.executor
+        try:
+            raw = await executor.api.patch(gpufault_path(record.name, status=True), patch)
+        except ApiError as err:
+            if err.code != 409:
+                raise
+            return 409, {"error": f"GPUFault {record.name} changed meanwhile; look again"}
+        executor.caches.put_record(decode_fault(raw))
+        return None
+
     async def answer(self, wanted: str, decision: str, by: str) -> tuple[int, dict[str, Any]]:
         """Write a person's answer on a record awaiting approval (the reconciler acts
         on it when the record's update arrives): (HTTP status, body)."""
@@ -154,16 +170,9 @@ class ControllerIntake:
         if why_not is not None:
             return 409, {"error": why_not}
         at = iso(dt.datetime.now(dt.UTC))
-        executor = self.reconciler.executor
-        try:
-            raw = await executor.api.patch(
-                gpufault_path(record.name, status=True), answer_patch(record, decision, by, at)
-            )
-        except ApiError as err:
-            if err.code != 409:
-                raise
-            return 409, {"error": f"GPUFault {record.name} changed meanwhile; look again"}
-        executor.caches.put_record(decode_fault(raw))
+        conflict = await self._write_status(record, answer_patch(record, decision, by, at))
+        if conflict is not None:
+            return conflict
         body: dict[str, Any] = {"name": record.name, "node": record.node}
         body |= {"faultId": record.fault_id, "decision": decision, "by": by, "at": at}
         asked = record.repair_approval
@@ -182,16 +191,9 @@ class ControllerIntake:
         if why_not is not None:
             return 409, {"error": why_not}
         at = iso(dt.datetime.now(dt.UTC))
-        executor = self.reconciler.executor
-        try:
-            raw = await executor.api.patch(
-                gpufault_path(record.name, status=True), releasing.release_patch(record, by, at)
-            )
-        except ApiError as err:
-            if err.code != 409:
-                raise
-            return 409, {"error": f"GPUFault {record.name} changed meanwhile; look again"}
-        executor.caches.put_record(decode_fault(raw))
+        conflict = await self._write_status(record, releasing.release_patch(record, by, at))
+        if conflict is not None:
+            return conflict
         body = {"name": record.name, "node": record.node, "faultId": record.fault_id}
         return 200, body | {"released": True, "by": by, "at": at}
 
@@ -210,16 +212,11 @@ class ControllerIntake:
             "metadata": {"resourceVersion": record.resource_version},
             "status": {"actions": [action_entry(a) for a in history.append(record.actions, entry)]},
         }
-        executor = self.reconciler.executor
-        try:
-            raw = await executor.api.patch(gpufault_path(record.name, status=True), patch)
-        except ApiError as err:
-            if err.code != 409:
-                raise
-            return 409, {"error": f"GPUFault {record.name} changed meanwhile; try again"}
-        executor.caches.put_record(decode_fault(raw))
+        conflict = await self._write_status(record, patch)
+        if conflict is not None:
+            return conflict
         node = self.nodes.get(record.node)
-        executor.recorder.emit(
+        self.reconciler.executor.recorder.emit(
             node_ref(record.node, node.uid, node.resource_version)
             if node
             else node_ref(record.node),

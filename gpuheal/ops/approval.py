@@ -11,7 +11,7 @@ other is told. The controller acts on it; this command changes nothing else.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -109,8 +109,12 @@ async def whoami(ctx: Context) -> str:
     return (user.username if user else None) or ctx.actor
 
 
-async def answer(ctx: Context, wanted: str, decision: str) -> int:
-    prog = "gpuheal approve" if decision == APPROVED else "gpuheal reject"
+async def answerable(
+    ctx: Context, prog: str, wanted: str, refused: Callable[[FaultRecord], str | None]
+) -> FaultRecord | int:
+    """The one record `wanted` names (its name, or a fault id naming one record) that
+    a person may answer now, or the exit code after saying why not (`refused`: why
+    this command may not answer that record, None when it may)."""
     listed = await list_all(ctx.api, gpufault_path(), FaultJson, "GPUFault")
     found = matching([fault_record(r) for r in listed], wanted)
     if not found:
@@ -121,10 +125,18 @@ async def answer(ctx: Context, wanted: str, decision: str) -> int:
         ctx.err.print(f"{prog}: fault id {wanted!r} names {len(found)} records ({names}): give one")
         return exitcodes.USAGE
     (record,) = found
-    why_not = refusal(record)
+    why_not = refused(record)
     if why_not is not None:
         ctx.err.print(f"{prog}: {why_not}")
         return exitcodes.USAGE
+    return record
+
+
+async def answer(ctx: Context, wanted: str, decision: str) -> int:
+    prog = "gpuheal approve" if decision == APPROVED else "gpuheal reject"
+    record = await answerable(ctx, prog, wanted, refusal)
+    if isinstance(record, int):
+        return record
     by, at = await whoami(ctx), iso(ctx.now().astimezone(dt.UTC))
     try:
         body = answer_patch(record, decision, by, at)

@@ -18,13 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 from gpuheal.clock import iso
 from gpuheal.kube.api import ApiError, gpufault_path
-from gpuheal.kube.projections import FaultJson, fault_record
-from gpuheal.kube.snapshot import list_all
 from gpuheal.model import FaultRecord
 from gpuheal.ops import exitcodes
-from gpuheal.ops.approval import whoami
+from gpuheal.ops.approval import answerable, whoami
 from gpuheal.ops.output import Notes, Table, render
-from gpuheal.policy.approval import matching
 from gpuheal.policy.release import refusal, release_patch
 
 if TYPE_CHECKING:
@@ -63,20 +60,9 @@ class Released:
 
 
 async def release(ctx: Context, wanted: str) -> int:
-    listed = await list_all(ctx.api, gpufault_path(), FaultJson, "GPUFault")
-    found = matching([fault_record(r) for r in listed], wanted)
-    if not found:
-        ctx.err.print(f"{PROG}: no GPUFault named {wanted!r} or with that fault id")
-        return exitcodes.NOT_FOUND
-    if len(found) > 1:
-        names = ", ".join(sorted(r.name for r in found))
-        ctx.err.print(f"{PROG}: fault id {wanted!r} names {len(found)} records ({names}): give one")
-        return exitcodes.USAGE
-    (record,) = found
-    why_not = refusal(record)
-    if why_not is not None:
-        ctx.err.print(f"{PROG}: {why_not}")
-        return exitcodes.USAGE
+    record = await answerable(ctx, PROG, wanted, refusal)
+    if isinstance(record, int):
+        return record
     by, at = await whoami(ctx), iso(ctx.now().astimezone(dt.UTC))
     try:
         await ctx.api.patch(gpufault_path(record.name, status=True), release_patch(record, by, at))
