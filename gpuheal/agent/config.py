@@ -28,7 +28,7 @@ from gpuheal.config.keys import (
     strings,
 )
 from gpuheal.model import Severity
-from gpuheal.xid import Action, XidRow
+from gpuheal.xid import Action, Kind, XidRow
 
 TITLE = "invalid agent configuration"
 
@@ -46,11 +46,21 @@ def xid_rows(value: Any) -> dict[int, XidRow]:
             raise ValueError(f"key {key!r} is not an Xid number") from None
         if not isinstance(row, dict) or not {"reason", "severity"} <= row.keys():
             raise ValueError(f"[{key}] needs reason and severity")
+        severity = enum_of(Severity)(row["severity"])
+        # P2: not a node fault; `application: true` counts it toward the per-GPU rate.
+        application = boolean(row.get("application", False))
+        kind = Kind.NODE if severity is not Severity.P2 else Kind.INFORMATIONAL
+        if application:
+            if severity is not Severity.P2:
+                raise ValueError(f"[{key}] application: true needs severity P2")
+            kind = Kind.APPLICATION
         rows[xid] = XidRow(
             reason=string(row["reason"]),
-            severity=enum_of(Severity)(row["severity"]),
+            severity=severity,
             action=Action(row.get("action", "none")),
             description=str(row.get("description", "set by config")),
+            nvidia="overridden by config",
+            kind=kind,
         )
     return rows
 

@@ -74,7 +74,10 @@ _AGENT_REASONS = {
     "GpuLost": Action.REBOOT,
     "GpuMissing": Action.REBOOT,
     "EccUncorrectable": Action.RESET_GPU,
+    # NVIDIA's row-remapping guide: a pending remap takes effect at the next reset; a
+    # failed one means the GPU is out of spare rows (its RMA criterion).
     "RowRemapPending": Action.RESET_GPU,
+    "RowRemapFailure": Action.CONTACT_SUPPORT,
     "RetiredPagesPending": Action.RESET_GPU,
     "NvlinkDown": Action.RESET_GPU,
 }

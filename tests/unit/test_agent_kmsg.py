@@ -24,8 +24,6 @@ from gpuheal.agent.kmsg import (
     parse_record,
 )
 from gpuheal.metrics.agent import AgentMetrics
-from gpuheal.model import Severity
-from gpuheal.xid import classify
 
 CORPUS = Path(__file__).parent / "data" / "kmsg_corpus.txt"
 WELL_FORMED_XID = re.compile(
@@ -145,16 +143,6 @@ def test_the_cursor_survives_restarts_of_the_same_boot_only(tmp_path: Path) -> N
     assert Cursor.load(path, "boot-b").seq == -1  # a reboot: everything in the new log is new
     path.write_text("{not json")
     assert Cursor.load(path, "boot-a").seq == -1
-
-
-def test_the_catalogue_separates_application_from_hardware_xids() -> None:
-    for xid in (13, 31, 43, 45, 68):
-        assert classify(xid).severity is Severity.P2 and not classify(xid).node_fault
-    for xid in (48, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140):
-        assert classify(xid).node_fault, xid
-    assert classify(154, recovery_action=2).reason == "NodeRebootRequired154"
-    assert classify(154, recovery_action=0).severity is Severity.P2
-    assert classify(999).reason == "XidUnknown999" and classify(999).node_fault
 
 
 def test_the_follower_reads_raw_records_once_and_ignores_user_space_writes(tmp_path: Path) -> None:

@@ -73,7 +73,7 @@ ACT = RepairConfig(enabled=True, mode="act")
 CONFIG = Config(breaker_max_nodes=100, breaker_max_percent=100, repair=ACT)
 
 
-def node(reason: str = "EccContained94", devices: str = GPU, **annotations: str) -> NodeView:
+def node(reason: str = "EccUncontained95", devices: str = GPU, **annotations: str) -> NodeView:
     """A quarantined, handled node still reporting its fault (P0, as escalated)."""
     return NodeView(
         name=N1,
@@ -94,7 +94,7 @@ def node(reason: str = "EccContained94", devices: str = GPU, **annotations: str)
     )
 
 
-def drained(*entries: ActionEntry, reason: str = "EccContained94") -> FaultRecord:
+def drained(*entries: ActionEntry, reason: str = "EccUncontained95") -> FaultRecord:
     return FaultRecord(
         name=fault_record_name(N1, F1),
         node=N1,
@@ -269,10 +269,10 @@ def test_a_reset_without_named_gpus_starts_at_the_reboot() -> None:
 
 
 def test_what_is_not_repairable_is_left_alone() -> None:
-    assert recommended("RowRemapFailure64", CONFIG) is Action.CONTACT_SUPPORT
-    p = plan(state(node("RowRemapFailure64"), drained(reason="RowRemapFailure64")), CONFIG, NOW)
+    assert recommended("RowRemapFailure", CONFIG) is Action.CONTACT_SUPPORT
+    p = plan(state(node("RowRemapFailure"), drained(reason="RowRemapFailure")), CONFIG, NOW)
     assert not p.repair
-    overridden = replace(CONFIG, repair=replace(ACT, action_by_reason={"EccContained94": "none"}))
+    overridden = replace(CONFIG, repair=replace(ACT, action_by_reason={"EccUncontained95": "none"}))
     assert not plan(state(node(), drained()), overridden, NOW).repair
 
 
@@ -336,7 +336,7 @@ def test_no_repair_before_the_drain_has_finished() -> None:
 
 
 def test_only_the_agents_own_report_is_repaired() -> None:
-    alert = FaultSignal(N1, F1, "EccContained94", "alertmanager", Severity.P0, devices=(GPU,))
+    alert = FaultSignal(N1, F1, "EccUncontained95", "alertmanager", Severity.P0, devices=(GPU,))
     bare = replace(node(), annotations={HANDLED_FAULT_ID: F1})
     p = plan(state(bare, drained(), external=(alert,)), CONFIG, NOW)
     assert not requests(p)

@@ -198,4 +198,4 @@ def test_the_question_is_told_to_the_notification_sinks() -> None:
     record = drained()
     notice = notice_for(record.node, p.repair, Outcome(), {record.name: record}.get)
     assert notice is not None
-    assert notice.summary == f"{record.node}: EccContained94 — repair awaits approval"
+    assert notice.summary == f"{record.node}: EccUncontained95 — repair awaits approval"

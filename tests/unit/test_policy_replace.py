@@ -57,7 +57,7 @@ def test_after_the_ladder_the_hook_is_called_after_its_intent() -> None:
         "node": N1,
         "faultId": F1,
         "attempt": 1,
-        "reason": "EccContained94",
+        "reason": "EccUncontained95",
         "providerID": PROVIDER_ID,
         "idempotencyKey": KEY_1,
     }
@@ -127,7 +127,7 @@ def test_accepted_the_node_waits_for_the_provider() -> None:
 def test_a_reason_mapped_to_replace_goes_to_the_hook_at_once() -> None:
     mapped = replace(
         REPLACING,
-        repair=replace(REPLACING.repair, action_by_reason={"EccContained94": "replace"}),
+        repair=replace(REPLACING.repair, action_by_reason={"EccUncontained95": "replace"}),
     )
     p = plan(state(node(), drained()), mapped, NOW)
     assert not requests(p)
