@@ -22,7 +22,7 @@ from prometheus_client import start_http_server
 
 from gpuheal.agent.config import AgentConfig
 from gpuheal.agent.debounce import Debounce, Report, step
-from gpuheal.agent.environment import EnvironmentProbe, HostPaths
+from gpuheal.agent.environment import EnvironmentProbe, HostPaths, read_driver_version
 from gpuheal.agent.facts import Counters, gpu_processes
 from gpuheal.agent.findings import Finding, ProbeResult, Verdict, verdict
 from gpuheal.agent.kmsg import (
@@ -40,6 +40,7 @@ from gpuheal.agent.reporter import NodeReporter, desired
 from gpuheal.agent.smi import run_smi
 from gpuheal.agent.statefile import load_state
 from gpuheal.agent.timeouts import GuardedProbe
+from gpuheal.agent.xids import RateRule, XidHistory
 from gpuheal.clock import iso
 from gpuheal.kube.blocking import BlockingKube
 from gpuheal.metrics.agent import AgentMetrics
@@ -53,8 +54,13 @@ from gpuheal.model import (
 )
 from gpuheal.policy.backoff import backoff_delay
 from gpuheal.sources.annotations import written
+from gpuheal.xid import VERSION as XID_CATALOGUE_VERSION
+from gpuheal.xid import classify, needs_line
 
 log = logging.getLogger(__name__)
+
+# The two sources of Xid events.
+KERNEL_LOG, NVML_EVENTS = "kmsg", "nvml"
 
 
 class StickyItem(msgspec.Struct):
@@ -160,6 +166,7 @@ class Agent:
         self.config = config
         self.node = node
         self.metrics = AgentMetrics()
+        self.metrics.xid_catalogue.labels(XID_CATALOGUE_VERSION).set(1)
         self.reporter = NodeReporter(client, node)
         self.state = Debounce()
         self.round = 0
@@ -173,6 +180,10 @@ class Agent:
             self.boot_id,
             config.xid_hold_seconds,
             counted=self.metrics.state_file_errors.labels("faults").inc,
+        )
+        self.xid_history = XidHistory(
+            config.xid_context_seconds,
+            RateRule(config.application_xids_per_gpu, config.application_xids_window_seconds),
         )
         self.pci_to_uuid: dict[str, str] = {}
         self.counters = Counters(dt.datetime.now(dt.UTC))
@@ -255,17 +266,66 @@ class Agent:
     # -- event sources ---------------------------------------------------------
 
     def _on_nvml_xid(self, xid: int, device: str) -> None:
-        self._xid(xid, device)
+        if xid == 154:
+            return  # the NVML probe reads the recovery action itself, every round
+        if self.follower is not None and needs_line(xid):
+            # NVIDIA decodes it from the kernel line's fields, which NVML's event lacks:
+            # the kernel log's copy of the same Xid decides.
+            self.metrics.xids.labels(str(xid)).inc()
+            return
+        self._xid(xid, device, source=NVML_EVENTS)
 
-    def _xid(self, xid: int, device: str, recovery_action: int | None = None) -> None:
-        self.metrics.xids.labels(str(xid)).inc()
-        self.counters.xid(dt.datetime.now(dt.UTC))
-        finding = xid_finding(xid, device, recovery_action, table=self.config.xid_overrides)
-        if finding.severity is not Severity.P2:
-            self.sticky.add(finding)
-        log.warning(
-            "xid", extra={"node": self.node, "xid": xid, "gpu": device, "reason": finding.reason}
+    def _xid(
+        self,
+        xid: int,
+        device: str,
+        recovery_action: int | None = None,
+        *,
+        detail: str = "",
+        source: str = KERNEL_LOG,
+    ) -> None:
+        """One Xid from either event source, classified with its context: the line's
+        fields, the GPU's other Xids just before, the driver version."""
+        now = time.monotonic()
+        recent = self.xid_history.recent(device, now)
+        row = classify(
+            xid,
+            self.config.xid_overrides,
+            recovery_action,
+            detail=detail,
+            recent=recent,
+            driver=self._driver_version(),
         )
+        if not self.xid_history.add(device, xid, row.kind, now, source):
+            return  # the other event source's copy of an Xid just seen
+        self.metrics.xids.labels(str(xid)).inc()
+        if row.application:
+            self.metrics.application_xids.labels(device or "unknown", str(xid)).inc()
+        if not row.catalogued:
+            self.metrics.uncatalogued_xids.labels(str(xid)).inc()
+        if row.node_fault:
+            # A GPU error for the health gate's counters; an application's is not one.
+            self.counters.xid(dt.datetime.now(dt.UTC))
+            self.sticky.add(xid_finding(xid, device, row))
+        log.warning(
+            "xid",
+            extra={
+                "node": self.node,
+                "xid": xid,
+                "gpu": device,
+                "reason": row.reason,
+                "severity": row.severity.value,
+                "kind": row.kind.value,
+                "nvidia": row.nvidia,
+                "catalogue": XID_CATALOGUE_VERSION,
+            },
+        )
+
+    def _driver_version(self) -> str:
+        """NVLink5 Xids are decoded by the IntrInfo layout of the driver's release."""
+        if self.nvml is not None and self.nvml.versions.driver:
+            return self.nvml.versions.driver
+        return read_driver_version(self.config.driver_version_path)
 
     def _on_kernel(self, event: KernelEvent) -> None:
         match event:
@@ -357,6 +417,8 @@ class Agent:
             self.counters.ecc_total(self.nvml.ecc_uncorrected, dt.datetime.now(dt.UTC))
         if self.follower is not None or self.watcher is not None:
             results.append(ProbeResult("events", ran=True, findings=self.sticky.current()))
+            rate = self.xid_history.rate_findings(time.monotonic())
+            results.append(ProbeResult("application-xids", ran=True, findings=rate))
         seen = verdict(results)
         before = self.state.reported
         self.state = step(

@@ -118,6 +118,13 @@ class Rounds:
     xid_overrides: dict[int, XidRow] = setting(xid_rows, factory=dict, key="xid")
     # How long an Xid (or other kernel event) keeps a GPU faulty; None: until reboot.
     xid_hold_seconds: float | None = setting(number(0, MAX_DELAY_S), None)
+    # Other Xids on the same GPU this shortly before one are its context: Xid 45
+    # after another Xid follows it, Xid 48 with 63/64 is the drain-and-reset branch.
+    xid_context_seconds: float = setting(number(0, 3600), 30.0)
+    # Application Xids (NVIDIA: restart the application) are never node faults; this
+    # many on one GPU (and only one) within the window are, P1. 0: off.
+    application_xids_per_gpu: int = setting(integer(0, MAX_COUNT), 20)
+    application_xids_window_seconds: float = setting(number(60, MAX_DELAY_S), 3600.0)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -48,6 +49,19 @@ _HOST_PID_2 = "kthreadd"
 # (containerd's BinaryName, CRI-O's runtime_path, Docker's runtimes) or its OCI hook.
 RUNTIME_NEEDLES = ("nvidia-container-runtime", "nvidia-container-toolkit")
 _MAX_CONFIG_BYTES = 1 << 20
+
+
+_DRIVER_VERSION = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(?P<version>\d+\.\d+(?:\.\d+)?)")
+
+
+def read_driver_version(path: Path) -> str:
+    """The driver's version from /proc/driver/nvidia/version ("NVRM version: NVIDIA UNIX
+    x86_64 Kernel Module  575.57.08  …"), "" when unreadable."""
+    try:
+        match = _DRIVER_VERSION.search(path.read_text(errors="replace"))
+    except OSError:
+        return ""
+    return match.group("version") if match else ""
 
 
 def check_environment(device_paths: Sequence[Path], driver_version_path: Path) -> ProbeResult:

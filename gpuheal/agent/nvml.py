@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +19,7 @@ from gpuheal.agent.facts import cuda_text
 from gpuheal.agent.findings import Finding, ProbeResult
 from gpuheal.agent.kmsg import normalize_pci
 from gpuheal.model import Severity
-from gpuheal.xid import RECOVERY_ACTIONS, XidRow, classify
+from gpuheal.xid import RECOVERY_ACTIONS, XidRow
 
 log = logging.getLogger(__name__)
 
@@ -289,15 +289,8 @@ class XidWatcher:
             self.on_xid(xid, uuid)
 
 
-def xid_finding(
-    xid: int,
-    device: str,
-    recovery_action: int | None = None,
-    *,
-    table: Mapping[int, XidRow] | None = None,
-) -> Finding:
-    """A finding for an Xid event, classified by the catalogue (and config overrides)."""
-    row = classify(xid, table, recovery_action)
+def xid_finding(xid: int, device: str, row: XidRow) -> Finding:
+    """The finding of a node-fault Xid, as the catalogue (or config) classified it."""
     return Finding(
         row.reason,
         row.severity,

@@ -36,6 +36,22 @@ class AgentMetrics(Metrics):
         "gpuheal_agent_probe_failures_total", "Probe calls that could not run.", "probe"
     )
     xids = counter("gpuheal_agent_xid_total", "Xid events seen.", "xid")
+    application_xids = counter(
+        "gpuheal_agent_application_xid_total",
+        "Application Xids (NVIDIA: restart the application) per GPU: never a node fault, "
+        "only a rate of them on one GPU (applicationXidsPerGpu).",
+        "gpu",
+        "xid",
+    )
+    uncatalogued_xids = counter(
+        "gpuheal_agent_xid_uncatalogued_total",
+        "Xids the loaded NVIDIA catalogue does not know (gpuheal_agent_xid_catalogue_info "
+        "says which): P1 node faults until a newer catalogue says what they are.",
+        "xid",
+    )
+    xid_catalogue = gauge(
+        "gpuheal_agent_xid_catalogue_info", "The NVIDIA Xid catalogue loaded (1).", "version"
+    )
     rounds = counter("gpuheal_agent_rounds_total", "Probe rounds.")
     reports = counter("gpuheal_agent_reports_total", "Writes to the Node.")
     report_failures = counter("gpuheal_agent_report_failures_total", "Node writes that failed.")

@@ -30,6 +30,7 @@ __all__ = [
     "Kind",
     "XidRow",
     "classify",
+    "needs_line",
     "unknown",
 ]
 
@@ -79,3 +80,13 @@ def classify(
         return unknown(xid)
     context = Context(detail, recent, driver, recovery_action)
     return workflow(found, context) or CATALOGUE[xid]
+
+
+# NVIDIA decodes these from the kernel line's fields (registers, IntrInfo, the code).
+_FROM_THE_LINE = frozenset({"WORKFLOW_NVLINK_ERR", "WORKFLOW_NVLINK5_ERR", "XID_154"})
+
+
+def needs_line(xid: int) -> bool:
+    """Does NVIDIA's workflow for this Xid read the kernel line's fields?"""
+    found = NVIDIA.xids.get(xid)
+    return found is not None and found.immediate in _FROM_THE_LINE

@@ -24,6 +24,7 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 import xid_catalogue  # noqa: E402
+import xid_table  # noqa: E402
 
 # A reason is written into the GPUHealthy condition's reason: the API server's rule.
 CONDITION_REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
@@ -218,3 +219,21 @@ def test_sxids_follow_the_fabric_manager_guide_over_the_lines_word() -> None:
     assert not classify_sxid(11012, fatal=False).node_fault  # single-bit ECC, corrected
     assert classify_sxid(31337, fatal=True).severity is Severity.P0  # unknown: the line's word
     assert not classify_sxid(31337, fatal=None).node_fault
+
+
+def test_docs_hold_the_table_and_every_row_agrees_or_names_its_workflow() -> None:
+    text = (ROOT / "docs/agent.md").read_text(encoding="utf-8")
+    assert xid_table.rewrite(text) == text, "run tools/xid_table.py"
+    rows = [line for line in xid_table.table().splitlines() if re.match(r"^\| \d+ \|", line)]
+    assert len(rows) == len(DATA_CENTRE)
+    for line in rows:
+        last = line.rstrip(" |").rsplit(" | ", 1)[1]
+        assert last.startswith(
+            ("agrees", "follows WORKFLOW", "follows XID_154", "NVIDIA lists no")
+        ), line
+
+
+def test_the_old_table_disagreed_where_the_issue_says_and_this_one_does_not() -> None:
+    now = xid_table.compare(xid_table._now)
+    assert now["stricter"] == now["laxer"] == now["other action"] == 0
+    assert now["agree"] == 87 and now["needs decoding"] == 22
