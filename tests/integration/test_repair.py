@@ -51,9 +51,10 @@ from tests.integration.test_approval import TOKEN, post
 
 pytestmark = pytest.mark.timeout(240)
 
-XID_94 = (
-    "NVRM: Xid (PCI:0000:18:00): 94, pid=2843, name=python3, Contained: SM (0x1). "
-    "RST: No, D-RST: No"
+# NVIDIA: an uncontained ECC error, RESET_GPU (a contained one, 94, restarts the application).
+XID_95 = (
+    "NVRM: Xid (PCI:0000:18:00): 95, pid=2843, name=python3, Uncontained: SM MMU (0x1). "
+    "RST: Yes, D-RST: No"
 )
 XID_79 = "NVRM: Xid (PCI:0000:18:00): 79, pid=2843, name=python3, GPU has fallen off the bus."
 AGENT = {"repairEnabled": True, "repairPollSeconds": 0.2, "repairRebootMethod": "sentinel"}
@@ -62,7 +63,7 @@ AGENT = {"repairEnabled": True, "repairPollSeconds": 0.2, "repairRebootMethod": 
 def repair_config(pool: dict[str, str], **repair: Any) -> dict[str, Any]:
     return controller_config(
         pool,
-        p1EscalationSeconds=0,  # Xid 94 is P1: acted on at once here
+        p1EscalationSeconds=0,  # a P1 fault is acted on at once here
         repair={"enabled": True, "mode": "act", "settleSeconds": 1, **repair},
     )
 
@@ -106,7 +107,7 @@ def proposed(kube: Client, node: str) -> Any:
     return record if entries(record, "would-repair") else None
 
 
-def test_xid_94_is_reset_by_the_agent_once_through_a_controller_kill_and_an_agent_restart(
+def test_xid_95_is_reset_by_the_agent_once_through_a_controller_kill_and_an_agent_restart(
     control_plane: ControlPlane,
     kube: Client,
     namespace: str,
@@ -126,7 +127,7 @@ def test_xid_94_is_reset_by_the_agent_once_through_a_controller_kill_and_an_agen
     agents.append(agent)
     gpu = agent.spec["devices"][0]["uuid"]
 
-    agent.kernel(XID_94)
+    agent.kernel(XID_95)
     wait_for("the node quarantined", lambda: our_taint(kube, node) is not None, timeout_s=30)
     wait_for("drained", lambda: not pods_on(kube, namespace, node), timeout_s=60)
     assert doomed.wait_exit(60) == -9, "the controller was not killed after its request"
@@ -362,7 +363,7 @@ def test_an_approval_required_reset_waits_for_gpuheal_approve_then_is_done_once(
     agents.append(agent)
     gpu = agent.spec["devices"][0]["uuid"]
 
-    agent.kernel(XID_94)
+    agent.kernel(XID_95)
     record = wait_for("the approval asked", lambda: awaiting(kube, node), timeout_s=60)
     name = record.metadata.name
     assert record.status["repairApproval"]["attempt"] == 1
