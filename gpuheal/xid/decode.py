@@ -85,8 +85,11 @@ def recovery_action(code: int | None) -> XidRow:
 
 # -- Xids 144-150: NVLink5 -----------------------------------------------------
 
+# "<subcode> <Fatal|Nonfatal> XC<n> i<n> Link <n> (<IntrInfo> <Error Status> …)". The
+# subcode is plain text ("RLW_REMAP", the sheet also spells "MSE Degraded"); the decode
+# reads only the fields, so the match is anchored on what follows it.
 _NVLINK5 = re.compile(
-    r"(?P<subcode>[A-Z][A-Z0-9_]*)\s+(?P<word>Fatal|Nonfatal|Non-fatal)\s+XC\d+\s+i\d+\s+"
+    r"(?:^|,\s*)(?P<subcode>[^,()]*?)\s*\b(?P<word>Fatal|Nonfatal|Non-fatal)\s+XC\d+\s+i\d+\s+"
     r"Link\s+-?\d+\s*\((?P<fields>[^)]*)\)"
 )
 _HEX = re.compile(r"0x[0-9a-fA-F]{1,8}")
@@ -128,11 +131,27 @@ def matches(mask: str, value: int) -> bool:
     return all(c == "-" or int(c) == (value >> (31 - i)) & 1 for i, c in enumerate(mask))
 
 
-def _rule_action(rule: Nvlink5Rule, intr_info: int, v2: bool) -> str:
+def _rule_action(rule: Nvlink5Rule, intr_info: int, v2: bool) -> str | None:
+    """The row's action for this IntrInfo: action 2 where its mask promotes it (a
+    promotable error's row mask has a 0 where action 2's has the 1), else the row's
+    own where its mask matches, else None."""
     promote = rule.action2_intr_info_v2 if v2 else rule.action2_intr_info_v1
     if rule.action2 and promote and matches(promote, intr_info):
         return rule.action2
-    return rule.action
+    own = rule.intr_info_v2 if v2 else rule.intr_info_v1
+    return rule.action if matches(own, intr_info) else None
+
+
+def _statuses(status: str) -> list[str]:
+    """The line's Error Status, then each bit of it: the sheet lists one bit per row,
+    and a status with two bits set is two errors at once."""
+    value = int(status, 16)
+    bits = [f"0x{1 << b:08x}" for b in range(32) if value >> b & 1]
+    return [status, *(b for b in bits if b != status)]
+
+
+# When several rows match (two errors in one status), the strictest action stands.
+_STRICTNESS = {"IGNORE": 0, "XID_154_EVAL": 1, "RESET_GPU": 2}
 
 
 def nvlink5_rule(xid: int, line: Nvlink5Line, driver: str) -> tuple[Nvlink5Rule, str] | None:
@@ -140,21 +159,29 @@ def nvlink5_rule(xid: int, line: Nvlink5Line, driver: str) -> tuple[Nvlink5Rule,
     newer = r575(driver)
     layouts = (True,) if newer else (False,) if newer is False else (True, False)
     for v2 in layouts:
-        for rule in NVIDIA.nvlink5:
-            if rule.xid != xid:
-                continue
-            mask = rule.intr_info_v2 if v2 else rule.intr_info_v1
-            if not matches(mask, line.intr_info):
-                continue
-            if rule.error_status and line.error_status not in rule.error_status:
-                continue
-            return rule, _rule_action(rule, line.intr_info, v2)
+        found: list[tuple[Nvlink5Rule, str]] = []
+        for status in _statuses(line.error_status):
+            for rule in NVIDIA.nvlink5:
+                if rule.xid != xid or (rule.error_status and status not in rule.error_status):
+                    continue
+                action = _rule_action(rule, line.intr_info, v2)
+                if action is not None:
+                    found.append((rule, action))
+                    break
+            if found and status == line.error_status:
+                break  # the status as a whole has its row
+        if found:
+            return max(found, key=lambda f: _STRICTNESS.get(f[1], len(_STRICTNESS)))
     return None
 
 
 # XID_154_EVAL: "If an XID 154 is seen along with this error, take that action. If no
-# XID 154 present, RESTART_APP" (the Xid 154 is classified on its own).
-_NVLINK5_ACTIONS = {**ACTIONS, "XID_154_EVAL": ACTIONS["RESTART_APP"]}
+# XID 154 present, RESTART_APP". The Xid 154 is classified on its own; this one is a
+# link's, not the application's, so it is counted but not toward the application rate.
+_NVLINK5_ACTIONS = {
+    **ACTIONS,
+    "XID_154_EVAL": Treatment(P2, Action.NONE, Kind.INFORMATIONAL, "the Xid 154 decides"),
+}
 
 
 def nvlink5(xid: NvidiaXid, context: Context) -> XidRow:
@@ -169,8 +196,11 @@ def nvlink5(xid: NvidiaXid, context: Context) -> XidRow:
         )
     found = nvlink5_rule(xid.code, line, context.driver)
     if found is None:
-        # No row of the sheet: the line's own word is all there is.
-        chosen = ACTIONS["RESET_GPU"] if line.fatal else Treatment(P1, Action.CONTACT_SUPPORT)
+        # No row of the sheet: the line's own word is all there is. A non-fatal error
+        # NVIDIA does not list is counted, as the sheet's non-fatal rows mostly are.
+        chosen = (
+            ACTIONS["RESET_GPU"] if line.fatal else Treatment(P2, Action.NONE, Kind.INFORMATIONAL)
+        )
         word = "Fatal" if line.fatal else "Nonfatal"
         return row(
             xid, chosen, f"{line.subcode} {line.error_status}: no decode row, line says {word}"

@@ -69,7 +69,9 @@ UNLISTED: dict[int, Treatment] = {
         "NVIDIA: power smoothing disabled; replace only if power swings are not acceptable",
     ),
     166: Treatment(P1, Action.CONTACT_SUPPORT, why="no action listed (confidential computing)"),
-    167: Treatment(P1, Action.CONTACT_SUPPORT, why="no action listed"),
+    # A fatal timeout of the GPU's PCIe link: as Xid 158 (GPU_FATAL_TIMEOUT), RESET_GPU,
+    # and the repair ladder goes on to a reboot if the reset does not bring it back.
+    167: Treatment(P0, Action.RESET_GPU, why="as Xid 158, a fatal timeout"),
     168: Treatment(
         P1, Action.CONTACT_SUPPORT, why="NVIDIA: enable ECC or boot again with a shifted WPR"
     ),

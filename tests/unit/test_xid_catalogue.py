@@ -164,14 +164,23 @@ def test_nvlink5_xids_follow_the_decode_sheet() -> None:
     ignorable = RLW_V2.replace("0x00000040", "0x00000100")  # RLW_REMAP 0x100: IGNORE
     assert not classify(145, detail=ignorable, driver="580.65.06").node_fault
     evaluate = RLW_V2.replace("0x00000040", "0x00000001")  # XID_154_EVAL: the 154 decides
-    assert classify(145, detail=evaluate, driver="580.65.06").kind is Kind.APPLICATION
+    assert classify(145, detail=evaluate, driver="580.65.06").kind is Kind.INFORMATIONAL
+    both = RLW_V2.replace("0x00000040", "0x00000041")  # two errors: the stricter stands
+    assert classify(145, detail=both, driver="580.65.06").action is Action.RESET_GPU
+    # RLW_RXPIPE's promotable errors: IntrInfo bit 7 (V2) selects NVIDIA's action 2, a reset.
+    rxpipe = "RLW_RXPIPE Nonfatal XC0 i0 Link 3 (0x{:08x} 0x00000001 0x0 0x0 0x0 0x0)"
+    assert not classify(145, detail=rxpipe.format(0x06), driver="580.65.06").node_fault
+    promoted = classify(145, detail=rxpipe.format(0x86), driver="580.65.06")
+    assert promoted.action is Action.RESET_GPU and promoted.severity is Severity.P0
 
 
-def test_an_nvlink5_xid_without_its_fields_is_watched_not_drained() -> None:
+def test_an_nvlink5_xid_without_its_fields_is_watched_and_one_without_a_row_goes_by_its_word() -> (
+    None
+):
     assert classify(149).severity is Severity.P1
     unmatched = NETIR.replace("0x025525c6", "0x7fffffff")
     assert classify(149, detail=unmatched).severity is Severity.P0  # the line says Fatal
-    assert classify(149, detail=unmatched.replace("Fatal", "Nonfatal")).severity is Severity.P1
+    assert not classify(149, detail=unmatched.replace("Fatal", "Nonfatal")).node_fault
 
 
 # -- Xid 74: WORKFLOW_NVLINK_ERR -----------------------------------------------

