@@ -42,7 +42,7 @@ def start_agent(control_plane: ControlPlane, tmp_path: Path) -> Iterator[StartAg
         print(f"--- agent {agent.node} log (tail) ---\n{agent.log()[-3000:]}")
 
 
-def annotations(kube: Client, node: str) -> dict[str, str]:
+def node_annotations(kube: Client, node: str) -> dict[str, str]:
     meta = kube.get(Node, node).metadata
     return dict((meta.annotations if meta else None) or {})
 
@@ -91,8 +91,8 @@ def test_application_and_ignorable_xids_never_make_the_node_faulty_and_a_gpu_fau
         agent.kernel(line)
     wait_for("every line read", lambda: agent.metric("gpuheal_agent_kmsg_records_total") >= 8)
     rounds_pass(agent, 10)  # five times failRounds: a fault would have been reported
-    assert STATUS not in annotations(kube, node)
-    assert annotations(kube, node).get(XID_ERRORS) == "0"  # no GPU error for the gate
+    assert STATUS not in node_annotations(kube, node)
+    assert node_annotations(kube, node).get(XID_ERRORS) == "0"  # no GPU error for the gate
     text = metrics(agent)
     assert sample(text, "gpuheal_agent_application_xid_total", gpu=uuid0, xid="13") == 1
     assert sample(text, "gpuheal_agent_application_xid_total", gpu=uuid0, xid="31") == 1
@@ -102,8 +102,8 @@ def test_application_and_ignorable_xids_never_make_the_node_faulty_and_a_gpu_fau
     agent.kernel(
         f"NVRM: Xid ({GPU0}): 95, pid='<unknown>', name=<unknown>, Uncontained: SM MMU. RST: Yes, D-RST: No"
     )
-    wait_for("Xid 95 reported", lambda: annotations(kube, node).get(STATUS) == "faulty")
-    found = annotations(kube, node)
+    wait_for("Xid 95 reported", lambda: node_annotations(kube, node).get(STATUS) == "faulty")
+    found = node_annotations(kube, node)
     assert (found[FAULT_REASON], found[FAULT_SEVERITY]) == ("EccUncontained95", "P0")
     assert found[XID_ERRORS] == "1"
 
@@ -119,10 +119,10 @@ def test_application_xids_on_one_gpu_become_a_fault_only_as_a_rate(
     for _ in range(2):
         agent.kernel(line)
     rounds_pass(agent, 6)
-    assert STATUS not in annotations(kube, node)  # two on one GPU: the application's
+    assert STATUS not in node_annotations(kube, node)  # two on one GPU: the application's
     agent.kernel(line)
-    wait_for("the rate reported", lambda: annotations(kube, node).get(STATUS) == "faulty")
-    found = annotations(kube, node)
+    wait_for("the rate reported", lambda: node_annotations(kube, node).get(STATUS) == "faulty")
+    found = node_annotations(kube, node)
     assert (found[FAULT_REASON], found[FAULT_SEVERITY]) == ("RepeatedApplicationXids", "P1")
     assert found["gpuheal.io/fault-devices"] == uuid0
 
@@ -133,13 +133,11 @@ def test_an_xid_the_catalogue_does_not_know_is_a_watched_fault_naming_the_catalo
     (node,) = fake_gpu_nodes(1)
     agent = start_agent(node, {"failRounds": 2, "intervalSeconds": 0.2})
     agent.kernel(f"NVRM: Xid ({GPU0}): 250, pid='<unknown>', name=<unknown>, something new")
-    wait_for("reported", lambda: annotations(kube, node).get(STATUS) == "faulty")
-    found = annotations(kube, node)
+    wait_for("reported", lambda: node_annotations(kube, node).get(STATUS) == "faulty")
+    found = node_annotations(kube, node)
     assert (found[FAULT_REASON], found[FAULT_SEVERITY]) == ("XidUnknown250", "P1")
     assert sample(metrics(agent), "gpuheal_agent_xid_uncatalogued_total", xid="250") == 1
-    condition = next(
-        c
-        for c in kube.get(Node, node).status.conditions or []
-        if c.type == "GPUHealthy"  # type: ignore[union-attr]
-    )
+    status = kube.get(Node, node).status
+    assert status is not None
+    condition = next(c for c in status.conditions or [] if c.type == "GPUHealthy")
     assert VERSION in (condition.message or "")  # the finding's message names the catalogue
