@@ -24,6 +24,9 @@ class KernelLogReading(Protocol):
     started_at: float
     last_record_at: float | None
 
+    @property
+    def sxid_continuations(self) -> int: ...
+
 
 class AgentMetrics(Metrics):
     probe_duration = histogram(
@@ -85,6 +88,12 @@ class KmsgCollector(Collector):
             "gpuheal_agent_kmsg_read_errors",
             "Failed opens and reads of the kernel log (retried every 2 s).",
             value=f.errors,
+        )
+        yield CounterMetricFamily(
+            "gpuheal_agent_kmsg_sxid_continuations",
+            "SXid Severity and Data lines attached to the SXid line before them (no event"
+            " of their own).",
+            value=f.sxid_continuations,
         )
         last = f.last_record_at
         yield GaugeMetricFamily(
