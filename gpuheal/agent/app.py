@@ -53,6 +53,7 @@ from gpuheal.model import (
 )
 from gpuheal.policy.backoff import backoff_delay
 from gpuheal.sources.annotations import written
+from gpuheal.xid.sxid import classify_sxid
 
 log = logging.getLogger(__name__)
 
@@ -257,10 +258,14 @@ class Agent:
     def _on_nvml_xid(self, xid: int, device: str) -> None:
         self._xid(xid, device)
 
-    def _xid(self, xid: int, device: str, recovery_action: int | None = None) -> None:
+    def _xid(
+        self, xid: int, device: str, recovery_action: int | None = None, *, detail: str = ""
+    ) -> None:
         self.metrics.xids.labels(str(xid)).inc()
         self.counters.xid(dt.datetime.now(dt.UTC))
-        finding = xid_finding(xid, device, recovery_action, table=self.config.xid_overrides)
+        finding = xid_finding(
+            xid, device, recovery_action, table=self.config.xid_overrides, detail=detail
+        )
         if finding.severity is not Severity.P2:
             self.sticky.add(finding)
         log.warning(
@@ -272,7 +277,7 @@ class Agent:
             case GpuAt(pci=pci, uuid=gpu):
                 self.pci_to_uuid[pci] = gpu
             case XidEvent(xid=xid, pci=pci, recovery_action=action):
-                self._xid(xid, self._uuid_for(pci), action)
+                self._xid(xid, self._uuid_for(pci), action, detail=event.detail)
             case OffTheBus(pci=pci):
                 gpu = self._uuid_for(pci) if pci else ""
                 self.sticky.add(
@@ -285,12 +290,15 @@ class Agent:
                     )
                 )
             case SxidEvent(sxid=sxid, switch=switch, fatal=fatal):
-                if fatal:
+                # The guide's table over the line's word (gpuheal/xid/sxid.py).
+                row = classify_sxid(sxid, fatal)
+                self.metrics.sxids.labels(str(sxid), row.kind.value).inc()
+                if row.node_fault:
                     self.sticky.add(
                         Finding(
-                            f"NvswitchFatal{sxid}",
-                            Severity.P0,
-                            f"{switch}: fatal SXid {sxid}",
+                            row.reason,
+                            row.severity,
+                            f"{switch}: {row.description}",  # names the SXid
                             (switch,),
                         )
                     )

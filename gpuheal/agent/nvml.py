@@ -295,9 +295,11 @@ def xid_finding(
     recovery_action: int | None = None,
     *,
     table: Mapping[int, XidRow] | None = None,
+    detail: str = "",
 ) -> Finding:
-    """A finding for an Xid event, classified by the catalogue (and config overrides)."""
-    row = classify(xid, table, recovery_action)
+    """A finding for an Xid event, classified by the catalogue (and config overrides);
+    `detail` is the kernel line's text after the code ("" from NVML's events)."""
+    row = classify(xid, table, recovery_action, detail=detail)
     return Finding(
         row.reason,
         row.severity,

@@ -39,6 +39,13 @@ class AgentMetrics(Metrics):
         "gpuheal_agent_probe_failures_total", "Probe calls that could not run.", "probe"
     )
     xids = counter("gpuheal_agent_xid_total", "Xid events seen.", "xid")
+    sxids = counter(
+        "gpuheal_agent_sxid_total",
+        "NVSwitch SXid events seen, by the kind of their row (node: a node fault;"
+        " informational: only counted).",
+        "sxid",
+        "kind",
+    )
     rounds = counter("gpuheal_agent_rounds_total", "Probe rounds.")
     reports = counter("gpuheal_agent_reports_total", "Writes to the Node.")
     report_failures = counter("gpuheal_agent_report_failures_total", "Node writes that failed.")
