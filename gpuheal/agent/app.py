@@ -56,6 +56,7 @@ from gpuheal.policy.backoff import backoff_delay
 from gpuheal.sources.annotations import written
 from gpuheal.xid import VERSION as XID_CATALOGUE_VERSION
 from gpuheal.xid import classify, needs_line
+from gpuheal.xid.sxid import classify_sxid
 
 log = logging.getLogger(__name__)
 
@@ -332,7 +333,7 @@ class Agent:
             case GpuAt(pci=pci, uuid=gpu):
                 self.pci_to_uuid[pci] = gpu
             case XidEvent(xid=xid, pci=pci, recovery_action=action):
-                self._xid(xid, self._uuid_for(pci), action)
+                self._xid(xid, self._uuid_for(pci), action, detail=event.detail)
             case OffTheBus(pci=pci):
                 gpu = self._uuid_for(pci) if pci else ""
                 self.sticky.add(
@@ -345,12 +346,15 @@ class Agent:
                     )
                 )
             case SxidEvent(sxid=sxid, switch=switch, fatal=fatal):
-                if fatal:
+                # The guide's table over the line's word (gpuheal/xid/sxid.py).
+                row = classify_sxid(sxid, fatal)
+                self.metrics.sxids.labels(str(sxid), row.kind.value).inc()
+                if row.node_fault:
                     self.sticky.add(
                         Finding(
-                            f"NvswitchFatal{sxid}",
-                            Severity.P0,
-                            f"{switch}: fatal SXid {sxid}",
+                            row.reason,
+                            row.severity,
+                            f"{switch}: {row.description}",  # names the SXid
                             (switch,),
                         )
                     )

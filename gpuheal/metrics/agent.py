@@ -24,6 +24,9 @@ class KernelLogReading(Protocol):
     started_at: float
     last_record_at: float | None
 
+    @property
+    def sxid_continuations(self) -> int: ...
+
 
 class AgentMetrics(Metrics):
     probe_duration = histogram(
@@ -51,6 +54,13 @@ class AgentMetrics(Metrics):
     )
     xid_catalogue = gauge(
         "gpuheal_agent_xid_catalogue_info", "The NVIDIA Xid catalogue loaded (1).", "version"
+    )
+    sxids = counter(
+        "gpuheal_agent_sxid_total",
+        "NVSwitch SXid events seen, by the kind of their row (node: a node fault;"
+        " informational: only counted).",
+        "sxid",
+        "kind",
     )
     rounds = counter("gpuheal_agent_rounds_total", "Probe rounds.")
     reports = counter("gpuheal_agent_reports_total", "Writes to the Node.")
@@ -101,6 +111,12 @@ class KmsgCollector(Collector):
             "gpuheal_agent_kmsg_read_errors",
             "Failed opens and reads of the kernel log (retried every 2 s).",
             value=f.errors,
+        )
+        yield CounterMetricFamily(
+            "gpuheal_agent_kmsg_sxid_continuations",
+            "SXid Severity and Data lines attached to the SXid line before them (no event"
+            " of their own).",
+            value=f.sxid_continuations,
         )
         last = f.last_record_at
         yield GaugeMetricFamily(

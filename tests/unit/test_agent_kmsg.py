@@ -28,7 +28,7 @@ from gpuheal.metrics.agent import AgentMetrics
 CORPUS = Path(__file__).parent / "data" / "kmsg_corpus.txt"
 WELL_FORMED_XID = re.compile(
     r"^NVRM: Xid \((?:PCI:)?[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}(?:\.\d)?"
-    r"(?: GPU-I:\d+)?(?: GPU-CI:\d+)?\): (\d{1,5})(?:,|$)"
+    r"(?: GPU-I:\d+)?(?: GPU-CI:\d+)?\): (\d{1,5})(?:,|\s*\(|$)"
 )
 WELL_FORMED_SXID = re.compile(
     r"^nvidia-nvswitch\d+: SXid \(PCI:[0-9a-f:.]+\): (\d+), (Fatal|Non-fatal)"
