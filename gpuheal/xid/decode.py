@@ -180,7 +180,8 @@ def nvlink5(xid: NvidiaXid, context: Context) -> XidRow:
     return row(
         xid,
         chosen,
-        f"{rule.subcode} {line.error_status}: {action} ({rule.severity}; then {rule.investigatory})",
+        f"{rule.subcode} {line.error_status}: {action} "
+        f"({rule.severity}; then {rule.investigatory})",
     )
 
 
