@@ -29,6 +29,7 @@ from gpuheal.config import Config, PoolValidationConfig, ValidationConfig
 from gpuheal.model import NODE_LABEL, TAINT_KEY, ActionEntry, FaultRecord, NodeView
 from gpuheal.policy.gate import GATE_FAILED, Validated
 from gpuheal.policy.pools import pool_config, pool_of
+from gpuheal.policy.validation_script import SCRIPT
 
 # On the Job and its pod: the controller watches the pods by this label.
 VALIDATION_LABEL = "gpuheal.io/validation"
@@ -54,32 +55,12 @@ VALIDATION_PASSED = "GPUValidationPassed"
 
 MESSAGE_SHOWN = 120  # characters of an unreadable termination message quoted back
 
-# The built-in test (healthGate.validation.command empty): DCGM's diagnostic at the
-# configured level, then, on a multi-GPU node with a threshold, nccl-tests'
-# all_reduce_perf against it. It writes the summary the gate reads.
-DEFAULT_SCRIPT = r"""set -u
-say() { printf '{"result":"%s","tool":"%s","detail":"%s"}' "$1" "$2" "$3" > /dev/termination-log; }
-level="$GPUHEAL_DCGM_LEVEL"
-if command -v nv-hostengine >/dev/null 2>&1; then nv-hostengine >/dev/null 2>&1; fi
-out=$(dcgmi diag -r "$level" -j 2>&1); rc=$?
-if [ "$rc" -ne 0 ] || printf '%s' "$out" | grep -q '"Status" *: *"Fail"'; then
-  say fail dcgmi-diag "dcgmi diag -r $level: exit $rc or a test failed"; exit 1
-fi
-min="$GPUHEAL_NCCL_MIN_BUSBW_GBPS"
-if [ "$GPUHEAL_GPUS" -gt 1 ] && [ "$min" != "0" ]; then
-  out=$(all_reduce_perf -b 1G -e 1G -g "$GPUHEAL_GPUS" 2>&1); rc=$?
-  bw=$(printf '%s\n' "$out" | awk '/Avg bus bandwidth/ {print $NF}')
-  if [ "$rc" -ne 0 ] || [ -z "$bw" ]; then
-    say fail nccl-all-reduce "all_reduce_perf: exit $rc, no bus bandwidth reported"; exit 1
-  fi
-  if awk -v bw="$bw" -v min="$min" 'BEGIN { exit !(bw + 0 < min + 0) }'; then
-    say fail nccl-all-reduce "bus bandwidth $bw GB/s, below $min GB/s"; exit 1
-  fi
-  say pass dcgmi-diag+nccl-all-reduce "dcgmi diag -r $level passed; bus bandwidth $bw GB/s"
-  exit 0
-fi
-say pass dcgmi-diag "dcgmi diag -r $level passed"
-"""
+# The built-in test (healthGate.validation.command empty): the GPUs the container sees,
+# DCGM's diagnostic at the configured level read from its JSON, then, on a multi-GPU
+# node with a threshold, nccl-tests' all_reduce_perf against it. It writes the summary
+# the gate reads. POSIX sh and awk (the image need not have Python): policy/
+# validation_script.py, which says what it checks and why.
+DEFAULT_SCRIPT = SCRIPT
 
 
 def job_name(record: str, attempt: int) -> str:
