@@ -9,12 +9,12 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint unit integration e2e chaos testenv monitoring browser venv clean bench
+.PHONY: demo test lint unit integration e2e chaos testenv monitoring browser awks venv clean bench
 
 demo: $(STAMP) testenv
 	$(BIN)/gpuheal demo
 
-test: lint testenv monitoring browser
+test: lint testenv monitoring browser awks
 	$(BIN)/pytest
 
 lint: $(STAMP)
@@ -23,7 +23,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 
-unit: $(STAMP)
+unit: $(STAMP) awks
 	$(BIN)/pytest -m unit
 
 integration: $(STAMP) testenv monitoring browser
@@ -52,6 +52,14 @@ browser:
 	@command -v chromium >/dev/null || { \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	    --no-install-recommends chromium >/dev/null; }
+
+# Every awk the validation Job's script may meet in a DCGM image (Ubuntu's mawk, UBI's
+# gawk, busybox's, the one true awk): the unit tests run the script under each.
+awks:
+	@command -v mawk >/dev/null && command -v gawk >/dev/null && command -v busybox >/dev/null \
+	  && command -v original-awk >/dev/null || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends mawk gawk busybox original-awk >/dev/null; }
 
 venv: $(STAMP)
 

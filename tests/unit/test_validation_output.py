@@ -43,9 +43,15 @@ NCCL = sorted(n for n, e in INDEX.items() if e["tool"] == "all_reduce_perf")
 PASS3 = "dcgm3-r2-pass.json"
 PASS4 = "dcgm4-r2-pass.json"
 # Every awk the script may meet: Ubuntu's DCGM image has mawk, UBI's gawk, small images
-# busybox. Those not on this machine are skipped, not faked.
-AWKS = [a for a in ("mawk", "gawk", "original-awk", "busybox") if shutil.which(a)]
-SHELLS = [s for s in ("/bin/sh", "dash", "bash") if shutil.which(s)]
+# busybox. `make awks` (a step of `make test`) installs them; a missing one fails below.
+AWKS = ["mawk", "gawk", "original-awk", "busybox"]
+SHELLS = ["/bin/sh", "dash", "bash"]
+
+
+@pytest.mark.parametrize("program", AWKS + SHELLS)
+def test_every_awk_and_shell_the_script_meets_is_here(program: str) -> None:
+    assert shutil.which(program), f"{program} is missing: run `make awks` (Debian's package)"
+
 
 # What each fixture must come to (the Job asks for 8 GPUs, 4 for the 4.0 one), and words
 # its detail must hold. Every "fail" here matters as much as a "pass".
