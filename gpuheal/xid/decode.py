@@ -177,11 +177,8 @@ def nvlink5(xid: NvidiaXid, context: Context) -> XidRow:
         )
     rule, action = found
     chosen = _NVLINK5_ACTIONS.get(action, Treatment(P1, Action.CONTACT_SUPPORT))
-    return row(
-        xid,
-        chosen,
-        f"{rule.subcode} {line.error_status}: {action} ({rule.severity}; then {rule.investigatory})",
-    )
+    then = f"{rule.severity}; then {rule.investigatory}"
+    return row(xid, chosen, f"{rule.subcode} {line.error_status}: {action} ({then})")
 
 
 # -- Xid 74: WORKFLOW_NVLINK_ERR -----------------------------------------------
