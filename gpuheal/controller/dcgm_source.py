@@ -125,9 +125,9 @@ class DcgmSource:
         self.managed = managed
         self.metrics = metrics
         self.observe = observe  # an Xid that is no node fault
-        self.configure(queries, overrides)
         # query name -> finding key -> its episode
         self.episodes: dict[str, dict[str, Episode]] = {}
+        self.configure(queries, overrides)
         # finding key -> the Xid gauge's run, while the gauge is nonzero
         self.gauges: dict[str, XidGauge] = {}
         # (node, gpu, xid) -> the windowed count last seen
@@ -141,7 +141,12 @@ class DcgmSource:
         self._complaints: dict[tuple[str, str], _Complaint] = {}
 
     def configure(self, queries: list[Query], overrides: Mapping[int, XidRow] | None) -> None:
-        """The queries and the config's `xid` rows (at start, and on a reload)."""
+        """The queries and the config's `xid` rows (at start, and on a reload: the
+        findings of a query no longer asked, `appxids` turned off, are withdrawn)."""
+        names = {q.name for q in queries}
+        for name in [n for n in self.episodes if n not in names]:
+            for key, held in self.episodes.pop(name).items():
+                self.resolve(key.split("/", 1)[0], held.fault_id)
         self.queries = queries
         self.overrides = dict(overrides or {})
         gauge = next((q for q in queries if q.name == XID), None)

@@ -208,3 +208,26 @@ def test_an_unreachable_prometheus_is_backed_off_counted_and_logged_once(
     assert len(warned) == 1 and getattr(warned[0], "reason", "") == "connection"
     dcgm.failures = 5000  # months of it: 2.0**5000 would raise OverflowError
     assert asyncio.run(polls(1)) == [300]
+
+
+def test_a_reload_that_drops_a_query_withdraws_its_findings() -> None:
+    resolved: list[tuple[str, str]] = []
+
+    def resolve(node: str, fault_id: str) -> int:
+        resolved.append((node, fault_id))
+        return 1
+
+    dcgm = DcgmSource(
+        "http://127.0.0.1:9",
+        1.0,
+        queries(85, 95),
+        submit=lambda _: True,
+        resolve=resolve,
+        managed=lambda _: True,
+        metrics=ControllerMetrics(),
+    )
+    held = episode("appxids", GPU_UUIDS[0], 1796092786000)
+    dcgm.episodes["appxids"] = {f"{EKS_NODES[0]}/appxids/{GPU_UUIDS[0]}": held}
+    dcgm.configure(queries(85, 95, application_xids_per_gpu=0), None)
+    assert resolved == [(EKS_NODES[0], held.fault_id)] and "appxids" not in dcgm.episodes
+    assert "appxids" not in {q.name for q in dcgm.queries}
