@@ -2,7 +2,8 @@
 
 GET  /healthz            alive
 GET  /readyz             caches synced (200) or not (503); says whether this replica leads
-                         and, in `reasons`, what keeps it from being ready or from leading
+                         and, in `reasons`, what keeps it from being ready or from leading,
+                         and what the DCGM source cannot see
 GET  /metrics            Prometheus exposition
 GET  /openapi.yaml       this API, described
 POST /api/v1/alerts      Alertmanager webhook (version 4)
@@ -188,7 +189,8 @@ class Api:
         reasons: Callable[[], list[str]] = list,
     ) -> None:
         self.intake = intake
-        self.reasons = reasons  # for /readyz: why not ready, or ready but unable to lead
+        # For /readyz: why not ready, or ready but unable to lead or to see (the DCGM source).
+        self.reasons = reasons
         self.settings = settings
         self.tokens = tokens
         self.registry = metrics.registry
