@@ -105,6 +105,9 @@ def test_the_chart_renders_for_the_default_and_other_values(control_plane: Contr
     fields = [line.split(",")[0] for line in counters["data"]["dcgm-metrics.csv"].splitlines()
               if not line.startswith("#")]  # fmt: skip
     assert "DCGM_EXP_XID_ERRORS_COUNT" in fields and "DCGM_FI_DEV_ROW_REMAP_PENDING" in fields
+    own = render(control_plane, "gh", "ops", DATA / "values-own-rules.yaml")
+    (rule,) = [o for o in own if o["kind"] == "PrometheusRule"]
+    assert [g["name"] for g in rule["spec"]["groups"]] == ["gpuheal-self"]
 
 
 @pytest.fixture
