@@ -14,6 +14,8 @@ import os
 import uuid
 from typing import Any
 
+from gpuheal.sim.monitoring import exporter_labels
+
 # EKS outside us-east-1: ip-<dashed private IP>.<region>.compute.internal.
 EKS_NODE = "ip-192-168-12-34.us-west-2.compute.internal"
 EKS_NODES = (
@@ -96,22 +98,18 @@ def unique_fqdn(length: int = 253) -> str:
 
 
 def dcgm_labels(node: str, gpu: int = 0, *, ip: str = "10.0.12.34") -> dict[str, str]:
-    """The labels dcgm-exporter (3.x, Kubernetes mode) puts on a per-GPU series,
-    plus the ones Prometheus' Kubernetes service discovery adds."""
-    return {
-        "gpu": str(gpu),
-        "UUID": GPU_UUIDS[gpu % len(GPU_UUIDS)],
-        "pci_bus_id": PCI_BUS_IDS[gpu % len(PCI_BUS_IDS)],
-        "device": f"nvidia{gpu}",
-        "modelName": "NVIDIA H100 80GB HBM3",
-        "Hostname": node,
-        "DCGM_FI_DRIVER_VERSION": "550.54.15",
-        "container": "pytorch",
-        "namespace": "ml-training",
-        "pod": "llama-70b-pretrain-worker-3",
-        "instance": f"{ip}:9400",
-        "job": "dcgm-exporter",
-    }
+    """The labels dcgm-exporter (3.x, 4.x, Kubernetes mode) puts on a per-GPU series,
+    in its order, with a pod using the GPU, plus the ones Prometheus' Kubernetes
+    service discovery adds."""
+    labels = exporter_labels(
+        node,
+        gpu,
+        GPU_UUIDS[gpu % len(GPU_UUIDS)],
+        pci_bus_id=PCI_BUS_IDS[gpu % len(PCI_BUS_IDS)],
+        pod=("ml-training", "llama-70b-pretrain-worker-3"),
+    )
+    labels["container"] = "pytorch"
+    return labels | {"instance": f"{ip}:9400", "job": "dcgm-exporter"}
 
 
 def alert(

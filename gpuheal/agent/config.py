@@ -14,7 +14,6 @@ from gpuheal.config.keys import (
     MAX_DELAY_S,
     MAX_GPUS,
     boolean,
-    enum_of,
     file_path,
     file_paths,
     integer,
@@ -27,42 +26,10 @@ from gpuheal.config.keys import (
     string,
     strings,
 )
-from gpuheal.model import Severity
-from gpuheal.xid import Action, Kind, XidRow
+from gpuheal.config.xids import xid_rows
+from gpuheal.xid import XidRow
 
 TITLE = "invalid agent configuration"
-
-
-def xid_rows(value: Any) -> dict[int, XidRow]:
-    if not isinstance(value, dict):
-        raise ValueError(f"must be a map of Xid number to row, got {type(value).__name__}")
-    rows: dict[int, XidRow] = {}
-    for key, row in value.items():
-        try:
-            if isinstance(key, bool) or not isinstance(key, int | str):
-                raise TypeError(key)
-            xid = int(key)
-        except (TypeError, ValueError):
-            raise ValueError(f"key {key!r} is not an Xid number") from None
-        if not isinstance(row, dict) or not {"reason", "severity"} <= row.keys():
-            raise ValueError(f"[{key}] needs reason and severity")
-        severity = enum_of(Severity)(row["severity"])
-        # P2: not a node fault; `application: true` counts it toward the per-GPU rate.
-        application = boolean(row.get("application", False))
-        kind = Kind.NODE if severity is not Severity.P2 else Kind.INFORMATIONAL
-        if application:
-            if severity is not Severity.P2:
-                raise ValueError(f"[{key}] application: true needs severity P2")
-            kind = Kind.APPLICATION
-        rows[xid] = XidRow(
-            reason=string(row["reason"]),
-            severity=severity,
-            action=Action(row.get("action", "none")),
-            description=str(row.get("description", "set by config")),
-            nvidia="overridden by config",
-            kind=kind,
-        )
-    return rows
 
 
 # Where runtimes keep the config that names NVIDIA's runtime or hook: containerd (and

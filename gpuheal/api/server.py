@@ -2,11 +2,13 @@
 
 GET  /healthz            alive
 GET  /readyz             caches synced (200) or not (503); says whether this replica leads
-                         and, in `reasons`, what keeps it from being ready or from leading
+                         and, in `reasons`, what keeps it from being ready or from leading,
+                         and what the DCGM source cannot see
 GET  /metrics            Prometheus exposition
 GET  /openapi.yaml       this API, described
 POST /api/v1/alerts      Alertmanager webhook (version 4)
 POST /api/v1/process     manual trigger: {node, action: quarantine|clear, reason, severity}
+                         or {node, xid, detail}: classified by NVIDIA's Xid catalogue
 GET  /api/v1/faults      current and recent faults (GPUFault records)
 POST /api/v1/faults/{name}/approve|reject   answer a plan awaiting approval
 POST /api/v1/faults/{name}/release          let a fault held by the breaker past it, once
@@ -31,8 +33,8 @@ import datetime as dt
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -46,6 +48,8 @@ from gpuheal.model import APPROVED, REJECTED, FaultSignal
 from gpuheal.policy.ratelimit import TokenBucket
 from gpuheal.sources import alertmanager, manual
 from gpuheal.sources.alertmanager import PayloadError, Webhook
+from gpuheal.sources.xids import Observed
+from gpuheal.xid import XidRow
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +78,10 @@ class Intake(ConsoleIntake, Protocol):
     def resolve(self, node: str, fault_id: str | None, source: str) -> int:
         """Drop a source's signals for a node (one, or all with None); how many."""
 
+    def observe(self, seen: Observed, key: str) -> bool:
+        """Count an Xid that is no node fault (and tell its pod); False when `key`
+        (an alert's fault id) was told already: Alertmanager's repeats count once."""
+
     def faults(self, node: str | None, limit: int) -> list[dict[str, Any]]: ...
 
     async def answer(self, wanted: str, decision: str, by: str) -> tuple[int, dict[str, Any]]:
@@ -97,6 +105,8 @@ class ApiSettings:
     # lasts until it expires, and the node's own health decides).
     resolved_alert_clears: bool = False
     console_secure_cookie: bool = False  # the console's session cookie only over TLS
+    # The config's `xid` rows: alerts and manual requests naming an Xid classify by them.
+    xid_overrides: Mapping[int, XidRow] = field(default_factory=dict)
 
 
 class ManualRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -104,9 +114,20 @@ class ManualRequest(msgspec.Struct, forbid_unknown_fields=True):
 
     node: str
     action: str = manual.QUARANTINE
-    reason: str = "ManualRequest"
-    severity: str = "P0"
+    # Unset: "ManualRequest" and P0, unless `xid` is given (the catalogue decides).
+    reason: str | msgspec.UnsetType = msgspec.UNSET
+    severity: str | msgspec.UnsetType = msgspec.UNSET
     faultID: str = ""  # noqa: N815
+    xid: int | msgspec.UnsetType = msgspec.UNSET
+    detail: str | msgspec.UnsetType = msgspec.UNSET  # the kernel line after the Xid
+
+    @property
+    def given(self) -> frozenset[str]:
+        return frozenset(
+            name
+            for name in ("reason", "severity", "detail")
+            if getattr(self, name) is not msgspec.UNSET
+        )
 
 
 def decode_webhook(body: bytes) -> Webhook:
@@ -168,7 +189,8 @@ class Api:
         reasons: Callable[[], list[str]] = list,
     ) -> None:
         self.intake = intake
-        self.reasons = reasons  # for /readyz: why not ready, or ready but unable to lead
+        # For /readyz: why not ready, or ready but unable to lead or to see (the DCGM source).
+        self.reasons = reasons
         self.settings = settings
         self.tokens = tokens
         self.registry = metrics.registry
@@ -269,10 +291,13 @@ class Api:
         except PayloadError as err:
             return _problem(400, str(err))
         body: dict[str, list[dict[str, Any]]] = {
-            "accepted": [], "duplicates": [], "resolved": [], "skipped": [],
+            "accepted": [], "duplicates": [], "resolved": [], "skipped": [], "observed": [],
         }  # fmt: skip
         outcomes = alertmanager.interpret(
-            hook, node_labels=self.settings.node_labels, find_node=self.intake.find_node
+            hook,
+            node_labels=self.settings.node_labels,
+            find_node=self.intake.find_node,
+            overrides=self.settings.xid_overrides,
         )
         invalid = [o.skipped for o in outcomes if o.invalid]
         if invalid:
@@ -293,6 +318,11 @@ class Api:
                     self.intake.resolve(outcome.node, outcome.fault_id, alertmanager.SOURCE)
                 )
                 result, entry = "resolved", {**entry, "withdrawn": withdrawn}
+            elif outcome.observed is not None:
+                seen = outcome.observed
+                entry |= {"xid": seen.xid, "kind": seen.row.kind.value, "reason": seen.row.reason}
+                new = self.intake.observe(seen, outcome.fault_id)
+                result = "observed" if new else "duplicates"
             elif outcome.signal is not None and self.intake.submit(outcome.signal):
                 result = "accepted"
             else:
@@ -305,15 +335,33 @@ class Api:
     async def post_process(self, request: web.Request) -> web.Response:
         if not self.intake.leading():
             return _problem(503, "not the leader; retry", **{"Retry-After": "2"})
+        row: XidRow | None = None
+        xid = 0
         try:
             wanted = msgspec.json.decode(await request.read(), type=ManualRequest)
-            severity = manual.checked(
-                node=wanted.node,
-                action=wanted.action,
-                reason=wanted.reason,
-                severity=wanted.severity,
-                fault_id=wanted.faultID,
-            )
+            if wanted.xid is msgspec.UNSET:
+                if "detail" in wanted.given:
+                    raise ValueError("$.detail: only with xid")
+                reason = wanted.reason if wanted.reason is not msgspec.UNSET else "ManualRequest"
+                severity = manual.checked(
+                    node=wanted.node,
+                    action=wanted.action,
+                    reason=reason,
+                    severity=wanted.severity if wanted.severity is not msgspec.UNSET else "P0",
+                    fault_id=wanted.faultID,
+                )
+            else:
+                xid = wanted.xid
+                row = manual.checked_xid(
+                    node=wanted.node,
+                    action=wanted.action,
+                    fault_id=wanted.faultID,
+                    xid=xid,
+                    detail=wanted.detail if wanted.detail is not msgspec.UNSET else None,
+                    given=wanted.given,
+                    overrides=self.settings.xid_overrides,
+                )
+                reason, severity = row.reason, row.severity
         except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as err:
             return _problem(400, f"invalid request: {err}")
         status = self.intake.node_status(wanted.node)
@@ -328,15 +376,24 @@ class Api:
         if wanted.action == manual.CLEAR:
             count = self.intake.resolve(wanted.node, wanted.faultID or None, manual.SOURCE)
             return web.json_response({"node": wanted.node, "cleared": count})
+        if row is not None and not row.node_fault:
+            # NVIDIA: restart the application (or ignore): counted, never a quarantine.
+            self.intake.observe(manual.observed(node=wanted.node, xid=xid, row=row), "")
+            return web.json_response(
+                {"node": wanted.node, "xid": xid, "quarantine": False}
+                | {"kind": row.kind.value, "reason": row.reason, "nvidia": row.nvidia}
+            )
         signal = manual.signal(
             node=wanted.node,
-            reason=wanted.reason,
+            reason=reason,
             severity=severity,
             fault_id=wanted.faultID,
             now=dt.datetime.now(dt.UTC),
         )
         new = self.intake.submit(signal)
-        body = {"node": wanted.node, "faultId": signal.fault_id, "new": new}
+        body: dict[str, Any] = {"node": wanted.node, "faultId": signal.fault_id, "new": new}
+        if row is not None:
+            body |= {"xid": xid, "reason": row.reason, "severity": row.severity.value}
         return web.json_response(body, status=202)
 
     async def post_approve(self, request: web.Request) -> web.Response:

@@ -50,6 +50,7 @@ from gpuheal.config.keys import ConfigError as ConfigError
 from gpuheal.config.urls import url
 from gpuheal.config.urls import url_origin as url_origin
 from gpuheal.config.urls import without_url_secrets as without_url_secrets
+from gpuheal.config.xids import xid_rows
 from gpuheal.model import (
     ENVIRONMENT_FACTS,
     GPU_HEALTHY_CONDITION,
@@ -58,6 +59,7 @@ from gpuheal.model import (
     Severity,
     Taint,
 )
+from gpuheal.xid import XidRow
 
 TITLE = "invalid configuration"
 
@@ -431,6 +433,17 @@ class RepairConfig:
         return action in self.approval
 
 
+@dataclass(frozen=True)
+class ApplicationXidsConfig:
+    """Application Xids (NVIDIA: restart the application) are no node fault one by one;
+    this many of them on one GPU within dcgm-exporter's XID window are one
+    (`RepeatedApplicationXids`, P1). Read from DCGM_EXP_XID_ERRORS_COUNT, which
+    dcgm-exporter exports only when its counters file lists it (docs/deploy.md)."""
+
+    # Application Xids per GPU within the exporter's window (5 min by default); 0: never.
+    per_gpu: int = setting(integer(0, MAX_COUNT), 10)
+
+
 # -- the top-level keys, by concern ------------------------------------------------------
 
 
@@ -523,6 +536,10 @@ class Signals:
     dcgm_interval_seconds: float = setting(number(0.5, 3600), 30.0)
     dcgm_temperature_warning_c: int = setting(integer(0, MAX_CELSIUS), 85)
     dcgm_temperature_critical_c: int = setting(integer(0, MAX_CELSIUS), 95)
+    # Overrides of NVIDIA's Xid catalogue (the agent's `xid` key): every controller
+    # source (DCGM, Alertmanager, the manual API) classifies through them first.
+    xid_overrides: Mapping[int, XidRow] = setting(xid_rows, factory=dict, key="xid")
+    application_xids: ApplicationXidsConfig = section(ApplicationXidsConfig)
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ from gpuheal.kube.workqueue import WorkQueue
 from gpuheal.metrics.controller import ControllerMetrics
 from gpuheal.model import CANARY_LABEL, CanaryView, FaultRecord, NodeView, PodView
 from gpuheal.policy.validation import VALIDATION_LABEL, ValidationPod
+from gpuheal.sources.dcgm import Query
 from gpuheal.sources.dcgm import queries as dcgm_queries
 
 log = logging.getLogger(__name__)
@@ -245,6 +246,7 @@ class Controller:
             config.console_view_token_file, "consoleViewTokenFile", "console view"
         )
         self._http: Api | None = None
+        self._dcgm_source: DcgmSource | None = None
 
     def _node_ref(self, name: str) -> ObjectRef:
         node = self.nodes.get(name)
@@ -306,6 +308,10 @@ class Controller:
             reasons.append(f"caches not synced: {', '.join(waiting)}")
         if self.elector is not None and self.elector.problem:
             reasons.append(self.elector.problem)
+        # Said, never a reason to be unready: an optional counter left out of
+        # dcgm-exporter's list is a choice, and Prometheus is not the controller's.
+        if self._dcgm_source is not None:
+            reasons += self._dcgm_source.problems()
         return reasons
 
     @property
@@ -377,15 +383,18 @@ class Controller:
 
     def _dcgm(self, prometheus_url: str) -> DcgmSource:
         config = self.config
-        return DcgmSource(
+        self._dcgm_source = DcgmSource(
             prometheus_url,
             config.dcgm_interval_seconds,
-            dcgm_queries(config.dcgm_temperature_warning_c, config.dcgm_temperature_critical_c),
+            _dcgm_queries(config),
             submit=self.intake.submit,
             resolve=lambda node, fault_id: self.intake.resolve(node, fault_id, None),
             managed=lambda node: self.intake.node_status(node) == "managed",
             metrics=self.metrics,
+            observe=self.intake.observe,
+            overrides=config.xid_overrides,
         )
+        return self._dcgm_source
 
     def reload(self, path: Path) -> bool:
         """Re-read the config file; a bad one is refused and the running config kept."""
@@ -405,6 +414,9 @@ class Controller:
             config.eviction_retry_base_seconds, config.eviction_retry_max_seconds
         )
         self.external.ttl_s = config.external_signal_ttl_seconds
+        self.intake.observed.ttl_s = config.external_signal_ttl_seconds
+        if self._dcgm_source is not None:
+            self._dcgm_source.configure(_dcgm_queries(config), config.xid_overrides)
         self.notifier.sinks = config.notification_sinks
         self.api_tokens.use(config.api_token_file)
         self.view_tokens.use(config.console_view_token_file)
@@ -506,6 +518,15 @@ def _read_at_scrape(
     metrics.read_devices(reconciler.device_counts.values)
 
 
+def _dcgm_queries(config: Config) -> list[Query]:
+    return dcgm_queries(
+        config.dcgm_temperature_warning_c,
+        config.dcgm_temperature_critical_c,
+        overrides=config.xid_overrides,
+        application_xids_per_gpu=config.application_xids.per_gpu,
+    )
+
+
 def _api_settings(config: Config, max_body_bytes: int | None = None) -> ApiSettings:
     return ApiSettings(
         max_body_bytes=max_body_bytes or config.api_max_body_bytes,
@@ -515,4 +536,5 @@ def _api_settings(config: Config, max_body_bytes: int | None = None) -> ApiSetti
         open_reads=config.api_open_reads,
         resolved_alert_clears=config.resolved_alert_clears,
         console_secure_cookie=config.console_secure_cookie,
+        xid_overrides=config.xid_overrides,
     )

@@ -12,6 +12,7 @@ from gpuheal.api.console.feed import ChangeFeed
 from gpuheal.api.console.views import Cluster
 from gpuheal.clock import iso
 from gpuheal.controller.addresses import NodeFinder
+from gpuheal.controller.observed_xids import ObservedXids
 from gpuheal.controller.reconciler import Reconciler
 from gpuheal.kube.api import ApiError, gpufault_path
 from gpuheal.kube.event_cache import EventCache
@@ -24,6 +25,7 @@ from gpuheal.policy import history
 from gpuheal.policy import release as releasing
 from gpuheal.policy.approval import answer_patch, answers_repair, matching, refusal
 from gpuheal.sources import registered
+from gpuheal.sources.xids import Observed
 
 # A person says they are on a fault (the console's Acknowledge): an entry in the
 # record and this Event, nothing else changes.
@@ -63,6 +65,13 @@ class ControllerIntake:
         self.finder = NodeFinder(nodes, self._managed, index=reconciler.fleet.addresses)
         self.caches = caches or Caches({}, {}, {})
         self.changes = changes or ChangeFeed()
+        # Xids that are no node fault, from every pushed source: counted, told the pod.
+        self.observed = ObservedXids(
+            reconciler.metrics,
+            reconciler.executor.recorder,
+            self.caches.pods.get,
+            ttl_s=reconciler.config().external_signal_ttl_seconds,
+        )
 
     def cluster(self) -> Cluster:
         """The caches as they are, for the console: the informers' own maps, read in
@@ -113,6 +122,11 @@ class ControllerIntake:
         new = self.reconciler.external.add(signal)
         self.enqueue(signal.node)
         return new
+
+    def observe(self, seen: Observed, key: str = "") -> bool:
+        if not registered(seen.source):
+            raise ValueError(f"Xid from source {seen.source!r}, not in gpuheal.sources")
+        return self.observed.observe(seen, key)
 
     def resolve(self, node: str, fault_id: str | None, source: str | None) -> int:
         """Drop signals of `source` (any source with None) for a node: one or all."""

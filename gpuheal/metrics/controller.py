@@ -139,6 +139,15 @@ class ControllerMetrics(Metrics):
         "What the DCGM source found on managed nodes at its last poll, by query.",
         "query",
     )
+    # Set by each poll: how many series dcgm-exporter's counters that a query reads
+    # have in Prometheus; 0: the query can never find anything (the counter is not
+    # exported: most are optional in dcgm-exporter's counters file).
+    dcgm_query_series = gauge(
+        "gpuheal_dcgm_query_series",
+        "Series in Prometheus of the dcgm-exporter counters each DCGM query reads, at the"
+        " last poll (0: the query cannot see anything).",
+        "query",
+    )
     dcgm_poll_errors = counter(
         "gpuheal_dcgm_poll_errors_total",
         "Failed Prometheus requests of the DCGM source, by reason (connection,"
@@ -180,8 +189,20 @@ class ControllerMetrics(Metrics):
     alerts = counter(
         "gpuheal_alerts_total",
         "Alerts received, by what became of them"
-        " (accepted, duplicate, resolved, skipped, invalid).",
+        " (accepted, duplicate, resolved, skipped, invalid, observed: an Xid that is no"
+        " node fault).",
         "result",
+    )
+    # Xids no source may quarantine a node for (controller/observed_xids.py). The xid
+    # label is bounded: only catalogued codes (and the config's rows) are counted here,
+    # an unknown one is a node fault; no node or GPU label, for a fleet of thousands.
+    xids_observed = counter(
+        "gpuheal_xids_observed_total",
+        "Xids a controller source saw that are no node fault by themselves (NVIDIA: restart"
+        " the application, or ignore), by source, xid and kind (application, informational).",
+        "source",
+        "xid",
+        "kind",
     )
 
     def read_fleet(

@@ -4,7 +4,12 @@ Webhook and hands it here. Pure functions.
 
 A firing alert becomes a signal about one node; its fault id comes from the
 alert's fingerprint and startsAt, so Alertmanager's repeats of one alert are
-one fault, and the same alert firing again later is a new one.
+one fault, and the same alert firing again later is a new one. An alert that
+names an Xid (an `xid` label: dcgm-exporter's DCGM_EXP_XID_ERRORS_COUNT carries
+one, and the chart's GPUXidError rule writes the gauge's value into one) is
+classified by NVIDIA's catalogue like every other source's Xid, whatever its
+`severity` label says: an Xid that is no node fault is an `Observed`, never a
+signal. An alert naming no Xid keeps its severity label.
 
 A body that is not a webhook is refused whole (400): its sender is not
 Alertmanager, or a broken one. One alert of the right shape whose values
@@ -17,13 +22,15 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpuheal import values
 from gpuheal.model import FaultSignal, Severity
 from gpuheal.sources.base import Seen, claimed
 from gpuheal.sources.fields import TIME_RULE, rfc3339, shown
+from gpuheal.sources.xids import XID_RULE, Observed, workload, xid_of
+from gpuheal.xid import XidRow, classify
 
 SOURCE = "alertmanager"
 OWN = False
@@ -95,6 +102,7 @@ class Outcome:
     skipped: str = ""  # why nothing will be done, if so
     invalid: bool = False  # skipped for a value that cannot be carried
     signal: FaultSignal | None = None
+    observed: Observed | None = None  # an Xid that is no node fault: counted, not acted on
 
 
 _FINGERPRINT = re.compile(r"[0-9A-Za-z]+", re.ASCII)
@@ -118,10 +126,18 @@ def alert_fault_id(alert: Alert) -> str:
     return f"am-{fingerprint[:16]}-{digits}"
 
 
+# The label naming an Xid: dcgm-exporter's on DCGM_EXP_XID_ERRORS_COUNT, and the
+# chart's GPUXidError rule's (`xid: "{{ $value }}"`).
+XID_LABEL = "xid"
+
+
 def invalid(alert: Alert, index: int) -> str:
     """Why the alert's values cannot be carried ("" when they can)."""
     if rfc3339(alert.startsAt) is None:
         return f"$.alerts[{index}].startsAt: want {TIME_RULE}, got {shown(alert.startsAt)}"
+    named = alert.labels.get(XID_LABEL)
+    if named is not None and xid_of(named) is None:
+        return f"$.alerts[{index}].labels.{XID_LABEL}: want {XID_RULE}, got {shown(named)}"
     return ""
 
 
@@ -130,9 +146,11 @@ def interpret(
     *,
     node_labels: Sequence[str],
     find_node: Callable[[str, str], str | None],
+    overrides: Mapping[int, XidRow] | None = None,
 ) -> list[Outcome]:
     """One outcome per alert. `find_node(label, value)` resolves a label value to a
-    managed node's name, or None (unknown, or outside the node selector)."""
+    managed node's name, or None (unknown, or outside the node selector);
+    `overrides`: the config's `xid` rows, over NVIDIA's catalogue."""
     outcomes = []
     for index, alert in enumerate(hook.alerts):
         name = values.text(alert.labels.get("alertname", "") or alert.fingerprint) or "alert"
@@ -160,15 +178,28 @@ def interpret(
             why = f"no managed node matches {wanted}" if wanted else "no node label on the alert"
             outcomes.append(Outcome(name, fault_id=fault_id, status=alert.status, skipped=why))
             continue
-        severity = _SEVERITIES.get(alert.labels.get("severity", "").lower(), Severity.P1)
-        # Label values have no length limit: the reason is cut to the record's.
-        reason = (
-            values.text(alert.labels.get("gpuheal_reason", ""))
-            or values.text(alert.labels.get("alertname", ""))
-            or "Alert"
-        )
         # dcgm-exporter's GPU UUID; any other value is kept under a bounded identity.
         device = (alert.labels.get("UUID") or alert.labels.get("uuid") or "").strip()
+        named = alert.labels.get(XID_LABEL)
+        xid = xid_of(named) if named is not None else None
+        if xid is not None:
+            row = classify(xid, overrides)
+            if not row.node_fault:
+                namespace, pod = workload(alert.labels)
+                seen = Observed(SOURCE, node, xid, row, device, namespace, pod)
+                outcomes.append(Outcome(name, node, fault_id, alert.status, observed=seen))
+                continue
+            # The catalogue's reason and severity: a rule's labels cannot make an Xid
+            # more or less than NVIDIA says (the config's `xid` rows can).
+            reason, severity = row.reason, row.severity
+        else:
+            severity = _SEVERITIES.get(alert.labels.get("severity", "").lower(), Severity.P1)
+            # Label values have no length limit: the reason is cut to the record's.
+            reason = (
+                values.text(alert.labels.get("gpuheal_reason", ""))
+                or values.text(alert.labels.get("alertname", ""))
+                or "Alert"
+            )
         signal = FaultSignal(
             node=node,
             fault_id=fault_id,

@@ -8,6 +8,23 @@ source's grid (instants that are multiples of the poll interval). Its fault id
 is the grid instant the episode started, as Prometheus answers it, so every
 controller process that asks about the same episode, whenever it asks, names it
 the same way, and a condition that breaks and comes back is a new fault.
+
+The queries read dcgm-exporter's counters as it really exports them (3.x and
+4.x): its default counters file has the sticky Xid gauge (the last Xid seen, kept
+until the exporter restarts), the GPU temperature, the row-remap failure flag and
+the lifetime remapped-row counts (no fault: rows remapped are the GPU repairing
+itself); the windowed Xid count, the volatile double-bit ECC count, the pending
+row remap and the NVLink error counts only where a counters file lists them.
+Each query names the counters it reads (`Query.needs`), so the poller can say
+which cannot see anything.
+
+The Xid gauge is read by NVIDIA's catalogue (gpuheal.xid.classify): its value is
+a node fault or not. Being sticky, one value staying is one episode, and its run
+(the gauge nonzero without a break) ends only when the exporter restarts (after
+a reset or a reboot) or the series goes: a node-fault value followed by an
+application one stays the node fault (the application's Xid may be its
+consequence), so the fault is "a node-fault value seen in the current run of the
+gauge" (`XidGauge`), named by the latest start of a run of node-fault values.
 """
 
 from __future__ import annotations
@@ -17,14 +34,15 @@ import json
 import math
 import re
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuheal.clock import iso
 from gpuheal.model import FaultSignal, Severity
 from gpuheal.sources.base import Seen, claimed
+from gpuheal.sources.xids import XID_MAX, Observed, workload, xid_of
 from gpuheal.values import FIELD_MAX, digest, label_value, text
-from gpuheal.xid import classify
+from gpuheal.xid import CATALOGUE, Kind, XidRow, classify
 
 SOURCE = "dcgm"
 OWN = False
@@ -46,9 +64,26 @@ IDENTITY_LABELS = HOST_LABELS + DEVICE_LABELS
 # FP64 ones from 2**47 up, the INT64 ones near 2**63. dcgm-exporters before
 # mid-2020 published them as values; a real count or temperature never gets there.
 DCGM_BLANK_MIN = 2.0**47
-# Xids are small positive integers (NVIDIA's catalogue ends below 200); DCGM's
-# INT32 blank (0x7ffffff0) and anything else outside this is a broken series.
-XID_MAX = 65535
+
+# dcgm-exporter's counters, as it exports them (the field names of its counters file).
+XID_GAUGE = "DCGM_FI_DEV_XID_ERRORS"  # the last Xid seen: sticky until the exporter restarts
+XID_WINDOW = (
+    "DCGM_EXP_XID_ERRORS_COUNT"  # per Xid seen within the window (labels xid, window_size_in_ms)
+)
+GPU_TEMP = "DCGM_FI_DEV_GPU_TEMP"
+ECC_DBE = "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"  # since the driver loaded
+REMAP_FAILURE = "DCGM_FI_DEV_ROW_REMAP_FAILURE"
+REMAP_PENDING = "DCGM_FI_DEV_ROW_REMAP_PENDING"  # DCGM field 396; in no dcgm-exporter list
+NVLINK_RECOVERY = "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"
+NVLINK_REPLAY = "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL"
+# Exported by dcgm-exporter's default counters file (etc/default-counters.csv, the
+# same in 3.x and 4.x) of what gpuheal reads; the rest only where a counters file
+# lists them (docs/deploy.md). The remapped-row counts are lifetime counts of rows
+# the GPU remapped: no fault, not read.
+DEFAULT_COUNTERS = frozenset({XID_GAUGE, GPU_TEMP, REMAP_FAILURE})
+# The label of DCGM_EXP_XID_ERRORS_COUNT naming the Xid, and its window (ms).
+XID_LABEL = "xid"
+WINDOW_LABEL = "window_size_in_ms"
 
 # Why a sample is dropped (the `why` label of gpuheal_dcgm_samples_dropped_total).
 NON_FINITE = "non-finite"
@@ -58,14 +93,16 @@ NOT_AN_XID = "not-an-xid"
 
 @dataclass(frozen=True)
 class Query:
-    """A condition on dcgm-exporter's series. `template` is PromQL with `{m}`
-    after each metric name (where extra matchers go) and `{o}` after each
-    selector (where an offset goes): the episode lookup needs both."""
+    """A condition on dcgm-exporter's series. `template` is PromQL with `{m}` inside
+    each selector's braces, last (where extra matchers go: `X{{{m}}}`, or
+    `X{{a="b",{m}}}`), and `{o}` after each selector (where an offset goes): the
+    episode lookup needs both."""
 
     name: str  # short, used in fault ids
     template: str
     reason: str
     severity: Severity
+    needs: tuple[str, ...] = ()  # the dcgm-exporter counters it reads
 
     @property
     def expr(self) -> str:
@@ -75,37 +112,128 @@ class Query:
         offset = f" offset {offset_ms}ms" if offset_ms else ""
         return self.template.format(m=matchers, o=offset)
 
+    @property
+    def optional(self) -> bool:
+        """Reads a counter dcgm-exporter exports only when a counters file lists it."""
+        return not set(self.needs) <= DEFAULT_COUNTERS
 
-def queries(temp_warning_c: int, temp_critical_c: int) -> list[Query]:
+
+def selector(metric: str, *fixed: str) -> str:
+    """A metric's selector in a template: its fixed matchers, then `{m}`, then `{o}`.
+    (`X{a="b",}`, the trailing comma when `{m}` is empty, is PromQL.)"""
+    inner = "".join(f"{f}," for f in fixed)
+    return f"{metric}{{{{{inner}{{m}}}}}}{{o}}"
+
+
+# The labels that name one GPU across series: a `sum by` keeps them all (a label a
+# series lacks is simply absent).
+_BY_GPU = "Hostname, hostname, UUID, uuid, gpu"
+
+XID = "xid"  # the Xid gauge's query: the poller reads it its own way (XidGauge)
+APPLICATION_XIDS = "appxids"
+
+
+def not_node_faults(overrides: Mapping[int, XidRow] | None = None) -> list[int]:
+    """The Xids that are no node fault by themselves (application or ignorable), the
+    config's rows first: every other value, an unknown one included, is one."""
+    codes = set(CATALOGUE) | set(overrides or {})
+    return sorted(c for c in codes if not classify(c, overrides).node_fault)
+
+
+def application_xids(overrides: Mapping[int, XidRow] | None = None) -> list[int]:
+    """The Xids NVIDIA says to restart the application for: the per-GPU rate counts them."""
+    codes = set(CATALOGUE) | set(overrides or {})
+    return sorted(c for c in codes if classify(c, overrides).kind is Kind.APPLICATION)
+
+
+def queries(
+    temp_warning_c: int,
+    temp_critical_c: int,
+    *,
+    overrides: Mapping[int, XidRow] | None = None,
+    application_xids_per_gpu: int = 10,
+) -> list[Query]:
     """The dcgm-exporter series that mean a GPU is in trouble."""
-    temp = "DCGM_FI_DEV_GPU_TEMP{m}{o}"
-    return [
-        Query("xid", "DCGM_FI_DEV_XID_ERRORS{m}{o} != 0", "DcgmXid", Severity.P0),
-        Query("dbe", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{m}{o} > 0", "EccUncorrectable", Severity.P0),
+    temp = selector(GPU_TEMP)
+    found = [
+        # The reason and severity are the catalogue's, per value (signal_for).
+        Query(XID, f"{selector(XID_GAUGE)} != 0", "DcgmXid", Severity.P0, (XID_GAUGE,)),
+        Query("dbe", f"{selector(ECC_DBE)} > 0", "EccUncorrectable", Severity.P0, (ECC_DBE,)),
+        # NVIDIA's row-remapping guide: a failed remap is a GPU to replace; a pending
+        # one takes effect at the next reset (reset it when idle). The lifetime counts
+        # of remapped rows are the GPU repairing itself: no fault.
         Query(
-            "remapfail", "DCGM_FI_DEV_ROW_REMAP_FAILURE{m}{o} > 0", "RowRemapFailure", Severity.P0
+            "remapfail",
+            f"{selector(REMAP_FAILURE)} > 0",
+            "RowRemapFailure",
+            Severity.P0,
+            (REMAP_FAILURE,),
         ),
         Query(
-            "uncremap",
-            "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS{m}{o} > 0",
-            "RowRemapUncorrectable",
+            "remappend",
+            f"{selector(REMAP_PENDING)} > 0",
+            "RowRemapPending",
             Severity.P1,
+            (REMAP_PENDING,),
         ),
-        Query("tempcrit", f"{temp} >= {temp_critical_c}", "Thermal", Severity.P0),
+        Query("tempcrit", f"{temp} >= {temp_critical_c}", "Thermal", Severity.P0, (GPU_TEMP,)),
         Query(
             "tempwarn",
             f"{temp} >= {temp_warning_c} and {temp} < {temp_critical_c}",
             "ThermalWarning",
             Severity.P1,
+            (GPU_TEMP,),
         ),
         Query(
             "nvlink",
-            "increase(DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL{m}[5m]{o}) > 0"
-            " or increase(DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL{m}[5m]{o}) > 100",
+            f"increase({selector(NVLINK_RECOVERY).replace('{o}', '[5m]{o}')}) > 0"
+            f" or increase({selector(NVLINK_REPLAY).replace('{o}', '[5m]{o}')}) > 100",
             "NvlinkErrors",
             Severity.P1,
+            (NVLINK_RECOVERY, NVLINK_REPLAY),
         ),
     ]
+    codes = "|".join(map(str, application_xids(overrides)))
+    if application_xids_per_gpu > 0 and codes:
+        # dcgm-exporter's window counts each Xid per GPU: the application ones summed.
+        window = selector(XID_WINDOW, f'{XID_LABEL}=~"{codes}"')
+        found.append(
+            Query(
+                APPLICATION_XIDS,
+                f"sum by ({_BY_GPU}) ({window}) >= {application_xids_per_gpu}",
+                "RepeatedApplicationXids",
+                Severity.P1,
+                (XID_WINDOW,),
+            )
+        )
+    return found
+
+
+def node_xid_query(gauge: Query, overrides: Mapping[int, XidRow] | None = None) -> Query:
+    """The Xid gauge holding a node-fault value: nonzero and none of the others
+    (comparisons with a scalar filter, and chain)."""
+    others = "".join(f" != {code}" for code in not_node_faults(overrides))
+    return replace(gauge, template=gauge.template + others)
+
+
+def presence_query(metrics: Iterable[str]) -> str:
+    """How many series each counter has in Prometheus (a counter with none is absent)."""
+    names = "|".join(sorted(set(metrics)))
+    return f'count by (__name__) ({{__name__=~"{names}"}})'
+
+
+def series_counts(result: object) -> dict[str, int]:
+    """A presence_query result -> counter -> its series."""
+    counts: dict[str, int] = {}
+    for labels, value in _series(result):
+        name = labels.get("__name__")
+        try:
+            number = float(value[1])
+        except (TypeError, ValueError, OverflowError):
+            continue
+        if isinstance(name, str) and math.isfinite(number):
+            counts[name] = int(number)
+    return counts
 
 
 @dataclass(frozen=True)
@@ -115,6 +243,8 @@ class Finding:
     gpu: str  # UUID, else the gpu index
     value: float
     host_label: str = "Hostname"  # the label that named the node
+    namespace: str = ""  # the pod using the GPU, as dcgm-exporter labels the series
+    pod: str = ""
 
     @property
     def key(self) -> str:
@@ -159,13 +289,19 @@ def xid_code(value: float) -> int | None:
     return int(value)
 
 
+def is_node_fault(value: float, overrides: Mapping[int, XidRow] | None = None) -> bool:
+    """Whether an Xid gauge's value is a node fault (the catalogue's word)."""
+    code = xid_code(value)
+    return code is not None and classify(code, overrides).node_fault
+
+
 def unusable(query: Query, value: float) -> str | None:
     """Why `value` is no sample of `query` to act on, or None."""
     if not math.isfinite(value):
         return NON_FINITE
     if value >= DCGM_BLANK_MIN:
         return BLANK
-    if query.name == "xid" and xid_code(value) is None:
+    if query.name == XID and xid_code(value) is None:
         return NOT_AN_XID
     return None
 
@@ -208,15 +344,21 @@ def interpret(query: Query, result: object) -> Reading:
         if why is not None:
             reading.dropped.append(Dropped(series_text(labels), text(str(value[1]), 64), why))
             continue
-        reading.findings.append(Finding(node, query, gpu, number, host_label))
+        namespace, pod = workload(labels)
+        reading.findings.append(Finding(node, query, gpu, number, host_label, namespace, pod))
     return reading
 
 
-def signal_for(finding: Finding, fault_id: str, detected_at: str = "") -> FaultSignal:
+def signal_for(
+    finding: Finding,
+    fault_id: str,
+    detected_at: str = "",
+    overrides: Mapping[int, XidRow] | None = None,
+) -> FaultSignal:
     reason, severity = finding.query.reason, finding.query.severity
-    code = xid_code(finding.value) if finding.query.name == "xid" else None
+    code = xid_code(finding.value) if finding.query.name == XID else None
     if code is not None:
-        row = classify(code)
+        row = classify(code, overrides)
         reason, severity = row.reason, row.severity
     return FaultSignal(
         node=finding.node,
@@ -282,9 +424,10 @@ def promql_string(value: str) -> str:
 
 
 def host_matchers(host_label: str, nodes: Iterable[str]) -> str:
-    """Matchers selecting only these nodes' series (Prometheus anchors the regex)."""
+    """The matcher selecting only these nodes' series (Prometheus anchors the regex),
+    for `{m}` inside a selector's braces."""
     alternatives = "|".join(re.escape(n) for n in sorted(set(nodes)))
-    return f"{{{host_label}=~{promql_string(alternatives)}}}"
+    return f"{host_label}=~{promql_string(alternatives)}"
 
 
 def run_starts_query(query: Query, matchers: str, step_ms: int, window_ms: int) -> str:
@@ -298,6 +441,13 @@ def run_starts_query(query: Query, matchers: str, step_ms: int, window_ms: int) 
     return (
         f"max_over_time(timestamp(({now}) unless on({on}) ({before}))[{window_ms}ms:{step_ms}ms])"
     )
+
+
+def last_value_query(query: Query, matchers: str, step_ms: int, window_ms: int) -> str:
+    """Per GPU: the condition's latest value within `window_ms` on the grid (the GPU's
+    series of other pod labels taken as one)."""
+    now = query.restricted(matchers)
+    return f"last_over_time((max by ({_BY_GPU}) ({now}))[{window_ms}ms:{step_ms}ms])"
 
 
 def run_starts(query: Query, result: object) -> dict[str, int]:
@@ -315,3 +465,104 @@ def run_starts(query: Query, result: object) -> dict[str, int]:
         key = finding_key(node, query.name, gpu)
         starts[key] = max(starts.get(key, 0), round(seconds * 1000))
     return starts
+
+
+def last_values(query: Query, result: object) -> dict[str, float]:
+    """A last_value_query result -> finding key -> its value."""
+    found: dict[str, float] = {}
+    for labels, value in _series(result):
+        named = identity(labels)
+        try:
+            number = float(value[1])
+        except (TypeError, ValueError, OverflowError):
+            continue
+        if named is not None and math.isfinite(number):
+            node, _, gpu = named
+            found[finding_key(node, query.name, gpu)] = number
+    return found
+
+
+# -- the Xid gauge ------------------------------------------------------------
+
+
+@dataclass
+class XidGauge:
+    """What the poller holds of one GPU's Xid gauge while it is nonzero (a run)."""
+
+    value: int  # the gauge at the last grid instant
+    node_fault_now: bool = False  # that value is a node fault
+    fault: Episode | None = None  # the node fault of this run, once a node-fault value was seen
+    fault_value: int = 0  # the latest node-fault value of the run
+
+    def step(self, value: int, node_fault: bool, at_ms: int, gpu: str) -> Episode | None:
+        """The gauge at the next grid instant. A node-fault value that did not hold one
+        instant before starts a run of them, which names the fault (as the lookup
+        names it: the latest such start); the fault it replaces is returned."""
+        replaced = None
+        if node_fault:
+            if not self.node_fault_now:
+                replaced, self.fault = self.fault, episode(XID, gpu, at_ms)
+            self.fault_value = value
+        self.value, self.node_fault_now = value, node_fault
+        return replaced
+
+
+# -- the windowed Xid count -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WindowXid:
+    """One series of DCGM_EXP_XID_ERRORS_COUNT: an Xid seen on a GPU within the
+    exporter's window, `count` times."""
+
+    node: str
+    gpu: str
+    xid: int
+    count: int
+    namespace: str = ""
+    pod: str = ""
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return (self.node, self.gpu, self.xid)
+
+
+def window_query() -> str:
+    return f"{XID_WINDOW} > 0"
+
+
+def window_xids(result: object) -> list[WindowXid]:
+    """A window_query result -> the Xids it counts (series without an Xid, a host, or
+    a count that is a count, skipped)."""
+    found = []
+    for labels, value in _series(result):
+        named = identity(labels)
+        xid = xid_of(str(labels.get(XID_LABEL, "")))
+        try:
+            number = float(value[1])
+        except (TypeError, ValueError, OverflowError):
+            continue
+        if named is None or xid is None or not math.isfinite(number) or number < 1:
+            continue
+        node, _, gpu = named
+        namespace, pod = workload(labels)
+        found.append(WindowXid(node, gpu, xid, int(min(number, DCGM_BLANK_MIN)), namespace, pod))
+    return found
+
+
+def observed(
+    node: str,
+    gpu: str,
+    xid: int,
+    row: XidRow,
+    *,
+    labels: Mapping[str, object] | None = None,
+    count: int = 1,
+    namespace: str = "",
+    pod: str = "",
+) -> Observed:
+    """An Xid that is no node fault, as the DCGM source saw it."""
+    if labels is not None:
+        namespace, pod = workload(labels)
+    device = gpu if _device_id(gpu) else ""
+    return Observed(SOURCE, node, xid, row, device, namespace, pod, count)

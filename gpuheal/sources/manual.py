@@ -1,11 +1,17 @@
 """A person's request as a fault source. A pushed source: its route, POST
 /api/v1/process (gpuheal.api.server), decodes the request and hands its values
 here. Pure functions.
+
+A request may name an Xid (and the kernel line's text after it, `detail`) instead
+of a reason and severity: it is classified by NVIDIA's catalogue like every other
+source's Xid (the config's `xid` rows first), and one that is no node fault is an
+`Observed`, counted, never a quarantine.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 
 from gpuheal import values
 from gpuheal.clock import iso
@@ -19,6 +25,8 @@ from gpuheal.sources.fields import (
     is_text,
     shown,
 )
+from gpuheal.sources.xids import XID_MAX, XID_RULE, Observed
+from gpuheal.xid import XidRow, classify
 
 SOURCE = "manual"
 OWN = False
@@ -47,6 +55,36 @@ def checked(*, node: str, action: str, reason: str, severity: str, fault_id: str
         return Severity(severity)
     except ValueError:
         raise ValueError(f"$.severity: want P0, P1 or P2, got {severity!r}") from None
+
+
+def checked_xid(
+    *,
+    node: str,
+    action: str,
+    fault_id: str,
+    xid: int,
+    detail: str | None,
+    given: frozenset[str],
+    overrides: Mapping[int, XidRow] | None = None,
+) -> XidRow:
+    """The row of a request naming an Xid, once its values are ones the record can
+    carry (ValueError, the field named). `given`: the other fields the request set;
+    the catalogue decides reason and severity, so a request may not set them too."""
+    for field in ("reason", "severity"):
+        if field in given:
+            raise ValueError(f"$.{field}: not with xid (NVIDIA's Xid catalogue decides it)")
+    checked(node=node, action=action, reason="Xid", severity="P0", fault_id=fault_id)
+    if action != QUARANTINE:
+        raise ValueError(f"$.xid: only with action quarantine, got {action!r}")
+    if isinstance(xid, bool) or not 0 < xid <= XID_MAX:
+        raise ValueError(f"$.xid: want {XID_RULE}, got {xid!r}")
+    if detail is not None and not is_text(detail):
+        raise ValueError(f"$.detail: want {TEXT_RULE}, got {shown(detail)}")
+    return classify(xid, overrides, detail=detail or "")
+
+
+def observed(*, node: str, xid: int, row: XidRow) -> Observed:
+    return Observed(SOURCE, node, xid, row)
 
 
 def signal(

@@ -211,6 +211,67 @@ def test_alerts_collapse_repeats_skip_unknown_nodes_and_never_act_when_resolved(
     assert 'gpuheal_alerts_total{result="skipped"} 1.0' in metrics
 
 
+def test_an_xid_named_by_an_alert_or_a_person_is_the_catalogues_whatever_its_severity(
+    kube: Client,
+    api_config: dict[str, Any],
+    fake_gpu_nodes: FakeNodes,
+    pool: dict[str, str],
+    start_controller: StartController,
+) -> None:
+    """Before: an alert was as severe as its `severity` label said, and an Xid rule
+    labelled critical drained the node of a user program's Xid 13; a manual request
+    could not name an Xid."""
+    by_alert, by_person, spared = fake_gpu_nodes(3, labels=pool)
+    config = {**api_config, "xid": {31: {"reason": "Xid31OnOurFleet", "severity": "P0"}}}
+    controller = start_controller(config).wait_leading()
+    rule = XID_RULE_LABELS  # severity: critical
+    body = webhook_of([
+        alert_of(dcgm_labels(spared) | rule | {"xid": "13"}, fingerprint="13" * 8),
+        alert_of(dcgm_labels(spared, 1) | rule | {"xid": "43"}, fingerprint="43" * 8),
+        alert_of(dcgm_labels(by_alert) | rule | {"xid": "31"}, fingerprint="31" * 8),
+        alert_of(dcgm_labels(spared, 2) | rule | {"xid": "x13"}, fingerprint="99" * 8),
+    ])  # fmt: skip
+    for _ in range(3):  # Alertmanager's repeats
+        code, answer = call(controller, "/api/v1/alerts", body)
+        assert code == 200, answer
+    assert [(a["xid"], a["kind"]) for a in answer["duplicates"] if "xid" in a] == [
+        (13, "application"), (43, "informational")
+    ]  # fmt: skip
+    assert [a["reason"].split(":")[0] for a in answer["skipped"]] == ["$.alerts[3].labels.xid"]
+    code, answer = call(controller, "/api/v1/process", {"node": spared, "xid": 31 + 1})
+    assert code == 200 and answer == {
+        "node": spared, "xid": 32, "quarantine": False, "kind": "application",
+        "reason": "XidApplication32", "nvidia": "RESTART_APP",
+    }  # fmt: skip
+    detail = "pid=2843, name=python3, GPU has fallen off the bus."
+    code, answer = call(controller, "/api/v1/process", {"node": by_person, "xid": 79,
+                                                         "detail": detail})  # fmt: skip
+    assert code == 202 and (answer["reason"], answer["severity"]) == ("XidCritical79", "P0")
+    wrongs: list[tuple[dict[str, Any], str]] = [
+        ({"xid": 79, "severity": "P2"}, "$.severity"),
+        ({"xid": 79, "reason": "Mine"}, "$.reason"),
+        ({"xid": 0}, "$.xid"),
+        ({"detail": detail}, "$.detail"),
+        ({"xid": 79, "action": "clear"}, "$.xid"),
+        ({"xid": "79"}, "xid"),
+    ]
+    for wrong, field in wrongs:
+        code, answer = call(controller, "/api/v1/process", {"node": spared, **wrong})
+        assert code == 400 and field in answer["error"], (wrong, answer)
+    wait_for("the taints", lambda: our_taint(kube, by_alert) and our_taint(kube, by_person))
+    (record,) = faults_of(kube, by_alert)
+    assert (record.spec["reason"], record.spec["severity"]) == ("Xid31OnOurFleet", "P0")
+    time.sleep(2)
+    assert our_taint(kube, spared) is None and faults_of(kube, spared) == []
+    metrics = controller.metrics()
+    for source, xid, kind in (("alertmanager", 13, "application"),
+                              ("alertmanager", 43, "informational"), ("manual", 32, "application")):  # fmt: skip
+        line = f'gpuheal_xids_observed_total{{kind="{kind}",source="{source}",xid="{xid}"}} 1.0'
+        assert line in metrics, line
+    assert 'gpuheal_alerts_total{result="observed"} 2.0' in metrics
+    assert 'gpuheal_alerts_total{result="invalid"} 3.0' in metrics
+
+
 def test_a_notification_sink_gets_one_message_per_remediation_step(
     kube: Client,
     api_config: dict[str, Any],

@@ -2,9 +2,12 @@
 dcgm-exporter that publishes the series and labels dcgm-exporter really does,
 on EKS-style node names.
 
-Most tests drive the source itself (no control plane): its fault ids, what it
-does with samples no fault can be made of, and with a Prometheus that fails.
-The last ones run it inside real controller processes."""
+Most tests drive the source itself (no control plane): its fault ids, how it
+reads the sticky Xid gauge and the windowed Xid count, what it says of counters
+dcgm-exporter does not export, what it does with samples no fault can be made
+of, and with a Prometheus that fails. The last ones run it inside real
+controller processes (tests/integration/test_dcgm_catalogue.py: the whole
+fleet of cases, through the chart's own rules too)."""
 
 from __future__ import annotations
 
@@ -25,10 +28,26 @@ from lightkube import Client
 from gpuheal.controller.dcgm_source import DcgmSource
 from gpuheal.metrics.controller import ControllerMetrics
 from gpuheal.model import FaultSignal, Severity
-from gpuheal.sim.monitoring import FakeDcgmExporter, Monitoring
+from gpuheal.sim.monitoring import (
+    DEFAULT_COUNTERS,
+    OPTIONAL_COUNTERS,
+    FakeDcgmExporter,
+    Monitoring,
+)
 from gpuheal.sim.nodes import create_gpu_nodes, delete_nodes, wait_nodes_ready
-from gpuheal.sources.dcgm import Query, host_matchers, run_starts_query
+from gpuheal.sources.dcgm import (
+    XID_GAUGE,
+    XID_WINDOW,
+    Query,
+    host_matchers,
+    last_value_query,
+    node_xid_query,
+    presence_query,
+    run_starts_query,
+    window_query,
+)
 from gpuheal.sources.dcgm import queries as dcgm_queries
+from gpuheal.sources.xids import Observed
 from gpuheal.values import is_label_value
 from tests.corpus import FQDN_253, GPU_UUIDS, dcgm_labels, unique_eks_node
 from tests.helpers import wait_for
@@ -54,6 +73,10 @@ class Heard:
 
     submitted: list[FaultSignal] = field(default_factory=list)
     resolved: list[tuple[str, str]] = field(default_factory=list)
+    observed: list[Observed] = field(default_factory=list)
+
+    def observe(self, seen: Observed) -> None:
+        self.observed.append(seen)
 
     def submit(self, signal: FaultSignal) -> bool:
         self.submitted.append(signal)
@@ -69,8 +92,10 @@ class Heard:
 
 
 @pytest.fixture
-def exporter() -> Iterator[FakeDcgmExporter]:
-    started = FakeDcgmExporter().start()
+def exporter(request: pytest.FixtureRequest) -> Iterator[FakeDcgmExporter]:
+    """dcgm-exporter with its default counters; `@pytest.mark.parametrize("exporter",
+    [OPTIONAL_COUNTERS], indirect=True)`: with the optional fields enabled."""
+    started = FakeDcgmExporter(getattr(request, "param", DEFAULT_COUNTERS)).start()
     yield started
     started.stop()
 
@@ -104,11 +129,12 @@ def source(
     return DcgmSource(
         prometheus.prometheus_url,
         1.0,
-        queries or dcgm_queries(85, 95),
+        queries or dcgm_queries(85, 95, application_xids_per_gpu=3),
         submit=heard.submit,
         resolve=heard.resolve,
         managed=managed or nodes.__contains__,
         metrics=metrics or ControllerMetrics(),
+        observe=heard.observe,
         settle_s=1.0,
     )
 
@@ -170,9 +196,14 @@ def test_every_query_and_its_episode_lookup_is_promql_prometheus_runs(
     prometheus: Monitoring,
 ) -> None:
     matchers = host_matchers("Hostname", [unique_eks_node(), FQDN_253])
-    for query in dcgm_queries(85, 95):
+    asked = dcgm_queries(85, 95)
+    node_xids = node_xid_query(asked[0])
+    for query in [*asked, node_xids]:
         for expr in (query.expr, run_starts_query(query, matchers, 30_000, 10_000 * 30_000)):
             assert series(prometheus, expr) == [], expr  # answered, and nothing is wrong
+    assert series(prometheus, last_value_query(node_xids, matchers, 30_000, 300_000)) == []
+    assert series(prometheus, window_query()) == []
+    assert series(prometheus, presence_query([XID_GAUGE, XID_WINDOW])) == []
 
 
 def test_a_restarted_or_standby_source_names_a_present_finding_as_the_first_did(
@@ -233,6 +264,150 @@ def test_a_restarted_or_standby_source_names_a_present_finding_as_the_first_did(
             c = source(prometheus, third, {node})
             await poll_until("a third source's finding", c, session, lambda: third.submitted)
             assert third.ids() == [again]
+
+    asyncio.run(scenario())
+
+
+# -- the sticky Xid gauge ----------------------------------------------------------
+
+
+def test_a_node_fault_xid_lasts_the_gauges_run_and_a_restarted_source_names_it_the_same(
+    prometheus: Monitoring, exporter: FakeDcgmExporter
+) -> None:
+    """Before: the gauge's value was the fault at each poll, so an Xid 48 followed by
+    the application's Xid 43 (the gauge keeps the last) withdrew the fault, and the
+    node was given back with its GPU's double-bit error."""
+    node = unique_eks_node()
+    gpu = exporter.add_gpu(dcgm_labels(node, 2))
+    wait_scraped(prometheus, f"{XID_GAUGE} == 0", 1)
+    time.sleep(2)  # a few grid instants with the GPU fine
+    exporter.xid(gpu, 48)
+
+    async def scenario() -> None:
+        first = Heard()
+        a = source(prometheus, first, {node})
+        async with aiohttp.ClientSession() as session:
+            await poll_until("the fault", a, session, lambda: first.submitted)
+            (fault_id,) = first.ids()
+            assert first.submitted[0].reason == "EccDoubleBit48"
+            exporter.xid(gpu, 43)  # the application fails too: the gauge shows 43
+            wait_scraped(prometheus, f"{XID_GAUGE} == 43", 1)
+            polls = len(first.submitted)
+            await poll_until("more polls", a, session, lambda: len(first.submitted) >= polls + 3)
+            assert first.ids() == [fault_id] and first.resolved == []
+            assert first.submitted[-1].reason == "EccDoubleBit48"  # the run's node-fault value
+            assert [(o.xid, o.row.kind.value) for o in first.observed] == [(43, "informational")]
+
+            # A restarted controller (or the standby) sees 43 only: it asks Prometheus.
+            second = Heard()
+            b = source(prometheus, second, {node})
+            await poll_until("the restarted source", b, session, lambda: second.submitted)
+            assert second.ids() == [fault_id]
+            assert second.submitted[0].reason == "EccDoubleBit48"
+            assert second.submitted[0].detected_at == first.submitted[0].detected_at
+
+            # dcgm-exporter restarts (the GPU was reset): the gauge is 0, the fault over.
+            exporter.restart()
+            await poll_until("the fault withdrawn", a, session, lambda: first.resolved)
+            assert first.resolved == [(node, fault_id)]
+            await poll_until("the fault withdrawn", b, session, lambda: second.resolved)
+            assert second.resolved == [(node, fault_id)]
+
+    asyncio.run(scenario())
+
+
+def test_an_application_xid_staying_in_the_gauge_is_no_fault_and_observed_once(
+    prometheus: Monitoring, exporter: FakeDcgmExporter
+) -> None:
+    node = unique_eks_node()
+    gpu = exporter.add_gpu(dcgm_labels(node, 0))
+    exporter.xid(gpu, 13)
+    wait_scraped(prometheus, f"{XID_GAUGE} == 13", 1)
+    heard, metrics = Heard(), ControllerMetrics()
+    dcgm = source(prometheus, heard, {node}, metrics=metrics)
+
+    polls: list[int] = []
+
+    async def scenario() -> None:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(6):  # six grid instants: the value stays, no new fault
+                await dcgm.poll(session)
+                polls.append(dcgm._evaluated.get("xid", 0))
+                await asyncio.sleep(1.0)
+
+    asyncio.run(scenario())
+    assert len(set(polls)) >= 4
+    assert heard.submitted == [] and heard.resolved == []
+    (seen,) = heard.observed
+    assert (seen.source, seen.node, seen.xid, seen.device) == ("dcgm", node, 13, GPU_UUIDS[0])
+    assert (seen.namespace, seen.pod) == ("ml-training", "llama-70b-pretrain-worker-3")
+    assert value(metrics, "gpuheal_dcgm_findings", query="xid") == 0
+
+
+# -- counters dcgm-exporter does not export -------------------------------------------
+
+
+def test_a_query_whose_counters_dcgm_exporter_does_not_export_is_said(
+    prometheus: Monitoring, exporter: FakeDcgmExporter
+) -> None:
+    """Before: DCGM_FI_DEV_ECC_DBE_VOL_TOTAL, not in dcgm-exporter's default list,
+    was queried forever and matched nothing, silently."""
+    node = unique_eks_node()
+    exporter.add_gpu(dcgm_labels(node, 0))
+    wait_scraped(prometheus, XID_GAUGE, 1)
+    time.sleep(2)  # the source reads a settled instant: one the scrapes had reached
+    heard, metrics = Heard(), ControllerMetrics()
+    dcgm = source(prometheus, heard, {node}, metrics=metrics)
+
+    async def scenario() -> None:
+        async with aiohttp.ClientSession() as session:
+            await poll_until("a poll", dcgm, session, lambda: dcgm.series)
+
+    asyncio.run(scenario())
+    blind = {q for q in ("xid", "dbe", "remapfail", "remappend", "tempcrit", "nvlink", "appxids")
+             if value(metrics, "gpuheal_dcgm_query_series", query=q) == 0}  # fmt: skip
+    assert blind == {"dbe", "remappend", "nvlink", "appxids"}
+    said = dcgm.problems()
+    assert [p.split(" ")[2] for p in said] == ["dbe", "remappend", "nvlink", "appxids"]
+    assert "DCGM_FI_DEV_ROW_REMAP_PENDING (not in dcgm-exporter's default counters" in said[1]
+
+
+# -- the windowed Xid count -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("exporter", [OPTIONAL_COUNTERS], indirect=True)
+def test_application_xids_counted_in_the_window_make_a_fault_only_at_the_rate(
+    prometheus: Monitoring, exporter: FakeDcgmExporter
+) -> None:
+    node = unique_eks_node()
+    gpu = exporter.add_gpu(dcgm_labels(node, 4))
+    exporter.xid(gpu, 13)
+    exporter.xid(gpu, 43)
+    wait_scraped(prometheus, f"{XID_WINDOW} > 0", 2)
+    heard = Heard()
+    dcgm = source(prometheus, heard, {node})  # applicationXids.perGpu: 3
+
+    async def scenario() -> None:
+        async with aiohttp.ClientSession() as session:
+            await poll_until("the window read", dcgm, session, lambda: len(heard.observed) >= 2)
+            await asyncio.sleep(2)
+            await dcgm.poll(session)
+            assert heard.submitted == []  # one application Xid, one ignorable: no fault
+            # From the window, each Xid once (not the gauge's last value as well).
+            assert sorted((o.xid, o.count) for o in heard.observed) == [(13, 1), (43, 1)]
+            exporter.xid(gpu, 31)
+            exporter.xid(gpu, 13)  # three application Xids on the GPU within the window
+            await poll_until("the rate's fault", dcgm, session, lambda: heard.submitted)
+            signal = heard.submitted[0]
+            assert (signal.reason, signal.severity, signal.source) == (
+                "RepeatedApplicationXids", Severity.P1, "dcgm/appxids"
+            )  # fmt: skip
+            assert signal.devices == (GPU_UUIDS[4],)
+            assert sorted((o.xid, o.count) for o in heard.observed) == [
+                (13, 1), (13, 1), (31, 1), (43, 1)
+            ]  # fmt: skip
+            exporter.window_passed(gpu)  # the window moves on: the rate is gone
+            await poll_until("the rate withdrawn", dcgm, session, lambda: heard.resolved)
 
     asyncio.run(scenario())
 

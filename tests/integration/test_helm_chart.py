@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,7 @@ from gpuheal.policy.plan import CHECKPOINT_TIMEOUT_ACTION
 from gpuheal.sim import ControlPlane
 from gpuheal.sim.controller import ControllerProcess
 from gpuheal.sim.workloads import apply, gpu_pod, wait_pods_running
+from gpuheal.sources.dcgm import not_node_faults
 from tests.helpers import FakeNodes, refusals, unique, wait_for
 from tests.integration.chart import CHART, as_token, bind, forbidden, installed, render, token_for
 from tests.integration.conftest import clear_fault, faults_of, our_taint, report_fault
@@ -88,6 +90,24 @@ def test_the_chart_renders_for_the_default_and_other_values(control_plane: Contr
     )
     pods = next(r for r in role["rules"] if r["resources"] == ["pods"])
     assert "delete" in pods["verbs"]  # only with allowPodDelete
+    # The DCGM rules: GPUXidError fires on the catalogue's node-fault Xids only, with the
+    # value in `xid` for the controller to classify (tests/integration/test_dcgm_catalogue.py
+    # runs them in a real Prometheus).
+    (rule,) = [o for o in full if o["kind"] == "PrometheusRule"]
+    dcgm = {r["alert"]: r for g in rule["spec"]["groups"] if g["name"] == "gpuheal-dcgm"
+            for r in g["rules"]}  # fmt: skip
+    xid = dcgm["GPUXidError"]
+    assert xid["labels"]["xid"] == "{{ $value }}" and "gpuheal_reason" not in xid["labels"]
+    assert {int(c) for c in re.findall(r"!= (\d+)", xid["expr"])} == {0, *not_node_faults()}
+    assert dcgm["GPURowRemapPending"]["labels"]["severity"] == "warning"
+    assert dcgm["GPURepeatedApplicationXids"]["expr"].endswith(">= 10")
+    (counters,) = [o for o in full if o["metadata"]["name"] == "gh-dcgm-counters"]
+    fields = [line.split(",")[0] for line in counters["data"]["dcgm-metrics.csv"].splitlines()
+              if not line.startswith("#")]  # fmt: skip
+    assert "DCGM_EXP_XID_ERRORS_COUNT" in fields and "DCGM_FI_DEV_ROW_REMAP_PENDING" in fields
+    own = render(control_plane, "gh", "ops", DATA / "values-own-rules.yaml")
+    (rule,) = [o for o in own if o["kind"] == "PrometheusRule"]
+    assert [g["name"] for g in rule["spec"]["groups"]] == ["gpuheal-self"]
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ The matrix is printed, and docs/security.md carries the same table.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -35,13 +36,16 @@ from lightkube.resources.admissionregistration_v1 import (
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.authentication_v1 import SelfSubjectReview
 from lightkube.resources.core_v1 import Namespace, Node, Pod, Secret, ServiceAccount
+from lightkube.resources.events_v1 import Event as EventsV1Event
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
 from lightkube.types import PatchType
 
 from gpuheal.agent.facts import FACT_KEYS
 from gpuheal.cli import main
 from gpuheal.config import Config
+from gpuheal.controller.observed_xids import APPLICATION_XID
 from gpuheal.kube import writes
+from gpuheal.kube.events import event_body, node_ref, pod_ref
 from gpuheal.model import (
     CANARY_LABEL,
     CHECKPOINT_REQUESTED,
@@ -110,6 +114,7 @@ class Scene:
     rollout: str = ""  # a GPURollout of the tenant's pool
     held: str = ""  # a GPUFault record the breaker holds, not released
     repairing: str = ""  # a GPUFault record whose repair attempt 1 awaits approval
+    event: str = ""  # an Event about a tenant's GPU pod, as the controller writes one
     clients: dict[str, Client] = field(default_factory=dict)
     kubeconfigs: dict[str, Path] = field(default_factory=dict)
 
@@ -221,6 +226,8 @@ def scene(
                 bindings.append(bind(kube, f"{release.name}-{role}", account, system))
             rollout = unique("rollout")
             kube.create(rollout_object(rollout, tenant))
+            told = xid_event(tenant, own)
+            kube.create(codecs.from_dict(told))
             s = Scene(
                 release,
                 own,
@@ -233,6 +240,7 @@ def scene(
                 rollout,
                 held,
                 repairing,
+                event=told["metadata"]["name"],
             )
             tokens = {
                 "controller": token_for(kube, system, s.role("controller")),
@@ -386,6 +394,21 @@ def taint_change(change: Callable[[Taints], Taints], node: str = "own", **meta: 
 
 def condition(type_: str, status: str) -> dict[str, Any]:
     return {"status": {"conditions": [{"type": type_, "status": status, "reason": "Test"}]}}
+
+
+def xid_event(namespace: str, node: str) -> dict[str, Any]:
+    """The Event the controller writes on a GPU pod whose application got an Xid
+    (gpuheal/controller/observed_xids.py): in the tenant's namespace."""
+    return event_body(
+        pod_ref(namespace, "job-0"),
+        reason=APPLICATION_XID,
+        note=f"Xid 13 (XidApplication13) of node {node}: not a node fault",
+        action="Observe",
+        warning=True,
+        related=node_ref(node),
+        instance="matrix",
+        now=dt.datetime.now(dt.UTC),
+    )
 
 
 def canary_pod(namespace: str, node: str) -> dict[str, Any]:
@@ -545,6 +568,10 @@ ACTIONS: tuple[Action, ...] = (
         lambda c, s: c.delete(Pod, s.bystander, namespace=s.system, dry_run=True)),
     act("pod: evict a GPU pod", evict, "controller", "operator"),
     act("pod: list", lambda c, s: list(c.list(Pod, namespace=s.tenant)), *MGMT),
+    act("event: about a tenant's GPU pod (an application's Xid)",
+        create(lambda s: codecs.from_dict(xid_event(s.tenant, s.own))), "controller", "operator"),
+    act("event: delete (tenant namespace)",
+        lambda c, s: c.delete(EventsV1Event, s.event, namespace=s.tenant, dry_run=True)),
     # -- nodes -------------------------------------------------------------------------
     act("node: get", lambda c, s: c.get(Node, s.own), *IDENTITIES),
     act(f"node: label {TIER}=secure", node_change({"metadata": {"labels": {TIER: "secure"}}})),

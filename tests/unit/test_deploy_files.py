@@ -1,4 +1,5 @@
-"""The deploy/ files agree with the code: dashboard metric names, Dockerfile lint."""
+"""The deploy/ files agree with the code: dashboard metric names, Dockerfile lint, the
+chart's Xid lists and dcgm-exporter counters file."""
 
 from __future__ import annotations
 
@@ -9,8 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
 from gpuheal.metrics.agent import AgentMetrics
 from gpuheal.metrics.controller import ControllerMetrics
+from gpuheal.sim.monitoring import OPTIONAL_COUNTERS
+from gpuheal.sources.dcgm import queries as dcgm_queries
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
@@ -44,3 +49,34 @@ def test_the_dockerfile_passes_hadolint() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_charts_xid_lists_are_the_catalogues() -> None:
+    """templates/_xids.tpl is what tools/chart_xids.py makes of gpuheal.xid: the
+    chart's GPUXidError fires on the node-fault Xids the controller acts on."""
+    done = subprocess.run(
+        [sys.executable, str(DEPLOY.parent / "tools" / "chart_xids.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_charts_counters_file_lists_every_counter_gpuheal_reads() -> None:
+    """dcgmCounters.lines: a line for each counter a DCGM query or a rule reads, as
+    dcgm-exporter's counters file writes it (field, type, help), and no more."""
+    values = yaml.safe_load((DEPLOY / "helm" / "gpuheal" / "values.yaml").read_text())
+    lines = [
+        [part.strip() for part in line.split(",", 2)] for line in values["dcgmCounters"]["lines"]
+    ]
+    read = {m for q in dcgm_queries(85, 95) for m in q.needs}
+    fields = {name for name, _, _ in lines}
+    assert read <= fields
+    exported = {c.name: c for c in OPTIONAL_COUNTERS}
+    assert fields == set(exported) | {"DCGM_FI_DRIVER_VERSION"}
+    for name, kind, text in lines:
+        if name in exported:
+            assert (kind, text) == (exported[name].kind, exported[name].help), name
+    rules = (DEPLOY / "helm" / "gpuheal" / "templates" / "monitoring.yaml").read_text()
+    assert set(re.findall(r"\bDCGM_[A-Z_]+", rules)) <= fields

@@ -10,6 +10,7 @@ import logging
 import aiohttp
 import pytest
 
+from gpuheal.config import parse_config
 from gpuheal.controller.dcgm_source import DcgmSource
 from gpuheal.metrics.controller import ControllerMetrics
 from gpuheal.model import Severity
@@ -22,6 +23,7 @@ from gpuheal.sources.dcgm import (
     episode,
     host_matchers,
     interpret,
+    is_node_fault,
     old_episode,
     queries,
     run_starts,
@@ -59,16 +61,21 @@ def test_findings_name_node_and_device_with_either_hostname_spelling() -> None:
     assert interpret(DBE, {"not": "a list"}).findings == []
 
 
-def test_a_dcgm_xid_is_classified_by_the_xid_catalogue() -> None:
+def test_a_dcgm_xid_is_classified_by_the_xid_catalogue_overrides_first() -> None:
     app, hw = interpret(
         XID,
         [sample(dcgm_labels(EKS_NODES[0], 0), "13"), sample(dcgm_labels(EKS_NODES[0], 1), "79")],
     ).findings
-    assert signal_for(app, "a").severity is Severity.P2
+    assert not is_node_fault(app.value) and is_node_fault(hw.value)
     assert (signal_for(hw, "b").reason, signal_for(hw, "b").severity) == (
         "XidCritical79",
         Severity.P0,
     )
+    # The pod the exporter names on the series is the finding's.
+    assert (app.namespace, app.pod) == ("ml-training", "llama-70b-pretrain-worker-3")
+    overrides = parse_config({"xid": {13: {"reason": "Xid13Here", "severity": "P1"}}}).xid_overrides
+    assert is_node_fault(app.value, overrides)
+    assert signal_for(app, "a", overrides=overrides).reason == "Xid13Here"
 
 
 @pytest.mark.parametrize(
@@ -142,9 +149,11 @@ def test_an_episode_older_than_the_lookback_keeps_one_id_for_its_period() -> Non
 @pytest.mark.parametrize("node", NODE_NAMES)
 def test_the_episode_lookup_selects_exactly_its_nodes(node: str) -> None:
     matchers = host_matchers("Hostname", [node, "ip-10-0-0-1.ec2.internal"])
-    assert matchers.startswith('{Hostname=~"') and matchers.endswith('"}')
+    assert matchers.startswith('Hostname=~"') and matchers.endswith('"')
     query = XID.restricted(matchers, offset_ms=30000)
-    assert query.startswith("DCGM_FI_DEV_XID_ERRORS{Hostname=~") and " offset 30000ms != 0" in query
+    assert (
+        query.startswith("DCGM_FI_DEV_XID_ERRORS{Hostname=~") and '"} offset 30000ms != 0' in query
+    )
 
 
 def test_run_starts_are_read_per_finding_key_latest_first() -> None:
@@ -199,3 +208,26 @@ def test_an_unreachable_prometheus_is_backed_off_counted_and_logged_once(
     assert len(warned) == 1 and getattr(warned[0], "reason", "") == "connection"
     dcgm.failures = 5000  # months of it: 2.0**5000 would raise OverflowError
     assert asyncio.run(polls(1)) == [300]
+
+
+def test_a_reload_that_drops_a_query_withdraws_its_findings() -> None:
+    resolved: list[tuple[str, str]] = []
+
+    def resolve(node: str, fault_id: str) -> int:
+        resolved.append((node, fault_id))
+        return 1
+
+    dcgm = DcgmSource(
+        "http://127.0.0.1:9",
+        1.0,
+        queries(85, 95),
+        submit=lambda _: True,
+        resolve=resolve,
+        managed=lambda _: True,
+        metrics=ControllerMetrics(),
+    )
+    held = episode("appxids", GPU_UUIDS[0], 1796092786000)
+    dcgm.episodes["appxids"] = {f"{EKS_NODES[0]}/appxids/{GPU_UUIDS[0]}": held}
+    dcgm.configure(queries(85, 95, application_xids_per_gpu=0), None)
+    assert resolved == [(EKS_NODES[0], held.fault_id)] and "appxids" not in dcgm.episodes
+    assert "appxids" not in {q.name for q in dcgm.queries}
