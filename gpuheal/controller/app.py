@@ -55,6 +55,7 @@ from gpuheal.kube.workqueue import WorkQueue
 from gpuheal.metrics.controller import ControllerMetrics
 from gpuheal.model import CANARY_LABEL, CanaryView, FaultRecord, NodeView, PodView
 from gpuheal.policy.validation import VALIDATION_LABEL, ValidationPod
+from gpuheal.sources import dcgm
 from gpuheal.sources.dcgm import Query
 from gpuheal.sources.dcgm import queries as dcgm_queries
 
@@ -383,6 +384,7 @@ class Controller:
 
     def _dcgm(self, prometheus_url: str) -> DcgmSource:
         config = self.config
+        self.external.expect(dcgm.SOURCE)
         self._dcgm_source = DcgmSource(
             prometheus_url,
             config.dcgm_interval_seconds,
@@ -393,6 +395,7 @@ class Controller:
             metrics=self.metrics,
             observe=self.intake.observe,
             overrides=config.xid_overrides,
+            looked=lambda: self.external.settled(dcgm.SOURCE),
         )
         return self._dcgm_source
 

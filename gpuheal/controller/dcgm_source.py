@@ -112,6 +112,8 @@ class DcgmSource:
         metrics: ControllerMetrics,
         observe: Callable[[Observed], object] = lambda _: None,
         overrides: Mapping[int, XidRow] | None = None,
+        # Told after each complete poll: what the source does not report is not there.
+        looked: Callable[[], object] = lambda: None,
         settle_s: float = SETTLE_S,
         lookback_s: float = LOOKBACK_S,
     ) -> None:
@@ -125,6 +127,7 @@ class DcgmSource:
         self.managed = managed
         self.metrics = metrics
         self.observe = observe  # an Xid that is no node fault
+        self.looked = looked
         # query name -> finding key -> its episode
         self.episodes: dict[str, dict[str, Episode]] = {}
         self.configure(queries, overrides)
@@ -200,6 +203,7 @@ class DcgmSource:
             self.failures = 0
             self.last_error = ""
             self._settled("poll")
+            self.looked()
             return self._until_next_instant()
         self.failures += 1
         # The exponent is capped: 2.0**1024 raises, and the cap is reached long before.

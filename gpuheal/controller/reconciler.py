@@ -153,6 +153,7 @@ class Reconciler:
             quarantined=frozenset(self.fleet.quarantined | self.fleet.rolling),
             blocked=dict(self.blocked.get(node.name, {})),
             external=self.external.active(node.name),
+            unsettled=self.external.unsettled(),
             device_records=tuple(r for r in records if r.device_scope),
             pool_drivers=self.fleet.drivers_besides(node),
             rollout=self._rollout_view(node),

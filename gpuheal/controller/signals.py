@@ -5,6 +5,11 @@ Every replica keeps them (a standby that becomes leader needs no replay for
 what it already heard); only the leader acts on them. Losing them in a restart
 is safe: Alertmanager repeats firing alerts, and the GPUFault record of a
 signal already acted on makes the repeat a duplicate.
+
+What is lost must not read as "cleared", though: a source that polls (DCGM) is
+*expected* from the start and *settled* by its first complete look, and until then
+the plan starts no recovery for the faults it reported (`unsettled`), so a restarted
+or newly elected controller does not release a node before it has asked again.
 """
 
 from __future__ import annotations
@@ -27,6 +32,20 @@ class ExternalSignals:
         self.ttl_s = ttl_s
         self._by_node: dict[str, dict[str, _Held]] = {}
         self._lock = threading.Lock()
+        self._unsettled: set[str] = set()
+
+    def expect(self, source: str) -> None:
+        """`source` will report what it sees; until `settled`, its silence is no news."""
+        with self._lock:
+            self._unsettled.add(source)
+
+    def settled(self, source: str) -> None:
+        with self._lock:
+            self._unsettled.discard(source)
+
+    def unsettled(self) -> frozenset[str]:
+        with self._lock:
+            return frozenset(self._unsettled)
 
     def add(self, signal: FaultSignal, now: float | None = None) -> bool:
         """Remember a signal; True if it is new (not a repeat)."""

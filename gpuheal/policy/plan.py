@@ -271,6 +271,9 @@ class NodeState:
     # Signals pushed about this node from outside it (alerts, DCGM metrics, manual
     # requests), held by the controller until resolved or expired.
     external: tuple[FaultSignal, ...] = ()
+    # Pushed sources that have not looked since this controller started: their
+    # faults' silence is no news, so no recovery starts for them yet.
+    unsettled: frozenset[str] = frozenset()
     # The node's device-level records (the device plan's; sources read them).
     device_records: tuple[FaultRecord, ...] = ()
     # Driver versions of the other GPU nodes of this node's pool (version -> nodes),
@@ -1088,6 +1091,9 @@ def _recover(state: NodeState, config: Config, now: dt.datetime) -> Plan:
     untainted = False
     gate: GateResult | None = None
     for record in (r for r in state.records if r.open):
+        if record.source.split("/", 1)[0] in state.unsettled:
+            requeue = _soonest(requeue, config.hold_retry_seconds)
+            continue  # its source has not looked again since this controller started
         if record.phase not in TAINTED_PHASES:
             actions += [
                 UpdateRecord(record.name, Phase.RESOLVED, _cleared(record, now)),

@@ -288,6 +288,23 @@ def test_recovery_waits_for_the_window_then_untaints_and_resolves() -> None:
     assert isinstance(done.actions[0], RemoveTaint)
 
 
+def test_no_recovery_starts_for_a_fault_whose_source_has_not_looked_since_the_start() -> None:
+    """A restarted controller holds no DCGM signal until its first poll: that silence
+    is no news, and the node must not be released on it."""
+    config = replace(CONFIG, recovery_window_seconds=0)
+    node = tainted(healthy())
+    dcgm = record(Phase.RECOVERING, recovering_since=iso(NOW), source="dcgm/xid")
+    waiting = plan(NodeState(node, records=(dcgm,), unsettled=frozenset({"dcgm"})), config, NOW)
+    assert waiting.actions == () and waiting.requeue_after == config.hold_retry_seconds
+    other = record(Phase.DRAINED, fault_id="am-1", source="alertmanager")
+    both = NodeState(node, records=(dcgm, other), unsettled=frozenset({"dcgm"}))
+    assert [a.name for a in plan(both, config, NOW).actions if isinstance(a, UpdateRecord)] == [
+        other.name
+    ]  # another source's fault recovers as ever
+    looked = plan(NodeState(node, records=(dcgm,)), config, NOW)
+    assert "RemoveTaint" in kinds(looked)
+
+
 def test_fault_returning_while_recovering_goes_back_to_quarantine() -> None:
     rec = record(Phase.RECOVERING, recovering_since=iso(NOW))
     p = plan(NodeState(tainted(faulty()), records=(rec,), gpu_nodes=10), CONFIG, NOW)
