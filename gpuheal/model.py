@@ -58,6 +58,9 @@ LAST_GPU_ERROR = "gpuheal.io/last-gpu-error"  # RFC 3339 of the newest Xid or EC
 # Compute processes on the GPUs: "pid@podUID,..." ("pid@" when the process is in no pod,
 # "pid@?" when the agent could not tell: the process exited, or the host's /proc is not visible).
 GPU_PROCESSES = "gpuheal.io/gpu-processes"
+# The agent's NVML view of MIG: devices per profile ("1g.10gb=56"), or "disabled"
+# (gpuheal/policy/sharing.py::layout); the gate compares it with nvidia.com/mig.config.
+MIG_LAYOUT = "gpuheal.io/mig-layout"
 # The start-order facts the runbooks check after a reboot, one annotation:
 # "modules=ok;persistenced=ok;fabricmanager=n/a;runtimehook=ok" (policy/environment.py).
 NODE_ENVIRONMENT = "gpuheal.io/node-environment"

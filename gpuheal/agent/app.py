@@ -48,11 +48,13 @@ from gpuheal.model import (
     CUDA_VERSION,
     DRIVER_VERSION,
     GPU_PROCESSES,
+    MIG_LAYOUT,
     NODE_ENVIRONMENT,
     REPAIR_RESULT,
     Severity,
 )
 from gpuheal.policy.backoff import backoff_delay
+from gpuheal.policy.sharing import layout
 from gpuheal.sources.annotations import written
 from gpuheal.xid import VERSION as XID_CATALOGUE_VERSION
 from gpuheal.xid import classify, needs_line
@@ -387,6 +389,8 @@ class Agent:
             facts[DRIVER_VERSION] = nvml.versions.driver
         if nvml.versions.cuda:
             facts[CUDA_VERSION] = nvml.versions.cuda
+        if nvml.mig is not None:
+            facts[MIG_LAYOUT] = layout(nvml.mig)
         if nvml.pids is not None:
             if nvml.pids != self._listed_pids:
                 self._listed_pids = nvml.pids

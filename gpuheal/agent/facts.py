@@ -25,6 +25,7 @@ from gpuheal.model import (
     ECC_ERRORS,
     GPU_PROCESSES,
     LAST_GPU_ERROR,
+    MIG_LAYOUT,
     NODE_ENVIRONMENT,
     XID_ERRORS,
 )
@@ -39,6 +40,7 @@ FACT_KEYS = (
     COUNTERS_SINCE,
     LAST_GPU_ERROR,
     GPU_PROCESSES,
+    MIG_LAYOUT,
     NODE_ENVIRONMENT,
 )
 

@@ -20,6 +20,8 @@ the file changes, so a test injects a fault by rewriting it:
         processes:             # compute processes (nvmlDeviceGetComputeRunningProcesses)
           - {pid: 4242, usedMemoryMiB: 1024}
         resetFailures: 0       # the first N resets of this GPU fail (reset_gpu)
+        mig: [1g.10gb, 1g.10gb]  # MIG enabled, these MIG devices ([]: enabled, none);
+                                 # absent: MIG disabled; `migSupported: false`: no MIG
     xidEvents:                 # delivered once each through the event set
       - {id: 1, device: 0, xid: 79}
     initError: false           # nvmlInit fails (driver not loaded)
@@ -51,6 +53,12 @@ def _error(code: int) -> pynvml.NVMLError:
 @dataclass
 class _Handle:
     index: int
+
+
+@dataclass
+class _MigHandle:
+    index: int  # the GPU's
+    slot: int
 
 
 @dataclass
@@ -175,6 +183,29 @@ class FakeNvml:
 
     def nvmlDeviceGetFieldValues(self, handle: _Handle, fields: list[int]) -> list[_FieldValue]:  # noqa: N802
         return [_FieldValue(int(self._device(handle).get("recoveryAction", 0))) for _ in fields]
+
+    def nvmlDeviceGetMigMode(self, handle: _Handle) -> list[int]:  # noqa: N802
+        device = self._device(handle)
+        if device.get("migSupported") is False:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        enabled = int("mig" in device)
+        return [enabled, enabled]  # current, pending
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: _Handle) -> int:  # noqa: N802
+        self._device(handle)
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: _Handle, slot: int) -> _MigHandle:  # noqa: N802
+        if slot >= len(self._device(handle).get("mig") or []):
+            raise _error(pynvml.NVML_ERROR_NOT_FOUND)
+        return _MigHandle(handle.index, slot)
+
+    def nvmlDeviceGetName(self, handle: _Handle | _MigHandle) -> str:  # noqa: N802
+        device = self._device(_Handle(handle.index))
+        name = str(device.get("name", "NVIDIA H100 80GB HBM3"))
+        if isinstance(handle, _MigHandle):
+            return f"{name} MIG {device['mig'][handle.slot]}"
+        return name
 
     def nvmlEventSetCreate(self) -> object:  # noqa: N802
         return object()

@@ -73,6 +73,9 @@ class NvmlProbe:
         # Facts of the last completed round, read by the agent after the probe returns.
         self.ecc_uncorrected: int | None = None  # summed over the devices read
         self.pids: tuple[int, ...] | None = None  # None: not listed (yet)
+        # MIG devices per profile over the GPUs ({} with MIG disabled everywhere); None
+        # when no GPU supports MIG (the fact is then not written).
+        self.mig: dict[str, int] | None = None
         self._initialized = False
 
     def driver_version(self) -> str:
@@ -110,9 +113,12 @@ class NvmlProbe:
         by_pci: dict[str, str] = {}
         ecc: list[int] = []
         pids: list[int] | None = [] if self.processes_due() else None
+        mig: dict[str, int] | None = None
         for index in range(count):
             findings += self._device(index, by_pci, warnings, ecc, pids)
+            mig = _merge(mig, self._mig(index))
         self.devices = Devices(by_pci=by_pci, count=count)
+        self.mig = mig
         self.ecc_uncorrected = sum(ecc)
         if pids is not None:
             self.pids = tuple(pids)
@@ -149,6 +155,32 @@ class NvmlProbe:
                     Finding("NvmlError", Severity.P1, f"GPU {uuid}: NVML error: {err}", (uuid,))
                 )
         return found
+
+    def _mig(self, index: int) -> dict[str, int] | None:
+        """This GPU's MIG devices per profile, as the device plugin names them from
+        NVML's device name ("NVIDIA A100-SXM4-40GB MIG 1g.5gb" -> 1g.5gb); {} with MIG
+        disabled; None when the GPU has no MIG (or cannot be read: its findings say why)."""
+        lib = self.lib
+        try:
+            handle = lib.nvmlDeviceGetHandleByIndex(index)
+            mode = _supported(lib.nvmlDeviceGetMigMode, handle)
+            if mode is None:
+                return None
+            if int(mode[0]) != pynvml.NVML_DEVICE_MIG_ENABLE:
+                return {}
+            counts: dict[str, int] = {}
+            for slot in range(int(lib.nvmlDeviceGetMaxMigDeviceCount(handle))):
+                try:
+                    device = lib.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+                except pynvml.NVMLError as err:
+                    if _code(err) == pynvml.NVML_ERROR_NOT_FOUND:
+                        continue  # an empty slot
+                    raise
+                profile = _text(lib.nvmlDeviceGetName(device)).rsplit(" ", 1)[-1]
+                counts[profile] = counts.get(profile, 0) + 1
+            return counts
+        except pynvml.NVMLError:
+            return None
 
     def _ecc(self, handle: Any, uuid: str, totals: list[int]) -> list[Finding]:
         lib, found = self.lib, []
@@ -222,6 +254,15 @@ class NvmlProbe:
         return [
             Finding(row.reason, row.severity, f"GPU {uuid}: driver says {row.description}", (uuid,))
         ]
+
+
+def _merge(total: dict[str, int] | None, one: dict[str, int] | None) -> dict[str, int] | None:
+    if one is None:
+        return total
+    merged = dict(total or {})
+    for profile, n in one.items():
+        merged[profile] = merged.get(profile, 0) + n
+    return merged
 
 
 def _supported(call: Callable[..., Any], *args: Any) -> Any:

@@ -29,6 +29,7 @@ from gpuheal.model import (
     ENVIRONMENT_FACTS,
     LAST_GPU_ERROR,
     MAINTENANCE_BASELINE,
+    MIG_LAYOUT,
     NODE_ENVIRONMENT,
     XID_ERRORS,
     NodeView,
@@ -44,6 +45,7 @@ from gpuheal.policy.pools import (
     pool_of,
 )
 from gpuheal.policy.rollout import RolloutDriver, expected_during_rollout
+from gpuheal.policy.sharing import expected_offers, mig_layout_problem, sharing
 
 # The Event reason of a failed gate (controller recovery, device canaries, maintenance finish).
 GATE_FAILED = "GPUHealthGateFailed"
@@ -213,6 +215,9 @@ def _ready(facts: GateFacts) -> Check:
 
 
 def _gpu_count(facts: GateFacts, config: Config) -> Check:
+    """The GPUs offered as the node should offer them: the expected count, times the
+    replicas of a shared GPU (time-slicing, MPS), each MIG profile of the `mixed`
+    strategy as GFD counts it, and the MIG layout the MIG manager was asked for."""
     pool = pool_of(facts.labels, config)
     resource = pool_config(pool, config).resource
     expected = expected_gpus(facts.labels, config)
@@ -223,14 +228,22 @@ def _gpu_count(facts: GateFacts, config: Config) -> Check:
             f"no expected GPU count: set pools.byName.<pool>.gpusPerNode or the node label "
             f"{config.pools.expected_gpus_label}",
         )
-    have = facts.allocatable.get(resource, 0)
-    if have == expected:
-        return Check(GPU_COUNT, Result.PASS, f"{have} {resource} allocatable, as expected")
-    return Check(
-        GPU_COUNT,
-        Result.FAIL,
-        f"{have} {resource} allocatable, expected {expected}",
-    )
+    problem = mig_layout_problem(facts.labels, facts.annotations.get(MIG_LAYOUT, ""))
+    if problem:
+        return Check(GPU_COUNT, Result.FAIL, problem)
+    offers = expected_offers(expected, resource, facts.labels, facts.allocatable)
+    wrong = [
+        f"{facts.allocatable.get(name, 0)} {name} allocatable, expected {want}"
+        for name, want in offers.items()
+        if facts.allocatable.get(name, 0) != want
+    ]
+    if wrong:
+        return Check(GPU_COUNT, Result.FAIL, "; ".join(wrong))
+    how = sharing(facts.labels)
+    shown = ", ".join(f"{want} {name}" for name, want in offers.items())
+    if how.shared:
+        shown += f" ({expected} GPUs x {how.replicas} {how.strategy} replicas)"
+    return Check(GPU_COUNT, Result.PASS, f"{shown} allocatable, as expected")
 
 
 def _driver(facts: GateFacts, config: Config) -> Check:
