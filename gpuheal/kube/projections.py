@@ -341,15 +341,28 @@ def _devices(status: PodStatus, is_gpu_resource: Callable[[str], bool]) -> tuple
     lists += status.allocatedResourcesStatus or ()
     if not lists:
         return ()
-    seen = {
-        (s.name, r.resourceID): DeviceReport(
-            s.name, r.resourceID, _health(r.health), r.message or ""
-        )
-        for s in lists
-        for r in s.resources or ()
-        if r.resourceID
-    }
+    seen: dict[tuple[str, str], DeviceReport] = {}
+    for s in lists:
+        for r in s.resources or ():
+            if not r.resourceID:
+                continue
+            device = physical_device(r.resourceID)
+            report = DeviceReport(s.name, device, _health(r.health), r.message or "")
+            # A GPU shared by replicas is reported once per replica: the GPU is what is
+            # healthy or not, and its worst report stands.
+            held = seen.get((s.name, device))
+            if held is None or _WORSE[report.health] > _WORSE[held.health]:
+                seen[(s.name, device)] = report
     return tuple(seen[k] for k in sorted(seen))
+
+
+_WORSE = {DeviceHealth.HEALTHY: 0, DeviceHealth.UNKNOWN: 1, DeviceHealth.UNHEALTHY: 2}
+
+
+def physical_device(resource_id: str) -> str:
+    """The GPU behind a device plugin's ID: a time-sliced or MPS replica is
+    `<device id>::<replica>` (NVIDIA/k8s-device-plugin, rm.AnnotatedID)."""
+    return resource_id.split("::", 1)[0]
 
 
 def _status_time(status: PodStatus) -> str:

@@ -51,6 +51,7 @@ from gpuheal.model import (
 from gpuheal.policy.gate import GATE_FAILED
 from gpuheal.policy.history import opened_at
 from gpuheal.policy.plan import DETECTED, RECOVERED, Emit, Evict, UpdateRecord
+from gpuheal.policy.sharing import GPU, physical_gpus
 from gpuheal.sources.escalation import ESCALATE_ACTION
 
 SOURCE = "pod-status"
@@ -428,11 +429,14 @@ def _escalation(work: _Pass, device: Device, history: list[FaultRecord]) -> str:
             f"{len(window) + 1} device faults within {cfg.escalation_window_seconds:g}s "
             f"(limit {cfg.escalate_after_faults})"
         )
-    if node.gpus > 0:
+    # Devices are GPUs (replica IDs are folded into their GPU): a shared GPU's
+    # nvidia.com/gpu capacity counts its replicas, so count the GPUs behind it.
+    gpus = physical_gpus(GPU, node.gpus, node.labels)
+    if gpus > 0:
         bad = {r.device for r in history if r.open} | {device.device_id}
-        healthy = node.gpus - len(bad)
-        if healthy < cfg.min_healthy_fraction * node.gpus:
-            return f"{healthy} of {node.gpus} devices healthy (below {cfg.min_healthy_fraction:g})"
+        healthy = gpus - len(bad)
+        if healthy < cfg.min_healthy_fraction * gpus:
+            return f"{healthy} of {gpus} devices healthy (below {cfg.min_healthy_fraction:g})"
     return ""
 
 

@@ -51,6 +51,19 @@ def test_the_fleet_counts_nodes_by_pool_and_state_and_gpus() -> None:
     assert [n.state for n in shown.attention][:12] == ["quarantined"] * 12
 
 
+def test_a_time_sliced_pool_counts_gpus_not_replicas() -> None:
+    c = cluster(10)
+    shared = {"nvidia.com/gpu.replicas": "4", "nvidia.com/gpu.sharing-strategy": "time-slicing"}
+    nodes = {
+        name: dataclasses.replace(view, gpus=view.gpus * 4, labels={**view.labels, **shared})
+        for name, view in c.nodes.items()
+    }
+    shown = fleet(dataclasses.replace(c, nodes=nodes))
+    assert shown.totals.capacity == fleet(c).totals.capacity  # 8 GPUs each, as before
+    # Each node's pods ask for 4 replicas: one GPU in use, seven free on each.
+    assert shown.totals.allocated == 10 and shown.totals.free <= 7 * 10
+
+
 def test_every_page_shows_strings_from_the_cluster_as_text() -> None:
     c = cluster(120)
     node = next(iter(c.nodes))

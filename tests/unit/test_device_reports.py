@@ -65,6 +65,38 @@ def test_device_plugin_and_dra_entries_are_read_and_other_resources_ignored() ->
     assert bare.devices == () and bare.status_time == ""
 
 
+def test_a_shared_gpus_replicas_are_one_device_with_its_worst_report() -> None:
+    """Time-slicing and MPS: the device plugin's replica IDs are `<GPU>::<n>`
+    (NVIDIA/k8s-device-plugin rm.AnnotatedID); the GPU is the device."""
+    view = decode(
+        {
+            "containerStatuses": [
+                {
+                    "allocatedResourcesStatus": [
+                        {
+                            "name": "nvidia.com/gpu",
+                            "resources": [
+                                {"resourceID": "GPU-b::0", "health": "Healthy"},
+                                {
+                                    "resourceID": "GPU-b::3",
+                                    "health": "Unhealthy",
+                                    "message": "Xid 48",
+                                },
+                                {"resourceID": "GPU-b::1", "health": "Unknown"},
+                                {"resourceID": "GPU-a::2", "health": "Healthy"},
+                            ],
+                        }
+                    ]
+                }
+            ]
+        }
+    )
+    assert view.devices == (
+        DeviceReport("nvidia.com/gpu", "GPU-a", DeviceHealth.HEALTHY),
+        DeviceReport("nvidia.com/gpu", "GPU-b", DeviceHealth.UNHEALTHY, "Xid 48"),
+    )
+
+
 def test_since_moves_only_on_a_health_change_and_a_restart_uses_the_status_time() -> None:
     clock = [T0]
     synced = [False]

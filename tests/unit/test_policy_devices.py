@@ -235,6 +235,16 @@ def test_too_few_healthy_devices_left_escalates() -> None:
     assert "1 of 2 devices healthy" in created.record.actions[-1].detail
 
 
+def test_a_shared_nodes_healthy_fraction_counts_gpus_not_replicas() -> None:
+    """8 GPUs time-sliced 4 ways offer 32 nvidia.com/gpu: one bad GPU is 1 of 8."""
+    health = replace(CFG.device_health, escalate_after_faults=99, min_healthy_fraction=0.9)
+    config = replace(CFG, device_health=health)
+    shared = {"nvidia.com/gpu.replicas": "4", "nvidia.com/gpu.sharing-strategy": "time-slicing"}
+    state = DeviceState(replace(node(gpus=32), labels=shared), healthy_node(1, gpus=32))
+    (created,) = of(plan_devices(state, config, NOW).actions, CreateDeviceRecord)
+    assert "7 of 8 devices healthy" in created.record.actions[-1].detail
+
+
 def test_a_whole_node_reason_escalates_at_once() -> None:
     entries = (entry(1, DeviceHealth.UNHEALTHY, message="GPU has fallen off the bus"),)
     (created,) = of(

@@ -29,6 +29,7 @@ from gpuheal.model import (
 from gpuheal.policy import repair
 from gpuheal.policy.breaker import quarantine_capacity
 from gpuheal.policy.pools import pool_of
+from gpuheal.policy.sharing import sharing
 
 # A node's state on the console, worst first: the order of the columns.
 STATES = ("quarantined", "faulty", "maintenance", "not-ready", "healthy")
@@ -126,11 +127,15 @@ def fleet(cluster: Cluster) -> Fleet:
         )
         takes_pods = not node.taints and not node.unschedulable and node.ready is not False
         free = max(0, node.gpus - allocated) if takes_pods else 0
+        # A time-sliced or MPS GPU is offered (and requested) once per replica: the
+        # console counts GPUs, one in use as soon as a replica is.
+        how = sharing(node.labels)
+        replicas = how.replicas if how.shared else 1
         for each in (row, totals):
             each.states[state] += 1
-            each.capacity += node.gpus
-            each.allocated += allocated
-            each.free += free
+            each.capacity += node.gpus // replicas
+            each.allocated += -(-allocated // replicas)
+            each.free += free // replicas
         if state != "healthy":
             attention.append(NodeLine(name, pool, state, _why(node, state, cluster)))
         if node.taint(MAINTENANCE_TAINT_KEY) is not None:
