@@ -9,7 +9,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint unit integration e2e chaos testenv monitoring browser awks venv clean bench
+.PHONY: demo test lint unit integration e2e chaos testenv monitoring browser awks venv clean bench lock
 
 demo: $(STAMP) testenv
 	$(BIN)/gpuheal demo
@@ -63,11 +63,18 @@ awks:
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The runtime dependencies at exactly the image's versions and hashes first
+# (deploy/docker/requirements.lock), then gpuheal itself and the dev tools.
+$(STAMP): pyproject.toml deploy/docker/requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet --require-hashes -r deploy/docker/requirements.lock
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@
+
+# Re-lock the runtime dependencies after a change to pyproject.toml's (uv, a dev tool).
+lock: $(STAMP)
+	UV=$(BIN)/uv tools/lock.sh
 
 clean:
 	rm -rf $(VENV) .cache .mypy_cache .pytest_cache .ruff_cache

@@ -61,6 +61,9 @@ GPU_PROCESSES = "gpuheal.io/gpu-processes"
 # The agent's NVML view of MIG: devices per profile ("1g.10gb=56"), or "disabled"
 # (gpuheal/policy/sharing.py::layout); the gate compares it with nvidia.com/mig.config.
 MIG_LAYOUT = "gpuheal.io/mig-layout"
+# What the agent reaches on its node: NVML, the GPUs it sees, the kernel log
+# (policy/access.py).
+AGENT_ACCESS = "gpuheal.io/agent-access"
 # The start-order facts the runbooks check after a reboot, one annotation:
 # "modules=ok;persistenced=ok;fabricmanager=n/a;runtimehook=ok" (policy/environment.py).
 NODE_ENVIRONMENT = "gpuheal.io/node-environment"

@@ -24,7 +24,7 @@ from gpuheal.agent.config import AgentConfig
 from gpuheal.agent.debounce import Debounce, Report, step
 from gpuheal.agent.environment import EnvironmentProbe, HostPaths, read_driver_version
 from gpuheal.agent.facts import Counters, gpu_processes
-from gpuheal.agent.findings import Finding, ProbeResult, Verdict, verdict
+from gpuheal.agent.findings import Finding, ProbeResult, Verdict, verdict, with_access
 from gpuheal.agent.kmsg import (
     GpuAt,
     KernelEvent,
@@ -45,6 +45,7 @@ from gpuheal.clock import iso
 from gpuheal.kube.blocking import BlockingKube
 from gpuheal.metrics.agent import AgentMetrics
 from gpuheal.model import (
+    AGENT_ACCESS,
     CUDA_VERSION,
     DRIVER_VERSION,
     GPU_PROCESSES,
@@ -53,8 +54,9 @@ from gpuheal.model import (
     REPAIR_RESULT,
     Severity,
 )
+from gpuheal.policy import access
 from gpuheal.policy.backoff import backoff_delay
-from gpuheal.policy.sharing import layout
+from gpuheal.policy.sharing import gpus_offered, label_counts_gpus, layout
 from gpuheal.sources.annotations import written
 from gpuheal.xid import VERSION as XID_CATALOGUE_VERSION
 from gpuheal.xid import classify, needs_line
@@ -176,6 +178,8 @@ class Agent:
         self._adopted = False
         self._next_report_at = 0.0
         self._report_failures = 0
+        self._node_read_at = 0.0  # monotonic time of the last read of the Node
+        self._access = ""  # the last agent-access value logged
         self.boot_id = read_boot_id(config.boot_id_path)
         config.state_path.parent.mkdir(parents=True, exist_ok=True)
         self.sticky = StickyEvents(
@@ -265,6 +269,7 @@ class Agent:
                 state_corrupt=self.metrics.state_file_errors.labels("cursor").inc,
             )
             self.metrics.follow_kmsg(self.follower)
+        self.metrics.follow_access(self.reach)
 
     # -- event sources ---------------------------------------------------------
 
@@ -380,6 +385,7 @@ class Agent:
     def facts(self) -> dict[str, str]:
         """What the Node should say besides the verdict (agent/facts.py)."""
         facts = self.counters.facts()
+        facts[AGENT_ACCESS] = access.encode(self.reach())
         if self.environment is not None and self.environment.value is not None:
             facts[NODE_ENVIRONMENT] = self.environment.value
         nvml = self.nvml
@@ -401,12 +407,57 @@ class Agent:
         return facts
 
     def _expected_gpus(self) -> int | None:
+        """The GPUs this node should have: the config's count, else GFD's label (where
+        it counts GPUs, not MIG devices), else the GPUs the node's capacity offers."""
         if self.config.expected_gpus is not None:
             return self.config.expected_gpus
-        try:
-            return int(self.reporter.labels.get(self.config.expected_gpus_label, ""))
-        except ValueError:
-            return None
+        labels = self.reporter.labels
+        label = labels.get(self.config.expected_gpus_label, "")
+        if label.isdigit() and label_counts_gpus(labels):
+            return int(label)
+        return gpus_offered(labels, self.reporter.capacity)
+
+    def reach(self) -> access.Access:
+        """What the agent reaches now: NVML, the GPUs, the kernel log (policy/access.py)."""
+        nvml, follower = self.nvml, self.follower
+        if follower is None:
+            kernel_log, kmsg_error = access.KMSG_OFF, ""
+        elif follower.readable is None:
+            kernel_log, kmsg_error = access.KMSG_PENDING, ""
+        else:
+            readable = follower.readable
+            kernel_log = access.KMSG_OK if readable else access.KMSG_UNREADABLE
+            kmsg_error = "" if readable else f"{self.config.kmsg_path}: {follower.error}"
+        if nvml is None:
+            return access.Access(access.NVML_OFF, kernel_log, kernel_log_error=kmsg_error)
+        loaded = nvml.state == access.NVML_OK
+        return access.Access(
+            nvml.state,
+            kernel_log,
+            gpus=nvml.devices.count if loaded else None,
+            expected=self._expected_gpus(),
+            driver=nvml.versions.driver if loaded else "",
+            nvml_version=nvml.versions.nvml if loaded else "",
+            library=nvml.versions.library if loaded else "",
+            nvml_error=nvml.error,
+            kernel_log_error=kmsg_error,
+        )
+
+    def _tell_access(self, now: access.Access, problems: tuple[access.Problem, ...]) -> None:
+        """Log what the agent reaches at start and whenever it changes."""
+        value = access.encode(now)
+        if value == self._access:
+            return
+        self._access = value
+        (log.warning if problems else log.info)(
+            "agent access",
+            extra={
+                "node": self.node,
+                "access": value,
+                "problems": [p.reason for p in problems],
+                "detail": "; ".join(p.message for p in problems),
+            },
+        )
 
     # -- the loop ----------------------------------------------------------------
 
@@ -427,7 +478,10 @@ class Agent:
             results.append(ProbeResult("events", ran=True, findings=self.sticky.current()))
             rate = self.xid_history.rate_findings(time.monotonic())
             results.append(ProbeResult("application-xids", ran=True, findings=rate))
-        seen = verdict(results)
+        reach = self.reach()
+        problems = access.problems(reach)
+        self._tell_access(reach, problems)
+        seen = with_access(verdict(results), problems)
         before = self.state.reported
         self.state = step(
             self.state,
@@ -493,6 +547,10 @@ class Agent:
             if not self._adopted:
                 self._adopt(self.reporter.read())
                 self._adopted = True
+                self._node_read_at = time.monotonic()
+            elif time.monotonic() - self._node_read_at >= self.config.node_read_seconds:
+                self.reporter.read()  # labels and capacity, for the expected GPUs
+                self._node_read_at = time.monotonic()
             if self.reporter.sync(desired(self.state.reported, seen), self.facts()):
                 self.metrics.reports.inc()
             self._report_failures = 0

@@ -101,6 +101,9 @@ class Expectations:
     # Expected GPU count: this value, else the node label, else "whatever is visible".
     expected_gpus: int | None = setting(integer(0, MAX_GPUS), None)
     expected_gpus_label: str = setting(string, "nvidia.com/gpu.count")
+    # The node's labels and GPU capacity (what the agent's NVML view is held to) are
+    # read again this often: they change with the device plugin and GFD, rarely.
+    node_read_seconds: float = setting(number(1, 86400), 300.0)
     temperature_warning_c: int = setting(integer(0, MAX_CELSIUS), 85)
     temperature_critical_c: int = setting(integer(0, MAX_CELSIUS), 95)
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from gpuheal.clock import iso
 from gpuheal.model import (
+    AGENT_ACCESS,
     COUNTERS_SINCE,
     CUDA_VERSION,
     DRIVER_VERSION,
@@ -42,6 +43,7 @@ FACT_KEYS = (
     GPU_PROCESSES,
     MIG_LAYOUT,
     NODE_ENVIRONMENT,
+    AGENT_ACCESS,
 )
 
 # The kubelet names a pod's cgroup after its UID. cgroupfs driver:

@@ -128,6 +128,11 @@ class FakeNvml:
     def nvmlSystemGetDriverVersion(self) -> str:  # noqa: N802
         return str(self._load().get("driverVersion", "550.54.15"))
 
+    def nvmlSystemGetNVMLVersion(self) -> str:  # noqa: N802
+        # NVML's version is the CUDA major and the driver's: "12.550.54.15".
+        cuda = int(self._load().get("cudaDriverVersion", 12040)) // 1000
+        return f"{cuda}.{self.nvmlSystemGetDriverVersion()}"
+
     def nvmlSystemGetCudaDriverVersion(self) -> int:  # noqa: N802
         return int(self._load().get("cudaDriverVersion", 12040))
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from gpuheal.model import Severity
+from gpuheal.policy.access import NO_GPUS_VISIBLE, Problem
 
 # Severities that make a node faulty; P2 findings are warnings.
 NODE_FAULT = frozenset({Severity.P0, Severity.P1})
@@ -33,6 +34,11 @@ class ProbeResult:
     findings: tuple[Finding, ...] = ()
     warnings: tuple[str, ...] = ()
     error: str = ""
+
+
+HEALTHY_REASON = "GPUsHealthy"
+HEALTHY_MESSAGE = "all GPU probes passed"
+UNKNOWN_REASON = "ProbesFailed"
 
 
 class Health(StrEnum):
@@ -77,5 +83,22 @@ def verdict(results: list[ProbeResult]) -> Verdict:
     levels = [r for r in results if r.level]
     if levels and not any(r.ran for r in levels):
         errors = "; ".join(f"{r.probe}: {r.error}" for r in levels)
-        return Verdict(Health.UNKNOWN, reason="ProbesFailed", message=errors[:1024])
-    return Verdict(Health.HEALTHY, reason="GPUsHealthy", message="all probes passed")
+        return Verdict(Health.UNKNOWN, reason=UNKNOWN_REASON, message=errors[:1024])
+    return Verdict(Health.HEALTHY, reason=HEALTHY_REASON, message=HEALTHY_MESSAGE)
+
+
+def with_access(seen: Verdict, problems: tuple[Problem, ...]) -> Verdict:
+    """The round's verdict told with what the agent cannot reach (policy/access.py):
+    a fault stays the fault; otherwise the worst problem is the condition's reason.
+    NVML seeing no GPU vouches for none: Unknown. A missing piece besides a probe
+    that vouched (the kernel log; NVML where nvidia-smi's fallback ran) leaves the
+    GPUs healthy, the reason saying what is missing."""
+    if not problems or seen.health is Health.FAULTY:
+        return seen
+    message = "; ".join(p.message for p in problems)
+    if seen.health is Health.UNKNOWN:
+        probes = f" ({seen.message})" if seen.message else ""
+        return Verdict(Health.UNKNOWN, problems[0].reason, (message + probes)[:1024])
+    if any(p.reason == NO_GPUS_VISIBLE for p in problems):
+        return Verdict(Health.UNKNOWN, NO_GPUS_VISIBLE, message[:1024])
+    return Verdict(Health.HEALTHY, problems[0].reason, f"{HEALTHY_MESSAGE}; {message}"[:1024])

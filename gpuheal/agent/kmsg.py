@@ -367,6 +367,9 @@ class KmsgFollower:
         self.errors = 0  # failed opens and reads of the source
         self.parse_errors = 0  # records that are not `prio,seq,usec,...;message`
         self.started_at = time.time()
+        # Whether the source opened (None: not tried yet) and the last error if not.
+        self.readable: bool | None = None
+        self.error = ""
         self.last_record_at: float | None = None  # wall-clock time of the newest record read
         self._saved_at = 0.0
         self._stop = threading.Event()
@@ -394,6 +397,7 @@ class KmsgFollower:
                     self._follow_lines()
             except OSError as err:
                 self.errors += 1
+                self.readable, self.error = False, err.strerror or str(err)
                 log.warning(
                     "kmsg read failed", extra={"source": str(self.source), "error": str(err)}
                 )
@@ -424,6 +428,7 @@ class KmsgFollower:
 
     def _follow_device(self) -> None:
         fd = os.open(self.source, os.O_RDONLY | os.O_NONBLOCK)
+        self.readable, self.error = True, ""
         try:
             while not self._stop.is_set():
                 try:
@@ -439,6 +444,7 @@ class KmsgFollower:
 
     def _follow_lines(self) -> None:
         with self.source.open(errors="replace") as stream:
+            self.readable, self.error = True, ""
             while not self._stop.is_set():
                 line = stream.readline()
                 if not line:

@@ -11,6 +11,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pynvml
@@ -19,6 +20,7 @@ from gpuheal.agent.facts import cuda_text
 from gpuheal.agent.findings import Finding, ProbeResult
 from gpuheal.agent.kmsg import normalize_pci
 from gpuheal.model import Severity
+from gpuheal.policy.access import NVML_OK, NVML_PENDING, nvml_state
 from gpuheal.xid import RECOVERY_ACTIONS, XidRow
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,26 @@ class Versions:
 
     driver: str = ""
     cuda: str = ""  # "12.4"
+    nvml: str = ""  # NVML's own version, "12.550.54.15"
+    library: str = ""  # the libnvidia-ml file the process loaded
+
+
+# The dynamic loader's view of this process: which libnvidia-ml it mapped.
+MAPS = Path("/proc/self/maps")
+
+
+def loaded_library(maps: Path = MAPS) -> str:
+    """The path of the libnvidia-ml the process has loaded ("" when none is mapped,
+    as with a stand-in that is not a shared library)."""
+    try:
+        text = maps.read_text(errors="replace")
+    except OSError:
+        return ""
+    for line in text.splitlines():
+        path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
+        if "/libnvidia-ml.so" in path:
+            return path.strip()
+    return ""
 
 
 def _code(err: pynvml.NVMLError) -> int:
@@ -76,6 +98,10 @@ class NvmlProbe:
         # MIG devices per profile over the GPUs ({} with MIG disabled everywhere); None
         # when no GPU supports MIG (the fact is then not written).
         self.mig: dict[str, int] | None = None
+        # NVML's state for agent-access (policy/access.py) and the NVMLError of the
+        # last failed initialisation.
+        self.state = NVML_PENDING
+        self.error = ""
         self._initialized = False
 
     def driver_version(self) -> str:
@@ -91,9 +117,12 @@ class NvmlProbe:
     def _read_versions(self) -> Versions:
         driver = _supported(self.lib.nvmlSystemGetDriverVersion)
         cuda = _supported(self.lib.nvmlSystemGetCudaDriverVersion)
+        nvml = _supported(self.lib.nvmlSystemGetNVMLVersion)
         return Versions(
             driver=_text(driver) if driver is not None else "",
             cuda=cuda_text(int(cuda)) if cuda else "",
+            nvml=_text(nvml) if nvml is not None else "",
+            library=loaded_library(),
         )
 
     def run(self) -> ProbeResult:
@@ -102,11 +131,17 @@ class NvmlProbe:
             count = int(self.lib.nvmlDeviceGetCount())
         except pynvml.NVMLError as err:
             self._initialized = False
+            # The code says why (policy/access.py): no library, no driver, no permission.
+            self.state, self.error = nvml_state(_code(err)), str(err)
             return ProbeResult(PROBE, level=True, ran=False, error=f"NVML unavailable: {err}")
+        self.state, self.error = NVML_OK, ""
         findings: list[Finding] = []
         warnings: list[str] = []
         expected = self.expected_gpus()
-        if expected is not None and count < expected:
+        # None at all is not a fault of the GPUs but the container's sight of them
+        # (agent-access NoGpusVisible): a driver that lost every GPU fails nvmlInit,
+        # and GPUs that fall off the bus say so in the kernel log.
+        if expected is not None and 0 < count < expected:
             findings.append(
                 Finding("GpuMissing", Severity.P0, f"{expected} GPUs expected, {count} visible")
             )

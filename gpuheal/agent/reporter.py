@@ -14,7 +14,7 @@ import msgspec
 
 from gpuheal.agent.debounce import Report
 from gpuheal.agent.facts import FACT_KEYS, changed_facts
-from gpuheal.agent.findings import Health, Verdict
+from gpuheal.agent.findings import HEALTHY_MESSAGE, HEALTHY_REASON, Health, Verdict
 from gpuheal.clock import iso
 from gpuheal.kube.api import STRATEGIC_PATCH, node_path
 from gpuheal.kube.blocking import BlockingKube
@@ -48,7 +48,10 @@ def desired(report: Report | None, seen: Verdict) -> Desired:
     cleared = tuple(encode(None).items())
     if seen.health is Health.UNKNOWN:
         return Desired(Health.UNKNOWN, seen.reason, seen.message[:1024], cleared)
-    return Desired(Health.HEALTHY, "GPUsHealthy", "all GPU probes passed", cleared)
+    # GPUsHealthy, or what the agent cannot reach besides (KernelLogUnreadable).
+    reason = seen.reason or HEALTHY_REASON
+    message = seen.message if seen.reason != HEALTHY_REASON else HEALTHY_MESSAGE
+    return Desired(Health.HEALTHY, reason, message[:1024], cleared)
 
 
 def _now() -> str:
@@ -63,12 +66,14 @@ class NodeReporter:
         self.writes = 0
         self._transition = ""
         self.labels: dict[str, str] = {}
+        self.capacity: dict[str, int] = {}  # the node's countable resources (GPUs)
         self.facts_written: dict[str, str] = {}
 
     def read(self) -> dict[str, str]:
         """The node's gpuheal annotations as they are now (and remember its labels)."""
         node = msgspec.json.decode(self.client.get(node_path(self.node)), type=NodeJson)
         self.labels = dict(node.metadata.labels)
+        self.capacity = {k: int(v) for k, v in node.status.capacity.items() if v.isdigit()}
         annotations = dict(node.metadata.annotations)
         self.facts_written = {k: v for k, v in annotations.items() if k in FACT_KEYS}
         conditions = node.status.conditions

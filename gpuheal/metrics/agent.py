@@ -4,13 +4,14 @@ and reports, and the kernel-log follower's counters, read when scraped."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gpuheal.metrics.declare import Metrics, counter, gauge, histogram
+from gpuheal.policy import access
 
 STATE_FILES = ("cursor", "faults", "repair")
 
@@ -88,6 +89,60 @@ class AgentMetrics(Metrics):
     def follow_kmsg(self, follower: KernelLogReading) -> None:
         """Export the kernel-log follower's counters, read at scrape time."""
         self.registry.register(KmsgCollector(follower))
+
+    def follow_access(self, reach: Callable[[], access.Access]) -> None:
+        """Export what the agent reaches (NVML, the GPUs, the kernel log), read at scrape."""
+        self.registry.register(AccessCollector(reach))
+
+
+class AccessCollector(Collector):
+    """NVML loaded or not and from where, the GPUs it sees against those the node
+    offers, the kernel log readable, and each problem by the condition's reason
+    (every reason exported, 0 or 1, so an alert on `== 1` never meets an absence)."""
+
+    def __init__(self, reach: Callable[[], access.Access]) -> None:
+        self.reach = reach
+
+    def collect(self) -> Iterator[Metric]:
+        now = self.reach()
+        if now.nvml != access.NVML_OFF:
+            yield GaugeMetricFamily(
+                "gpuheal_agent_nvml_up",
+                "1 while NVML is loaded and answers; 0 when it is not (the problem's reason"
+                " says why).",
+                value=1 if now.nvml == access.NVML_OK else 0,
+            )
+        info = GaugeMetricFamily(
+            "gpuheal_agent_nvml_info",
+            "The NVML loaded (1): the driver's and NVML's versions and the library file.",
+            labels=["driver", "nvml", "library"],
+        )
+        if now.nvml == access.NVML_OK:
+            info.add_metric([now.driver, now.nvml_version, now.library], 1)
+        yield info
+        if now.gpus is not None:
+            yield GaugeMetricFamily("gpuheal_agent_gpus_visible", "GPUs NVML sees.", value=now.gpus)
+        if now.expected is not None:
+            yield GaugeMetricFamily(
+                "gpuheal_agent_gpus_expected",
+                "GPUs the node should have (expectedGpus, GFD's count, or its capacity).",
+                value=now.expected,
+            )
+        if now.kernel_log in (access.KMSG_OK, access.KMSG_UNREADABLE):
+            yield GaugeMetricFamily(
+                "gpuheal_agent_kmsg_readable",
+                "1 while the kernel log opens and reads; 0 when it cannot.",
+                value=1 if now.kernel_log == access.KMSG_OK else 0,
+            )
+        problems = {p.reason for p in access.problems(now)}
+        family = GaugeMetricFamily(
+            "gpuheal_agent_access_problem",
+            "1 while the agent cannot reach this piece (the GPUHealthy condition's reason).",
+            labels=["reason"],
+        )
+        for reason in access.REASONS:
+            family.add_metric([reason], 1 if reason in problems else 0)
+        yield family
 
 
 class KmsgCollector(Collector):

@@ -22,6 +22,8 @@ from gpuheal.config import Config
 from gpuheal.kube.projections import NodeJson
 from gpuheal.kube.snapshot import Snapshot, read_snapshot
 from gpuheal.model import (
+    AGENT_ACCESS,
+    GPU_HEALTHY_CONDITION,
     MAINTENANCE_ROLLOUT,
     QUARANTINED_DEVICES,
     STATUS,
@@ -44,6 +46,7 @@ from gpuheal.ops.fleet import (
 )
 from gpuheal.ops.output import Notes, Table, render
 from gpuheal.ops.selector import Requirement, SelectorError, parse_selector, selected
+from gpuheal.policy import access
 from gpuheal.policy.breaker import quarantine_capacity
 from gpuheal.policy.nodes import in_maintenance
 from gpuheal.policy.plan import WOULD_QUARANTINE_ACTION
@@ -64,6 +67,7 @@ STATES = (HEALTHY, SUSPECT, QUARANTINED, DRAINING, HELD, MAINTENANCE, NOT_READY)
 
 _QUARANTINE_PHASES = frozenset({Phase.QUARANTINED, Phase.DRAINED, Phase.RECOVERING})
 _SHOWN_NAMES = 5  # node names listed per state in the table view
+_SHOWN_AGENTS = 20  # nodes listed whose agent cannot see (all of them in -o json)
 
 
 def _suspect(node: NodeJson, faults: Sequence[FaultRecord]) -> bool:
@@ -96,6 +100,32 @@ class NodeStatus:
     node: str
     state: str
     pool: str
+
+
+# A GPU node with no GPUHealthy condition: no agent has ever reported on it.
+NO_AGENT = "NoAgent"
+
+
+@dataclass(frozen=True)
+class AgentAccess:
+    """A node whose agent cannot reach everything (or that has no agent at all)."""
+
+    node: str
+    problems: tuple[str, ...]  # the reasons (policy/access.py) or NO_AGENT
+    reach: str  # what it reaches, for people ("" without an agent)
+
+
+def agent_access(node: NodeJson) -> AgentAccess | None:
+    """The node's agent's access problems, None when it reaches everything."""
+    name = node.metadata.name
+    if not any(c.type == GPU_HEALTHY_CONDITION for c in node.status.conditions):
+        return AgentAccess(name, (NO_AGENT,), "")
+    value = node.metadata.annotations.get(AGENT_ACCESS)
+    reach = access.decode(value) if value else None
+    if reach is None:
+        return None  # an agent older than the fact, or a value it did not write
+    problems = tuple(p.reason for p in access.problems(reach))
+    return AgentAccess(name, problems, access.describe(reach)) if problems else None
 
 
 @dataclass(frozen=True)
@@ -181,6 +211,7 @@ class StatusReport:
     breaker: Breaker
     now: dt.datetime
     would: WouldHave = WouldHave()
+    agents: tuple[AgentAccess, ...] = ()  # the nodes whose agent cannot see
 
     def by_state(self) -> dict[str, int]:
         counts = Counter(n.state for n in self.nodes)
@@ -226,6 +257,10 @@ class StatusReport:
                 "remaining": self.breaker.remaining,
             },
             "wouldHave": self.would.data(),
+            "agentAccess": [
+                {"node": a.node, "problems": list(a.problems), "reach": a.reach}
+                for a in self.agents
+            ],
         }
 
     def views(self) -> Sequence[Table | Notes]:
@@ -250,6 +285,14 @@ class StatusReport:
             )
             for f in self.faults
         ]
+        blind = [a for a in self.agents if a.problems != (NO_AGENT,)]
+        more = len(blind) > _SHOWN_AGENTS
+        absent = _some([a.node for a in self.agents if a.problems == (NO_AGENT,)])
+        agents_note = (
+            ("warn", f"no gpuheal agent has reported on: {absent}")
+            if absent
+            else ("ok", "a gpuheal agent reports on every GPU node shown")
+        )
         b = self.breaker
         style = "bad" if b.remaining == 0 else "warn" if b.quarantined or b.rolling else "ok"
         rolling = f", {b.rolling} in a roll-out's maintenance" if b.rolling else ""
@@ -272,6 +315,14 @@ class StatusReport:
                 fault_rows,
                 empty="none",
             ),
+            Table(
+                f"Agents that cannot see ({len(blind)})",
+                ("NODE", "PROBLEMS", "REACHES"),
+                [(a.node, ", ".join(a.problems), a.reach) for a in blind[:_SHOWN_AGENTS]]
+                + ([(f"(+{len(blind) - _SHOWN_AGENTS} more: -o json)", "", "")] if more else []),
+                empty="none: every agent reaches NVML, its GPUs and the kernel log",
+            ),
+            Notes("Agents", [agents_note]),
             Notes(
                 "Breaker",
                 [
@@ -337,7 +388,9 @@ def fleet_status(
         totals[3] += sum(
             pod_gpus(p, config) for p in snap.pods_by_node.get(name, ()) if pod_live(p)
         )
+    agents = tuple(a for n in shown if (a := agent_access(n)) is not None)
     return StatusReport(
+        agents=agents,
         nodes=tuple(nodes),
         pools=tuple(PoolStatus(pool, *totals) for pool, totals in sorted(pools.items())),
         faults=tuple(faults),

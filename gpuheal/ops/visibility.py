@@ -7,10 +7,13 @@ and every taint with who put it there — including taints gpuheal left behind.
 
 from __future__ import annotations
 
+import re
+
 from gpuheal.clock import parse_time
 from gpuheal.config import Config
 from gpuheal.kube.details import Node, Pod, Taint
 from gpuheal.model import (
+    AGENT_ACCESS,
     FAULT_DEVICES,
     FAULT_ID,
     FAULT_REASON,
@@ -48,6 +51,7 @@ from gpuheal.ops.scheduling import (
     taints_of,
     toleration_text,
 )
+from gpuheal.policy import access
 from gpuheal.policy.nodes import in_maintenance
 from gpuheal.policy.pools import NO_POOL, expected_gpus, pool_config, pool_of
 from gpuheal.values import taint_value
@@ -196,7 +200,11 @@ def _agent_report(node: Node, facts: Facts) -> list[Finding]:
                 f"{when(health.lastTransitionTime, facts.now)} ({said(health)}).",
             )
         )
-    elif health is not None and health.status == "Unknown":
+    elif (
+        health is not None
+        and health.status == "Unknown"
+        and health.reason not in access.REASONS  # the agent's access says why, below
+    ):
         findings.append(
             Finding(
                 WARN,
@@ -206,6 +214,7 @@ def _agent_report(node: Node, facts: Facts) -> list[Finding]:
                 "probes could not run; check the gpuheal agent pod on the node.",
             )
         )
+    findings += _agent_access(annotations)
     quarantined = annotations.get(QUARANTINED_DEVICES)
     if quarantined:
         findings.append(
@@ -217,6 +226,41 @@ def _agent_report(node: Node, facts: Facts) -> list[Finding]:
             )
         )
     return findings
+
+
+_KEBAB = re.compile(r"(?<!^)(?=[A-Z])")
+# What each problem of the agent's access means for the node (policy/access.py).
+_ACCESS_LEVEL = {
+    access.NVML_LIBRARY_NOT_FOUND: BAD,
+    access.NVML_DRIVER_NOT_LOADED: BAD,
+    access.NVML_NO_PERMISSION_REASON: BAD,
+    access.NVML_UNAVAILABLE: BAD,
+    access.NO_GPUS_VISIBLE: BAD,
+    access.KERNEL_LOG_UNREADABLE: WARN,
+}
+
+
+def _agent_access(annotations: dict[str, str]) -> list[Finding]:
+    """What the agent reaches on the node, as it last said (gpuheal.io/agent-access)."""
+    value = annotations.get(AGENT_ACCESS)
+    if value is None:
+        return []
+    reach = access.decode(value)
+    if reach is None:
+        return [Finding(WARN, "agent-access-unreadable", f"{AGENT_ACCESS} is {value!r}.")]
+    problems = access.problems(reach)
+    if not problems:
+        reaches = access.describe(reach)
+        return [Finding(OK, "agent-access", f"The gpuheal agent reaches: {reaches}.")]
+    return [
+        Finding(
+            _ACCESS_LEVEL[p.reason],
+            "agent-" + _KEBAB.sub("-", p.reason).lower(),  # agent-nvml-library-not-found
+            f"The gpuheal agent cannot see everything ({p.reason}): {p.message}. It reaches: "
+            f"{access.describe(reach)}. docs/deploy.md: the chart's platform values.",
+        )
+        for p in problems
+    ]
 
 
 def _device_plugin(facts: Facts, config: Config, offered: int) -> list[Finding]:

@@ -89,6 +89,25 @@ def physical_gpus(resource: str, allocatable: int, labels: Mapping[str, str]) ->
     return allocatable
 
 
+def gpus_offered(labels: Mapping[str, str], capacity: Mapping[str, int]) -> int | None:
+    """The physical GPUs the node's capacity stands for (the device plugin registers
+    every GPU it enumerated, healthy or not), or None where capacity does not count
+    GPUs: MIG devices, or no GPU resource."""
+    how = sharing(labels)
+    if how.mig != "none":
+        return None
+    for resource in (GPU, SHARED):
+        if capacity.get(resource):
+            return physical_gpus(resource, capacity[resource], labels)
+    return None
+
+
+def label_counts_gpus(labels: Mapping[str, str]) -> bool:
+    """GFD's `nvidia.com/gpu.count` counts physical GPUs, except under the MIG `single`
+    strategy, where it counts the MIG devices."""
+    return sharing(labels).mig != "single"
+
+
 def mig_layout_problem(labels: Mapping[str, str], seen: str) -> str:
     """Why the node's MIG layout is not the one asked for ("" when it is): the MIG
     manager has not applied `nvidia.com/mig.config` (after a reboot that lost the

@@ -107,7 +107,7 @@ def test_the_chart_renders_for_the_default_and_other_values(control_plane: Contr
     assert "DCGM_EXP_XID_ERRORS_COUNT" in fields and "DCGM_FI_DEV_ROW_REMAP_PENDING" in fields
     own = render(control_plane, "gh", "ops", DATA / "values-own-rules.yaml")
     (rule,) = [o for o in own if o["kind"] == "PrometheusRule"]
-    assert [g["name"] for g in rule["spec"]["groups"]] == ["gpuheal-self"]
+    assert [g["name"] for g in rule["spec"]["groups"]] == ["gpuheal-agent", "gpuheal-self"]
 
 
 @pytest.fixture

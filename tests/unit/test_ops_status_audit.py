@@ -235,7 +235,9 @@ def test_status_renders_tables_and_stable_json() -> None:
         assert expected in text
     assert "1 of 1 quarantine slots left" in text
     data = report.data()
-    assert set(data) == {"nodes", "nodeStates", "pools", "faults", "breaker", "wouldHave"}
+    assert set(data) == {
+        "nodes", "nodeStates", "pools", "faults", "breaker", "wouldHave", "agentAccess",
+    }  # fmt: skip
     assert data["faults"][0]["ageSeconds"] == 7200
     assert data["faults"][0]["phase"] == "Held"
 
