@@ -59,7 +59,7 @@ def gpu_healthy(kube: Client, node: str) -> tuple[str, str, str]:
     return (found.status, found.reason or "", found.message or "") if found else ("", "", "")
 
 
-def annotations(kube: Client, node: str) -> dict[str, str]:
+def node_annotations(kube: Client, node: str) -> dict[str, str]:
     meta = kube.get(Node, node).metadata
     return dict((meta.annotations if meta else None) or {})
 
@@ -112,11 +112,11 @@ def test_no_nvml_and_no_kernel_log_say_why_within_one_interval_and_alert(
     wait_for(
         "both pieces in the annotation",
         lambda: (
-            annotations(kube, node).get(AGENT_ACCESS)
+            node_annotations(kube, node).get(AGENT_ACCESS)
             == "nvml=library-not-found;gpus=?/8;kmsg=unreadable"
         ),
     )
-    assert STATUS not in annotations(kube, node)  # no fault reported
+    assert STATUS not in node_annotations(kube, node)  # no fault reported
 
     text = scrape(agent)
     assert "gpuheal_agent_nvml_up 0.0" in text and "gpuheal_agent_kmsg_readable 0.0" in text
@@ -176,7 +176,7 @@ def test_no_nvml_and_no_kernel_log_say_why_within_one_interval_and_alert(
             "NVML loaded",
             lambda: gpu_healthy(kube, node)[:2] == ("True", access.KERNEL_LOG_UNREADABLE),
         )
-        value = annotations(kube, node)[AGENT_ACCESS]
+        value = node_annotations(kube, node)[AGENT_ACCESS]
         assert value.startswith(
             "nvml=ok;gpus=8/8;kmsg=unreadable;driver=550.54.15;nvml-version=12.550.54.15"
         )
@@ -213,8 +213,8 @@ def test_nvml_that_sees_no_gpu_on_a_node_offering_eight_is_unknown_not_a_fault(
     )
     assert "the node offers 8" in gpu_healthy(kube, node)[2]
     time.sleep(INTERVAL_S * 3)  # failRounds: 1, and still no fault
-    assert STATUS not in annotations(kube, node)
-    assert annotations(kube, node)[AGENT_ACCESS].startswith("nvml=ok;gpus=0/8;kmsg=ok")
+    assert STATUS not in node_annotations(kube, node)
+    assert node_annotations(kube, node)[AGENT_ACCESS].startswith("nvml=ok;gpus=0/8;kmsg=ok")
 
 
 def test_a_healthy_agent_says_what_it_reaches(
@@ -227,8 +227,8 @@ def test_a_healthy_agent_says_what_it_reaches(
     (node,) = fake_gpu_nodes(1)
     agent = agents(node).start()
     wait_for("healthy", lambda: gpu_healthy(kube, node)[:2] == ("True", "GPUsHealthy"))
-    wait_for("the access fact", lambda: AGENT_ACCESS in annotations(kube, node))
-    reach = access.decode(annotations(kube, node)[AGENT_ACCESS])
+    wait_for("the access fact", lambda: AGENT_ACCESS in node_annotations(kube, node))
+    reach = access.decode(node_annotations(kube, node)[AGENT_ACCESS])
     assert reach is not None and access.problems(reach) == ()
     assert (reach.nvml, reach.gpus, reach.expected, reach.kernel_log) == ("ok", 8, 8, "ok")
     assert doctor(control_plane, capsys, node)["agent-access"] == "ok"
