@@ -16,6 +16,11 @@ The means:
 - `reboot`: `repairRebootMethod`: a sentinel file (kured's /var/run/reboot-required)
   or a command; `none` refuses. The result is written after the node is back (a
   new boot id): a reboot is done when it happened, not when it was asked for.
+  The sentinel names the attempt (`gpuheal <key> <time>`) and the agent removes
+  its own once the boot id changed, or when an attempt it may have written it for
+  is answered failed: a sentinel that outlives its reboot (a path that is not a
+  tmpfs) would have the reboot daemon reboot the node again and again. A sentinel
+  someone else wrote (a package manager's) is never removed.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from gpuheal.xid import Action
 log = logging.getLogger(__name__)
 
 STARTED = "started"  # written before acting
+SENTINEL_MARK = "gpuheal "  # the first word of a sentinel this agent wrote
 REBOOTING = "rebooting"  # the reboot was asked for; answered once the boot id changes
 KEEP = 32  # attempts remembered (a node sees a handful in its life)
 
@@ -183,6 +189,53 @@ class Repairer:
         self.reset = reset
         self.nvml = nvml
         self.on_reset = on_reset  # the GPUs reset: their held Xid events are over
+        self._sweep_sentinel()
+
+    def _sweep_sentinel(self) -> None:
+        """At start: a sentinel of ours that no reboot of this boot waits for is left
+        over (the reboot happened, or its attempt was answered): remove it."""
+        pending = {
+            key
+            for key, a in self.log.attempts.items()
+            if a.outcome == REBOOTING and a.boot_id == self.boot_id
+        }
+        key = self._sentinel_key()
+        if key is not None and key not in pending:
+            self._clear_sentinel(key, "left over from an earlier boot or attempt")
+
+    def _sentinel_key(self) -> str | None:
+        """The attempt key of the sentinel on disk, if this agent wrote it."""
+        if self.config.repair_reboot_method != "sentinel":
+            return None
+        try:
+            first = self.config.repair_reboot_sentinel.read_text(errors="replace")[:512]
+        except OSError:
+            return None
+        if not first.startswith(SENTINEL_MARK):
+            return None
+        fields = first.split()
+        return fields[1] if len(fields) > 1 else ""
+
+    def _clear_sentinel(self, key: str, why: str) -> None:
+        """Remove the sentinel if it is this attempt's (a person's or a package
+        manager's stays)."""
+        if self._sentinel_key() != key:
+            return
+        path = self.config.repair_reboot_sentinel
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return
+        except OSError as err:
+            log.warning(
+                "reboot sentinel not removed",
+                extra={"node": self.node, "path": str(path), "error": str(err)},
+            )
+            return
+        log.info(
+            "reboot sentinel removed",
+            extra={"node": self.node, "path": str(path), "repair": key, "why": why},
+        )
 
     def answer(self, annotations: Mapping[str, str], report: Report | None) -> RepairResult | None:
         """The result to write for the Node's request now (None: nothing to write),
@@ -216,13 +269,16 @@ class Repairer:
     def _known(self, request: RepairRequest, known: Attempt) -> RepairResult | None:
         if known.outcome == STARTED:
             # The agent stopped while acting: what happened is unknown, and acting
-            # again could be a second reset or reboot. The controller decides.
+            # again could be a second reset or reboot. The controller decides; a
+            # sentinel written just before the stop must not reboot the node later.
+            self._clear_sentinel(request.key, "its attempt is answered failed")
             return self._finish(
                 request, Outcome.FAILED, "the agent restarted during the repair; not tried again"
             )
         if known.outcome == REBOOTING:
             if known.boot_id == self.boot_id:
                 return None  # not rebooted yet
+            self._clear_sentinel(request.key, "the node rebooted")
             return self._finish(
                 request, Outcome.DONE, f"rebooted (boot {known.boot_id[:8]} -> {self.boot_id[:8]})"
             )

@@ -414,6 +414,10 @@ class RepairConfig:
     window_seconds: float = setting(number(60, MAX_WINDOW_S), 86400.0)
     # A request with no result after this long counts as a failed attempt.
     result_timeout_seconds: float = setting(number(1, MAX_DELAY_S), 900.0)
+    # How often the node's reboot method acts on a request: kured looks for its
+    # sentinel every --period (1h by default). A reboot's result waits this much
+    # longer than resultTimeoutSeconds: a reboot answered late is not a failed one.
+    reboot_period_seconds: float = setting(number(0, MAX_DELAY_S), 3600.0)
     # A repair said done whose fault is still reported this long after: ineffective.
     settle_seconds: float = setting(number(0, MAX_DELAY_S), 300.0)
     # Fault reason -> reset-gpu | reboot | none, over the Xid catalogue's action.
@@ -428,6 +432,12 @@ class RepairConfig:
     @property
     def acts(self) -> bool:
         return self.enabled and self.mode == "act"
+
+    def result_timeout(self, action: str) -> float:
+        """How long a request of `action` waits for the agent's result."""
+        if action == "reboot":
+            return self.result_timeout_seconds + self.reboot_period_seconds
+        return self.result_timeout_seconds
 
     def approval_for(self, action: str) -> bool:
         return action in self.approval

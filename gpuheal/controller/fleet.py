@@ -41,7 +41,8 @@ class Fleet:
         self.held: set[str] = set()  # record names in phase Held
         # Nodes with a repair request their agent has not answered (the repair budget).
         # node -> the request's time.
-        self.repairing: dict[str, dt.datetime] = {}
+        # Node -> its request in flight: when it was asked for, and which repair.
+        self.repairing: dict[str, tuple[dt.datetime, str]] = {}
         # Driver versions per pool, for the health gate: node -> (pool, version),
         # and per pool the count of each version.
         self.driver_of: dict[str, tuple[str, str]] = {}
@@ -108,7 +109,8 @@ class Fleet:
             self.rolling.discard(new.name)
         request = in_flight(new.annotations)
         if request is not None:
-            self.repairing[new.name] = parse_time(request.time) or dt.datetime.now(dt.UTC)
+            asked = parse_time(request.time) or dt.datetime.now(dt.UTC)
+            self.repairing[new.name] = (asked, request.action.value)
         else:
             self.repairing.pop(new.name, None)
         version = driver_version(new.labels, new.annotations)
@@ -158,11 +160,14 @@ class Fleet:
         elif old is not None:
             self.held.discard(old.name)
 
-    def repairing_at(self, now: dt.datetime, timeout_s: float) -> frozenset[str]:
-        """Nodes with a repair in flight: requested, unanswered, and not past the
-        result timeout (a silent agent must not hold the budget for ever)."""
-        since = now - dt.timedelta(seconds=timeout_s)
-        return frozenset(n for n, at in self.repairing.items() if at >= since)
+    def repairing_at(self, now: dt.datetime, timeout_s: Callable[[str], float]) -> frozenset[str]:
+        """Nodes with a repair in flight: requested, unanswered, and not past its
+        action's result timeout (a silent agent must not hold the budget for ever)."""
+        return frozenset(
+            n
+            for n, (at, action) in self.repairing.items()
+            if at >= now - dt.timedelta(seconds=timeout_s(action))
+        )
 
     def records_of(self, node: str, records: Store[FaultRecord]) -> tuple[FaultRecord, ...]:
         """The node's records, as the cache holds them now."""

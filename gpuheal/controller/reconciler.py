@@ -160,7 +160,7 @@ class Reconciler:
             handled_lately=self.handled.of(node.name, time.monotonic()),
             validations={v.job: v for v in self.validations() if v.node == node.name},
             repairing=self.fleet.repairing_at(
-                dt.datetime.now(dt.UTC), self.config().repair.result_timeout_seconds
+                dt.datetime.now(dt.UTC), self.config().repair.result_timeout
             ),
         )
 

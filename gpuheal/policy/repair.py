@@ -311,12 +311,13 @@ def step(subject: Subject, config: Config, now: dt.datetime) -> RepairStep:  # n
         tag = _tag(request.action, request.attempt)
         if result is None:
             waited = (now - (parse_time(request.time) or now)).total_seconds()
-            left = cfg.result_timeout_seconds - waited
+            timeout = cfg.result_timeout(request.action.value)
+            left = timeout - waited
             if left > 0:
                 return _merge(done, RepairStep(requeue_after=left, suppressed="repairing"))
             timed_out = _entry(
                 now, FAILED_ACTION, "timed-out",
-                f"{tag}: no result from the agent within {cfg.result_timeout_seconds:g}s",
+                f"{tag}: no result from the agent within {timeout:g}s",
             )  # fmt: skip
             note = f"fault {record.fault_id}: {tag}: no result from the agent in time"
             if not _said(record, (FAILED_ACTION,), tag):
@@ -399,7 +400,7 @@ def _next(
                 f"fault {record.fault_id} ({record.reason}): {tag} requested: {what}",
             ),
         ),
-        requeue_after=cfg.result_timeout_seconds,
+        requeue_after=cfg.result_timeout(action.value),
     )
     return _merge(approved, asked)
 

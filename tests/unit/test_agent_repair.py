@@ -12,7 +12,15 @@ import yaml
 from gpuheal.agent.config import AgentConfig, parse_agent_config
 from gpuheal.agent.debounce import Report
 from gpuheal.agent.fakenvml import FakeNvml
-from gpuheal.agent.repair import Repairer, RepairFailedError, RepairLog, nvml_reset, smi_reset
+from gpuheal.agent.repair import (
+    STARTED,
+    Attempt,
+    Repairer,
+    RepairFailedError,
+    RepairLog,
+    nvml_reset,
+    smi_reset,
+)
 from gpuheal.config import ConfigError
 from gpuheal.model import REPAIR_REQUEST, REPAIR_RESULT, Severity
 from gpuheal.policy.repairwire import Outcome, RepairRequest, RepairResult, fault_digest
@@ -143,6 +151,66 @@ def test_a_reboot_is_answered_after_the_node_is_back(tmp_path: Path) -> None:
     result = node.agent(config).answer(asked(Action.REBOOT), None)
     assert result is not None and result.outcome is Outcome.DONE
     assert "boot-1 -> boot-2" in result.detail and not sentinel.exists()
+
+
+def sentinel_config(tmp_path: Path) -> AgentConfig:
+    # A sentinel on a path a reboot does not empty (not a tmpfs): only the agent's
+    # removal keeps the reboot daemon from rebooting the node again.
+    return AgentConfig(
+        repair_enabled=True,
+        repair_reboot_method="sentinel",
+        repair_reboot_sentinel=tmp_path / "persistent" / "reboot-required",
+    )
+
+
+def test_a_sentinel_that_outlives_its_reboot_is_removed_once_the_boot_id_changed(
+    tmp_path: Path,
+) -> None:
+    config = sentinel_config(tmp_path)
+    sentinel = config.repair_reboot_sentinel
+    node = Node(tmp_path)
+    assert node.agent(config).answer(asked(Action.REBOOT), report(node.gpu)) is None
+    written = sentinel.read_text()
+    assert node.agent(config).answer(asked(Action.REBOOT), report(node.gpu)) is None
+    assert sentinel.read_text() == written  # the same boot: kept for the daemon, not rewritten
+    node.boot = "boot-2"  # rebooted; the file survived
+    agent = node.agent(config)  # the agent's start sweeps it
+    assert not sentinel.exists()
+    result = agent.answer(asked(Action.REBOOT), None)
+    assert result is not None and result.outcome is Outcome.DONE
+    # Asked again before the result is on the Node: the same answer, nothing written,
+    # and the reboot daemon's next look finds nothing: no second reboot.
+    again = node.agent(config).answer(asked(Action.REBOOT), None)
+    assert again is not None and again.outcome is Outcome.DONE and again.time == result.time
+    assert not sentinel.exists()
+
+
+def test_a_sentinel_written_before_the_agent_died_is_removed_with_its_failed_answer(
+    tmp_path: Path,
+) -> None:
+    config = sentinel_config(tmp_path)
+    sentinel = config.repair_reboot_sentinel
+    node = Node(tmp_path)
+    agent = node.agent(config)
+    # The agent wrote STARTED and the sentinel, then died before it wrote REBOOTING.
+    agent.log.put(f"{fault_digest(FAULT)}/1", Attempt("reboot", STARTED, AT, "", node.boot))
+    sentinel.parent.mkdir(parents=True)
+    sentinel.write_text(f"gpuheal {fault_digest(FAULT)}/1 {AT}\n")
+    result = node.agent(config).answer(asked(Action.REBOOT), report(node.gpu))
+    assert result is not None and result.outcome is Outcome.FAILED
+    assert not sentinel.exists()  # a failed attempt must not reboot the node later
+
+
+def test_a_sentinel_someone_else_wrote_is_never_removed(tmp_path: Path) -> None:
+    config = sentinel_config(tmp_path)
+    sentinel = config.repair_reboot_sentinel
+    sentinel.parent.mkdir(parents=True)
+    sentinel.write_text("*** System restart required ***\n")  # update-notifier's
+    node = Node(tmp_path)
+    node.agent(config)
+    node.boot = "boot-2"
+    node.agent(config)
+    assert sentinel.read_text() == "*** System restart required ***\n"
 
 
 def test_an_agent_killed_while_acting_answers_failed_and_does_not_act_again(

@@ -257,6 +257,25 @@ def test_no_result_within_the_timeout_is_a_failed_attempt() -> None:
     assert decode_request(requests(p)[0].value).attempt == 2  # type: ignore[union-attr]
 
 
+def test_a_reboot_waits_for_its_result_as_long_as_the_reboot_daemon_takes_to_look() -> None:
+    """kured looks for its sentinel every hour: a reboot answered 40 minutes later is
+    in time; one unanswered past the period and the result timeout has failed."""
+    cfg = CONFIG.repair
+    period = cfg.reboot_period_seconds
+    assert period == 3600 and cfg.result_timeout("reboot") == cfg.result_timeout_seconds + period
+    for waited, failed in ((2400, False), (cfg.result_timeout_seconds + period + 5, True)):
+        asked_at = NOW - dt.timedelta(seconds=waited)
+        on_node = node("XidCritical79", **{REPAIR_REQUEST: asked(Action.REBOOT, 1, asked_at)})
+        recorded = drained(
+            entry(REQUESTED_ACTION, "reboot attempt 1: x", "waiting", asked_at),
+            reason="XidCritical79",
+        )
+        p = plan(state(on_node, recorded), CONFIG, NOW)
+        assert bool(entries(p, FAILED_ACTION)) is failed, waited
+        if not failed:
+            assert p.requeue_after == pytest.approx(cfg.result_timeout("reboot") - waited)
+
+
 def test_xid_79_is_repaired_by_a_reboot() -> None:
     p = plan(state(node("XidCritical79"), drained(reason="XidCritical79")), CONFIG, NOW)
     (request,) = requests(p)
