@@ -68,6 +68,11 @@ APPROVED_EVENT = "GPUFaultApproved"
 REJECTED_EVENT = "GPUFaultRejected"
 APPROVAL_EXPIRED = "GPUFaultApprovalExpired"
 CHECKPOINT_ASKED = "GPUPodCheckpointRequested"
+RESTORED = "GPUFaultRestored"
+
+# The record made again for gpuheal's taint on a node whose open record was deleted.
+RESTORED_REASON = "RecordRestored"
+RESTORED_SOURCE = "gpuheal"
 
 # Record entries of approval mode.
 AWAIT_ACTION = "awaiting-approval"
@@ -1084,7 +1089,42 @@ def _evict_or_delete(
     return Evict(pod, fault.signal.fault_id)
 
 
+def _restore(state: NodeState, config: Config) -> Plan | None:
+    """gpuheal's taint on a node without an open record: a person deleted the record
+    (the fault's lock and its history) while the node was quarantined. Nothing would
+    ever lift the taint, so the record is made again, Quarantined, and the node
+    returns the way every quarantined node does (the recovery window, the health
+    gate); never an orphaned taint, never one lifted unchecked."""
+    node = state.node
+    taint = node.taint()
+    if taint is None or any(r.open for r in state.records):
+        return None
+    fault_id = node.annotations.get(HANDLED_FAULT_ID) or taint.value
+    names = {r.name for r in state.records}
+    # Under its own name, or beside a closed record of that name (whose Resolved came
+    # without the taint's removal); a restored one closed too: the taint is a person's.
+    candidates = (fault_id, f"{fault_id}-restored") if fault_id else ()
+    chosen = next(
+        ((f, n) for f in candidates if (n := fault_record_name(node.name, f)) not in names),
+        None,
+    )
+    if chosen is None:
+        return None
+    fault_id, name = chosen
+    signal = FaultSignal(node.name, fault_id, RESTORED_REASON, RESTORED_SOURCE, Severity.P0)
+    note = (
+        f"gpuheal's taint is on the node but no open GPUFault record: fault {fault_id}'s "
+        "record was deleted; restored, the node returns through the recovery window and "
+        "the health gate"
+    )
+    create = CreateRecord(name, signal, Phase.QUARANTINED, config.mode_for(RESTORED_REASON))
+    return Plan(record=(create, Emit(RESTORED, note, node.name, name, warning=True)))
+
+
 def _recover(state: NodeState, config: Config, now: dt.datetime) -> Plan:
+    restored = _restore(state, config)
+    if restored is not None:
+        return restored
     node = state.node
     actions: list[Action] = []
     requeue: float | None = None

@@ -12,6 +12,7 @@ from lightkube.resources.core_v1 import Node
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
 
+from gpuheal.sim import ControlPlane, audit
 from gpuheal.sim.resources import GPUFault
 from gpuheal.sim.workloads import (
     apply,
@@ -19,6 +20,7 @@ from gpuheal.sim.workloads import (
     gpu_pod,
     wait_pods_running,
 )
+from tests.conftest import AUDITED_CONTROLLER
 from tests.helpers import FakeNodes, wait_for
 from tests.integration.conftest import (
     StartController,
@@ -152,6 +154,43 @@ def test_recovery_after_the_window_and_a_manual_untaint_is_respected(
     # Our state label went with the taint: selectors no longer count the node.
     labels = kube.get(Node, overridden).metadata.labels or {}  # type: ignore[union-attr]
     assert labels.get("gpuheal.io/state") is None, labels
+
+
+def test_a_record_a_person_deletes_while_quarantined_is_restored_and_the_node_returns(
+    kube: Client,
+    control_plane: ControlPlane,
+    pool: dict[str, str],
+    fake_gpu_nodes: FakeNodes,
+    start_controller: StartController,
+    audited_controller_user: str,
+) -> None:
+    (node,) = fake_gpu_nodes(1, labels=pool)
+    config = controller_config(pool, recoveryWindowSeconds=2)
+    start_controller(config, user=audited_controller_user).wait_leading()
+    report_fault(kube, node, "f-deleted")
+    wait_for("quarantined and handled", lambda: our_taint(kube, node) and handled_fault(kube, node))
+    (record,) = faults_of(kube, node)
+    since = audit.offset(control_plane.audit_log)
+    kube.delete(GPUFault, record.metadata.name)  # by hand, the fault still reported
+    clear_fault(kube, node)
+    started = time.monotonic()
+    wait_for("the node returned", lambda: our_taint(kube, node) is None, timeout_s=30)
+    assert time.monotonic() - started >= 1.5  # through the recovery window, not at once
+    wait_for("Resolved", lambda: [phase(r) for r in faults_of(kube, node)] == ["Resolved"])
+    (restored,) = faults_of(kube, node)
+    assert restored.metadata.name == record.metadata.name  # the fault's own name again
+    assert restored.spec["reason"] == "RecordRestored"
+    assert [a["action"] for a in restored.status["actions"]][-1] == "untaint"
+    (told,) = events_for(kube, node, "GPUFaultRestored")
+    assert told.type == "Warning" and "f-deleted" in str(told.message)
+    found = list(audit.requests(control_plane.audit_log, user=AUDITED_CONTROLLER, since=since))
+    writes = audit.by_verb_and_resource(
+        iter(r for r in found if r.verb in ("create", "patch", "update", "delete"))
+    )
+    print(writes)
+    assert writes.get("create gpufaults") == 1, writes  # restored once
+    time.sleep(2)
+    assert len(faults_of(kube, node)) == 1 and our_taint(kube, node) is None
 
 
 def test_a_fault_on_a_gpu_node_outside_the_selector_is_said_once(

@@ -288,6 +288,29 @@ def test_recovery_waits_for_the_window_then_untaints_and_resolves() -> None:
     assert isinstance(done.actions[0], RemoveTaint)
 
 
+def test_our_taint_without_an_open_record_restores_the_record_never_lifts_it_unchecked() -> None:
+    """A person deleted the open record: the record is made again (Quarantined), so
+    the node goes through the recovery window and the gate like any other."""
+    node = tainted(healthy(**{HANDLED_FAULT_ID: F1}))
+    restored = plan(NodeState(node), CONFIG, NOW)
+    assert kinds(restored) == ["CreateRecord", "Emit"]
+    create = restored.actions[0]
+    assert isinstance(create, CreateRecord) and create.phase is Phase.QUARANTINED
+    assert create.name == fault_record_name(N1, F1) and create.signal.reason == "RecordRestored"
+    # A closed record already has the name (its Resolved came without the untaint).
+    beside = plan(NodeState(node, records=(record(Phase.RESOLVED),)), CONFIG, NOW)
+    (again,) = [a for a in beside.actions if isinstance(a, CreateRecord)]
+    assert again.name == fault_record_name(N1, f"{F1}-restored")
+    # Both closed: the taint is a person's; the plan leaves it (doctor names it).
+    closed = (record(Phase.RESOLVED), record(Phase.RESOLVED, fault_id=f"{F1}-restored"))
+    assert plan(NodeState(node, records=closed), CONFIG, NOW).actions == ()
+    # An open record, or no taint: nothing to restore.
+    assert kinds(plan(NodeState(healthy()), CONFIG, NOW)) == []
+    assert "CreateRecord" not in kinds(
+        plan(NodeState(node, records=(record(Phase.DRAINED),)), CONFIG, NOW)
+    )
+
+
 def test_no_recovery_starts_for_a_fault_whose_source_has_not_looked_since_the_start() -> None:
     """A restarted controller holds no DCGM signal until its first poll: that silence
     is no news, and the node must not be released on it."""
