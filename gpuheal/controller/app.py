@@ -53,7 +53,7 @@ from gpuheal.kube.rollouts import RolloutJson, RolloutState, state_of
 from gpuheal.kube.validation import ValidationPodJson, validation_pod
 from gpuheal.kube.workqueue import WorkQueue
 from gpuheal.metrics.controller import ControllerMetrics
-from gpuheal.model import CANARY_LABEL, CanaryView, FaultRecord, NodeView, PodView
+from gpuheal.model import CANARY_LABEL, GPUFAULT_GROUP, CanaryView, FaultRecord, NodeView, PodView
 from gpuheal.policy.validation import VALIDATION_LABEL, ValidationPod
 from gpuheal.sources import dcgm
 from gpuheal.sources.dcgm import Query
@@ -105,9 +105,12 @@ class Controller:
             "gpufaults", gpufault_path(), FaultJson, fault_record, lambda r: r.name
         )
         # Roll-outs (`gpuheal rollout`), for the recovery gate's driver rule.
+        # Optional: a chart upgrade does not install new CRDs (Helm leaves crds/ alone),
+        # and a cluster without this one must still handle faults (unready_reasons).
         self.rollouts: Informer[RolloutJson, RolloutState] = self._informer(
-            "gpurollouts", gpurollout_path(), RolloutJson, state_of, lambda r: r.name
-        )
+            "gpurollouts", gpurollout_path(), RolloutJson, state_of, lambda r: r.name,
+            optional=True,
+        )  # fmt: skip
         # Our canary pods, finished ones included (the pod informer drops those).
         self.canaries: Informer[PodJson, CanaryView] = self._informer(
             "canaries",
@@ -268,6 +271,7 @@ class Controller:
         field_selector: str = "",
         label_selector: str = "",
         key_of: Callable[[str, str], str] = default_key_of,
+        optional: bool = False,
     ) -> Informer[J, V]:
         """One of the controller's caches: its decode errors counted under its name,
         its watches as configured."""
@@ -284,6 +288,7 @@ class Controller:
             on_decode_error=self._decode_error_counter(name),
             watch_timeout_s=self.config.watch_timeout_seconds,
             inactivity_s=self.config.watch_inactivity_seconds,
+            optional=optional,
         )
 
     @property
@@ -307,6 +312,13 @@ class Controller:
         waiting = [i.name for i in self._informers if not i.synced.is_set()]
         if waiting:
             reasons.append(f"caches not synced: {', '.join(waiting)}")
+        # Said, not unready: faults are handled without it.
+        reasons += [
+            f"{i.name}.{GPUFAULT_GROUP} is not served (its CRD is not installed: "
+            "kubectl apply -f the chart's crds/): the features that need it are off"
+            for i in self._informers
+            if i.missing
+        ]
         if self.elector is not None and self.elector.problem:
             reasons.append(self.elector.problem)
         # Said, never a reason to be unready: an optional counter left out of

@@ -127,8 +127,16 @@ class Informer(Generic[J, V]):
         inactivity_s: float = 90.0,
         key_of: Callable[[str, str], str] = default_key_of,
         on_decode_error: Callable[[], None] = lambda: None,
+        optional: bool = False,
+        missing_retry_s: float = 30.0,
     ) -> None:
         self.api = api
+        # An optional resource the API server may not serve (a CRD a chart upgrade did
+        # not install): its absence is an empty cache, synced, and looked for again
+        # every `missing_retry_s`, not a failure that holds readiness.
+        self.optional = optional
+        self.missing_retry_s = missing_retry_s
+        self.missing = False
         self.path = path
         self.name = name
         self._json_type = json_type
@@ -212,13 +220,36 @@ class Informer(Generic[J, V]):
                     pass
             except asyncio.CancelledError:
                 raise
+            except ApiError as err:
+                if not (self.optional and err.code == 404):
+                    await self._failed(err, backoff)
+                    backoff = min(backoff * 2, 30.0)
+                    continue
+                self._not_served()
+                await asyncio.sleep(self.missing_retry_s)
             except Exception as err:
-                log.warning(
-                    "informer failed, relisting",
-                    extra={"informer": self.name, "error": str(err)},
-                )
-                await asyncio.sleep(backoff + random.uniform(0, backoff))  # noqa: S311
+                await self._failed(err, backoff)
                 backoff = min(backoff * 2, 30.0)
+
+    async def _failed(self, err: Exception, backoff: float) -> None:
+        log.warning(
+            "informer failed, relisting",
+            extra={"informer": self.name, "error": str(err)},
+        )
+        await asyncio.sleep(backoff + random.uniform(0, backoff))  # noqa: S311
+
+    def _not_served(self) -> None:
+        """The optional resource is not served: said once per absence, the cache emptied
+        (a CRD deleted meanwhile takes its objects with it), and synced."""
+        if not self.missing:
+            log.warning(
+                "resource not served: the features that need it are off until it is",
+                extra={"informer": self.name, "path": self.path},
+            )
+        self.missing = True
+        for key in list(self.store):
+            self._apply(key, None, self.resource_version)
+        self.synced.set()
 
     async def _list(self) -> None:
         seen: dict[str, tuple[Any, str]] = {}
@@ -238,6 +269,9 @@ class Informer(Generic[J, V]):
             if self._versions.get(key) != rv:
                 self._apply(key, view, rv)
         self.relists += 1
+        if self.missing:
+            self.missing = False
+            log.info("resource served again", extra={"informer": self.name, "path": self.path})
         self.synced.set()
 
     def _take_page(

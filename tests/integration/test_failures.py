@@ -23,19 +23,20 @@ from lightkube.resources.admissionregistration_v1 import (
     ValidatingAdmissionPolicy,
     ValidatingAdmissionPolicyBinding,
 )
+from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.core_v1 import Namespace, Node
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
 
 from gpuheal.model import TAINT_KEY
 from gpuheal.sim import ControlPlane, audit
-from gpuheal.sim.controller import ControllerProcess
+from gpuheal.sim.controller import ControllerProcess, install_crds
 from gpuheal.sim.monitoring import Monitoring
 from gpuheal.sim.nodes import create_gpu_nodes, delete_nodes, wait_nodes_ready
 from gpuheal.sim.resources import GPUFault
 from gpuheal.sim.workloads import apply, create_namespace
 from tests.conftest import AUDITED_CONTROLLER
 from tests.corpus import unique_eks_node
-from tests.helpers import unique, wait_for
+from tests.helpers import FakeNodes, unique, wait_for
 from tests.integration.chart import render
 from tests.integration.conftest import (
     StartController,
@@ -330,3 +331,48 @@ def test_no_rbac_on_leases_is_told_and_leading_starts_once_granted(
     grant(LEASES)
     controller.wait_leading()
     assert readyz(controller)["reasons"] == []
+
+
+def test_without_the_gpurollout_crd_faults_are_handled_and_readyz_names_it(
+    kube: Client,
+    pool: dict[str, str],
+    fake_gpu_nodes: FakeNodes,
+    start_controller: StartController,
+) -> None:
+    """What `helm upgrade` from a chart before roll-outs leaves (Helm installs no new
+    CRD on upgrade): the controller is ready, handles faults, and says what is off."""
+    (node,) = fake_gpu_nodes(1, labels=pool)
+    crd = "gpurollouts.gpuheal.io"
+    kube.delete(CustomResourceDefinition, crd)
+    wait_for("the CRD gone", lambda: not _served(kube, crd), timeout_s=60)
+    try:
+        controller = start_controller(controller_config(pool))
+        body = wait_for("ready", lambda: (b := readyz(controller))["ready"] and b, timeout_s=30)
+        (reason,) = [r for r in body["reasons"] if "gpurollouts" in r]
+        assert "not served" in reason and "crds/" in reason, body
+        report_fault(kube, node, "f-no-rollouts")
+        wait_for("quarantined without roll-outs", lambda: our_taint(kube, node))
+        time.sleep(2)
+        said = [e for e in log_lines(controller) if e.get("informer") == "gpurollouts"]
+        assert [e["msg"] for e in said] == [
+            "resource not served: the features that need it are off until it is"
+        ], said  # once, not a relist storm
+        install_crds(kube)
+        wait_for(
+            "the reason gone once it is served",
+            lambda: not [r for r in readyz(controller)["reasons"] if "gpurollouts" in r],
+            timeout_s=60,
+        )
+        assert "resource served again" in [e["msg"] for e in log_lines(controller)]
+    finally:
+        install_crds(kube)
+
+
+def _served(kube: Client, crd: str) -> bool:
+    try:
+        kube.get(CustomResourceDefinition, crd)
+    except ApiError as err:
+        if err.status.code == 404:
+            return False
+        raise
+    return True
