@@ -281,6 +281,7 @@ class Monitoring:
         webhook_url: str,
         token_file: Path,
         repeat_interval: str = "3s",
+        job: str = "dcgm",
     ) -> None:
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
@@ -316,7 +317,8 @@ class Monitoring:
             "alerting": {
                 "alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{self.am_port}"]}]}]
             },
-            "scrape_configs": [{"job_name": "dcgm", "static_configs": [{"targets": targets}]}],
+            # The job's name: the chart's monitors set gpuheal-agent and gpuheal-controller.
+            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": targets}]}],
         }
         (workdir / "prometheus.yml").write_text(yaml.safe_dump(prom_config))
         self.alertmanager = Component(

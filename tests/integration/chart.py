@@ -4,7 +4,9 @@ tokens for its ServiceAccounts with TokenRequest, and talk as them."""
 
 from __future__ import annotations
 
+import json
 import subprocess
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -120,3 +122,23 @@ def bind(kube: Client, role: str, account: str, namespace: str) -> str:
         )
     )
     return name
+
+
+def alert_rules(control_plane: ControlPlane, group: str, for_: str = "2s") -> list[dict[str, Any]]:
+    """The chart's alert rules of one group as they render with monitoring on, each
+    rule's `for` made `for_` (its expression as is), for a real Prometheus."""
+    full = Path(__file__).parent / "data" / "values-full.yaml"
+    rendered = render(control_plane, "gh", "gpuheal-system", full)
+    groups = next(o for o in rendered if o["kind"] == "PrometheusRule")["spec"]["groups"]
+    return [{**r, "for": for_} for g in groups if g["name"] == group for r in g["rules"]]
+
+
+def firing(prometheus_url: str) -> set[tuple[str, str]]:
+    """(alertname, the reason label or "") of every alert firing now."""
+    with urllib.request.urlopen(f"{prometheus_url}/api/v1/alerts", timeout=5) as response:  # noqa: S310
+        alerts = json.load(response)["data"]["alerts"]
+    return {
+        (a["labels"]["alertname"], a["labels"].get("reason", ""))
+        for a in alerts
+        if a["state"] == "firing"
+    }

@@ -24,7 +24,7 @@ from gpuheal.sim import ControlPlane
 from gpuheal.sim.agent import AgentProcess
 from gpuheal.sim.monitoring import Monitoring
 from tests.helpers import FakeNodes, wait_for
-from tests.integration.chart import render
+from tests.integration.chart import alert_rules, firing
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -132,36 +132,22 @@ def test_no_nvml_and_no_kernel_log_say_why_within_one_interval_and_alert(
     assert listed[node]["problems"] == [access.NVML_LIBRARY_NOT_FOUND, access.KERNEL_LOG_UNREADABLE]
 
     # The chart's rules as they render, `for` made seconds, in real Prometheus.
-    rendered = render(
-        control_plane, "gh", "gpuheal-system", Path(__file__).parent / "data" / "values-full.yaml"
-    )
-    groups = next(o for o in rendered if o["kind"] == "PrometheusRule")["spec"]["groups"]
-    rules = [{**r, "for": "2s"} for g in groups if g["name"] == "gpuheal-agent" for r in g["rules"]]
-    assert {r["alert"] for r in rules} == {
-        "GPUHealAgentCannotSeeGPUs",
-        "GPUHealAgentKernelLogUnreadable",
-    }
+    rules = alert_rules(control_plane, "gpuheal-agent")
     token = tmp_path / "token"
     token.write_text("unused\n")
     monitoring = Monitoring(
         tmp_path / "monitoring", targets=[f"127.0.0.1:{agent.port}"], rules=rules,
-        webhook_url="http://127.0.0.1:9/unused", token_file=token,
+        webhook_url="http://127.0.0.1:9/unused", token_file=token, job="gpuheal-agent",
     ).start()  # fmt: skip
 
-    def firing() -> set[tuple[str, str]]:
-        with urllib.request.urlopen(f"{monitoring.prometheus_url}/api/v1/alerts", timeout=5) as r:  # noqa: S310
-            alerts = json.load(r)["data"]["alerts"]
-        return {
-            (a["labels"]["alertname"], a["labels"]["reason"])
-            for a in alerts
-            if a["state"] == "firing"
-        }
+    def firing_now() -> set[tuple[str, str]]:
+        return firing(monitoring.prometheus_url)
 
     try:
         wait_for(
             "both alerts firing",
             lambda: (
-                firing()
+                firing_now()
                 == {
                     ("GPUHealAgentCannotSeeGPUs", "NvmlLibraryNotFound"),
                     ("GPUHealAgentKernelLogUnreadable", "KernelLogUnreadable"),
@@ -182,7 +168,7 @@ def test_no_nvml_and_no_kernel_log_say_why_within_one_interval_and_alert(
         )
         wait_for(
             "only the kernel log's alert",
-            lambda: firing() == {("GPUHealAgentKernelLogUnreadable", "KernelLogUnreadable")},
+            lambda: firing_now() == {("GPUHealAgentKernelLogUnreadable", "KernelLogUnreadable")},
             timeout_s=60,
         )
     finally:
@@ -234,3 +220,43 @@ def test_a_healthy_agent_says_what_it_reaches(
     assert doctor(control_plane, capsys, node)["agent-access"] == "ok"
     assert node not in {a["node"] for a in status(control_plane, capsys)["agentAccess"]}
     assert "gpuheal_agent_nvml_up 1.0" in scrape(agent)
+
+
+def test_the_agent_alerts_stay_silent_on_a_healthy_agent_and_one_fires_when_it_dies(
+    kube: Client,
+    control_plane: ControlPlane,
+    fake_gpu_nodes: FakeNodes,
+    agents: Callable[..., AgentProcess],
+    tmp_path: Path,
+) -> None:
+    (node,) = fake_gpu_nodes(1)
+    agent = agents(node).start()
+    wait_for("healthy", lambda: gpu_healthy(kube, node)[:2] == ("True", "GPUsHealthy"))
+    rules = alert_rules(control_plane, "gpuheal-agent")
+    assert {r["alert"] for r in rules} >= {"GPUHealAgentDown", "GPUHealAgentStuck"}
+    token = tmp_path / "token"
+    token.write_text("unused\n")
+    monitoring = Monitoring(
+        tmp_path / "monitoring", targets=[f"127.0.0.1:{agent.port}"], rules=rules,
+        webhook_url="http://127.0.0.1:9/unused", token_file=token, job="gpuheal-agent",
+    ).start()  # fmt: skip
+    try:
+
+        def evaluated() -> bool:
+            url = f"{monitoring.prometheus_url}/api/v1/rules?type=alert"
+            with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310
+                groups = json.load(response)["data"]["groups"]
+            states = [r["state"] for g in groups for r in g["rules"]]
+            return len(states) == len(rules) and all(s == "inactive" for s in states)
+
+        wait_for("every rule evaluated", evaluated, timeout_s=30)
+        time.sleep(8)  # longer than `for`, and scraped meanwhile
+        assert firing(monitoring.prometheus_url) == set()  # a healthy agent pages nobody
+        agent.kill()
+        wait_for(
+            "GPUHealAgentDown",
+            lambda: ("GPUHealAgentDown", "") in firing(monitoring.prometheus_url),
+            timeout_s=60,
+        )
+    finally:
+        monitoring.stop()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -37,7 +38,7 @@ from gpuheal.sim.workloads import apply, create_namespace
 from tests.conftest import AUDITED_CONTROLLER
 from tests.corpus import unique_eks_node
 from tests.helpers import FakeNodes, unique, wait_for
-from tests.integration.chart import render
+from tests.integration.chart import alert_rules, firing, render
 from tests.integration.conftest import (
     StartController,
     controller_config,
@@ -376,3 +377,44 @@ def _served(kube: Client, crd: str) -> bool:
             return False
         raise
     return True
+
+
+def test_the_no_leader_alert_fires_when_every_replica_is_gone(
+    control_plane: ControlPlane,
+    pool: dict[str, str],
+    tmp_path: Path,
+    start_controller: StartController,
+) -> None:
+    """No replica, no series: `sum(gpuheal_leader) == 0` alone never fires then."""
+    controller = start_controller(controller_config(pool)).wait_leading()
+    rules = [
+        r for r in alert_rules(control_plane, "gpuheal-self") if r["alert"] == "GPUHealNoLeader"
+    ]
+    token = tmp_path / "token"
+    token.write_text("unused\n")
+    monitoring = Monitoring(
+        tmp_path / "monitoring", targets=[f"127.0.0.1:{controller.port}"], rules=rules,
+        webhook_url="http://127.0.0.1:9/unused", token_file=token, job="gpuheal-controller",
+    ).start()  # fmt: skip
+    try:
+        wait_for(
+            "scraped",
+            lambda: _query(monitoring.prometheus_url, 'gpuheal_leader{job="gpuheal-controller"}'),
+            timeout_s=30,
+        )
+        time.sleep(5)  # longer than `for`
+        assert firing(monitoring.prometheus_url) == set()  # one replica leads
+        controller.stop()
+        wait_for(
+            "GPUHealNoLeader",
+            lambda: ("GPUHealNoLeader", "") in firing(monitoring.prometheus_url),
+            timeout_s=60,
+        )
+    finally:
+        monitoring.stop()
+
+
+def _query(prometheus_url: str, expr: str) -> list[Any]:
+    url = f"{prometheus_url}/api/v1/query?query={urllib.parse.quote(expr)}"
+    with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310
+        return list(json.load(response)["data"]["result"])

@@ -84,7 +84,20 @@ def test_the_chart_renders_for_the_default_and_other_values(control_plane: Contr
     minimal = kinds(render(control_plane, "gh", "ops", DATA / "values-minimal.yaml"))
     assert "DaemonSet" not in minimal and "Secret" not in minimal
     full = render(control_plane, "gh", "ops", DATA / "values-full.yaml")
-    assert {"ServiceMonitor", "PrometheusRule"} <= set(kinds(full))
+    assert {"ServiceMonitor", "PodMonitor", "PrometheusRule"} <= set(kinds(full))
+    # Every program is scraped under the job name its rules select.
+    jobs = {
+        o["kind"]: {r["replacement"] for e in o["spec"].get("endpoints", [])
+                    + o["spec"].get("podMetricsEndpoints", [])
+                    for r in e["relabelings"] if r["targetLabel"] == "job"}
+        for o in full if o["kind"] in ("ServiceMonitor", "PodMonitor")
+    }  # fmt: skip
+    assert jobs == {"ServiceMonitor": {"gpuheal-controller"}, "PodMonitor": {"gpuheal-agent"}}
+    exprs = " ".join(
+        r["expr"] for o in full if o["kind"] == "PrometheusRule"
+        for g in o["spec"]["groups"] for r in g["rules"]
+    )  # fmt: skip
+    assert set(re.findall(r'job="([^"]+)"', exprs)) == {"gpuheal-controller", "gpuheal-agent"}
     role = next(
         o for o in full if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "gh-controller"
     )
