@@ -23,8 +23,8 @@ its client address, so nobody without the token can exhaust the budget of a
 sender that has it (behind SNAT, every client shares an address). Bodies are
 capped (413), malformed input gets 400 with a precise message, and nothing a
 request says can make the controller act on a node outside its node selector.
-Only the leader takes signals: a standby answers 503 so the sender retries
-(Alertmanager does).
+Only the leader acts: a standby passes the writes on to it (api/forward.py), and
+answers 503 when it cannot, so the sender retries (Alertmanager does).
 """
 
 from __future__ import annotations
@@ -42,7 +42,9 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
+from gpuheal.api import forward
 from gpuheal.api.console.routes import Console, ConsoleIntake
+from gpuheal.api.forward import Forwarder
 from gpuheal.api.token import ApiTokens
 from gpuheal.model import APPROVED, REJECTED, FaultSignal
 from gpuheal.policy.ratelimit import TokenBucket
@@ -187,8 +189,13 @@ class Api:
         tokens: ApiTokens,
         view_tokens: ApiTokens | None = None,
         reasons: Callable[[], list[str]] = list,
+        leader_address: Callable[[], str] = str,
+        identity: str = "",
     ) -> None:
         self.intake = intake
+        # A standby passes the leader's work on to it (api/forward.py).
+        self.leader_address = leader_address
+        self.forwarder = Forwarder(identity)
         # For /readyz: why not ready, or ready but unable to lead or to see (the DCGM source).
         self.reasons = reasons
         self.settings = settings
@@ -253,6 +260,10 @@ class Api:
                 )
             if identity is None and not self._open(request):
                 return _problem(401, "unauthorized", **{"WWW-Authenticate": "Bearer"})
+        if forward.wanted(request) and not self.intake.leading():
+            leader = self.leader_address()
+            if leader:
+                return await self.forwarder.forward(request, leader)
         try:
             return await handler(request)
         except web.HTTPRequestEntityTooLarge:

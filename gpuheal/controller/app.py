@@ -78,6 +78,17 @@ def default_identity() -> str:
     return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
 
 
+def advertised_address(listen_port: int) -> str:
+    """Where the other replicas reach this one's API (on the Lease while it leads):
+    the pod's IP from the downward API (POD_IP) and the port it listens on; "" when
+    not known (then a standby answers 503 for what only the leader does)."""
+    ip = os.environ.get("POD_IP", "")
+    if not ip or not listen_port:
+        return ""
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"http://{host}:{listen_port}"
+
+
 class Controller:
     def __init__(self, config: Config, api: KubeApi, identity: str) -> None:
         self.config = config
@@ -374,6 +385,8 @@ class Controller:
             tokens=self.api_tokens,
             view_tokens=self.view_tokens,
             reasons=self.unready_reasons,
+            leader_address=lambda: self.elector.leader_address if self.elector else "",
+            identity=self.identity,
         )
         return self._http
 
@@ -482,6 +495,8 @@ class Controller:
             for i in (*self._informers, self.events)
         ]
         election: asyncio.Task[None] | None = None
+        if self.elector is not None:
+            self.elector.address = advertised_address(options.listen_port)
         try:
             await self._wait_synced(stop)
             if not stop.is_set():
@@ -508,6 +523,8 @@ class Controller:
                 task.cancel()
             await self.notifier.stop()
             await self.recorder.flush()
+            if self._http is not None:
+                await self._http.forwarder.close()
             await runner.cleanup()
 
     async def _wait_synced(self, stop: asyncio.Event) -> None:

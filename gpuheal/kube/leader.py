@@ -34,6 +34,11 @@ def _micro_time(moment: dt.datetime) -> str:
     return iso(moment, "microseconds")
 
 
+# Where the holder serves its API (http://<pod IP>:<port>), on the Lease: a standby
+# forwards what only the leader may do there (api/forward.py).
+ADDRESS_ANNOTATION = "gpuheal.io/leader-address"
+
+
 class LeaderElector:
     def __init__(
         self,
@@ -70,6 +75,10 @@ class LeaderElector:
         self._counted = counted  # told the reason of every failed lease request
         self._streaks = Streaks(repeat_s)
         self.problem: str | None = None  # why the lease cannot be used, while it cannot
+        # This replica's API address, written on the Lease while it leads ("": none).
+        self.address = ""
+        # The current holder's, as its Lease says (""; unknown, expired, or us).
+        self.leader_address = ""
 
     @property
     def lease(self) -> str:
@@ -133,9 +142,18 @@ class LeaderElector:
         if observed != self._observed:
             self._observed, self._observed_at = observed, mono
         duration = float(spec.get("leaseDurationSeconds") or self.lease_s)
+        annotations = lease.setdefault("metadata", {}).setdefault("annotations", {}) or {}
         if holder and holder != self.identity and mono - self._observed_at < duration:
+            self.leader_address = str(annotations.get(ADDRESS_ANNOTATION) or "")
             self._working()  # read fine; someone else leads
             return False
+        self.leader_address = ""
+        # Ours, or none: a former holder's address must not outlive its term.
+        if self.address:
+            annotations[ADDRESS_ANNOTATION] = self.address
+        else:
+            annotations.pop(ADDRESS_ANNOTATION, None)
+        lease["metadata"]["annotations"] = annotations
         if holder != self.identity:
             spec["acquireTime"] = _micro_time(now)
             spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
@@ -151,7 +169,11 @@ class LeaderElector:
         body = {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
-            "metadata": {"name": self.name, "namespace": self.namespace},
+            "metadata": {
+                "name": self.name,
+                "namespace": self.namespace,
+                **({"annotations": {ADDRESS_ANNOTATION: self.address}} if self.address else {}),
+            },
             "spec": {
                 "holderIdentity": self.identity,
                 "leaseDurationSeconds": int(self.lease_s),

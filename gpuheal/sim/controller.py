@@ -88,7 +88,9 @@ class ControllerProcess:
         self.port = free_port()
         self.config_path = workdir / f"config-{identity}.yaml"
         self.config_path.write_text(yaml.safe_dump(dict(config)))
-        self.env = dict(env or {})
+        # A pod's IP, as the chart's downward API gives it: the leader's address on the
+        # Lease, where a standby forwards what only the leader does.
+        self.env = {"POD_IP": "127.0.0.1", **(env or {})}
         if code is not None:
             self.env["PYTHONPATH"] = str(code)
         argv = [

@@ -31,6 +31,7 @@ from tests.integration.conftest import (
     pods_on,
     report_fault,
 )
+from tests.integration.test_controller_resilience import one_leader
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -201,3 +202,40 @@ def test_an_approval_for_a_fault_that_cleared_meanwhile_does_nothing(
     assert "approval" not in status_of(kube, name)
     assert our_taint(kube, node) is None
     assert pods_on(kube, namespace, node) == {"trainer-0"}
+
+
+def test_an_approval_sent_to_the_standby_is_the_leaders_once(
+    kube: Client,
+    namespace: str,
+    pool: dict[str, str],
+    tmp_path: Path,
+    fake_gpu_nodes: FakeNodes,
+    start_controller: StartController,
+) -> None:
+    (node,) = fake_gpu_nodes(1, labels=pool)
+    apply(kube, gpu_pod("trainer-0", namespace, node_name=node))
+    wait_pods_running(kube, namespace, count=1)
+    config = approving(pool, tmp_path, 600)
+    group = [start_controller(config, identity=f"replica-{i}") for i in range(2)]
+    (leader,) = wait_for("one leader", lambda: one_leader(group))
+    (standby,) = [r for r in group if r is not leader]
+    report_fault(kube, node, "xid-79-gpu-fell-off-the-bus")
+    name = the_record(kube, node, "AwaitingApproval")
+
+    code, body = post(standby, f"/api/v1/faults/{name}/approve")
+    assert code == 200, body
+    assert body["decision"] == "approved"
+    wait_for("the drain", lambda: not pods_on(kube, namespace, node), timeout_s=30)
+    assert len(entries(kube, name, "approved")) == 1 and len(entries(kube, name, "taint")) == 1
+    # Again through the standby: the leader's answer, passed back as it came.
+    code, body = post(standby, f"/api/v1/faults/{name}/approve")
+    assert code == 409, body
+    assert len(entries(kube, name, "approved")) == 1
+    # Unauthenticated, the standby refuses it itself: nothing reaches the leader.
+    request = urllib.request.Request(  # noqa: S310
+        f"{standby.url}/api/v1/faults/{name}/reject", data=b"", method="POST"
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)  # noqa: S310
+    assert refused.value.code == 401
+    assert standby.log().count('"forwarded to the leader"') == 2

@@ -38,6 +38,7 @@ from tests.integration.conftest import (
     pods_told_evicted,
     report_fault,
 )
+from tests.integration.test_controller_resilience import one_leader
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -467,3 +468,40 @@ def test_a_held_fault_released_from_the_page_is_remediated_once_and_a_viewer_can
     assert page.get_attribute("#held tr[data-fault]", "data-fault") == held[third]
     assert (kube.get(GPUFault, held[third]).get("status") or {})["phase"] == "Held"
     assert our_taint(kube, third) is None and pods_on(kube, namespace, third) == {"trainer-1"}
+
+
+def test_on_the_standby_a_person_signs_in_and_approves_and_the_leader_acts_once(
+    kube: Client,
+    namespace: str,
+    pool: dict[str, str],
+    tmp_path: Path,
+    fake_gpu_nodes: FakeNodes,
+    start_controller: StartController,
+    context: BrowserContext,
+) -> None:
+    """Two replicas: the Service (or `kubectl port-forward svc/...`) lands on either.
+    The standby passes the approval on to the leader named on the Lease."""
+    (node,) = fake_gpu_nodes(1, labels=pool)
+    apply(kube, gpu_pod("trainer-0", namespace, node_name=node))
+    wait_pods_running(kube, namespace, count=1)
+    config = console_config(pool, tmp_path, approval=True)
+    group = [start_controller(config, identity=f"replica-{i}") for i in range(2)]
+    (leader,) = wait_for("one leader", lambda: one_leader(group))
+    (standby,) = [r for r in group if r is not leader]
+
+    report_fault(kube, node, "xid-79-gpu-fell-off-the-bus")
+    name = name_of(record_of(kube, node, "AwaitingApproval"))
+    page = context.new_page()
+    sign_in(page, standby, TOKEN, "night-oncall")
+    page.goto(f"{standby.url}/console/faults/{name}")
+    live(page)
+    page.click("button.approve")
+    page.wait_for_url(f"{standby.url}/console/faults/{name}")
+    expect(page.locator("#phase")).to_have_text("Drained", timeout=30_000)
+    status = kube.get(GPUFault, name).get("status") or {}
+    assert status["approval"]["by"] == "console:night-oncall"
+    assert len(entries(kube, name, "approved")) == 1
+    assert len(entries(kube, name, "taint")) == 1
+    assert pods_told_evicted(kube, node) == [f"{namespace}/trainer-0"]
+    assert '"forwarded to the leader"' in standby.log()
+    assert '"console action"' in leader.log() and '"console action"' not in standby.log()
