@@ -18,7 +18,7 @@ import yaml
 from lightkube import ApiError, Client, codecs
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apps_v1 import DaemonSet
-from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.resources.node_v1 import RuntimeClass
 
 from gpuheal.config import parse_config
@@ -193,6 +193,44 @@ def controller_config(objects: list[dict[str, Any]]) -> dict[str, Any]:
     return loaded
 
 
+def test_without_the_gpu_operators_runtime_class_the_agent_is_refused_loudly(
+    kube: Client,
+    control_plane: ControlPlane,
+    crds: None,
+    fleet: tuple[str, dict[str, dict[str, Any]]],
+) -> None:
+    """The default platform on a cluster without the RuntimeClass `nvidia`: no agent
+    runs without a driver; the DaemonSet says why in a FailedCreate Event. (Before
+    the placement test, which creates the RuntimeClass for the rest of the module.)"""
+    try:
+        kube.get(RuntimeClass, "nvidia")
+        pytest.skip("a RuntimeClass nvidia exists on this control plane")
+    except ApiError as err:
+        if err.status.code != 404:
+            raise
+    fleet_name, _ = fleet
+    with installed(kube, control_plane, sets=fleet_sets("gpu-operator", fleet_name)) as chart:
+
+        def refused() -> list[str]:
+            events = kube.list(
+                Event,
+                namespace=chart.namespace,
+                fields={"involvedObject.name": f"{chart.name}-agent"},
+            )
+            return [str(e.message) for e in events if e.reason == "FailedCreate"]
+
+        (message, *_) = wait_for("the DaemonSet's FailedCreate Event", refused, timeout_s=60)
+        assert 'RuntimeClass "nvidia" not found' in message, message
+        assert not list(kube.list(Pod, namespace=chart.namespace))
+
+
+def fleet_sets(platform: str, fleet_name: str) -> dict[str, str]:
+    """Only this fleet's nodes (other tests' GFD-labelled nodes stay out); no
+    controller pods (kwok would place them on other tests' nodes)."""
+    key = "agent.nodeSelector." + FLEET_LABEL.replace(".", "\\.")
+    return {"platform": platform, key: fleet_name, "controller.replicas": "0"}
+
+
 # Which roles get an agent, and which the controller manages, per platform.
 AGENTS = {
     "gpu-operator": {"gfd"},
@@ -215,14 +253,7 @@ def test_the_agent_runs_on_exactly_the_gpu_nodes_of_each_platform(
 ) -> None:
     fleet_name, nodes = fleet
     by_name = {n["metadata"]["name"]: role for role, n in nodes.items()}
-    # Only this fleet's nodes (other tests' GFD-labelled nodes stay out); no
-    # controller pods (kwok would place them on other tests' nodes).
-    sets = {
-        "platform": platform,
-        f"agent.nodeSelector.{FLEET_LABEL.replace('.', chr(92) + '.')}": fleet_name,
-        "controller.replicas": "0",
-    }
-    with installed(kube, control_plane, sets=sets) as chart:
+    with installed(kube, control_plane, sets=fleet_sets(platform, fleet_name)) as chart:
 
         def placed() -> set[str] | None:
             pods = kube.list(
