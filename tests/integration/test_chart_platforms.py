@@ -2,9 +2,10 @@
 (`--set platform=...`) the agent DaemonSet carries what that platform needs to
 hand it the NVIDIA driver, and kube-controller-manager's DaemonSet controller
 creates agent pods on exactly the nodes of that platform's shape, among fake
-nodes labelled as GKE, EKS (managed node groups, Karpenter), NFD and GFD label
-them, and a CPU node. The presets add only what they name; the pass-through
-values reach the pods, and what cannot work is refused at render time."""
+nodes labelled as GKE (a GPU and a TPU node), EKS (a managed node group,
+Karpenter), NFD and GFD label them, and a CPU node. The presets add only what
+they name; the pass-through values reach the pods, and what cannot work is
+refused at render time."""
 
 from __future__ import annotations
 
@@ -116,6 +117,17 @@ def fleet_nodes(fleet: str) -> dict[str, dict[str, Any]]:
                 "nvidia.com/gpu.count": "8",
             },
         ),
+        # GKE's TPU node: GKE's accelerator label for TPUs is another key.
+        "gke-tpu": (
+            f"gke-prod-tpu-pool-{hexid[28:32]}{hexid[:4]}-{hexid[4:8]}",
+            {
+                "cloud.google.com/gke-tpu-accelerator": "tpu-v5-lite-podslice",
+                "cloud.google.com/gke-tpu-topology": "2x4",
+                "cloud.google.com/gke-nodepool": "tpu-pool",
+                "node.kubernetes.io/instance-type": "ct5lp-hightpu-4t",
+                "topology.kubernetes.io/zone": "us-central1-a",
+            },
+        ),
         "cpu": (
             cpu,
             {
@@ -139,8 +151,11 @@ def fleet_nodes(fleet: str) -> dict[str, dict[str, Any]]:
             manifest["spec"]["taints"].append(
                 {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
             )
-        if role == "cpu":
-            del manifest["status"]["capacity"][GPU_RESOURCE]  # allocatable: the same dict
+        if role in ("cpu", "gke-tpu"):
+            resources = manifest["status"]["capacity"]  # allocatable: the same dict
+            del resources[GPU_RESOURCE]
+            if role == "gke-tpu":
+                resources["google.com/tpu"] = "4"
         nodes[role] = manifest
     return nodes
 
