@@ -401,6 +401,9 @@ def test_a_preset_adds_only_what_it_names(control_plane: ControlPlane, tmp_path:
     )
     for platform in PLATFORMS:
         assert controller_context(platform=platform) == default
+    # An override is yours, key by key: false included, the other keys kept.
+    widened = context(**{"agent.securityContext.readOnlyRootFilesystem": "false"})
+    assert widened == DEFAULT_CONTEXT | {"readOnlyRootFilesystem": False}
     # A value of yours wins over the preset's.
     pod = agent_pod_spec(
         render(control_plane, "gh", "ops", sets={"agent.runtimeClassName": "nvidia-cdi"})
