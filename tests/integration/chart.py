@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,14 +30,25 @@ from tests.helpers import unique
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "gpuheal"
 
 
-def render(
-    control_plane: ControlPlane, release: str, namespace: str, *values: Path
-) -> list[dict[str, Any]]:
+def helm_template(
+    control_plane: ControlPlane, release: str, namespace: str, *values: Path,
+    sets: Mapping[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    """`helm template` with the real helm: values files, then `--set KEY=VALUE`s."""
     argv = [str(control_plane.config.binaries.helm), "template", release, str(CHART),
             "--namespace", namespace, "--include-crds", "--kube-version", "1.36.3"]  # fmt: skip
     for path in values:
         argv += ["-f", str(path)]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    for key, value in (sets or {}).items():
+        argv += ["--set", f"{key}={value}"]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+
+
+def render(
+    control_plane: ControlPlane, release: str, namespace: str, *values: Path,
+    sets: Mapping[str, str] | None = None,
+) -> list[dict[str, Any]]:  # fmt: skip
+    done = helm_template(control_plane, release, namespace, *values, sets=sets)
     assert done.returncode == 0, done.stderr
     return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
 
@@ -53,13 +64,15 @@ class Release:
 
 
 @contextmanager
-def installed(kube: Client, control_plane: ControlPlane) -> Iterator[Release]:
+def installed(
+    kube: Client, control_plane: ControlPlane, sets: Mapping[str, str] | None = None
+) -> Iterator[Release]:
     """The chart under a fresh release name and namespace, every object applied
     with server-side apply (kwok plays the workloads' pods: no image is pulled;
     tests run the programs themselves as processes with the chart's tokens)."""
     name, namespace = unique("gh"), unique("gpuheal-system")
     create_namespace(kube, namespace)  # with its default ServiceAccount, for the canaries
-    objects = render(control_plane, name, namespace)
+    objects = render(control_plane, name, namespace, sets=sets)
     applied = []
     try:
         for obj in objects:
