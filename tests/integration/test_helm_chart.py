@@ -30,7 +30,16 @@ from gpuheal.sim.controller import ControllerProcess
 from gpuheal.sim.workloads import apply, gpu_pod, wait_pods_running
 from gpuheal.sources.dcgm import not_node_faults
 from tests.helpers import FakeNodes, refusals, unique, wait_for
-from tests.integration.chart import CHART, as_token, bind, forbidden, installed, render, token_for
+from tests.integration.chart import (
+    CHART,
+    as_token,
+    bind,
+    forbidden,
+    helm_template,
+    installed,
+    render,
+    token_for,
+)
 from tests.integration.conftest import clear_fault, faults_of, our_taint, report_fault
 
 pytestmark = pytest.mark.timeout(300)
@@ -383,3 +392,41 @@ def test_the_agent_runs_with_the_least_the_kernel_log_needs(
         assert ("/dev/kmsg" in mounts) == bool(added) == kmsg_enabled
     # The API server takes the DaemonSet as rendered.
     kube.create(codecs.from_dict(daemonset), dry_run=True)
+
+
+def test_a_sentinel_reboot_mounts_its_own_directory_and_never_the_runtimes(
+    kube: Client, control_plane: ControlPlane, namespace: str
+) -> None:
+    """kured reboots while its sentinel exists: the agent writes it on the host, in a
+    directory of its own (a tmpfs a reboot empties, and the agent removes it besides);
+    /var/run itself holds the container runtime's socket and is never mounted."""
+    sentinel = "/var/run/gpuheal/reboot-required"
+    sets = {"agent.config.repairEnabled": "true", "agent.config.repairRebootMethod": "sentinel",
+            "agent.config.repairRebootSentinel": sentinel}  # fmt: skip
+    objects = render(control_plane, "gh", namespace, sets=sets)
+    daemonset = next(o for o in objects if o["kind"] == "DaemonSet")
+    pod = daemonset["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "reboot-sentinel"]
+    assert volume["hostPath"] == {"path": "/var/run/gpuheal", "type": "DirectoryOrCreate"}
+    (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "reboot-sentinel"]
+    assert mount["mountPath"] == "/var/run/gpuheal" and not mount.get("readOnly")
+    config = next(
+        o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "gh-agent"
+    )
+    assert yaml.safe_load(config["data"]["config.yaml"])["repairRebootSentinel"] == sentinel
+    kube.create(codecs.from_dict(daemonset), dry_run=True)  # the API server takes it
+    # Without sentinel reboots, nothing of the host's is mounted writable for them.
+    default = next(o for o in render(control_plane, "gh", "x") if o["kind"] == "DaemonSet")
+    assert "reboot-sentinel" not in {
+        v["name"] for v in default["spec"]["template"]["spec"]["volumes"]
+    }
+    for path, said in (
+        ("/var/run/reboot-required", "a directory of its own (not /var/run"),
+        ("/run/reboot-required", "(not /run"),
+        ("reboot-required", "an absolute path"),
+        ("", "set it with repairRebootMethod sentinel"),
+    ):
+        done = helm_template(
+            control_plane, "gh", "x", sets={**sets, "agent.config.repairRebootSentinel": path}
+        )
+        assert done.returncode != 0 and said in done.stderr, (path, done.stderr)
