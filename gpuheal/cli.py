@@ -216,6 +216,19 @@ def _add_operator_commands(
     )
     _add_selector(status, "GPU nodes", "the breaker counts all")
 
+    crd = commands.add_parser(
+        "crds",
+        help="gpuheal's CRDs: is the schema served this version's; install it (after helm upgrade)",
+        description=(
+            "Helm installs a chart's CRDs once and never upgrades them. `check` compares "
+            "the served CRDs with this version's (exit 3 when one is older or missing); "
+            "`apply` installs this version's by server-side apply and waits until served."
+        ),
+    )
+    crd_steps = crd.add_subparsers(dest="step", required=True, metavar="STEP")
+    command(crd_steps, "check", ops.crds_check, help="compare the served CRDs with this version's")
+    command(crd_steps, "apply", ops.crds_apply, help="install this version's CRDs and wait")
+
     maintenance = commands.add_parser(
         "maintenance",
         help="take a GPU node out for maintenance and bring it back through the health gate",

@@ -34,6 +34,7 @@ from gpuheal.controller.reconciler import Reconciler
 from gpuheal.controller.retention import RecordCollector
 from gpuheal.controller.signals import ExternalSignals
 from gpuheal.controller.worker import RECONCILE_FAILED, ReconcileFailures, work
+from gpuheal.kube import crds
 from gpuheal.kube.api import KubeApi, gpufault_path, gpurollout_path, node_path, pod_path
 from gpuheal.kube.event_cache import EventCache
 from gpuheal.kube.events import EventRecorder, ObjectRef, node_ref
@@ -60,6 +61,9 @@ from gpuheal.sources.dcgm import Query
 from gpuheal.sources.dcgm import queries as dcgm_queries
 
 log = logging.getLogger(__name__)
+
+GPUFAULT_CRD = f"gpufaults.{GPUFAULT_GROUP}"
+CRD_CHECK_S = 10.0  # how often the served CRDs are compared with this version's
 
 # Only scheduled, live pods can hold a GPU: the API server filters the rest out.
 POD_FIELD_SELECTOR = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
@@ -234,7 +238,7 @@ class Controller:
             self.nodes,
             self.records,
             enqueue=self.queue.add,
-            synced=lambda: self.synced,
+            synced=lambda: self.synced and self.schema_ok,
             leading=lambda: self.leading,
             caches=IntakeCaches(self.nodes.store, self.pods.store, self.records.store, self.events),
             changes=self.changes,
@@ -262,6 +266,9 @@ class Controller:
         )
         self._http: Api | None = None
         self._dcgm_source: DcgmSource | None = None
+        # How the API server serves gpuheal's CRDs against this version's (kube/crds.py).
+        self.crds: dict[str, crds.Served] = {}
+        self._crds_error = ""
 
     def _node_ref(self, name: str) -> ObjectRef:
         node = self.nodes.get(name)
@@ -317,9 +324,46 @@ class Controller:
             self.validations,
         )
 
+    @property
+    def schema_ok(self) -> bool:
+        """The GPUFault CRD served is this version's (or could not be read: said, not
+        held against it). An older one would prune the fields this version writes."""
+        record = self.crds.get(GPUFAULT_CRD)
+        return record is None or record.state == crds.CURRENT
+
+    async def check_crds(self) -> None:
+        """Read the served CRDs and say, once per change, what is not this version's."""
+        found: dict[str, crds.Served] = {}
+        try:
+            for name, manifest in crds.shipped().items():
+                found[name] = await crds.served(self.api, name, manifest)
+            self._crds_error = ""
+        except Exception as err:  # RBAC or an outage: the check is retried, nothing held
+            error = f"cannot read gpuheal's CRDs: {str(err)[:200]}"
+            if error != self._crds_error:
+                log.warning("CRD check failed", extra={"error": error})
+            self._crds_error = error
+            return
+        for name, now in found.items():
+            before = self.crds.get(name)
+            if before is not None and before.state == now.state:
+                continue
+            if now.state != crds.CURRENT:
+                log.error("CRD not this version's", extra={"crd": name, "detail": now.sentence()})
+            elif before is not None:
+                log.info("CRD current", extra={"crd": name})
+        self.crds = found
+
+    async def _watch_crds(self) -> None:
+        while True:
+            await asyncio.sleep(CRD_CHECK_S)
+            await self.check_crds()
+
     def unready_reasons(self) -> list[str]:
         """What keeps this replica from being ready or from leading, for /readyz."""
-        reasons = []
+        reasons = [s.sentence() for s in self.crds.values() if s.state != crds.CURRENT]
+        if self._crds_error:
+            reasons.append(self._crds_error)
         waiting = [i.name for i in self._informers if not i.synced.is_set()]
         if waiting:
             reasons.append(f"caches not synced: {', '.join(waiting)}")
@@ -495,10 +539,13 @@ class Controller:
             for i in (*self._informers, self.events)
         ]
         election: asyncio.Task[None] | None = None
+        await self.check_crds()
+        schema = asyncio.create_task(self._watch_crds(), name="crds")
         if self.elector is not None:
             self.elector.address = advertised_address(options.listen_port)
         try:
             await self._wait_synced(stop)
+            await self._wait_schema(stop)
             if not stop.is_set():
                 log.info("caches synced", extra={"identity": self.identity})
                 if self.elector:
@@ -519,13 +566,22 @@ class Controller:
                 task.cancel()
             await asyncio.gather(*informers, return_exceptions=True)
             self.queue.shutdown()
-            for task in [t for t in (watcher, dcgm, tokens, resync) if t is not None]:
+            for task in [t for t in (watcher, dcgm, tokens, resync, schema) if t is not None]:
                 task.cancel()
             await self.notifier.stop()
             await self.recorder.flush()
             if self._http is not None:
                 await self._http.forwarder.close()
             await runner.cleanup()
+
+    async def _wait_schema(self, stop: asyncio.Event) -> None:
+        """Never lead over an older GPUFault schema: its writes would lose fields.
+        An upgrade's new replicas wait here (unready, /readyz says what to run) while
+        the old ones go on leading."""
+        while not self.schema_ok and not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=CRD_CHECK_S)
+            await self.check_crds()
 
     async def _wait_synced(self, stop: asyncio.Event) -> None:
         synced = asyncio.gather(*(i.synced.wait() for i in self._informers))

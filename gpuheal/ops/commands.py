@@ -83,3 +83,15 @@ async def rollout(ctx: Context, args: argparse.Namespace) -> int:
         "abort": steps.abort,
     }[args.step]
     return await operate(ctx, args)
+
+
+async def crds_check(ctx: Context, args: argparse.Namespace) -> int:
+    from gpuheal.ops.crds import run_check  # noqa: PLC0415
+
+    return await run_check(ctx)
+
+
+async def crds_apply(ctx: Context, args: argparse.Namespace) -> int:
+    from gpuheal.ops.crds import run_apply  # noqa: PLC0415
+
+    return await run_apply(ctx)

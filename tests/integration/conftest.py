@@ -80,9 +80,14 @@ def start_controller(
     started: list[ControllerProcess] = []
 
     def start(
-        config: dict[str, Any], identity: str = "", user: str = "", **kwargs: Any
+        config: dict[str, Any],
+        identity: str = "",
+        user: str = "",
+        ready: bool = True,
+        **kwargs: Any,
     ) -> ControllerProcess:
-        """`user`: the identity it authenticates as (default: the admin)."""
+        """`user`: the identity it authenticates as (default: the admin); `ready`:
+        wait until ready, else only until it answers."""
         process = ControllerProcess(
             tmp_path,
             control_plane.kubeconfig_for(user) if user else control_plane.kubeconfig,
@@ -91,7 +96,7 @@ def start_controller(
             **kwargs,
         )
         started.append(process)
-        return process.start()
+        return process.start(ready=ready)
 
     yield start
     for process in started:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lightkube import ApiError, Client
+from lightkube import ApiError, Client, codecs
 from lightkube.resources.admissionregistration_v1 import (
     ValidatingAdmissionPolicy,
     ValidatingAdmissionPolicyBinding,
@@ -28,6 +28,8 @@ from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.core_v1 import Namespace, Node
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
 
+from gpuheal.cli import main
+from gpuheal.kube import crds
 from gpuheal.model import TAINT_KEY
 from gpuheal.sim import ControlPlane, audit
 from gpuheal.sim.controller import ControllerProcess, install_crds
@@ -418,3 +420,58 @@ def _query(prometheus_url: str, expr: str) -> list[Any]:
     url = f"{prometheus_url}/api/v1/query?query={urllib.parse.quote(expr)}"
     with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310
         return list(json.load(response)["data"]["result"])
+
+
+def test_after_an_upgrade_that_left_an_older_gpufault_crd_the_controller_says_what_to_run(
+    kube: Client,
+    control_plane: ControlPlane,
+    capsys: pytest.CaptureFixture[str],
+    pool: dict[str, str],
+    fake_gpu_nodes: FakeNodes,
+    start_controller: StartController,
+) -> None:
+    """`helm upgrade` leaves crds/ as the first install made them. The previous
+    version's GPUFault schema lacks `status.repairApproval`: a write of it would be
+    pruned. The new controller neither leads nor is ready until `gpuheal crds apply`."""
+    name = "gpufaults.gpuheal.io"
+    older = crds.shipped()[name]
+    older = json.loads(json.dumps(older))
+    version = older["spec"]["versions"][0]
+    del version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["repairApproval"]
+    older["metadata"]["annotations"][crds.DIGEST_ANNOTATION] = crds.digest(older["spec"])
+    kube.apply(codecs.from_dict(older), field_manager="helm", force=True)
+    try:
+        (node,) = fake_gpu_nodes(1, labels=pool)
+        controller = start_controller(controller_config(pool), ready=False)
+
+        def synced_with_a_reason() -> dict[str, Any] | None:
+            b = readyz(controller)
+            reasons = b["reasons"]
+            return b if reasons and not any("not synced" in r for r in reasons) else None
+
+        body = wait_for("synced, and a reason", synced_with_a_reason)
+        assert body is not None
+        assert body["ready"] is False and body["leader"] is False, body
+        (reason,) = body["reasons"]
+        assert name in reason and "`gpuheal crds apply`" in reason, body
+        report_fault(kube, node, "f-after-upgrade")
+        time.sleep(3)
+        assert our_taint(kube, node) is None  # no replica leads over the older schema
+        kubeconfig = ["--kubeconfig", str(control_plane.kubeconfig)]
+        capsys.readouterr()
+        assert main(["crds", "check", *kubeconfig]) == 3
+        assert "an older schema is served" in capsys.readouterr().out
+        assert main(["crds", "apply", *kubeconfig, "-o", "json"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert {c["state"] for c in report["crds"]} == {"current"}
+        served = kube.get(CustomResourceDefinition, name).to_dict()
+        schema = served["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        assert "repairApproval" in schema["properties"]["status"]["properties"]
+        wait_for("ready and leading", lambda: readyz(controller)["leader"], timeout_s=30)
+        wait_for("the fault handled", lambda: our_taint(kube, node), timeout_s=30)
+        said = [e for e in log_lines(controller) if e["msg"] == "CRD not this version's"]
+        assert len(said) == 1, said  # once, not every check
+        assert main(["crds", "check", *kubeconfig]) == 0
+    finally:
+        install_crds(kube)
+        kube.apply(codecs.from_dict(crds.shipped()[name]), field_manager="gpuheal-crds", force=True)

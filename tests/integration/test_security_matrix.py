@@ -672,6 +672,17 @@ ACTIONS: tuple[Action, ...] = (
         "operator"),
     act("gpurollouts: delete a finished one",
         lambda c, s: c.delete(GPURollout, s.rollout, dry_run=True), "operator"),
+    # -- CRDs: the controller reads its own two (is the schema this version's?) --
+    act("crds: get gpufaults.gpuheal.io",
+        lambda c, s: c.get(CustomResourceDefinition, "gpufaults.gpuheal.io"), "controller"),
+    act("crds: list", lambda c, s: list(c.list(CustomResourceDefinition))),
+    act("crds: change gpufaults.gpuheal.io",
+        lambda c, s: c.patch(CustomResourceDefinition, "gpufaults.gpuheal.io",
+                             {"metadata": {"labels": {"evil": "1"}}},
+                             patch_type=PatchType.MERGE, dry_run=True)),
+    act("crds: delete gpurollouts.gpuheal.io",
+        lambda c, s: c.delete(CustomResourceDefinition, "gpurollouts.gpuheal.io",
+                              dry_run=True)),
 )  # fmt: skip
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from gpuheal.kube import crds
 from gpuheal.metrics.agent import AgentMetrics
 from gpuheal.metrics.controller import ControllerMetrics
 from gpuheal.sim.monitoring import OPTIONAL_COUNTERS
@@ -80,3 +81,20 @@ def test_the_charts_counters_file_lists_every_counter_gpuheal_reads() -> None:
             assert (kind, text) == (exported[name].kind, exported[name].help), name
     rules = (DEPLOY / "helm" / "gpuheal" / "templates" / "monitoring.yaml").read_text()
     assert set(re.findall(r"\bDCGM_[A-Z_]+", rules)) <= fields
+
+
+def test_the_shipped_crds_carry_their_schema_digest_and_every_copy_is_the_same() -> None:
+    """gpuheal/crds (what `gpuheal crds apply` installs and the controller compares
+    with) = deploy/crds = the chart's crds/, each with its spec's digest."""
+    done = subprocess.run(
+        [sys.executable, str(DEPLOY.parent / "tools" / "crd_digest.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    shipped = crds.shipped()
+    assert set(shipped) == {"gpufaults.gpuheal.io", "gpurollouts.gpuheal.io"}
+    for manifest in shipped.values():
+        wanted = manifest["metadata"]["annotations"][crds.DIGEST_ANNOTATION]
+        assert wanted == crds.digest(manifest["spec"])
