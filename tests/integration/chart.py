@@ -65,13 +65,17 @@ class Release:
 
 @contextmanager
 def installed(
-    kube: Client, control_plane: ControlPlane, sets: Mapping[str, str] | None = None
+    kube: Client,
+    control_plane: ControlPlane,
+    sets: Mapping[str, str] | None = None,
+    namespace_labels: Mapping[str, str] | None = None,
 ) -> Iterator[Release]:
     """The chart under a fresh release name and namespace, every object applied
     with server-side apply (kwok plays the workloads' pods: no image is pulled;
     tests run the programs themselves as processes with the chart's tokens)."""
     name, namespace = unique("gh"), unique("gpuheal-system")
-    create_namespace(kube, namespace)  # with its default ServiceAccount, for the canaries
+    # With its default ServiceAccount, for the canaries; labels: Pod Security's, say.
+    create_namespace(kube, namespace, namespace_labels)
     objects = render(control_plane, name, namespace, sets=sets)
     applied = []
     try:

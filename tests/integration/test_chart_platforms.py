@@ -19,15 +19,16 @@ import yaml
 from lightkube import ApiError, Client, codecs
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apps_v1 import DaemonSet
-from lightkube.resources.core_v1 import Event, Node, Pod
+from lightkube.resources.core_v1 import Event, Namespace, Node, Pod, ResourceQuota
 from lightkube.resources.node_v1 import RuntimeClass
 
 from gpuheal.config import parse_config
 from gpuheal.policy.nodes import gpu_node as managed
 from gpuheal.sim import ControlPlane
 from gpuheal.sim.nodes import GPU_RESOURCE, delete_nodes, gpu_node, wait_nodes_ready
+from gpuheal.sim.workloads import create_namespace
 from tests.corpus import eks_node_names
-from tests.helpers import wait_for
+from tests.helpers import unique, wait_for
 from tests.integration.chart import helm_template, installed, render
 
 pytestmark = pytest.mark.timeout(300)
@@ -568,3 +569,106 @@ def test_the_fleet_nodes_leave_no_trace(
     for manifest in nodes.values():
         node = kube.get(Node, manifest["metadata"]["name"])
         assert node.spec is not None and any(t.key == FLEET_LABEL for t in node.spec.taints or [])
+
+
+# -- cluster policies: Pod Security, the critical classes' quota, where the controller runs
+
+
+PSA = "pod-security.kubernetes.io/enforce"
+
+
+def test_pod_security_the_agent_needs_privileged_and_the_controller_meets_restricted(
+    kube: Client,
+    control_plane: ControlPlane,
+    crds: None,
+    fleet: tuple[str, dict[str, dict[str, Any]]],
+) -> None:
+    """The agent mounts host paths and runs as host root: Pod Security's `baseline`
+    refuses it, so the release namespace is `privileged` (docs/deploy.md). The
+    controller's pod alone meets `restricted`."""
+    fleet_name, _ = fleet
+    sets = fleet_sets("generic", fleet_name)
+    with installed(kube, control_plane, sets=sets, namespace_labels={PSA: "baseline"}) as chart:
+
+        def refused() -> list[str]:
+            events = kube.list(
+                Event,
+                namespace=chart.namespace,
+                fields={"involvedObject.name": f"{chart.name}-agent"},
+            )
+            return [str(e.message) for e in events if e.reason == "FailedCreate"]
+
+        (message, *_) = wait_for("the agent refused under baseline", refused, timeout_s=60)
+        assert 'violates PodSecurity "baseline:latest"' in message and "hostPath" in message
+        assert not list(kube.list(Pod, namespace=chart.namespace))
+    with installed(kube, control_plane, sets=sets, namespace_labels={PSA: "privileged"}) as chart:
+        wait_for(
+            "agent pods under privileged",
+            lambda: list(kube.list(Pod, namespace=chart.namespace)),
+            timeout_s=60,
+        )
+        # The quota that lets system-*-critical pods in where it is required (GKE)
+        # names both classes and counts the agents.
+        quota = kube.get(ResourceQuota, f"{chart.name}-critical-pods", namespace=chart.namespace)
+        assert quota.spec is not None and quota.spec.scopeSelector is not None
+        (scope,) = quota.spec.scopeSelector.matchExpressions or []
+        assert set(scope.values or []) == {"system-node-critical", "system-cluster-critical"}
+
+        def counted() -> bool:
+            used = kube.get(ResourceQuota, f"{chart.name}-critical-pods", namespace=chart.namespace)
+            pods = len(list(kube.list(Pod, namespace=chart.namespace)))
+            return used.status is not None and (used.status.used or {}).get("pods") == str(pods)
+
+        wait_for("the agents counted by the quota", counted, timeout_s=60)
+    restricted = unique("restricted")
+    create_namespace(kube, restricted, {PSA: "restricted"})
+    try:
+        (deployment,) = [
+            o for o in render(control_plane, "gh", restricted) if o["kind"] == "Deployment"
+        ]
+        template = deployment["spec"]["template"]
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "controller", "namespace": restricted},
+            # Pod Security looks at the pod, not at its (release's) ServiceAccount.
+            "spec": {**template["spec"], "serviceAccountName": "default"},
+        }
+        kube.create(codecs.from_dict(pod), dry_run=True)  # admitted under restricted
+    finally:
+        kube.delete(Namespace, restricted)
+
+
+def test_where_the_controller_runs_is_settable(
+    control_plane: ControlPlane, kube: Client, namespace: str, tmp_path: Path
+) -> None:
+    def deployment(*values: Path) -> dict[str, Any]:
+        objects = render(control_plane, "gh", namespace, *values)
+        return next(o for o in objects if o["kind"] == "Deployment")
+
+    spec = deployment()["spec"]["template"]["spec"]
+    assert spec["tolerations"] == [] and "nodeSelector" not in spec  # never on a GPU node
+    assert "podAntiAffinity" in spec["affinity"]
+    zone = {"key": "topology.kubernetes.io/zone", "operator": "Exists"}
+    placement = {
+        "nodeSelector": {"node-role.kubernetes.io/infra": "true"},
+        "tolerations": [{"key": "dedicated", "value": "infra", "effect": "NoSchedule"}],
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [zone]}]
+                }
+            }
+        },
+    }
+    values = tmp_path / "placement.yaml"
+    values.write_text(yaml.safe_dump({"controller": placement}))
+    placed = deployment(values)
+    spec = placed["spec"]["template"]["spec"]
+    assert spec["nodeSelector"] == placement["nodeSelector"]
+    assert spec["tolerations"] == placement["tolerations"]
+    assert spec["affinity"] == placement["affinity"]  # the user's, instead of the chart's
+    # Only where it runs changes, never which nodes it manages.
+    managed = controller_config(render(control_plane, "gh", namespace, values))["nodeSelector"]
+    assert managed == {"nvidia.com/gpu.present": "true"}
+    kube.create(codecs.from_dict(placed), dry_run=True)

@@ -60,7 +60,7 @@ def test_the_chart_renders_for_the_default_and_other_values(control_plane: Contr
         "CustomResourceDefinition": 2, "ServiceAccount": 2, "ClusterRole": 4, "ClusterRoleBinding": 2,
         "Role": 3, "RoleBinding": 3, "ConfigMap": 2, "Secret": 1, "Deployment": 1, "Service": 1,
         "PodDisruptionBudget": 1, "ValidatingAdmissionPolicy": 9, "ValidatingAdmissionPolicyBinding": 9,
-        "DaemonSet": 1,
+        "DaemonSet": 1, "ResourceQuota": 1,
     }  # fmt: skip
     crds = {o["metadata"]["name"]: o for o in default if o["kind"] == "CustomResourceDefinition"}
     assert set(crds) == {"gpufaults.gpuheal.io", "gpurollouts.gpuheal.io"}
