@@ -430,3 +430,19 @@ def test_a_sentinel_reboot_mounts_its_own_directory_and_never_the_runtimes(
             control_plane, "gh", "x", sets={**sets, "agent.config.repairRebootSentinel": path}
         )
         assert done.returncode != 0 and said in done.stderr, (path, done.stderr)
+
+
+def test_a_mistyped_value_fails_the_render_naming_it(control_plane: ControlPlane) -> None:
+    for key, where in (
+        ("controller.config.breakerMaxNodez", "/controller/config"),
+        ("agent.config.kmsgPth", "/agent/config"),
+        ("controller.config.pools.byName.a100.gpusPerNod", "/controller/config/pools/byName/a100"),
+        ("agent.kernelLog.privilegd", "/agent/kernelLog"),
+    ):
+        done = helm_template(control_plane, "gh", "x", sets={key: "1"})
+        assert done.returncode != 0, key
+        assert where in done.stderr and key.rsplit(".", 1)[-1] in done.stderr, done.stderr
+    # What the chart documents passes.
+    sets = {"controller.config.breakerMaxNodes": "3", "agent.config.kmsgPath": "/dev/kmsg",
+            "controller.nodeSelector.pool": "infra", "serviceMonitor.labels.release": "kps"}  # fmt: skip
+    assert helm_template(control_plane, "gh", "x", sets=sets).returncode == 0

@@ -98,3 +98,22 @@ def test_the_shipped_crds_carry_their_schema_digest_and_every_copy_is_the_same()
     for manifest in shipped.values():
         wanted = manifest["metadata"]["annotations"][crds.DIGEST_ANNOTATION]
         assert wanted == crds.digest(manifest["spec"])
+
+
+def test_the_values_schema_is_the_config_declarations_and_values_yaml() -> None:
+    """deploy/helm/gpuheal/values.schema.json is what tools/values_schema.py makes of
+    values.yaml and the programs' config declarations: a new key is in it."""
+    done = subprocess.run(
+        [sys.executable, str(DEPLOY.parent / "tools" / "values_schema.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    schema = json.loads((DEPLOY / "helm" / "gpuheal" / "values.schema.json").read_text())
+    config = schema["properties"]["controller"]["properties"]["config"]
+    assert config["additionalProperties"] is False and "breakerMaxNodes" in config["properties"]
+    pools = config["properties"]["pools"]["properties"]["byName"]["additionalProperties"]
+    assert "gpusPerNode" in pools["properties"]
+    agent = schema["properties"]["agent"]["properties"]["config"]
+    assert "repairRebootSentinel" in agent["properties"]
