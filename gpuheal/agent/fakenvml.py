@@ -257,7 +257,9 @@ class FakeNvml:
             raise _error(pynvml.NVML_ERROR_NOT_FOUND)
         device = devices[index]
         failed = sum(1 for u, r in self.resets() if u == uuid and r == "failed")
-        if device.get("processes"):
+        if device.get("lost"):  # off the bus: nothing answers a reset
+            outcome, code = "failed", pynvml.NVML_ERROR_GPU_IS_LOST
+        elif device.get("processes"):
             outcome, code = "in-use", pynvml.NVML_ERROR_IN_USE
         elif failed < int(device.get("resetFailures") or 0):
             outcome, code = "failed", pynvml.NVML_ERROR_RESET_REQUIRED
