@@ -22,8 +22,8 @@ the file changes, so a test injects a fault by rewriting it:
         resetFailures: 0       # the first N resets of this GPU fail (reset_gpu)
         mig: [1g.10gb, 1g.10gb]  # MIG enabled, these MIG devices ([]: enabled, none);
                                  # absent: MIG disabled; `migSupported: false`: no MIG
-    xidEvents:                 # delivered once each through the event set
-      - {id: 1, device: 0, xid: 79}
+    xidEvents:                 # delivered once each through an event set registered
+      - {id: 1, device: 0, xid: 79}  # for Xids on that device
     initError: false           # nvmlInit fails (driver not loaded)
 
 NVML has no reset call in pynvml (nvmlDeviceResetGpuLockedClocks only resets clock
@@ -77,6 +77,11 @@ class _EventData:
     device: Any
     eventType: int  # noqa: N815
     eventData: int  # noqa: N815
+
+
+@dataclass
+class _EventSet:
+    masks: dict[int, int]  # GPU index -> the event types registered for it
 
 
 class _FieldValue:
@@ -212,18 +217,21 @@ class FakeNvml:
             return f"{name} MIG {device['mig'][handle.slot]}"
         return name
 
-    def nvmlEventSetCreate(self) -> object:  # noqa: N802
-        return object()
+    def nvmlEventSetCreate(self) -> _EventSet:  # noqa: N802
+        return _EventSet({})
 
-    def nvmlDeviceRegisterEvents(self, handle: _Handle, mask: int, events: object) -> None:  # noqa: N802
+    def nvmlDeviceRegisterEvents(self, handle: _Handle, mask: int, events: _EventSet) -> None:  # noqa: N802
         self._device(handle)
+        events.masks[handle.index] = events.masks.get(handle.index, 0) | mask
 
-    def nvmlEventSetWait(self, events: object, timeout_ms: int) -> _EventData:  # noqa: N802
+    def nvmlEventSetWait(self, events: _EventSet, timeout_ms: int) -> _EventData:  # noqa: N802
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
             for event in self._load().get("xidEvents") or []:
                 key = event.get("id", (event.get("device"), event.get("xid")))
-                if key not in self._delivered:
+                registered = events.masks.get(int(event.get("device", 0)), 0)
+                # As NVML: only to a set registered for Xids on the event's GPU.
+                if registered & pynvml.nvmlEventTypeXidCriticalError and key not in self._delivered:
                     self._delivered.add(key)
                     return _EventData(
                         device=_Handle(int(event.get("device", 0))),

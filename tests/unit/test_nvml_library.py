@@ -8,7 +8,6 @@ drift. A missing build fails these tests (with what to run), never skips them.""
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import subprocess
@@ -306,28 +305,34 @@ except pynvml.NVMLError as err:
     assert done.stdout.strip() == str(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
 
 
-def test_the_abi_pynvml_resolves(nvml: NvmlStandIn) -> None:
+ENTRY_POINTS = (
+    "nvmlInitWithFlags", "nvmlInit_v2", "nvmlShutdown", "nvmlErrorString",
+    "nvmlSystemGetDriverVersion", "nvmlSystemGetNVMLVersion",
+    "nvmlSystemGetCudaDriverVersion", "nvmlDeviceGetCount_v2",
+    "nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetUUID", "nvmlDeviceGetName",
+    "nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows",
+    "nvmlDeviceGetRetiredPagesPendingStatus", "nvmlDeviceGetTemperature",
+    "nvmlDeviceGetNvLinkState", "nvmlDeviceGetFieldValues", "nvmlDeviceGetMigMode",
+    "nvmlDeviceGetMaxMigDeviceCount", "nvmlDeviceGetMigDeviceHandleByIndex",
+    "nvmlEventSetCreate", "nvmlDeviceRegisterEvents", "nvmlEventSetWait_v2",
+    "nvmlEventSetFree",
+)  # fmt: skip
+
+
+def test_the_abi_pynvml_resolves(nvml: NvmlStandIn, tmp_path: Path) -> None:
     """Every versioned entry point the agent reaches through pynvml, and the struct
-    sizes pynvml's ctypes definitions assume (nvml.c asserts the same at compile time)."""
-    lib = ctypes.CDLL(str(nvml.library))
-    for name in (
-        "nvmlInitWithFlags", "nvmlInit_v2", "nvmlShutdown", "nvmlErrorString",
-        "nvmlSystemGetDriverVersion", "nvmlSystemGetNVMLVersion",
-        "nvmlSystemGetCudaDriverVersion", "nvmlDeviceGetCount_v2",
-        "nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetUUID", "nvmlDeviceGetName",
-        "nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetComputeRunningProcesses_v3",
-        "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows",
-        "nvmlDeviceGetRetiredPagesPendingStatus", "nvmlDeviceGetTemperature",
-        "nvmlDeviceGetNvLinkState", "nvmlDeviceGetFieldValues", "nvmlDeviceGetMigMode",
-        "nvmlDeviceGetMaxMigDeviceCount", "nvmlDeviceGetMigDeviceHandleByIndex",
-        "nvmlEventSetCreate", "nvmlDeviceRegisterEvents", "nvmlEventSetWait_v2",
-        "nvmlEventSetFree",
-    ):  # fmt: skip
-        assert hasattr(lib, name), name
-    assert ctypes.sizeof(pynvml.nvmlPciInfo_t) == 68
-    assert ctypes.sizeof(pynvml.c_nvmlProcessInfo_v3_t) == 24
-    assert ctypes.sizeof(pynvml.c_nvmlFieldValue_t) == 40
-    assert ctypes.sizeof(pynvml.c_nvmlEventData_t) == 32
+    sizes pynvml's ctypes definitions assume (nvml.c asserts the same at compile time).
+    In a child process: this one must not map a libnvidia-ml (test_agent_access.py)."""
+    code = f"""
+import ctypes, pynvml
+lib = ctypes.CDLL("libnvidia-ml.so.1")
+print([n for n in {ENTRY_POINTS!r} if not hasattr(lib, n)])
+print([ctypes.sizeof(t) for t in (pynvml.nvmlPciInfo_t, pynvml.c_nvmlProcessInfo_v3_t,
+                                  pynvml.c_nvmlFieldValue_t, pynvml.c_nvmlEventData_t)])
+"""
+    done = run_python(nvml, write(tmp_path, node()), code)
+    assert done.stdout.splitlines() == ["[]", "[68, 24, 40, 32]"], done.stderr
 
 
 # -- the stand-in nvidia-smi ----------------------------------------------------
