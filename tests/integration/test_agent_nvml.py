@@ -49,7 +49,7 @@ def condition(kube: Client, node: str) -> tuple[str, str, str]:
     return (found.status, found.reason or "", found.message or "") if found else ("", "", "")
 
 
-def annotations(kube: Client, node: str) -> dict[str, str]:
+def node_annotations(kube: Client, node: str) -> dict[str, str]:
     meta = kube.get(Node, node).metadata
     return dict((meta.annotations if meta else None) or {})
 
@@ -60,13 +60,13 @@ def test_a_gpu_lost_mid_run_is_a_gpu_lost_fault_of_that_gpu(
     (node,) = fake_gpu_nodes(1)
     agent = start_agent(node, {"failRounds": 2})
     wait_for("healthy", lambda: condition(kube, node)[:2] == ("True", "GPUsHealthy"))
-    value = annotations(kube, node)[AGENT_ACCESS]
+    value = node_annotations(kube, node)[AGENT_ACCESS]
     # The stand-in is the library the agent's dynamic loader mapped, by NVML's own name.
     assert f"library={agent.nvml.library}" in value and value.startswith("nvml=ok;gpus=8/8")
 
     agent.set_device(3, lost=True)  # every NVML call on GPU 3: NVML_ERROR_GPU_IS_LOST
-    wait_for("reported", lambda: annotations(kube, node).get(STATUS) == "faulty")
-    found = annotations(kube, node)
+    wait_for("reported", lambda: node_annotations(kube, node).get(STATUS) == "faulty")
+    found = node_annotations(kube, node)
     assert (found[FAULT_REASON], found[FAULT_SEVERITY]) == ("GpuLost", "P0")
     # NVML answers nothing of it now; the probe names it by the UUID it answered before.
     assert found[FAULT_DEVICES] == agent.spec["devices"][3]["uuid"]
@@ -81,8 +81,8 @@ def test_a_lost_gpu_that_still_answers_its_uuid_is_named_by_it(
     wait_for("healthy", lambda: condition(kube, node)[0] == "True")
     # The handle and UUID still answer; the health queries say the GPU is gone.
     agent.set_device(3, errors={"nvmlDeviceGetTotalEccErrors": "GPU_IS_LOST"})
-    wait_for("reported", lambda: annotations(kube, node).get(STATUS) == "faulty")
-    found = annotations(kube, node)
+    wait_for("reported", lambda: node_annotations(kube, node).get(STATUS) == "faulty")
+    found = node_annotations(kube, node)
     assert found[FAULT_REASON] == "GpuLost"
     assert found[FAULT_DEVICES] == agent.spec["devices"][3]["uuid"]
 
@@ -94,11 +94,11 @@ def test_an_xid_79_from_the_nvml_event_set_reaches_the_node_with_its_gpu(
     # No kernel log: the Xid can only come through nvmlEventSetWait.
     agent = start_agent(node, {"kmsgEnabled": False, "failRounds": 2})
     wait_for("healthy", lambda: condition(kube, node)[0] == "True")
-    assert "kmsg=off" in annotations(kube, node)[AGENT_ACCESS]
+    assert "kmsg=off" in node_annotations(kube, node)[AGENT_ACCESS]
 
     agent.set_spec(xidEvents=[{"id": 1, "device": 3, "xid": 79}])
-    wait_for("reported", lambda: annotations(kube, node).get(STATUS) == "faulty")
-    found = annotations(kube, node)
+    wait_for("reported", lambda: node_annotations(kube, node).get(STATUS) == "faulty")
+    found = node_annotations(kube, node)
     row = classify(79)
     assert (found[FAULT_REASON], found[FAULT_SEVERITY]) == (row.reason, row.severity.value)
     assert found[FAULT_DEVICES] == agent.spec["devices"][3]["uuid"]
@@ -125,11 +125,12 @@ def test_without_the_library_the_agent_runs_and_says_nvml_is_unavailable(
     wait_for(
         "the annotation",
         lambda: (
-            annotations(kube, node).get(AGENT_ACCESS) == "nvml=library-not-found;gpus=?/8;kmsg=off"
+            node_annotations(kube, node).get(AGENT_ACCESS)
+            == "nvml=library-not-found;gpus=?/8;kmsg=off"
         ),
     )
     time.sleep(2)  # rounds go on: still running, still no fault
     assert agent.component.exit_code() is None
-    assert STATUS not in annotations(kube, node)
+    assert STATUS not in node_annotations(kube, node)
     assert agent.metric("gpuheal_agent_nvml_up") == 0
     assert str(agent.nvml.library) not in agent.log()  # never loaded
