@@ -1,8 +1,11 @@
-"""A fake NVML library driven by a spec file, for nodes without a GPU.
+"""A fake NVML library driven by a spec file, for the unit tests.
 
 It offers the pynvml functions the probe calls and raises pynvml's own
-NVMLError, so the probe code runs unchanged. The spec is read again whenever
-the file changes, so a test injects a fault by rewriting it:
+NVMLError, so the probe code runs unchanged. The integration tests and the demo
+run the real pynvml over the NVML stand-in in C instead (testenv/nvml, `make
+nvml`), which reads the same spec; tests/unit/test_nvml_library.py compares the
+two. The spec is read again whenever the file changes, so a test injects a fault
+by rewriting it:
 
     driverVersion: "550.54.15"
     cudaDriverVersion: 12040   # nvmlSystemGetCudaDriverVersion ("12.4")
@@ -10,9 +13,11 @@ the file changes, so a test injects a fault by rewriting it:
     devices:
       - uuid: GPU-0a1b...
         pciBusId: "00000000:3B:00.0"
+        name: NVIDIA H100 80GB HBM3  # nvmlDeviceGetName (a MIG device's adds " MIG <profile>")
         temperature: 45
         eccUncorrectedVolatile: 0
-        remappedRows: {pending: false, failure: false}
+        remappedRows: {pending: false, failure: false}  # absent or null: not supported
+        retiredPagesPending: false  # pre-Ampere page retirement (without remappedRows)
         nvlinks: 0             # number of NVLinks (all up), or a list of booleans
         recoveryAction: 0      # NVML_GPU_RECOVERY_ACTION_*
         lost: false            # every call: NVML_ERROR_GPU_IS_LOST
@@ -25,11 +30,16 @@ the file changes, so a test injects a fault by rewriting it:
     xidEvents:                 # delivered once each through an event set registered
       - {id: 1, device: 0, xid: 79}  # for Xids on that device
     initError: false           # nvmlInit fails (driver not loaded)
+    errors:                    # the C stand-in only: a call's NVML error code, for every
+      nvmlDeviceGetName: NOT_SUPPORTED  # device here or under a device (`errors:` there)
+
+The C stand-in refuses unknown keys and values of the wrong type (testenv/nvml/spec.c);
+this fake ignores them.
 
 NVML has no reset call in pynvml (nvmlDeviceResetGpuLockedClocks only resets clock
 limits); the agent resets through `nvidia-smi -r`, or here through `reset_gpu`,
-which stands for it: refused while a process holds the GPU, failing its first
-`resetFailures` times, and otherwise clearing what a reset clears (the volatile ECC
+which stands for it: refused while a process holds the GPU, failing on a lost GPU
+and its first `resetFailures` times, and otherwise clearing what a reset clears (the volatile ECC
 count, a pending row remap, the driver's recovery action) in the spec. Each reset is
 a line of `<spec>.resets` (`<uuid> ok|failed|in-use`), across agent restarts.
 """
