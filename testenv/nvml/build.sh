@@ -32,8 +32,11 @@ rm -rf "$out.new"
 mkdir -p "$out.new/lib" "$out.new/bin"
 flags=(-std=c11 -O2 -g -Wall -Wextra -Werror -fvisibility=hidden)
 # libyaml is linked statically into both: the library is dlopened by whatever process
-# loads NVML, and must not depend on the loader finding libyaml-0.so.2 beside it.
+# loads NVML, and must not depend on the loader finding libyaml-0.so.2 beside it. Its
+# symbols stay inside (--exclude-libs): a process with its own libyaml (PyYAML's C
+# loader) must bind neither copy to the other.
 "$cc" "${flags[@]}" -fPIC -shared -Wl,-soname,libnvidia-ml.so.1 -Wl,--no-undefined \
+  -Wl,--exclude-libs,ALL \
   -o "$out.new/lib/libnvidia-ml.so.1" "$here/nvml.c" "$here/spec.c" \
   -Wl,-Bstatic -lyaml -Wl,-Bdynamic -lpthread
 ln -s libnvidia-ml.so.1 "$out.new/lib/libnvidia-ml.so"
