@@ -120,7 +120,7 @@ _Static_assert(sizeof(nvmlEventData_t) == 32, "nvmlEventData_t");
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static int init_count;
-static struct spec *spec;          /* the last good read */
+static struct spec *spec;          /* the last good read; never NULL again once set */
 static struct stat spec_stat;      /* of the file as last read */
 static char spec_problem[512];     /* why the last read failed ("" when it did not) */
 static struct nvmlDevice_st gpus[MAX_DEVICES];
@@ -149,10 +149,11 @@ static nvmlReturn_t refresh(void) {
     }
     struct stat st;
     if (stat(path, &st) != 0) {
-        /* No spec: no driver state to describe, as fakenvml.py answers. */
-        free(spec);
-        spec = NULL;
+        /* No spec: no driver state to describe, as fakenvml.py answers. The last one
+         * stays allocated (a call between enter() and its read may still look at it)
+         * and is read afresh when the file is back. */
         memset(&spec_stat, 0, sizeof spec_stat);
+        spec_stat.st_ino = (ino_t)-1;
         return NVML_ERROR_LIBRARY_NOT_FOUND;
     }
     if (spec && st.st_ino == spec_stat.st_ino && st.st_size == spec_stat.st_size &&
@@ -163,7 +164,14 @@ static nvmlReturn_t refresh(void) {
     char why[512];
     if (!next)
         return NVML_ERROR_UNKNOWN;
-    if (spec_load(path, next, why, sizeof why) != 0) {
+    int loaded = spec_load(path, next, why, sizeof why);
+    if (loaded == -2) { /* gone since the stat: as no spec at all, said by the code alone */
+        free(next);
+        memset(&spec_stat, 0, sizeof spec_stat);
+        spec_stat.st_ino = (ino_t)-1;
+        return NVML_ERROR_LIBRARY_NOT_FOUND;
+    }
+    if (loaded != 0) {
         free(next);
         if (strcmp(why, spec_problem)) /* say it once per problem, not per call */
             fprintf(stderr, "libnvidia-ml (gpuheal stand-in): bad spec: %s\n", why);

@@ -450,8 +450,9 @@ int spec_load(const char *path, struct spec *out, char *why, size_t why_len) {
     out->visible = -1;
     FILE *f = fopen(path, "rb");
     if (!f) {
+        int gone = errno == ENOENT;
         snprintf(why, why_len, "%s: %s", path, strerror(errno));
-        return -1;
+        return gone ? -2 : -1;
     }
     yaml_parser_t parser;
     yaml_document_t doc;

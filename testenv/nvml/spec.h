@@ -72,7 +72,8 @@ struct spec {
 };
 
 /* Parse the spec at `path` into *out. 0 on success; otherwise -1 with a message
- * (file and line) in `why`. */
+ * (file and line) in `why`, or -2 when there is no file (it went between a stat and
+ * the open: a writer replacing it by rename). */
 int spec_load(const char *path, struct spec *out, char *why, size_t why_len);
 
 /* The nvmlReturn_t for NVML's name of it: "NOT_SUPPORTED", "NVML_ERROR_NOT_SUPPORTED",
