@@ -2,19 +2,20 @@
 #   make demo   local control plane, 20 fake GPU nodes, a GPU Deployment, the GPU state
 #   make test   lint, type check, every test tier
 # Both install what they need: a virtualenv (.venv) and the control-plane
-# binaries built from the Go module proxy (.cache/testenv, rebuilt only when testenv/ changes).
+# binaries built from the Go module proxy (.cache/testenv, rebuilt only when testenv/ changes),
+# and the NVML stand-in the agent runs over (.cache/nvml, rebuilt only when testenv/nvml/ changes).
 
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint unit integration e2e chaos testenv monitoring browser awks venv clean bench lock
+.PHONY: demo test lint unit integration e2e chaos testenv nvml monitoring browser awks venv clean bench lock
 
-demo: $(STAMP) testenv
+demo: $(STAMP) testenv nvml
 	$(BIN)/gpuheal demo
 
-test: lint testenv monitoring browser awks
+test: lint testenv nvml monitoring browser awks
 	$(BIN)/pytest
 
 lint: $(STAMP)
@@ -23,22 +24,30 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 
-unit: $(STAMP) awks
+unit: $(STAMP) nvml awks
 	$(BIN)/pytest -m unit
 
-integration: $(STAMP) testenv monitoring browser
+integration: $(STAMP) testenv nvml monitoring browser
 	$(BIN)/pytest -m integration
 
-e2e: $(STAMP) testenv
+e2e: $(STAMP) testenv nvml
 	$(BIN)/pytest -m e2e
 
 # Crashes, failovers and outages during fault storms (part of `make test` too).
 # GPUHEAL_CHAOS_ROUNDS / GPUHEAL_CHAOS_SEED steer the random-kill rounds.
-chaos: $(STAMP) testenv
+chaos: $(STAMP) testenv nvml
 	$(BIN)/pytest -m chaos
 
 testenv:
 	testenv/build.sh
+
+# The NVML stand-in every agent test runs over: libnvidia-ml.so.1 and nvidia-smi, built
+# from testenv/nvml/ with the machine's gcc and Debian's libyaml-dev (installed when missing).
+nvml:
+	@command -v gcc >/dev/null && test -f /usr/include/yaml.h || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends gcc libc6-dev libyaml-dev >/dev/null; }
+	testenv/nvml/build.sh
 
 # Real Prometheus and Alertmanager for the alert-path tests: Debian's packages.
 monitoring:
@@ -86,7 +95,7 @@ $(BENCH_STAMP): $(STAMP)
 	touch $@
 
 # Cluster-scale benchmarks; results in bench/results/, plots in docs/img/.
-bench: $(BENCH_STAMP) testenv monitoring
+bench: $(BENCH_STAMP) testenv nvml monitoring
 	$(BIN)/python bench/controlplane_start.py --runs 5
 	$(BIN)/python bench/agent.py --seconds 20
 	$(BIN)/python bench/alerts.py --posts 10000

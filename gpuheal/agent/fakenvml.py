@@ -1,8 +1,11 @@
-"""A fake NVML library driven by a spec file, for nodes without a GPU.
+"""A fake NVML library driven by a spec file, for the unit tests.
 
 It offers the pynvml functions the probe calls and raises pynvml's own
-NVMLError, so the probe code runs unchanged. The spec is read again whenever
-the file changes, so a test injects a fault by rewriting it:
+NVMLError, so the probe code runs unchanged. The integration tests and the demo
+run the real pynvml over the NVML stand-in in C instead (testenv/nvml, `make
+nvml`), which reads the same spec; tests/unit/test_nvml_library.py compares the
+two. The spec is read again whenever the file changes, so a test injects a fault
+by rewriting it:
 
     driverVersion: "550.54.15"
     cudaDriverVersion: 12040   # nvmlSystemGetCudaDriverVersion ("12.4")
@@ -10,9 +13,11 @@ the file changes, so a test injects a fault by rewriting it:
     devices:
       - uuid: GPU-0a1b...
         pciBusId: "00000000:3B:00.0"
+        name: NVIDIA H100 80GB HBM3  # nvmlDeviceGetName (a MIG device's adds " MIG <profile>")
         temperature: 45
         eccUncorrectedVolatile: 0
-        remappedRows: {pending: false, failure: false}
+        remappedRows: {pending: false, failure: false}  # absent or null: not supported
+        retiredPagesPending: false  # pre-Ampere page retirement (without remappedRows)
         nvlinks: 0             # number of NVLinks (all up), or a list of booleans
         recoveryAction: 0      # NVML_GPU_RECOVERY_ACTION_*
         lost: false            # every call: NVML_ERROR_GPU_IS_LOST
@@ -22,14 +27,19 @@ the file changes, so a test injects a fault by rewriting it:
         resetFailures: 0       # the first N resets of this GPU fail (reset_gpu)
         mig: [1g.10gb, 1g.10gb]  # MIG enabled, these MIG devices ([]: enabled, none);
                                  # absent: MIG disabled; `migSupported: false`: no MIG
-    xidEvents:                 # delivered once each through the event set
-      - {id: 1, device: 0, xid: 79}
+    xidEvents:                 # delivered once each through an event set registered
+      - {id: 1, device: 0, xid: 79}  # for Xids on that device
     initError: false           # nvmlInit fails (driver not loaded)
+    errors:                    # the C stand-in only: a call's NVML error code, for every
+      nvmlDeviceGetName: NOT_SUPPORTED  # device here or under a device (`errors:` there)
+
+The C stand-in refuses unknown keys and values of the wrong type (testenv/nvml/spec.c);
+this fake ignores them.
 
 NVML has no reset call in pynvml (nvmlDeviceResetGpuLockedClocks only resets clock
 limits); the agent resets through `nvidia-smi -r`, or here through `reset_gpu`,
-which stands for it: refused while a process holds the GPU, failing its first
-`resetFailures` times, and otherwise clearing what a reset clears (the volatile ECC
+which stands for it: refused while a process holds the GPU, failing on a lost GPU
+and its first `resetFailures` times, and otherwise clearing what a reset clears (the volatile ECC
 count, a pending row remap, the driver's recovery action) in the spec. Each reset is
 a line of `<spec>.resets` (`<uuid> ok|failed|in-use`), across agent restarts.
 """
@@ -77,6 +87,11 @@ class _EventData:
     device: Any
     eventType: int  # noqa: N815
     eventData: int  # noqa: N815
+
+
+@dataclass
+class _EventSet:
+    masks: dict[int, int]  # GPU index -> the event types registered for it
 
 
 class _FieldValue:
@@ -212,18 +227,21 @@ class FakeNvml:
             return f"{name} MIG {device['mig'][handle.slot]}"
         return name
 
-    def nvmlEventSetCreate(self) -> object:  # noqa: N802
-        return object()
+    def nvmlEventSetCreate(self) -> _EventSet:  # noqa: N802
+        return _EventSet({})
 
-    def nvmlDeviceRegisterEvents(self, handle: _Handle, mask: int, events: object) -> None:  # noqa: N802
+    def nvmlDeviceRegisterEvents(self, handle: _Handle, mask: int, events: _EventSet) -> None:  # noqa: N802
         self._device(handle)
+        events.masks[handle.index] = events.masks.get(handle.index, 0) | mask
 
-    def nvmlEventSetWait(self, events: object, timeout_ms: int) -> _EventData:  # noqa: N802
+    def nvmlEventSetWait(self, events: _EventSet, timeout_ms: int) -> _EventData:  # noqa: N802
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
             for event in self._load().get("xidEvents") or []:
                 key = event.get("id", (event.get("device"), event.get("xid")))
-                if key not in self._delivered:
+                registered = events.masks.get(int(event.get("device", 0)), 0)
+                # As NVML: only to a set registered for Xids on the event's GPU.
+                if registered & pynvml.nvmlEventTypeXidCriticalError and key not in self._delivered:
                     self._delivered.add(key)
                     return _EventData(
                         device=_Handle(int(event.get("device", 0))),
@@ -257,7 +275,9 @@ class FakeNvml:
             raise _error(pynvml.NVML_ERROR_NOT_FOUND)
         device = devices[index]
         failed = sum(1 for u, r in self.resets() if u == uuid and r == "failed")
-        if device.get("processes"):
+        if device.get("lost"):  # off the bus: nothing answers a reset
+            outcome, code = "failed", pynvml.NVML_ERROR_GPU_IS_LOST
+        elif device.get("processes"):
             outcome, code = "in-use", pynvml.NVML_ERROR_IN_USE
         elif failed < int(device.get("resetFailures") or 0):
             outcome, code = "failed", pynvml.NVML_ERROR_RESET_REQUIRED

@@ -1,8 +1,9 @@
 """The NVML probe: device count, per-device health, Xid events.
 
-`lib` is the `pynvml` module (nvidia-ml-py) on a GPU node, or a FakeNvml
-(fakenvml.py) with the same functions and the same NVMLError in tests: the
-probe code below is the one that runs in production either way.
+`lib` is the `pynvml` module (nvidia-ml-py): over the driver's libnvidia-ml on a GPU
+node, over the NVML stand-in (testenv/nvml) in the integration tests and the demo;
+the unit tests may pass a FakeNvml (fakenvml.py) with the same functions and the same
+NVMLError. The probe code below is the one that runs in production either way.
 """
 
 from __future__ import annotations
@@ -103,6 +104,10 @@ class NvmlProbe:
         self.state = NVML_PENDING
         self.error = ""
         self._initialized = False
+        # The UUID each index answered since NVML was initialised: a GPU lost mid-run
+        # answers nothing (its handle included) and is still named by it, so the fault
+        # carries the GPU a reset or a replacement is for.
+        self._uuids: dict[int, str] = {}
 
     def driver_version(self) -> str:
         version = self.lib.nvmlSystemGetDriverVersion()
@@ -112,6 +117,7 @@ class NvmlProbe:
         if not self._initialized:
             self.lib.nvmlInit()
             self._initialized = True
+            self._uuids = {}  # a (re)loaded driver may number the GPUs anew
             self.versions = self._read_versions()
 
     def _read_versions(self) -> Versions:
@@ -170,10 +176,10 @@ class NvmlProbe:
         pids: list[int] | None,
     ) -> list[Finding]:
         lib, found = self.lib, []
-        uuid = f"index-{index}"
+        uuid = self._uuids.get(index, f"index-{index}")
         try:
             handle = lib.nvmlDeviceGetHandleByIndex(index)
-            uuid = _text(lib.nvmlDeviceGetUUID(handle))
+            uuid = self._uuids[index] = _text(lib.nvmlDeviceGetUUID(handle))
             by_pci[normalize_pci(_text(lib.nvmlDeviceGetPciInfo(handle).busId))] = uuid
             if pids is not None:
                 running = _supported(lib.nvmlDeviceGetComputeRunningProcesses, handle) or ()
@@ -356,13 +362,24 @@ class XidWatcher:
                 events = None
                 self._stop.wait(5.0)
                 continue
-            uuid = _text(self.lib.nvmlDeviceGetUUID(data.device)) if data.device else ""
+            uuid = self._uuid(data.device)
             xid = (
                 79
                 if data.eventType == pynvml.nvmlEventTypeGpuUnavailableError
                 else int(data.eventData)
             )
             self.on_xid(xid, uuid)
+
+    def _uuid(self, device: Any) -> str:
+        """The event's GPU; "" when NVML names none or cannot say which (a GPU that fell
+        off the bus, Xid 79, answers GPU_IS_LOST): the Xid is reported all the same."""
+        if not device:
+            return ""
+        try:
+            return _text(self.lib.nvmlDeviceGetUUID(device))
+        except pynvml.NVMLError as err:
+            log.warning("cannot name the GPU of an NVML event", extra={"error": str(err)})
+            return ""
 
 
 def xid_finding(xid: int, device: str, row: XidRow) -> Finding:

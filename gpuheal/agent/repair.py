@@ -11,7 +11,8 @@ failed, not tried again. The answer is the agent's result annotation.
 The means:
 - `reset-gpu`: `nvidia-smi -r -i <uuid>` per GPU of the fault (pynvml has no
   reset call; nvmlDeviceResetGpuLockedClocks resets clock limits, not the GPU),
-  or the fake NVML backend's `reset_gpu` in tests. Refused while a compute
+  in the integration tests the NVML stand-in's nvidia-smi (testenv/nvml), in unit
+  tests with `nvmlBackend: fake` FakeNvml's `reset_gpu`. Refused while a compute
   process holds one of the GPUs (the agent says which).
 - `reboot`: `repairRebootMethod`: a sentinel file (kured's /var/run/reboot-required)
   or a command; `none` refuses. The result is written after the node is back (a

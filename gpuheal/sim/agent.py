@@ -1,5 +1,10 @@
 """Run `gpuheal agent` as a real child process for one fake GPU node, with a
-fake NVML spec and a kernel log file that tests (and the demo) can write to."""
+fake NVML spec and a kernel log file that tests (and the demo) can write to.
+
+The agent runs its production NVML path (`nvmlBackend: real`, pynvml) over the NVML
+stand-in built by `make nvml` (testenv/nvml: libnvidia-ml.so.1 found through
+LD_LIBRARY_PATH, reading the spec named by $GPUHEAL_FAKE_NVML_SPEC), and resets GPUs
+through the stand-in's nvidia-smi."""
 
 from __future__ import annotations
 
@@ -15,13 +20,14 @@ from typing import Any
 import yaml
 
 from gpuheal import values
+from gpuheal.sim.binaries import default_nvml
 from gpuheal.sim.process import Component, http_ok, stop_all
 
 _PORT = re.compile(r'"metrics_port": (\d+)')
 
 
 def gpu_spec(node: str, gpus: int = 8) -> dict[str, Any]:
-    """A healthy 8-GPU H100 node as the fake NVML backend describes it."""
+    """A healthy 8-GPU H100 node as the NVML stand-in's spec describes it."""
     serial = hashlib.sha256(node.encode()).hexdigest()[:8]
     return {
         "driverVersion": "550.54.15",
@@ -48,7 +54,12 @@ class AgentProcess:
         config: dict[str, Any] | None = None,
         *,
         gpus: int = 8,
+        nvml_lib_dir: Path | None = None,
     ) -> None:
+        """`nvml_lib_dir` replaces the stand-in library's directory on the agent's
+        LD_LIBRARY_PATH (a directory without libnvidia-ml.so.1: a node without NVML)."""
+        # Fails here, with what to build, when `make nvml` has not run.
+        self.nvml = default_nvml().require()
         self.node = node
         # A file name is at most 255 bytes; a node name, 253 characters.
         self.dir = workdir / f"agent-{values.label_value(node)}"
@@ -67,8 +78,9 @@ class AgentProcess:
         self._seq = 1000
         settings = {
             "intervalSeconds": 0.2,
-            "nvmlBackend": "fake",
-            "nvmlFakeSpec": str(self.spec_path),
+            "nvmlBackend": "real",
+            "repairResetCommand": [str(self.nvml.smi)],
+            "smiCommand": [str(self.nvml.smi)],
             "kmsgPath": str(self.kmsg_path),
             "statePath": str(self.dir / "state" / "agent-state.json"),
             "bootIdPath": str(self.boot_id_path),
@@ -84,7 +96,12 @@ class AgentProcess:
             "--node", node, "--config", str(self.config_path), "--kubeconfig", str(kubeconfig),
         ]  # fmt: skip
         self.log_path = self.dir / "agent.log"
-        self.component = Component(f"agent-{values.label_value(node)}", argv, self.log_path)
+        self.component = Component(
+            f"agent-{values.label_value(node)}",
+            argv,
+            self.log_path,
+            env=self.nvml.environment(self.spec_path, nvml_lib_dir),
+        )
         self.port = 0
 
     def write_spec(self) -> None:
@@ -115,7 +132,7 @@ class AgentProcess:
         self.reboot_sentinel.unlink(missing_ok=True)
 
     def resets(self) -> list[tuple[str, str]]:
-        """Every GPU reset the fake NVML backend was asked for: (uuid, outcome)."""
+        """Every GPU reset the stand-in nvidia-smi was asked for: (uuid, outcome)."""
         path = self.spec_path.with_name(self.spec_path.name + ".resets")
         lines = path.read_text().splitlines() if path.exists() else []
         return [(u, r) for u, _, r in (line.partition(" ") for line in lines) if u]

@@ -39,3 +39,58 @@ def default_binaries() -> Binaries:
     base = os.environ.get(ENV_DIR)
     root = Path(base) if base else _REPO_ROOT / ".cache" / "testenv"
     return Binaries(root / "bin")
+
+
+# -- the NVML stand-in (testenv/nvml/build.sh) ---------------------------------
+
+NVML_ENV_DIR = "GPUHEAL_NVML_DIR"
+# The variable the stand-in library and nvidia-smi read the fake GPU node's spec from.
+NVML_SPEC_ENV = "GPUHEAL_FAKE_NVML_SPEC"
+
+
+class NvmlStandInMissingError(RuntimeError):
+    """The NVML stand-in is not built: every agent test needs it, none skips without it."""
+
+
+@dataclass(frozen=True)
+class NvmlStandIn:
+    """libnvidia-ml.so.1 and nvidia-smi over a spec file, for machines without a GPU."""
+
+    directory: Path
+
+    @property
+    def lib_dir(self) -> Path:
+        return self.directory / "lib"
+
+    @property
+    def library(self) -> Path:
+        return self.lib_dir / "libnvidia-ml.so.1"
+
+    @property
+    def smi(self) -> Path:
+        return self.directory / "bin" / "nvidia-smi"
+
+    def require(self) -> NvmlStandIn:
+        """Self, or a NvmlStandInMissingError naming what is missing and how to build it."""
+        missing = [str(p) for p in (self.library, self.smi) if not p.is_file()]
+        if missing:
+            raise NvmlStandInMissingError(
+                f"the NVML stand-in is not built ({', '.join(missing)} missing): "
+                "run `make nvml` (testenv/nvml/build.sh; needs gcc and libyaml-dev)"
+            )
+        return self
+
+    def environment(self, spec: Path, lib_dir: Path | None = None) -> dict[str, str]:
+        """What a process needs to load the stand-in by NVML's ordinary name
+        (pynvml dlopens "libnvidia-ml.so.1") over `spec`; `lib_dir` replaces the
+        library's directory (a test of a node without the library)."""
+        search = [str(lib_dir if lib_dir is not None else self.lib_dir)]
+        if os.environ.get("LD_LIBRARY_PATH"):
+            search.append(os.environ["LD_LIBRARY_PATH"])
+        return {"LD_LIBRARY_PATH": ":".join(search), NVML_SPEC_ENV: str(spec)}
+
+
+def default_nvml() -> NvmlStandIn:
+    """$GPUHEAL_NVML_DIR, else .cache/nvml in the source tree."""
+    base = os.environ.get(NVML_ENV_DIR)
+    return NvmlStandIn(Path(base) if base else _REPO_ROOT / ".cache" / "nvml")

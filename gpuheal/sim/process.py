@@ -72,10 +72,18 @@ def log_tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
 class Component:
     """A named child process writing to its own log file."""
 
-    def __init__(self, name: str, argv: Sequence[str], log_path: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log_path: Path,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.name = name
         self.argv = list(argv)
         self.log_path = log_path
+        # Added to this process's environment at every start (and `start(env)`'s on top).
+        self.env = dict(env or {})
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -83,7 +91,9 @@ class Component:
         return self._proc.pid if self._proc else None
 
     def start(self, env: Mapping[str, str] | None = None) -> None:
-        """Start the process; `env` adds to (not replaces) this process's environment."""
+        """Start the process; `env` adds to (not replaces) this process's environment
+        and the component's own."""
+        env = {**self.env, **(env or {})}
         binary = Path(self.argv[0])
         if not binary.is_file():
             raise ControlPlaneError(

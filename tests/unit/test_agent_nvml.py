@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ import pytest
 import yaml
 
 from gpuheal.agent.fakenvml import FakeNvml
-from gpuheal.agent.nvml import NvmlProbe, Thresholds
+from gpuheal.agent.nvml import NvmlProbe, Thresholds, XidWatcher
 from gpuheal.agent.timeouts import GuardedProbe
 
 
@@ -93,3 +94,41 @@ def test_a_hung_call_times_out_and_later_rounds_do_not_pile_up(tmp_path: Path) -
     assert not first.ran and "timed out after 0.2s" in first.error
     second = guarded.run()
     assert not second.ran and second.error == "previous call still hung"
+
+
+def test_a_gpu_lost_mid_run_is_named_by_the_uuid_it_last_answered(tmp_path: Path) -> None:
+    path = spec(tmp_path)
+    nvml = probe(path)
+    assert nvml.run().findings == ()
+    spec(tmp_path, lost=True)  # GPU 3 now answers nothing, its handle included
+    (lost,) = nvml.run().findings
+    assert (lost.reason, lost.devices, lost.message) == ("GpuLost", ("GPU-3",), "GPU GPU-3 is lost")
+    # A probe that never saw it read (a restarted agent) can only say which index.
+    (first,) = probe(path).run().findings
+    assert first.devices == ("index-3",)
+
+
+def test_an_xid_of_a_gpu_that_cannot_be_named_is_still_reported(tmp_path: Path) -> None:
+    """Xid 79 comes from a GPU that fell off the bus: its UUID query fails too."""
+    path = spec(tmp_path)
+    seen: list[tuple[int, str]] = []
+    watcher = XidWatcher(FakeNvml(path), lambda xid, uuid: seen.append((xid, uuid)))
+
+    def wait(count: int) -> None:
+        deadline = time.monotonic() + 10
+        while len(seen) < count and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    watcher.start()
+    try:
+        document = yaml.safe_load(path.read_text())
+        document["xidEvents"] = [{"id": 1, "device": 2, "xid": 48}]
+        path.write_text(yaml.safe_dump(document))
+        wait(1)  # registered on every GPU by now
+        document["devices"][3]["lost"] = True
+        document["xidEvents"].append({"id": 2, "device": 3, "xid": 79})
+        path.write_text(yaml.safe_dump(document))
+        wait(2)
+    finally:
+        watcher.stop()
+    assert seen == [(48, "GPU-2"), (79, "")]

@@ -1,0 +1,255 @@
+/* nvidia-smi for machines without a GPU, over the fake GPU node's spec ($GPUHEAL_FAKE_NVML_SPEC,
+ * spec.h): the two commands the agent runs.
+ *
+ *   nvidia-smi -r -i <uuid>       the GPU reset (gpuheal/agent/repair.py::smi_reset)
+ *   nvidia-smi --query-gpu=index,uuid --format=csv,noheader   the smi probe (agent/smi.py)
+ *
+ * The reset has gpuheal/agent/fakenvml.py's FakeNvml.reset_gpu semantics: refused while a
+ * process holds the GPU, the first `resetFailures` resets of a GPU fail, a lost GPU cannot be
+ * reset; otherwise it clears what a reset clears (the volatile ECC count, the driver's recovery
+ * action, a pending row remap) in the spec. Each reset is a line of `<spec>.resets`,
+ * `<uuid> ok|failed|in-use`.
+ *
+ * Messages and exit codes are the real nvidia-smi's: "GPU 00000000:1A:00.0 was successfully
+ * reset." (exit 0) and, for a busy GPU, "The following GPUs could not be reset:" with the GPU
+ * and NVML's error string, then the advice to kill the processes (exit 255), as quoted from
+ * driver 5xx output in NVIDIA/NVSentinel issue #1690 and NVIDIA/gpu-operator issue #118. Exit
+ * codes 6 (a query to find an object was unsuccessful), 15 (GPU fallen off the bus) and
+ * 2 (invalid argument) are the nvidia-smi(1) manual's RETURN VALUE section. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <yaml.h>
+
+#include "spec.h"
+
+#define EXIT_INVALID 2
+#define EXIT_NOT_FOUND 6
+#define EXIT_LOST 15
+#define EXIT_OTHER 255
+
+static const char *spec_path(void) {
+    const char *path = getenv(SPEC_ENV);
+    if (!path || !*path) {
+        /* What nvidia-smi prints when it cannot load NVML (exit 12 in the manual). */
+        fprintf(stderr, "NVIDIA-SMI couldn't find libnvidia-ml.so library in your system. "
+                        "Please make sure that the NVIDIA Display Driver is properly installed "
+                        "and present in your system.\n(gpuheal stand-in: $%s is not set)\n",
+                SPEC_ENV);
+        exit(12);
+    }
+    return path;
+}
+
+static void load(const char *path, struct spec *spec) {
+    char why[512];
+    if (spec_load(path, spec, why, sizeof why) != 0) {
+        fprintf(stderr, "nvidia-smi (gpuheal stand-in): bad spec: %s\n", why);
+        exit(EXIT_OTHER);
+    }
+}
+
+/* -- the reset ---------------------------------------------------------------- */
+
+static int failed_resets(const char *log_path, const char *uuid) {
+    FILE *f = fopen(log_path, "r");
+    if (!f)
+        return 0;
+    char line[256], want[200];
+    snprintf(want, sizeof want, "%s failed", uuid);
+    int n = 0;
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        n += !strcmp(line, want);
+    }
+    fclose(f);
+    return n;
+}
+
+static void log_reset(const char *log_path, const char *uuid, const char *outcome) {
+    FILE *f = fopen(log_path, "a");
+    if (!f || fprintf(f, "%s %s\n", uuid, outcome) < 0 || fclose(f) != 0) {
+        fprintf(stderr, "nvidia-smi (gpuheal stand-in): %s: %s\n", log_path, strerror(errno));
+        exit(EXIT_OTHER);
+    }
+}
+
+static yaml_node_t *lookup(yaml_document_t *doc, yaml_node_t *map, const char *key, int *pair) {
+    if (!map || map->type != YAML_MAPPING_NODE)
+        return NULL;
+    for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top; p++) {
+        yaml_node_t *k = yaml_document_get_node(doc, p->key);
+        if (k && k->type == YAML_SCALAR_NODE && !strcmp((char *)k->data.scalar.value, key)) {
+            if (pair)
+                *pair = (int)(p - map->data.mapping.pairs.start);
+            return yaml_document_get_node(doc, p->value);
+        }
+    }
+    return NULL;
+}
+
+/* Set map[key] to a plain scalar, adding the key when it is absent. */
+static void set_plain(yaml_document_t *doc, int map_id, const char *key, const char *value) {
+    yaml_node_t *node = lookup(doc, yaml_document_get_node(doc, map_id), key, NULL);
+    if (node && node->type == YAML_SCALAR_NODE) {
+        char *copy = strdup(value);
+        if (!copy)
+            exit(EXIT_OTHER);
+        free(node->data.scalar.value); /* libyaml allocates with malloc */
+        node->data.scalar.value = (yaml_char_t *)copy;
+        node->data.scalar.length = strlen(copy);
+        node->data.scalar.style = YAML_PLAIN_SCALAR_STYLE;
+        return;
+    }
+    if (node)
+        return; /* a collection where a scalar belongs: spec_load already refused it */
+    int k = yaml_document_add_scalar(doc, NULL, (yaml_char_t *)key, -1, YAML_PLAIN_SCALAR_STYLE);
+    int v = yaml_document_add_scalar(doc, NULL, (yaml_char_t *)value, -1, YAML_PLAIN_SCALAR_STYLE);
+    if (!k || !v || !yaml_document_append_mapping_pair(doc, map_id, k, v))
+        exit(EXIT_OTHER);
+}
+
+/* Rewrite the spec as a reset leaves the GPU: by rename, so readers see a whole file. */
+static void clear_after_reset(const char *path, int index) {
+    FILE *in = fopen(path, "rb");
+    yaml_parser_t parser;
+    yaml_document_t doc;
+    if (!in || !yaml_parser_initialize(&parser))
+        exit(EXIT_OTHER);
+    yaml_parser_set_input_file(&parser, in);
+    if (!yaml_parser_load(&parser, &doc))
+        exit(EXIT_OTHER); /* spec_load parsed it a moment ago */
+    yaml_parser_delete(&parser);
+    fclose(in);
+    yaml_node_t *root = yaml_document_get_root_node(&doc);
+    yaml_node_t *devices = lookup(&doc, root, "devices", NULL);
+    int id = devices->data.sequence.items.start[index];
+    set_plain(&doc, id, "eccUncorrectedVolatile", "0");
+    set_plain(&doc, id, "recoveryAction", "0");
+    yaml_node_t *rows = lookup(&doc, yaml_document_get_node(&doc, id), "remappedRows", NULL);
+    if (rows && rows->type == YAML_MAPPING_NODE) {
+        int rows_id = 0;
+        yaml_node_t *device = yaml_document_get_node(&doc, id);
+        int pair = 0;
+        lookup(&doc, device, "remappedRows", &pair);
+        rows_id = device->data.mapping.pairs.start[pair].value;
+        set_plain(&doc, rows_id, "pending", "false");
+    }
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.reset-tmp", path);
+    FILE *out = fopen(tmp, "wb");
+    yaml_emitter_t emitter;
+    if (!out || !yaml_emitter_initialize(&emitter))
+        exit(EXIT_OTHER);
+    yaml_emitter_set_output_file(&emitter, out);
+    yaml_emitter_set_unicode(&emitter, 1);
+    int ok = yaml_emitter_open(&emitter) && yaml_emitter_dump(&emitter, &doc) &&
+             yaml_emitter_close(&emitter) && yaml_emitter_flush(&emitter);
+    yaml_emitter_delete(&emitter);
+    if (!ok || fclose(out) != 0 || rename(tmp, path) != 0) {
+        fprintf(stderr, "nvidia-smi (gpuheal stand-in): cannot rewrite %s\n", path);
+        exit(EXIT_OTHER);
+    }
+}
+
+static int reset(const char *uuid) {
+    const char *path = spec_path();
+    static struct spec spec;
+    load(path, &spec);
+    int index = -1;
+    for (int i = 0; i < spec.ndevices && i < spec.visible; i++)
+        if (!strcmp(spec.devices[i].uuid, uuid))
+            index = i;
+    if (index < 0) {
+        printf("No devices were found\n");
+        return EXIT_NOT_FOUND;
+    }
+    const struct device *d = &spec.devices[index];
+    char log_path[4096];
+    snprintf(log_path, sizeof log_path, "%s.resets", path);
+    if (d->lost) {
+        log_reset(log_path, uuid, "failed");
+        printf("Unable to determine the device handle for GPU %s: GPU is lost. "
+               "Reboot the system to recover this GPU\n", d->pci);
+        return EXIT_LOST;
+    }
+    if (d->nprocs) {
+        log_reset(log_path, uuid, "in-use");
+        printf("The following GPUs could not be reset:\n  GPU %s: In use by another client\n\n"
+               "1 device is currently being used by one or more other processes (e.g., Fabric "
+               "Manager, CUDA application, graphics application such as an X server, or a "
+               "monitoring application such as another instance of nvidia-smi). Please first "
+               "kill all processes using this device and all compute applications running in "
+               "the system.\n", d->pci);
+        return EXIT_OTHER;
+    }
+    if (failed_resets(log_path, uuid) < d->reset_failures) {
+        log_reset(log_path, uuid, "failed");
+        /* NVML_ERROR_RESET_REQUIRED's text, as FakeNvml.reset_gpu raises it. */
+        printf("The following GPUs could not be reset:\n  GPU %s: GPU requires restart\n", d->pci);
+        return EXIT_OTHER;
+    }
+    log_reset(log_path, uuid, "ok");
+    clear_after_reset(path, index);
+    printf("GPU %s was successfully reset.\n", d->pci);
+    return 0;
+}
+
+/* -- the query ---------------------------------------------------------------- */
+
+static int query(const char *fields, const char *format) {
+    if (strcmp(fields, "index,uuid") || strcmp(format, "csv,noheader")) {
+        fprintf(stderr, "nvidia-smi (gpuheal stand-in): only --query-gpu=index,uuid "
+                        "--format=csv,noheader is implemented\n");
+        return EXIT_INVALID;
+    }
+    static struct spec spec;
+    load(spec_path(), &spec);
+    if (spec.init_error) {
+        /* The real text when the kernel module is not loaded (exit 9 in the manual). */
+        printf("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+               "Make sure that the latest NVIDIA driver is installed and running.\n\n");
+        return 9;
+    }
+    int n = spec.visible < spec.ndevices ? spec.visible : spec.ndevices;
+    if (!n) {
+        printf("No devices were found\n");
+        return EXIT_NOT_FOUND;
+    }
+    for (int i = 0; i < n; i++) /* a field NVML cannot read shows NVML's error in brackets */
+        printf("%d, %s\n", i, spec.devices[i].lost ? "[GPU is lost]" : spec.devices[i].uuid);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    const char *id = NULL, *fields = NULL, *format = NULL;
+    int do_reset = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-r") || !strcmp(a, "--gpu-reset"))
+            do_reset = 1;
+        else if ((!strcmp(a, "-i") || !strcmp(a, "--id")) && i + 1 < argc)
+            id = argv[++i];
+        else if (!strncmp(a, "--id=", 5))
+            id = a + 5;
+        else if (!strncmp(a, "--query-gpu=", 12))
+            fields = a + 12;
+        else if (!strncmp(a, "--format=", 9))
+            format = a + 9;
+        else {
+            printf("Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n");
+            return EXIT_INVALID;
+        }
+    }
+    if (do_reset && id && !fields)
+        return reset(id);
+    if (fields && format && !do_reset && !id)
+        return query(fields, format);
+    /* The stand-in implements only what the agent runs; say so rather than guess. */
+    fprintf(stderr, "nvidia-smi (gpuheal stand-in): implemented: -r -i <uuid>; "
+                    "--query-gpu=index,uuid --format=csv,noheader\n");
+    return EXIT_INVALID;
+}
