@@ -64,8 +64,16 @@ ldflags+=" -X $cv.gitVersion=$k8s_version -X $cv.gitMajor=1 -X $cv.gitMinor=$min
 
 (
   cd "$here/helm"
-  go build -trimpath -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version" \
-    -o "$out/bin.new/" helm.sh/helm/v3/cmd/helm
+  # As helm's own release build does (its Makefile): the Kubernetes version of its
+  # client-go is the one `helm template` renders for without --kube-version, and
+  # `helm lint`'s; left out, it is v1.20.
+  k8s_modules="$(go list -m -f '{{.Version}}' k8s.io/client-go)"  # v0.37.0
+  k8s_minor="${k8s_modules#v0.}"; k8s_minor="${k8s_minor%%.*}"
+  hv=helm.sh/helm/v3
+  go build -trimpath -ldflags "-s -w -X $hv/internal/version.version=$helm_version \
+    -X $hv/pkg/chartutil.k8sVersionMajor=1 -X $hv/pkg/chartutil.k8sVersionMinor=$k8s_minor \
+    -X $hv/pkg/lint/rules.k8sVersionMajor=1 -X $hv/pkg/lint/rules.k8sVersionMinor=$k8s_minor" \
+    -o "$out/bin.new/" $hv/cmd/helm
 )
 
 rm -rf "$out/bin"

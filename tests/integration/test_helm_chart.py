@@ -446,3 +446,15 @@ def test_a_mistyped_value_fails_the_render_naming_it(control_plane: ControlPlane
     sets = {"controller.config.breakerMaxNodes": "3", "agent.config.kmsgPath": "/dev/kmsg",
             "controller.nodeSelector.pool": "infra", "serviceMonitor.labels.release": "kps"}  # fmt: skip
     assert helm_template(control_plane, "gh", "x", sets=sets).returncode == 0
+
+
+def test_helm_template_needs_no_kube_version(control_plane: ControlPlane) -> None:
+    """As people run it first: `helm template` with no cluster and no --kube-version
+    renders for the Kubernetes of helm's own client libraries, which the chart takes."""
+    argv = [str(control_plane.config.binaries.helm), "template", "gh", str(CHART)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "kind: DaemonSet" in done.stdout
+    lint = [str(control_plane.config.binaries.helm), "lint", str(CHART)]
+    linted = subprocess.run(lint, capture_output=True, text=True, timeout=60, check=False)
+    assert linted.returncode == 0, linted.stdout + linted.stderr
