@@ -361,7 +361,13 @@ class Controller:
 
     def unready_reasons(self) -> list[str]:
         """What keeps this replica from being ready or from leading, for /readyz."""
-        reasons = [s.sentence() for s in self.crds.values() if s.state != crds.CURRENT]
+        # A CRD whose informer finds it unserved is said once, below, with what is off.
+        unserved = {f"{i.name}.{GPUFAULT_GROUP}" for i in self._informers if i.missing}
+        reasons = [
+            s.sentence()
+            for s in self.crds.values()
+            if s.state != crds.CURRENT and not (s.state == crds.MISSING and s.name in unserved)
+        ]
         if self._crds_error:
             reasons.append(self._crds_error)
         waiting = [i.name for i in self._informers if not i.synced.is_set()]
@@ -369,8 +375,9 @@ class Controller:
             reasons.append(f"caches not synced: {', '.join(waiting)}")
         # Said, not unready: faults are handled without it.
         reasons += [
-            f"{i.name}.{GPUFAULT_GROUP} is not served (its CRD is not installed: "
-            "kubectl apply -f the chart's crds/): the features that need it are off"
+            f"{i.name}.{GPUFAULT_GROUP} is not served (its CRD is not installed: run "
+            f"`{crds.APPLY_COMMAND}` or kubectl apply -f the chart's crds/): the features "
+            "that need it are off"
             for i in self._informers
             if i.missing
         ]

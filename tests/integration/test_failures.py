@@ -140,7 +140,18 @@ def taints_refused(kube: Client, pool: dict[str, str], eks_node: str) -> Iterato
 ALL: list[dict[str, Any]] = [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]
 # Everything the controller touches but leases (coordination.k8s.io).
 NO_LEASES: list[dict[str, Any]] = [
-    {"apiGroups": ["", "gpuheal.io", "events.k8s.io", "policy"], "resources": ["*"], "verbs": ["*"]}
+    {
+        "apiGroups": ["", "gpuheal.io", "events.k8s.io", "policy"],
+        "resources": ["*"],
+        "verbs": ["*"],
+    },
+    # Its own CRDs, read to compare their schema (the chart grants the same).
+    {
+        "apiGroups": ["apiextensions.k8s.io"],
+        "resources": ["customresourcedefinitions"],
+        "resourceNames": ["gpufaults.gpuheal.io", "gpurollouts.gpuheal.io"],
+        "verbs": ["get"],
+    },
 ]
 LEASES: list[dict[str, Any]] = [
     {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["*"]}
