@@ -2,7 +2,8 @@
 #   make demo   local control plane, 20 fake GPU nodes, a GPU Deployment, the GPU state
 #   make test   lint, type check, every test tier
 # Both install what they need: a virtualenv (.venv) and the control-plane
-# binaries built from the Go module proxy (.cache/testenv, rebuilt only when testenv/ changes),
+# binaries built from the Go module proxy (.cache/testenv, rebuilt only when testenv/ changes;
+# node-problem-detector beside them, rebuilt only when testenv/npd/ changes),
 # and the NVML stand-in the agent runs over (.cache/nvml, rebuilt only when testenv/nvml/ changes).
 
 PYTHON ?= python3
@@ -40,6 +41,7 @@ chaos: $(STAMP) testenv nvml
 
 testenv:
 	testenv/build.sh
+	testenv/npd/build.sh
 
 # The NVML stand-in every agent test runs over: libnvidia-ml.so.1 and nvidia-smi, built
 # from testenv/nvml/ with the machine's gcc and Debian's libyaml-dev (installed when missing).
