@@ -60,6 +60,7 @@ from gpuheal.policy.sharing import gpus_offered, label_counts_gpus, layout
 from gpuheal.sources.annotations import written
 from gpuheal.xid import VERSION as XID_CATALOGUE_VERSION
 from gpuheal.xid import classify, needs_line
+from gpuheal.xid.lines import OFF_THE_BUS_REASON, OFF_THE_BUS_SEVERITY
 from gpuheal.xid.sxid import classify_sxid
 
 log = logging.getLogger(__name__)
@@ -345,8 +346,8 @@ class Agent:
                 gpu = self._uuid_for(pci) if pci else ""
                 self.sticky.add(
                     Finding(
-                        "GpuFellOffBus",
-                        Severity.P0,
+                        OFF_THE_BUS_REASON,
+                        OFF_THE_BUS_SEVERITY,
                         f"{gpu or 'a GPU'} has fallen off the bus",
                         (gpu,) if gpu else (),
                         immediate=True,

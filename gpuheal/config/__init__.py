@@ -100,6 +100,11 @@ def taint_specs(value: object) -> tuple[Taint, ...]:
 # -- the sections ------------------------------------------------------------------------
 
 
+# conditions[].message: how a matching condition's message is read.
+MESSAGE_IGNORED = "ignored"  # not read: the rule's fault
+MESSAGE_KERNEL_LOG = "kernelLog"  # NVIDIA driver lines, one a line (docs/operations.md)
+
+
 @dataclass(frozen=True)
 class ConditionRule:
     """`conditions[]`: map a NodeCondition written by any detector to a fault signal."""
@@ -107,9 +112,12 @@ class ConditionRule:
     type: str = setting(string)
     status: str = setting(string, "False")
     reasons: tuple[str, ...] = setting(strings, ())  # empty: any reason
-    # Empty: the condition's own reason, else its type.
+    # Empty: the condition's own reason, else its type (kernelLog: the line's row's).
     fault_reason: str = setting(string, "")
     severity: Severity = setting(enum_of(Severity), Severity.P0)
+    # kernelLog: the message holds NVIDIA driver lines (node-problem-detector puts the
+    # log lines its rule matched there), classified as the agent classifies them.
+    message: str = setting(one_of(MESSAGE_IGNORED, MESSAGE_KERNEL_LOG), MESSAGE_IGNORED)
 
     def matches(self, type_: str, status: str, reason: str) -> bool:
         return (

@@ -32,6 +32,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from gpuheal.model import Severity
+
 _PCI = r"(?:PCI:)?(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)"
 # "NVRM: GPU 18:00.0: GPU has fallen off the bus." (GPUd's tests): no domain.
 _PCI_ANY = r"(?:PCI:)?(?P<pci>(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)"
@@ -102,6 +104,11 @@ class SxidEvent:
     detail: str = ""  # after the code and the word: "Link 30 LTSSM Fault Up"
     data: str = ""  # a Data line's payload: "0x50610002, 0x10100030"
     continuation: bool = False  # a Severity or Data line: the rest of an SXid
+
+
+# What a GPU fallen off the bus without an Xid number is, wherever its line is read.
+OFF_THE_BUS_REASON = "GpuFellOffBus"
+OFF_THE_BUS_SEVERITY = Severity.P0
 
 
 @dataclass(frozen=True)

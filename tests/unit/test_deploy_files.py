@@ -1,5 +1,5 @@
 """The deploy/ files agree with the code: dashboard metric names, Dockerfile lint, the
-chart's Xid lists and dcgm-exporter counters file."""
+chart's Xid lists, the node-problem-detector monitor config and dcgm-exporter counters file."""
 
 from __future__ import annotations
 
@@ -57,6 +57,19 @@ def test_the_charts_xid_lists_are_the_catalogues() -> None:
     chart's GPUXidError fires on the node-fault Xids the controller acts on."""
     done = subprocess.run(
         [sys.executable, str(DEPLOY.parent / "tools" / "chart_xids.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_npd_monitor_config_and_the_charts_copy_are_the_catalogues() -> None:
+    """deploy/npd/nvidia-monitor.json and the chart's files/ copy are what
+    tools/npd_config.py makes of gpuheal.xid (tests/unit/test_sources_npd.py checks
+    what its rules match)."""
+    done = subprocess.run(
+        [sys.executable, str(DEPLOY.parent / "tools" / "npd_config.py"), "--check"],
         capture_output=True,
         text=True,
         check=False,
