@@ -1,4 +1,5 @@
-"""Where the control-plane binaries built by testenv/build.sh live."""
+"""Where the control-plane binaries built by testenv/build.sh (and node-problem-detector,
+by testenv/npd/build.sh) live."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ class Binaries:
     kwok_stages = _Binary("kwok-stages.yaml")
     kubectl = _Binary("kubectl")
     helm = _Binary("helm")
+    node_problem_detector = _Binary("node-problem-detector")  # testenv/npd/build.sh
 
 
 def default_binaries() -> Binaries:

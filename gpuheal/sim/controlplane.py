@@ -68,6 +68,9 @@ IDENTITIES: tuple[Identity, ...] = (
     Identity("gpuheal-controller"),
     Identity("gpuheal-agent"),
     Identity("gpuheal-operator"),
+    # node-problem-detector (gpuheal.sim.npd): what a test binds the built-in
+    # system:node-problem-detector ClusterRole to.
+    Identity("node-problem-detector"),
 )
 
 
