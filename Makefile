@@ -3,6 +3,7 @@
 #   make test   lint, type check, every test tier
 # Both install what they need: a virtualenv (.venv) and the control-plane
 # binaries built from the Go module proxy (.cache/testenv, rebuilt only when testenv/ changes),
+# kured for the reboot test (.cache/kured, rebuilt only when testenv/kured/ changes),
 # and the NVML stand-in the agent runs over (.cache/nvml, rebuilt only when testenv/nvml/ changes).
 
 PYTHON ?= python3
@@ -38,8 +39,11 @@ e2e: $(STAMP) testenv nvml
 chaos: $(STAMP) testenv nvml
 	$(BIN)/pytest -m chaos
 
+# The control plane, kwok and helm (testenv/build.sh), and kured, the real reboot daemon
+# tests/integration/test_kured.py runs (testenv/kured/build.sh): each has its own stamp.
 testenv:
 	testenv/build.sh
+	testenv/kured/build.sh
 
 # The NVML stand-in every agent test runs over: libnvidia-ml.so.1 and nvidia-smi, built
 # from testenv/nvml/ with the machine's gcc and Debian's libyaml-dev (installed when missing).

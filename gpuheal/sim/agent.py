@@ -123,13 +123,16 @@ class AgentProcess:
         with self.kmsg_path.open("a") as log:
             log.write(f"{priority},{self._seq},{self._seq * 1000},-;{message}\n")
 
-    def reboot(self) -> None:
+    def reboot(self, *, run_is_tmpfs: bool = True) -> None:
         """What a node reboot looks like to the next agent: a new boot id, a fresh
-        kernel log. Call while the agent is stopped."""
+        kernel log, and (`run_is_tmpfs`) an empty /var/run. Without it the reboot
+        sentinel outlives the reboot, as on a path no reboot empties: the next agent
+        must remove its own. Call while the agent is stopped."""
         boot = self.boot_id_path.read_text().strip()
         self.boot_id_path.write_text(f"{boot}+\n")
         self.kmsg_path.write_text("")
-        self.reboot_sentinel.unlink(missing_ok=True)
+        if run_is_tmpfs:
+            self.reboot_sentinel.unlink(missing_ok=True)
 
     def resets(self) -> list[tuple[str, str]]:
         """Every GPU reset the stand-in nvidia-smi was asked for: (uuid, outcome)."""
