@@ -55,9 +55,11 @@ class AgentProcess:
         *,
         gpus: int = 8,
         nvml_lib_dir: Path | None = None,
+        wrap: list[str] | None = None,
     ) -> None:
         """`nvml_lib_dir` replaces the stand-in library's directory on the agent's
-        LD_LIBRARY_PATH (a directory without libnvidia-ml.so.1: a node without NVML)."""
+        LD_LIBRARY_PATH (a directory without libnvidia-ml.so.1: a node without NVML);
+        `wrap`: a prefix its command runs under (sim/hostsystemd.py's jail)."""
         # Fails here, with what to build, when `make nvml` has not run.
         self.nvml = default_nvml().require()
         self.node = node
@@ -98,7 +100,7 @@ class AgentProcess:
         self.log_path = self.dir / "agent.log"
         self.component = Component(
             f"agent-{values.label_value(node)}",
-            argv,
+            [*(wrap or []), *argv],
             self.log_path,
             env=self.nvml.environment(self.spec_path, nvml_lib_dir),
         )

@@ -140,10 +140,10 @@ def confinement_problem() -> str | None:
         return "no unshare (util-linux) on PATH: kured runs only in namespaces of its own"
     if not NSENTER.is_file():
         return f"kured v1.13.1 runs its commands through {NSENTER}, which is missing"
-    return _namespaces_problem(unshare) or _port_problem()
+    return namespaces_problem(unshare) or _port_problem()
 
 
-def _namespaces_problem(unshare: str) -> str | None:
+def namespaces_problem(unshare: str) -> str | None:
     """Whether unshare gives a PID namespace whose /proc/1 is its own init, in a mount
     namespace of its own (what the jail script checks again before kured starts)."""
     flags = " ".join(UNSHARE_FLAGS)

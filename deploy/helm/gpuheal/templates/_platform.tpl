@@ -85,6 +85,13 @@ upstream source of each fact.
 {{- $smi := list "/usr/local/nvidia/bin/nvidia-smi" }}
 {{- $config = dict "smiCommand" $smi "repairResetCommand" $smi }}
 {{- end }}
+{{- if .Values.agent.hostReboot.enabled }}
+{{- if and (hasKey .Values.agent.config "repairRebootMethod") (ne .Values.agent.config.repairRebootMethod "command") }}
+{{- fail (printf "agent.hostReboot.enabled reboots through the node's systemd (repairRebootMethod command); agent.config.repairRebootMethod is %q: choose one" .Values.agent.config.repairRebootMethod) }}
+{{- end }}
+{{- $_ := set $config "repairRebootMethod" "command" }}
+{{- $_ := set $config "repairRebootCommand" (include "gpuheal.agent.hostRebootCommand" . | fromJsonArray) }}
+{{- end }}
 {{- $reset := .Values.agent.gpuReset }}
 {{- if $reset.enabled }}
 {{- $_ := set $config "repairDaemonTimeoutSeconds" $reset.timeoutSeconds }}
@@ -100,6 +107,12 @@ upstream source of each fact.
 {{- with $reset.restartPods }}{{ $_ := set $config "repairRestartPods" . }}{{ end }}
 {{- end }}
 {{- toJson $config }}
+{{- end -}}
+
+{{/* The node's own systemd, entered from the agent's pod (hostPID): its PID 1's mount
+  namespace is the host's, where systemctl talks to the host's systemd. */}}
+{{- define "gpuheal.agent.hostRebootCommand" -}}
+{{- toJson (list "/usr/bin/nsenter" "--mount=/proc/1/ns/mnt" "--" "/bin/systemctl" "reboot") }}
 {{- end -}}
 
 {{/* The GPU Operator's components that hold the GPU open, by the node label its
