@@ -4,6 +4,7 @@
 # Both install what they need: a virtualenv (.venv) and the control-plane
 # binaries built from the Go module proxy (.cache/testenv, rebuilt only when testenv/ changes;
 # node-problem-detector beside them, rebuilt only when testenv/npd/ changes),
+# kured for the reboot test (.cache/kured, rebuilt only when testenv/kured/ changes),
 # and the NVML stand-in the agent runs over (.cache/nvml, rebuilt only when testenv/nvml/ changes).
 
 PYTHON ?= python3
@@ -39,8 +40,12 @@ e2e: $(STAMP) testenv nvml
 chaos: $(STAMP) testenv nvml
 	$(BIN)/pytest -m chaos
 
+# The control plane, kwok and helm (testenv/build.sh), kured, the real reboot daemon
+# tests/integration/test_kured.py runs (testenv/kured/build.sh), and node-problem-detector,
+# which tests/integration/test_npd.py runs (testenv/npd/build.sh): each has its own stamp.
 testenv:
 	testenv/build.sh
+	testenv/kured/build.sh
 	testenv/npd/build.sh
 
 # The NVML stand-in every agent test runs over: libnvidia-ml.so.1 and nvidia-smi, built

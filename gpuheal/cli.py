@@ -316,6 +316,23 @@ def _add_operator_commands(
             "is not registered."
         ),
     )
+    selftest = command(
+        commands,
+        "selftest",
+        ops.selftest,
+        help="does this installation work: the controller ready, a leader, every agent seeing",
+        description=(
+            "Checks that the controller's API answers and is ready (--api, its Service), "
+            "that one replica leads (the Lease of --config's leaderElection), and that "
+            "every GPU node's agent reports and reaches NVML and its GPUs. What `helm "
+            "test` runs. Reads only. Exit 0 when all pass, 3 when one fails."
+        ),
+    )
+    selftest.add_argument(
+        "--api",
+        required=True,
+        help="the controller's base URL, e.g. http://gpuheal-controller.gpuheal-system:8080",
+    )
     audit = command(
         commands,
         "audit",

@@ -56,6 +56,15 @@ def is_subdomain(value: str) -> bool:
     return 0 < len(value) <= NAME_MAX and _SUBDOMAIN.fullmatch(value) is not None
 
 
+def is_label_key(key: str) -> bool:
+    """A qualified name: an optional DNS subdomain prefix and `/`, then a name of at
+    most 63 characters, alphanumeric at both ends with [-_.] inside."""
+    prefix, _, name = key.rpartition("/")
+    if prefix and not is_subdomain(prefix):
+        return False
+    return 0 < len(name) <= LABEL_VALUE_MAX and _LABEL_VALUE.fullmatch(name) is not None
+
+
 def label_text(value: str, max_chars: int = LABEL_VALUE_MAX) -> str:
     """Text for people as a label value: unsafe runs become `-`, cut to `max_chars`,
     alphanumeric at both ends; "" when nothing is left. Not an identity: two texts

@@ -6,8 +6,8 @@
 #
 # Output: $GPUHEAL_TESTENV_DIR (default .cache/testenv at the repo root):
 #   bin/<binaries>  kwok-stages.yaml  stamp
-# The stamp is a hash of everything under testenv/ but nvml/ and npd/ and the Go version;
-# a build runs only when it changes, so repeated `make test` calls cost nothing.
+# The stamp is a hash of everything under testenv/ but nvml/, kured/ and npd/ and the Go
+# version; a build runs only when it changes, so repeated `make test` calls cost nothing.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -18,9 +18,10 @@ k8s_version="v1.36.3"   # keep in step with testenv/k8s/go.mod
 kwok_version="v0.8.0"   # keep in step with testenv/kwok/go.mod
 helm_version="v3.22.0"  # keep in step with testenv/helm/go.mod
 
-# testenv/nvml and testenv/npd are not the control plane: each has its own build and
-# stamp (testenv/nvml/build.sh; testenv/npd/build.sh, which `make testenv` runs after this).
-stamp="$( (cd "$here" && find . \( -path ./nvml -o -path ./npd \) -prune -o -type f ! -name '*.md' -print0 | sort -z | xargs -0 sha256sum; go version) | sha256sum | cut -d' ' -f1)"
+# testenv/nvml, testenv/kured and testenv/npd are not the control plane: each has its own
+# build and stamp (testenv/nvml/build.sh, testenv/kured/build.sh, testenv/npd/build.sh;
+# `make testenv` runs kured's and npd's).
+stamp="$( (cd "$here" && find . \( -path ./nvml -o -path ./kured -o -path ./npd \) -prune -o -type f ! -name '*.md' -print0 | sort -z | xargs -0 sha256sum; go version) | sha256sum | cut -d' ' -f1)"
 if [[ -f "$out/stamp" && "$(cat "$out/stamp")" == "$stamp" && "${1:-}" != "--force" ]]; then
   exit 0
 fi

@@ -21,6 +21,7 @@ import msgspec
 from prometheus_client import start_http_server
 
 from gpuheal.agent.config import AgentConfig
+from gpuheal.agent.daemons import NodeDaemons
 from gpuheal.agent.debounce import Debounce, Report, step
 from gpuheal.agent.environment import EnvironmentProbe, HostPaths, read_driver_version
 from gpuheal.agent.facts import Counters, gpu_processes
@@ -260,6 +261,11 @@ class Agent:
                 else smi_reset(config.repair_reset_command, config.repair_reset_timeout_seconds),
                 nvml=nvml_lib if config.nvml_enabled else None,
                 on_reset=self.sticky.clear_devices,
+                daemons=NodeDaemons(client, node, config.repair_daemon_namespace)
+                if config.repair_pause_labels or config.repair_daemon_namespace
+                else None,
+                release_nvml=self._release_nvml,
+                resume_nvml=self._resume_nvml,
             )
         if config.kmsg_enabled:
             self.follower = KmsgFollower(
@@ -271,6 +277,20 @@ class Agent:
             )
             self.metrics.follow_kmsg(self.follower)
         self.metrics.follow_access(self.reach)
+
+    # -- the agent's own NVML session, closed for a GPU reset ---------------------
+
+    def _release_nvml(self) -> None:
+        if self.watcher is not None and not self.watcher.pause():
+            log.warning(
+                "the NVML event thread did not close its session", extra={"node": self.node}
+            )
+        if self.nvml is not None:
+            self.nvml.shutdown()
+
+    def _resume_nvml(self) -> None:
+        if self.watcher is not None:
+            self.watcher.resume()
 
     # -- event sources ---------------------------------------------------------
 

@@ -27,6 +27,7 @@ from gpuheal.config.keys import (
     strings,
 )
 from gpuheal.config.xids import xid_rows
+from gpuheal.values import is_label_key, is_label_value, is_subdomain
 from gpuheal.xid import XidRow
 
 TITLE = "invalid agent configuration"
@@ -152,6 +153,38 @@ class Reporting:
     metrics_port: int = setting(integer(0, 65535), 9101)
 
 
+def label_keys(value: Any) -> tuple[str, ...]:
+    keys = strings(value)
+    bad = [k for k in keys if not is_label_key(k)]
+    if bad:
+        raise ValueError(f"not label keys: {', '.join(map(repr, bad))}")
+    return keys
+
+
+def pod_selectors(value: Any) -> tuple[dict[str, str], ...]:
+    """Equality label selectors, one map each: [{app: nvidia-device-plugin-daemonset}]."""
+    if not isinstance(value, list):
+        raise ValueError(f"must be a list of label maps, got {value!r}")
+    found = []
+    for item in value:
+        if not isinstance(item, dict) or not item:
+            raise ValueError(f"each selector must be a non-empty map of labels, got {item!r}")
+        for k, v in item.items():
+            if not (isinstance(k, str) and isinstance(v, str)) or not (
+                is_label_key(k) and is_label_value(v)
+            ):
+                raise ValueError(f"not a label and value: {k!r}: {v!r}")
+        found.append(dict(item))
+    return tuple(found)
+
+
+def namespace_name(value: Any) -> str:
+    name = string(value)
+    if len(name) > 63 or not is_subdomain(name) or "." in name:
+        raise ValueError(f"not a namespace name: {name!r}")
+    return name
+
+
 @dataclass(frozen=True)
 class Repairs:
     """Repairs the controller may request on this node (docs/agent.md, "Repairs").
@@ -163,6 +196,15 @@ class Repairs:
     # The reset: `<command> -r -i <GPU UUID>` (pynvml has no reset call).
     repair_reset_command: tuple[str, ...] = setting(strings, ("nvidia-smi",))
     repair_reset_timeout_seconds: float = setting(number(1, 3600), 120.0)
+    # The GPU's daemons, stopped before the reset and back after (policy/daemons.py):
+    # the GPU Operator's deploy labels paused on this node, the pods (in one
+    # namespace, on this node) that must be gone first, the pods deleted after the
+    # reset (a device plugin not under the operator), and the bound on each wait.
+    repair_daemon_namespace: str = setting(namespace_name, "")
+    repair_pause_labels: tuple[str, ...] = setting(label_keys, ())
+    repair_daemon_pods: tuple[dict[str, str], ...] = setting(pod_selectors, ())
+    repair_restart_pods: tuple[dict[str, str], ...] = setting(pod_selectors, ())
+    repair_daemon_timeout_seconds: float = setting(number(1, 3600), 300.0)
     # The reboot: none (refused), a sentinel file a reboot daemon such as kured acts
     # on, or a command (run in the host's namespaces by the chart's hostPID pod).
     repair_reboot_method: str = setting(one_of("none", "sentinel", "command"), "none")
@@ -188,6 +230,12 @@ def _cross_checks(config: AgentConfig) -> list[str]:
         problems.append("nvmlFakeSpec: required when nvmlBackend is fake")
     if config.temperature_critical_c < config.temperature_warning_c:
         problems.append("temperatureCriticalC: must be >= temperatureWarningC")
+    if (config.repair_daemon_pods or config.repair_restart_pods) and not (
+        config.repair_daemon_namespace
+    ):
+        problems.append(
+            "repairDaemonNamespace: required with repairDaemonPods or repairRestartPods"
+        )
     if config.repair_reboot_method == "command" and not config.repair_reboot_command:
         problems.append("repairRebootCommand: required when repairRebootMethod is command")
     return problems

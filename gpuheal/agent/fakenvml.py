@@ -164,6 +164,13 @@ class FakeNvml:
     def nvmlDeviceGetUUID(self, handle: _Handle) -> str:  # noqa: N802
         return str(self._device(handle)["uuid"])
 
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> _Handle:  # noqa: N802
+        devices = self._load().get("devices") or []
+        for index, device in enumerate(devices):
+            if device.get("uuid") == uuid:
+                return self.nvmlDeviceGetHandleByIndex(index)
+        raise _error(pynvml.NVML_ERROR_NOT_FOUND)
+
     def nvmlDeviceGetPciInfo(self, handle: _Handle) -> _PciInfo:  # noqa: N802
         return _PciInfo(
             str(self._device(handle).get("pciBusId", f"00000000:{handle.index + 1:02X}:00.0"))
@@ -229,6 +236,9 @@ class FakeNvml:
 
     def nvmlEventSetCreate(self) -> _EventSet:  # noqa: N802
         return _EventSet({})
+
+    def nvmlEventSetFree(self, events: _EventSet) -> None:  # noqa: N802
+        return None
 
     def nvmlDeviceRegisterEvents(self, handle: _Handle, mask: int, events: _EventSet) -> None:  # noqa: N802
         self._device(handle)

@@ -8,6 +8,7 @@ NVMLError. The probe code below is the one that runs in production either way.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
@@ -112,6 +113,14 @@ class NvmlProbe:
     def driver_version(self) -> str:
         version = self.lib.nvmlSystemGetDriverVersion()
         return version.decode() if isinstance(version, bytes) else str(version)
+
+    def shutdown(self) -> None:
+        """Close this probe's NVML session (a GPU reset needs every one closed); the
+        next run opens it again."""
+        if self._initialized:
+            self._initialized = False
+            with contextlib.suppress(pynvml.NVMLError):
+                self.lib.nvmlShutdown()
 
     def init(self) -> None:
         if not self._initialized:
@@ -328,6 +337,9 @@ class XidWatcher:
         self.lib = lib
         self.on_xid = on_xid
         self._stop = threading.Event()
+        # A GPU reset needs every NVML session closed: pause() closes this one.
+        self._pause = threading.Event()
+        self._released = threading.Event()
         self._thread = threading.Thread(target=self._run, name="nvml-events", daemon=True)
 
     def start(self) -> None:
@@ -335,6 +347,17 @@ class XidWatcher:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def pause(self, timeout_s: float = 5.0) -> bool:
+        """Close the event set and NVML; True once closed (within one wait, 1 s)."""
+        self._released.clear()
+        self._pause.set()
+        if not self._thread.is_alive():
+            return True
+        return self._released.wait(timeout_s)
+
+    def resume(self) -> None:
+        self._pause.clear()
 
     def _register(self) -> Any:
         lib = self.lib
@@ -347,19 +370,36 @@ class XidWatcher:
                 log.warning("cannot watch Xid events", extra={"gpu": index, "error": str(err)})
         return events
 
+    def _close(self, events: Any) -> None:
+        with contextlib.suppress(pynvml.NVMLError):
+            if events is not None:
+                self.lib.nvmlEventSetFree(events)
+        with contextlib.suppress(pynvml.NVMLError):
+            self.lib.nvmlShutdown()
+
     def _run(self) -> None:
-        events = None
+        events, opened = None, False
         while not self._stop.is_set():
+            if self._pause.is_set():
+                if opened:
+                    self._close(events)
+                    events, opened = None, False
+                self._released.set()
+                self._stop.wait(0.2)
+                continue
             try:
-                if events is None:
+                if not opened:
                     self.lib.nvmlInit()
+                    opened = True
+                if events is None:
                     events = self._register()
                 data = self.lib.nvmlEventSetWait(events, 1000)
             except pynvml.NVMLError as err:
                 if _code(err) == pynvml.NVML_ERROR_TIMEOUT:
                     continue
                 log.warning("NVML event wait failed", extra={"error": str(err)})
-                events = None
+                self._close(events)
+                events, opened = None, False
                 self._stop.wait(5.0)
                 continue
             uuid = self._uuid(data.device)

@@ -13,7 +13,15 @@ The means:
   reset call; nvmlDeviceResetGpuLockedClocks resets clock limits, not the GPU),
   in the integration tests the NVML stand-in's nvidia-smi (testenv/nvml), in unit
   tests with `nvmlBackend: fake` FakeNvml's `reset_gpu`. Refused while a compute
-  process holds one of the GPUs (the agent says which).
+  process holds one of the GPUs (the agent says which). The GPU's daemons (device
+  plugin, DCGM; policy/daemons.py) are stopped first where configured, over rounds
+  of the agent's loop, each step on disk before it is taken: `stopping-daemons`
+  (deploy labels paused; their pods awaited, bounded), `resetting` (the agent's
+  own NVML session shut down for the reset, then a check that each GPU answers),
+  `restoring-daemons` (labels back, pods restarted, awaited, bounded), then the
+  result. A restart resumes at the step on disk; a restart during `resetting`
+  answers failed and still restores the daemons. A daemon that does not stop
+  fails the attempt, named, and the daemons are restored.
 - `reboot`: `repairRebootMethod`: a sentinel file (kured's /var/run/reboot-required)
   or a command; `none` refuses. The result is written after the node is back (a
   new boot id): a reboot is done when it happened, not when it was asked for.
@@ -37,10 +45,12 @@ import msgspec
 import pynvml
 
 from gpuheal.agent.config import AgentConfig
+from gpuheal.agent.daemons import NodeDaemons
 from gpuheal.agent.debounce import Report
 from gpuheal.agent.statefile import load_state
-from gpuheal.clock import iso
+from gpuheal.clock import iso, parse_time
 from gpuheal.model import REPAIR_REQUEST, REPAIR_RESULT
+from gpuheal.policy import daemons as policy
 from gpuheal.policy.repairwire import (
     Outcome,
     RepairRequest,
@@ -56,16 +66,31 @@ log = logging.getLogger(__name__)
 STARTED = "started"  # written before acting
 SENTINEL_MARK = "gpuheal "  # the first word of a sentinel this agent wrote
 REBOOTING = "rebooting"  # the reboot was asked for; answered once the boot id changes
+# A reset's steps with the node's GPU daemons (written before each is taken).
+STOPPING = "stopping-daemons"
+RESETTING = "resetting"
+RESTORING = "restoring-daemons"
 KEEP = 32  # attempts remembered (a node sees a handful in its life)
 
 
 class Attempt(msgspec.Struct):
     action: str
-    outcome: str  # started | rebooting | done | failed | refused
+    # started | rebooting | stopping-daemons | resetting | restoring-daemons
+    # | done | failed | refused
+    outcome: str
     time: str
     detail: str = ""
     boot_id: str = ""
     written: bool = False  # the result annotation was written
+    # A reset with the GPU's daemons: the GPUs, the labels this attempt paused, the
+    # daemons that must come back (selectors) and the pods they may not come back as,
+    # the end of the current wait, and the reset's outcome while they are restored.
+    devices: list[str] = []
+    paused: list[str] = []
+    expected: list[dict[str, str]] = []
+    old_uids: list[str] = []
+    deadline: str = ""
+    result: str = ""
 
 
 class RepairFile(msgspec.Struct):
@@ -169,6 +194,11 @@ def _now() -> str:
     return iso(dt.datetime.now(dt.UTC), "seconds")
 
 
+def _passed(deadline: str) -> bool:
+    until = parse_time(deadline)
+    return until is None or dt.datetime.now(dt.UTC) >= until
+
+
 class Repairer:
     """Answers the controller's requests on one node."""
 
@@ -182,6 +212,9 @@ class Repairer:
         reset: Reset,
         nvml: Any | None,
         on_reset: Callable[[tuple[str, ...]], None] = lambda _: None,
+        daemons: NodeDaemons | None = None,
+        release_nvml: Callable[[], None] = lambda: None,
+        resume_nvml: Callable[[], None] = lambda: None,
     ) -> None:
         self.config = config
         self.node = node
@@ -190,6 +223,10 @@ class Repairer:
         self.reset = reset
         self.nvml = nvml
         self.on_reset = on_reset  # the GPUs reset: their held Xid events are over
+        self.daemons = daemons  # None: no daemons to stop (none configured)
+        # The agent's own NVML session (probe and event thread) holds the GPU open.
+        self.release_nvml = release_nvml
+        self.resume_nvml = resume_nvml
         self._sweep_sentinel()
 
     def _sweep_sentinel(self) -> None:
@@ -276,6 +313,8 @@ class Repairer:
             return self._finish(
                 request, Outcome.FAILED, "the agent restarted during the repair; not tried again"
             )
+        if known.outcome in (STOPPING, RESETTING, RESTORING):
+            return self._resume_reset(request, known)
         if known.outcome == REBOOTING:
             if known.boot_id == self.boot_id:
                 return None  # not rebooted yet
@@ -306,14 +345,153 @@ class Repairer:
             return "no reboot method on this node (repairRebootMethod: none)"
         return None
 
-    def _reset(self, request: RepairRequest, uuids: tuple[str, ...]) -> RepairResult:
-        for uuid in uuids:
-            try:
+    # -- the reset, with the GPU's daemons -----------------------------------------
+
+    def _deadline(self) -> str:
+        until = dt.datetime.now(dt.UTC) + dt.timedelta(
+            seconds=self.config.repair_daemon_timeout_seconds
+        )
+        return iso(until, "seconds")
+
+    def _step(
+        self, request: RepairRequest, known: Attempt, outcome: str, **changes: Any
+    ) -> Attempt:
+        """Write the attempt's next step (before it is taken)."""
+        if outcome != known.outcome and "deadline" not in changes:
+            changes["deadline"] = self._deadline()
+        step = msgspec.structs.replace(known, outcome=outcome, time=_now(), **changes)
+        self.log.put(request.key, step)
+        log.info(
+            "repair step",
+            extra={"node": self.node, "repair": request.key, "step": outcome,
+                   "detail": step.detail},
+        )  # fmt: skip
+        return step
+
+    def _reset(self, request: RepairRequest, uuids: tuple[str, ...]) -> RepairResult | None:
+        config, daemons = self.config, self.daemons
+        started = self.log.attempts[request.key]
+        if daemons is None:
+            return self._reset_now(request, started, list(uuids))
+        # What to pause and what must come back, on disk before the first label moves.
+        paused = list(policy.to_pause(daemons.labels(), config.repair_pause_labels))
+        pods = daemons.pods()
+        selectors = [*config.repair_daemon_pods]
+        step = self._step(
+            request, started, STOPPING,
+            devices=list(uuids), paused=paused,
+            expected=[dict(s) for s in policy.present(pods, selectors)],
+            old_uids=[p.uid for p in policy.running(pods, selectors)],
+        )  # fmt: skip
+        return self._stopping(request, step)
+
+    def _resume_reset(self, request: RepairRequest, known: Attempt) -> RepairResult | None:
+        """Go on with a reset at the step on disk (the last round's, or the one the
+        agent stopped in)."""
+        if known.outcome == STOPPING:
+            return self._stopping(request, known)
+        if known.outcome == RESETTING:
+            # Stopped mid-reset: whether it happened is unknown; never a second one.
+            known = self._step(
+                request, known, RESTORING, result=Outcome.FAILED.value,
+                detail="the agent restarted during the reset; not tried again",
+            )  # fmt: skip
+        return self._restoring(request, known)
+
+    def _stopping(self, request: RepairRequest, known: Attempt) -> RepairResult | None:
+        daemons = self.daemons
+        if daemons is None:  # configured away across a restart: nothing to wait for
+            return self._reset_now(request, known, known.devices)
+        # Again after a restart: a pause written to disk but not yet to the Node.
+        labels = daemons.labels()
+        daemons.set_labels({k: policy.PAUSED for k in known.paused if labels.get(k) == policy.ON})
+        holding = policy.running(daemons.pods(), self.config.repair_daemon_pods)
+        if not holding:
+            return self._reset_now(request, known, known.devices)
+        if not _passed(known.deadline):
+            return None  # the daemons are stopping: look again next round
+        names = ", ".join(f"{daemons.namespace}/{p.name}" for p in holding)
+        wait = self.config.repair_daemon_timeout_seconds
+        staying = {p.uid for p in holding}  # never went: back as they are
+        return self._restoring(
+            request,
+            self._step(
+                request, known, RESTORING, result=Outcome.FAILED.value,
+                detail=f"the GPU's daemons did not stop within {wait:g}s: {names}; not reset",
+                old_uids=[u for u in known.old_uids if u not in staying],
+            ),
+        )  # fmt: skip
+
+    def _reset_now(
+        self, request: RepairRequest, known: Attempt, uuids: list[str]
+    ) -> RepairResult | None:
+        step = self._step(request, known, RESETTING)
+        self.release_nvml()
+        outcome, detail = Outcome.DONE, f"reset {', '.join(uuids)}"
+        try:
+            for uuid in uuids:
                 self.reset(uuid)
-            except RepairFailedError as err:
-                return self._finish(request, err.outcome, err.detail)
-        self.on_reset(uuids)
-        return self._finish(request, Outcome.DONE, f"reset {', '.join(uuids)}")
+        except RepairFailedError as err:
+            outcome, detail = err.outcome, err.detail
+        finally:
+            self.resume_nvml()
+        if outcome is Outcome.DONE:
+            self.on_reset(tuple(uuids))
+            silent = self._silent(uuids)
+            if silent:
+                outcome, detail = Outcome.FAILED, f"{detail}, but {silent}"
+        if self.daemons is None:
+            return self._finish(request, outcome, detail)
+        step = self._step(request, step, RESTORING, result=outcome.value, detail=detail)
+        # Restarted after the reset: the device plugin marks a device Unhealthy until it
+        # restarts (the paused ones are new pods already).
+        pods = self.daemons.pods()
+        restart = policy.running(pods, self.config.repair_restart_pods)
+        for pod in restart:
+            self.daemons.delete(pod)
+        if restart:
+            again = policy.present(pods, self.config.repair_restart_pods)
+            step = self._step(
+                request, step, RESTORING,
+                expected=[*step.expected, *(dict(s) for s in again if s not in step.expected)],
+                old_uids=[*step.old_uids, *(p.uid for p in restart)],
+            )  # fmt: skip
+        return self._restoring(request, step)
+
+    def _silent(self, uuids: list[str]) -> str:
+        """After a reset: which GPU does not answer NVML ("" when each does)."""
+        lib = self.nvml
+        if lib is None:
+            return ""
+        try:
+            lib.nvmlInit()
+        except pynvml.NVMLError as err:
+            return f"NVML does not initialise after it: {err}"
+        try:
+            for uuid in uuids:
+                try:
+                    lib.nvmlDeviceGetName(lib.nvmlDeviceGetHandleByUUID(uuid))
+                except pynvml.NVMLError as err:
+                    return f"{uuid} does not answer after it: {err}"
+        finally:
+            lib.nvmlShutdown()
+        return ""
+
+    def _restoring(self, request: RepairRequest, known: Attempt) -> RepairResult | None:
+        outcome = Outcome(known.result or Outcome.FAILED.value)
+        daemons = self.daemons
+        if daemons is None:
+            return self._finish(request, outcome, known.detail)
+        daemons.set_labels(policy.to_restore(daemons.labels(), known.paused))
+        missing = policy.not_back(daemons.pods(), known.expected, known.old_uids)
+        if not missing:
+            back = "; the GPU's daemons are back" if known.expected else ""
+            return self._finish(request, outcome, known.detail + back)
+        if not _passed(known.deadline):
+            return None  # coming back: look again next round
+        wait = self.config.repair_daemon_timeout_seconds
+        detail = f"{known.detail}; not back within {wait:g}s: {', '.join(missing)}"
+        return self._finish(request, outcome, detail)
 
     def _reboot(self, request: RepairRequest) -> RepairResult | None:
         config = self.config

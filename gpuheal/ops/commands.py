@@ -85,6 +85,12 @@ async def rollout(ctx: Context, args: argparse.Namespace) -> int:
     return await operate(ctx, args)
 
 
+async def selftest(ctx: Context, args: argparse.Namespace) -> int:
+    from gpuheal.ops.selftest import run_selftest  # noqa: PLC0415
+
+    return await run_selftest(ctx, api_url=args.api)
+
+
 async def crds_check(ctx: Context, args: argparse.Namespace) -> int:
     from gpuheal.ops.crds import run_check  # noqa: PLC0415
 

@@ -55,9 +55,11 @@ class AgentProcess:
         *,
         gpus: int = 8,
         nvml_lib_dir: Path | None = None,
+        wrap: list[str] | None = None,
     ) -> None:
         """`nvml_lib_dir` replaces the stand-in library's directory on the agent's
-        LD_LIBRARY_PATH (a directory without libnvidia-ml.so.1: a node without NVML)."""
+        LD_LIBRARY_PATH (a directory without libnvidia-ml.so.1: a node without NVML);
+        `wrap`: a prefix its command runs under (sim/hostsystemd.py's jail)."""
         # Fails here, with what to build, when `make nvml` has not run.
         self.nvml = default_nvml().require()
         self.node = node
@@ -98,7 +100,7 @@ class AgentProcess:
         self.log_path = self.dir / "agent.log"
         self.component = Component(
             f"agent-{values.label_value(node)}",
-            argv,
+            [*(wrap or []), *argv],
             self.log_path,
             env=self.nvml.environment(self.spec_path, nvml_lib_dir),
         )
@@ -123,13 +125,16 @@ class AgentProcess:
         with self.kmsg_path.open("a") as log:
             log.write(f"{priority},{self._seq},{self._seq * 1000},-;{message}\n")
 
-    def reboot(self) -> None:
+    def reboot(self, *, run_is_tmpfs: bool = True) -> None:
         """What a node reboot looks like to the next agent: a new boot id, a fresh
-        kernel log. Call while the agent is stopped."""
+        kernel log, and (`run_is_tmpfs`) an empty /var/run. Without it the reboot
+        sentinel outlives the reboot, as on a path no reboot empties: the next agent
+        must remove its own. Call while the agent is stopped."""
         boot = self.boot_id_path.read_text().strip()
         self.boot_id_path.write_text(f"{boot}+\n")
         self.kmsg_path.write_text("")
-        self.reboot_sentinel.unlink(missing_ok=True)
+        if run_is_tmpfs:
+            self.reboot_sentinel.unlink(missing_ok=True)
 
     def resets(self) -> list[tuple[str, str]]:
         """Every GPU reset the stand-in nvidia-smi was asked for: (uuid, outcome)."""

@@ -96,3 +96,47 @@ def default_nvml() -> NvmlStandIn:
     """$GPUHEAL_NVML_DIR, else .cache/nvml in the source tree."""
     base = os.environ.get(NVML_ENV_DIR)
     return NvmlStandIn(Path(base) if base else _REPO_ROOT / ".cache" / "nvml")
+
+
+# -- kured, the real reboot daemon (testenv/kured/build.sh) ---------------------
+
+KURED_ENV_DIR = "GPUHEAL_KURED_DIR"
+
+
+class KuredMissingError(RuntimeError):
+    """kured is not built: the test that runs it fails with what to build, never skips."""
+
+
+@dataclass(frozen=True)
+class KuredBuild:
+    """kured's binary and its own manifests (RBAC, the DaemonSet its lock lives on)."""
+
+    directory: Path
+
+    @property
+    def binary(self) -> Path:
+        return self.directory / "bin" / "kured"
+
+    @property
+    def rbac(self) -> Path:
+        return self.directory / "kured-rbac.yaml"
+
+    @property
+    def daemonset(self) -> Path:
+        return self.directory / "kured-ds.yaml"
+
+    def require(self) -> KuredBuild:
+        """Self, or a KuredMissingError naming what is missing and how to build it."""
+        missing = [str(p) for p in (self.binary, self.rbac, self.daemonset) if not p.is_file()]
+        if missing:
+            raise KuredMissingError(
+                f"kured is not built ({', '.join(missing)} missing): "
+                "run `make testenv` (testenv/kured/build.sh; needs Go and the module proxy)"
+            )
+        return self
+
+
+def default_kured() -> KuredBuild:
+    """$GPUHEAL_KURED_DIR, else .cache/kured in the source tree."""
+    base = os.environ.get(KURED_ENV_DIR)
+    return KuredBuild(Path(base) if base else _REPO_ROOT / ".cache" / "kured")

@@ -11,6 +11,7 @@
  * Semantics follow gpuheal/agent/fakenvml.py, the Python stand-in the unit tests use
  * (tests/unit/test_nvml_library.py runs one spec through both and compares). */
 #define _GNU_SOURCE
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -19,6 +20,7 @@
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "spec.h"
 
@@ -125,6 +127,10 @@ static struct stat spec_stat;      /* of the file as last read */
 static char spec_problem[512];     /* why the last read failed ("" when it did not) */
 static struct nvmlDevice_st gpus[MAX_DEVICES];
 static struct nvmlDevice_st migs[MAX_DEVICES][MAX_MIG];
+/* The device files held open while initialised (spec devicePath), as NVML holds
+ * /dev/nvidia<N>: a GPU reset is refused until every session is shut down. */
+static int device_fds[MAX_DEVICES];
+static int ndevice_fds;
 /* Xid events already delivered by this process (each once, as fakenvml.py does). */
 static char (*delivered)[64];
 static size_t ndelivered, delivered_cap;
@@ -239,8 +245,14 @@ EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
         rc = NVML_ERROR_DRIVER_NOT_LOADED; /* the kernel module is not loaded */
     if (!rc)
         rc = spec_call_error(spec, NULL, "nvmlInit");
-    if (!rc)
-        init_count++;
+    if (!rc && init_count++ == 0) {
+        ndevice_fds = 0;
+        for (int i = 0; i < spec->ndevices && i < spec->visible; i++) {
+            int fd = spec->devices[i].device_path[0] ? open(spec->devices[i].device_path, O_RDONLY | O_CLOEXEC) : -1;
+            if (fd >= 0)
+                device_fds[ndevice_fds++] = fd;
+        }
+    }
     pthread_mutex_unlock(&lock);
     return rc;
 }
@@ -251,8 +263,10 @@ EXPORT nvmlReturn_t nvmlInit(void) { return nvmlInitWithFlags(0); }
 EXPORT nvmlReturn_t nvmlShutdown(void) {
     pthread_mutex_lock(&lock);
     nvmlReturn_t rc = init_count ? NVML_SUCCESS : NVML_ERROR_UNINITIALIZED;
-    if (init_count)
-        init_count--;
+    if (init_count && --init_count == 0) {
+        while (ndevice_fds > 0)
+            close(device_fds[--ndevice_fds]);
+    }
     pthread_mutex_unlock(&lock);
     return rc;
 }
@@ -371,6 +385,28 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice
 
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device) {
     return nvmlDeviceGetHandleByIndex_v2(index, device);
+}
+
+/* By UUID, among the visible GPUs (the agent's check that a reset GPU answers). */
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
+    if (!uuid || !device)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t rc = enter("nvmlDeviceGetHandleByUUID", NULL, NULL);
+    if (rc)
+        return rc;
+    int index = -1;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < spec->ndevices && i < spec->visible; i++)
+        if (!strcmp(spec->devices[i].uuid, uuid))
+            index = i;
+    pthread_mutex_unlock(&lock);
+    if (index < 0)
+        return NVML_ERROR_NOT_FOUND;
+    struct device d;
+    rc = enter("nvmlDeviceGetHandleByUUID", &gpus[index], &d);
+    if (!rc)
+        *device = &gpus[index];
+    return rc;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {

@@ -5,7 +5,9 @@
  *   nvidia-smi --query-gpu=index,uuid --format=csv,noheader   the smi probe (agent/smi.py)
  *
  * The reset has gpuheal/agent/fakenvml.py's FakeNvml.reset_gpu semantics: refused while a
- * process holds the GPU, the first `resetFailures` resets of a GPU fail, a lost GPU cannot be
+ * process holds the GPU (a compute process of the spec, or, where the spec names the GPU's
+ * `devicePath`, any other process with that file open: the device plugin, DCGM, an NVML
+ * session not shut down), the first `resetFailures` resets of a GPU fail, a lost GPU cannot be
  * reset; otherwise it clears what a reset clears (the volatile ECC count, the driver's recovery
  * action, a pending row remap) in the spec. Each reset is a line of `<spec>.resets`,
  * `<uuid> ok|failed|in-use`.
@@ -17,7 +19,9 @@
  * codes 6 (a query to find an object was unsuccessful), 15 (GPU fallen off the bus) and
  * 2 (invalid argument) are the nvidia-smi(1) manual's RETURN VALUE section. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -155,6 +159,53 @@ static void clear_after_reset(const char *path, int index) {
     }
 }
 
+/* The first process but this one that holds `path` open (scanning /proc/<pid>/fd, as
+ * fuser does), or 0. A holder's pid and name are written to `who`. */
+static int holder_of(const char *path, char *who, size_t who_len) {
+    char want[4096];
+    if (!realpath(path, want))
+        return 0;
+    DIR *proc = opendir("/proc");
+    if (!proc)
+        return 0;
+    int found = 0;
+    struct dirent *p;
+    while (!found && (p = readdir(proc))) {
+        int pid = atoi(p->d_name);
+        if (pid <= 0 || pid == getpid())
+            continue;
+        char fds[64];
+        snprintf(fds, sizeof fds, "/proc/%d/fd", pid);
+        DIR *dir = opendir(fds);
+        if (!dir)
+            continue;
+        struct dirent *f;
+        while ((f = readdir(dir))) {
+            char link[384], target[4096];
+            snprintf(link, sizeof link, "%s/%s", fds, f->d_name);
+            ssize_t n = readlink(link, target, sizeof target - 1);
+            if (n > 0 && (target[n] = 0, !strcmp(target, want))) {
+                found = pid;
+                break;
+            }
+        }
+        closedir(dir);
+    }
+    closedir(proc);
+    if (found) {
+        char comm_path[64], comm[64] = "?";
+        snprintf(comm_path, sizeof comm_path, "/proc/%d/comm", found);
+        FILE *c = fopen(comm_path, "r");
+        if (c) {
+            if (fgets(comm, sizeof comm, c))
+                comm[strcspn(comm, "\n")] = 0;
+            fclose(c);
+        }
+        snprintf(who, who_len, "%d (%s)", found, comm);
+    }
+    return found;
+}
+
 static int reset(const char *uuid) {
     const char *path = spec_path();
     static struct spec spec;
@@ -176,7 +227,8 @@ static int reset(const char *uuid) {
                "Reboot the system to recover this GPU\n", d->pci);
         return EXIT_LOST;
     }
-    if (d->nprocs) {
+    char who[128] = "";
+    if (d->nprocs || (d->device_path[0] && holder_of(d->device_path, who, sizeof who))) {
         log_reset(log_path, uuid, "in-use");
         printf("The following GPUs could not be reset:\n  GPU %s: In use by another client\n\n"
                "1 device is currently being used by one or more other processes (e.g., Fabric "

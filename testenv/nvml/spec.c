@@ -280,6 +280,8 @@ static int device_pair(struct walk *w, const char *key, yaml_node_t *value, void
     yaml_node_item_t *i, *top;
     if (!strcmp(key, "uuid"))
         return get_str(w, value, key, d->uuid, sizeof d->uuid);
+    if (!strcmp(key, "devicePath"))
+        return get_str(w, value, key, d->device_path, sizeof d->device_path);
     if (!strcmp(key, "pciBusId"))
         return get_str(w, value, key, d->pci, sizeof d->pci);
     if (!strcmp(key, "name"))

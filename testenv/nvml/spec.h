@@ -31,6 +31,10 @@ struct device {
     char uuid[96];
     char pci[32]; /* "00000000:3B:00.0" */
     char name[96];
+    /* The device file the driver serves this GPU by (/dev/nvidia<N> on a node): the NVML
+     * stand-in holds it open while initialised, as NVML does, and the reset refuses while
+     * any process holds it (nvidia-smi's "In use by another client"). "" for none. */
+    char device_path[256];
     unsigned temperature;
     unsigned long long ecc_uncorrected_volatile;
     int has_rows; /* remappedRows given: the GPU remaps rows (Ampere and later) */

@@ -58,9 +58,15 @@ class Release:
     name: str
     namespace: str
     objects: list[dict[str, Any]]
+    tests: list[dict[str, Any]]  # `helm test`'s hooks: rendered, not installed
 
     def find(self, kind: str, name: str) -> dict[str, Any]:
         return next(o for o in self.objects if o["kind"] == kind and o["metadata"]["name"] == name)
+
+
+def is_test_hook(obj: dict[str, Any]) -> bool:
+    """Created by `helm test`, not by `helm install`."""
+    return (obj["metadata"].get("annotations") or {}).get("helm.sh/hook") == "test"
 
 
 @contextmanager
@@ -76,13 +82,14 @@ def installed(
     name, namespace = unique("gh"), unique("gpuheal-system")
     # With its default ServiceAccount, for the canaries; labels: Pod Security's, say.
     create_namespace(kube, namespace, namespace_labels)
-    objects = render(control_plane, name, namespace, sets=sets)
+    rendered = render(control_plane, name, namespace, sets=sets)
+    tests = [o for o in rendered if is_test_hook(o)]
     applied = []
     try:
-        for obj in objects:
+        for obj in (o for o in rendered if not is_test_hook(o)):
             kube.apply(codecs.from_dict(obj), field_manager="helm-test", force=True)
             applied.append(obj)
-        yield Release(name, namespace, applied)
+        yield Release(name, namespace, applied, tests)
     finally:
         for obj in applied:
             if obj["kind"].startswith(("ClusterRole", "ValidatingAdmissionPolicy")):

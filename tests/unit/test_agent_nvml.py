@@ -119,15 +119,22 @@ def test_an_xid_of_a_gpu_that_cannot_be_named_is_still_reported(tmp_path: Path) 
         while len(seen) < count and time.monotonic() < deadline:
             time.sleep(0.05)
 
+    def write(document: object) -> None:
+        # Whole or not at all: a registration that read a half-written spec would
+        # see no GPU to register on.
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(document))
+        tmp.replace(path)
+
     watcher.start()
     try:
         document = yaml.safe_load(path.read_text())
         document["xidEvents"] = [{"id": 1, "device": 2, "xid": 48}]
-        path.write_text(yaml.safe_dump(document))
+        write(document)
         wait(1)  # registered on every GPU by now
         document["devices"][3]["lost"] = True
         document["xidEvents"].append({"id": 2, "device": 3, "xid": 79})
-        path.write_text(yaml.safe_dump(document))
+        write(document)
         wait(2)
     finally:
         watcher.stop()

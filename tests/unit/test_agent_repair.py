@@ -227,7 +227,7 @@ def test_an_agent_killed_while_acting_answers_failed_and_does_not_act_again(
         agent.answer(asked(Action.RESET_GPU), report(node.gpu))
     result = node.agent().answer(asked(Action.RESET_GPU), report(node.gpu))
     assert result is not None and result.outcome is Outcome.FAILED
-    assert "restarted during the repair" in result.detail
+    assert "restarted during the reset; not tried again" in result.detail
     assert node.resets() == []
 
 

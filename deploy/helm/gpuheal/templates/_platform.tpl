@@ -80,11 +80,48 @@ upstream source of each fact.
 {{/* The agent config the preset implies (the user's `agent.config` wins): on GKE
   nvidia-smi is not on PATH but in the driver's directory. */}}
 {{- define "gpuheal.agent.presetConfig" -}}
+{{- $config := dict }}
 {{- if eq (include "gpuheal.platform" .) "gke" }}
 {{- $smi := list "/usr/local/nvidia/bin/nvidia-smi" }}
-{{- toJson (dict "smiCommand" $smi "repairResetCommand" $smi) }}
-{{- else }}{}
+{{- $config = dict "smiCommand" $smi "repairResetCommand" $smi }}
 {{- end }}
+{{- if .Values.agent.hostReboot.enabled }}
+{{- if and (hasKey .Values.agent.config "repairRebootMethod") (ne .Values.agent.config.repairRebootMethod "command") }}
+{{- fail (printf "agent.hostReboot.enabled reboots through the node's systemd (repairRebootMethod command); agent.config.repairRebootMethod is %q: choose one" .Values.agent.config.repairRebootMethod) }}
+{{- end }}
+{{- $_ := set $config "repairRebootMethod" "command" }}
+{{- $_ := set $config "repairRebootCommand" (include "gpuheal.agent.hostRebootCommand" . | fromJsonArray) }}
+{{- end }}
+{{- $reset := .Values.agent.gpuReset }}
+{{- if $reset.enabled }}
+{{- $_ := set $config "repairDaemonTimeoutSeconds" $reset.timeoutSeconds }}
+{{- if or (eq $reset.daemons "gpu-operator") $reset.restartPods }}
+{{- $_ := set $config "repairDaemonNamespace" $reset.namespace }}
+{{- end }}
+{{- if eq $reset.daemons "gpu-operator" }}
+{{- $_ := set $config "repairPauseLabels" (include "gpuheal.gpuOperator.deployLabels" . | fromJsonArray) }}
+{{- $_ := set $config "repairDaemonPods" (include "gpuheal.gpuOperator.daemonPods" . | fromJsonArray) }}
+{{- else if ne $reset.daemons "none" }}
+{{- fail (printf "agent.gpuReset.daemons: %q is neither gpu-operator nor none" $reset.daemons) }}
+{{- end }}
+{{- with $reset.restartPods }}{{ $_ := set $config "repairRestartPods" . }}{{ end }}
+{{- end }}
+{{- toJson $config }}
+{{- end -}}
+
+{{/* The node's own systemd, entered from the agent's pod (hostPID): its PID 1's mount
+  namespace is the host's, where systemctl talks to the host's systemd. */}}
+{{- define "gpuheal.agent.hostRebootCommand" -}}
+{{- toJson (list "/usr/bin/nsenter" "--mount=/proc/1/ns/mnt" "--" "/bin/systemctl" "reboot") }}
+{{- end -}}
+
+{{/* The GPU Operator's components that hold the GPU open, by the node label its
+  DaemonSet selects (nvidia.com/gpu.deploy.<component>=true) and its pods' app label. */}}
+{{- define "gpuheal.gpuOperator.deployLabels" -}}
+{{- toJson (list "nvidia.com/gpu.deploy.device-plugin" "nvidia.com/gpu.deploy.dcgm" "nvidia.com/gpu.deploy.dcgm-exporter" "nvidia.com/gpu.deploy.gpu-feature-discovery") }}
+{{- end -}}
+{{- define "gpuheal.gpuOperator.daemonPods" -}}
+{{- toJson (list (dict "app" "nvidia-device-plugin-daemonset") (dict "app" "nvidia-dcgm") (dict "app" "nvidia-dcgm-exporter") (dict "app" "gpu-feature-discovery")) }}
 {{- end -}}
 
 {{/* The controller's nodeSelector (matchLabels): the value if given, else the
