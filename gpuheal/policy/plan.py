@@ -1118,7 +1118,12 @@ def _restore(state: NodeState, config: Config) -> Plan | None:
         "the health gate"
     )
     create = CreateRecord(name, signal, Phase.QUARANTINED, config.mode_for(RESTORED_REASON))
-    return Plan(record=(create, Emit(RESTORED, note, node.name, name, warning=True)))
+    # Looked at again soon: the restored record's recovery must not wait on its watch
+    # event alone (one coalesced with this reconcile leaves the node tainted).
+    return Plan(
+        record=(create, Emit(RESTORED, note, node.name, name, warning=True)),
+        requeue_after=config.hold_retry_seconds,
+    )
 
 
 def _recover(state: NodeState, config: Config, now: dt.datetime) -> Plan:
