@@ -8,6 +8,7 @@ import itertools
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import yaml
 
@@ -210,7 +211,7 @@ def test_a_person_s_change_of_a_paused_label_is_kept(tmp_path: Path) -> None:
 
 
 def test_a_daemon_that_never_stops_fails_the_attempt_by_name_and_the_labels_come_back(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     cluster = Cluster(stop_on_pause=False)  # e.g. a DaemonSet that ignores the label
     node = Node(tmp_path, cluster)
@@ -218,7 +219,9 @@ def test_a_daemon_that_never_stops_fails_the_attempt_by_name_and_the_labels_come
     assert agent.answer(asked(), report(node.gpu)) is None
     cluster.reconcile()
     assert agent.answer(asked(), report(node.gpu)) is None  # still waiting, within bound
-    monkeypatch.setattr(repair, "_passed", lambda deadline: True)  # the bound passed
+    # The bound passes: the wait's end, as the state file holds it, is behind us.
+    ((key, waiting),) = agent.log.attempts.items()
+    agent.log.put(key, msgspec.structs.replace(waiting, deadline="2026-01-01T00:00:00Z"))
     result = agent.answer(asked(), report(node.gpu))
     assert result is not None and result.outcome is Outcome.FAILED
     names = ", ".join(f"gpu-operator/{p.name}" for p in cluster.running)
