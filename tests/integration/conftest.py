@@ -25,7 +25,7 @@ from gpuheal.sim.resources import GPUFault
 from gpuheal.sim.workloads import apply, create_namespace, gpu_pod, pod_disruption_budget
 from gpuheal.values import node_label
 from tests.conftest import AUDITED_CONTROLLER
-from tests.helpers import unique
+from tests.helpers import unique, wait_for
 
 StartController = Callable[..., ControllerProcess]
 
@@ -148,31 +148,60 @@ def our_taint(kube: Client, node: str) -> str | None:
     return next((t.value for t in taints if t.key == "gpuheal.io/gpu-fault"), None)
 
 
-def events_for(kube: Client, name: str, reason: str) -> list[Event]:
-    return [
-        e
-        for e in kube.list(Event, namespace="default", fields={"involvedObject.name": name})
-        if e.reason == reason
-    ]
+def events_for(kube: Client, name: str, reason: str, *, at_least: int = 0) -> list[Event]:
+    """The Events about cluster-scoped object `name` with this reason. Events are
+    sent behind a queue, after the record they speak of is written: `at_least`
+    waits (up to 20 s) until that many are there, so that a test reading them just
+    after the record sees them; the caller still asserts the exact count."""
+
+    def listed() -> list[Event]:
+        return [
+            e
+            for e in kube.list(Event, namespace="default", fields={"involvedObject.name": name})
+            if e.reason == reason
+        ]
+
+    if at_least:
+        wait_for(
+            f"{at_least} {reason} Event(s) about {name}", lambda: len(listed()) >= at_least, 20
+        )
+    return listed()
 
 
-def evictions_from(kube: Client, node: str, reason: str = "GPUPodEvicted") -> list[Event]:
+def evictions_from(
+    kube: Client, node: str, reason: str = "GPUPodEvicted", *, at_least: int = 0
+) -> list[Event]:
     """Events about pods moved off `node`: `GPUPodEvicted` regards the Node, one per
     eviction pass naming its pods; a refused eviction (`GPUPodEvictionBlocked`) or a
     deletion regards its Pod (in the pod's namespace, for `kubectl describe pod`)
-    and names the node as related."""
-    return [
-        e
-        for e in kube.list(Event, namespace="*", fields={"reason": reason})
-        if (e.related is not None and e.related.name == node)
-        or (e.involvedObject.kind == "Node" and e.involvedObject.name == node)
-    ]
+    and names the node as related. `at_least`: as in events_for."""
+
+    def listed() -> list[Event]:
+        return [
+            e
+            for e in kube.list(Event, namespace="*", fields={"reason": reason})
+            if (e.related is not None and e.related.name == node)
+            or (e.involvedObject.kind == "Node" and e.involvedObject.name == node)
+        ]
+
+    if at_least:
+        wait_for(
+            f"{at_least} {reason} Event(s) about {node}", lambda: len(listed()) >= at_least, 20
+        )
+    return listed()
 
 
-def pods_told_evicted(kube: Client, node: str) -> list[str]:
+def pods_told_evicted(kube: Client, node: str, *, at_least: int = 0) -> list[str]:
     """Every pod ("namespace/name") the `GPUPodEvicted` Events of `node` name, as
     often as they name it: "evicted 2 GPU pods for fault F: ml/a, ml/b off bad
-    device GPU-…" on the Node, "deleted GPU pod ml/c …" on the Pod."""
+    device GPU-…" on the Node, "deleted GPU pod ml/c …" on the Pod. `at_least`
+    waits (up to 20 s) until that many pods are named: the Events follow the record."""
+    if at_least:
+        wait_for(
+            f"{at_least} pod(s) told evicted off {node}",
+            lambda: len(pods_told_evicted(kube, node)) >= at_least,
+            20,
+        )
     told: list[str] = []
     for event in evictions_from(kube, node):
         regarding = event.involvedObject

@@ -83,10 +83,10 @@ def test_fault_quarantines_node_and_evicts_only_its_gpu_pods(
     record = kube.get(GPUFault, name)
     status: Any = record.status or {}
     assert sorted(status["evictedPods"]) == [f"{namespace}/train-0", f"{namespace}/train-1"]
-    assert len(events_for(kube, bad, "GPUFaultQuarantined")) == 1
+    assert len(events_for(kube, bad, "GPUFaultQuarantined", at_least=1)) == 1
     # One Event for the pass that evicted both, on the node, naming them.
-    assert len(evictions_from(kube, bad)) == 1
-    assert sorted(pods_told_evicted(kube, bad)) == status["evictedPods"]
+    assert len(evictions_from(kube, bad, at_least=1)) == 1
+    assert sorted(pods_told_evicted(kube, bad, at_least=2)) == status["evictedPods"]
     assert our_taint(kube, good) is None
 
 
@@ -109,9 +109,11 @@ def test_a_fault_re_reported_100_times_is_remediated_once(
     time.sleep(2)  # let any duplicate work show itself
 
     assert len(faults_of(kube, node)) == 1
-    assert len(events_for(kube, node, "GPUFaultDetected")) == 1
-    assert len(events_for(kube, node, "GPUFaultQuarantined")) == 1
-    assert sorted(pods_told_evicted(kube, node)) == [f"{namespace}/job-{i}" for i in range(3)]
+    assert len(events_for(kube, node, "GPUFaultDetected", at_least=1)) == 1
+    assert len(events_for(kube, node, "GPUFaultQuarantined", at_least=1)) == 1
+    assert sorted(pods_told_evicted(kube, node, at_least=3)) == [
+        f"{namespace}/job-{i}" for i in range(3)
+    ]
     metrics = controller.metrics()
     assert 'gpuheal_pods_evicted_total{result="evicted"} 3.0' in metrics
     assert 'gpuheal_remediations_total{action="AddTaint",result="tainted"} 1.0' in metrics
@@ -142,7 +144,7 @@ def test_recovery_after_the_window_and_a_manual_untaint_is_respected(
         "the record Resolved", lambda: [phase(r) for r in faults_of(kube, healed)] == ["Resolved"]
     )
     wait_for("the Event", lambda: events_for(kube, healed, "GPUFaultRecovered"))
-    assert len(events_for(kube, healed, "GPUFaultRecovered")) == 1
+    assert len(events_for(kube, healed, "GPUFaultRecovered", at_least=1)) == 1
     labels = kube.get(Node, healed).metadata.labels or {}  # type: ignore[union-attr]
     assert "gpuheal.io/state" not in labels
     assert handled_fault(kube, healed) == "f-healed"
@@ -181,7 +183,7 @@ def test_a_record_a_person_deletes_while_quarantined_is_restored_and_the_node_re
     assert restored.metadata.name == record.metadata.name  # the fault's own name again
     assert restored.spec["reason"] == "RecordRestored"
     assert [a["action"] for a in restored.status["actions"]][-1] == "untaint"
-    (told,) = events_for(kube, node, "GPUFaultRestored")
+    (told,) = events_for(kube, node, "GPUFaultRestored", at_least=1)
     assert told.type == "Warning" and "f-deleted" in str(told.message)
     found = list(audit.requests(control_plane.audit_log, user=AUDITED_CONTROLLER, since=since))
     writes = audit.by_verb_and_resource(
@@ -209,7 +211,7 @@ def test_a_fault_on_a_gpu_node_outside_the_selector_is_said_once(
     wait_for("the warning", lambda: events_for(kube, outside, "GPUNodeUnmanaged"))
     kube.patch(Node, outside, {"metadata": {"labels": {"touched": "again"}}})
     time.sleep(1.5)
-    (event,) = events_for(kube, outside, "GPUNodeUnmanaged")
+    (event,) = events_for(kube, outside, "GPUNodeUnmanaged", at_least=1)
     assert "xid-79-outside" in str(event.message) and event.type == "Warning"
     assert our_taint(kube, outside) is None and not faults_of(kube, outside)
 
@@ -269,7 +271,7 @@ def test_breaker_holds_faults_beyond_the_cap_and_releases_them_as_nodes_recover(
     time.sleep(1.5)
     assert len(tainted()) == 5  # exactly the cap, stable
     for node in held():
-        assert len(events_for(kube, node, "GPUFaultHeld")) == 1
+        assert len(events_for(kube, node, "GPUFaultHeld", at_least=1)) == 1
 
     # The quarantined ones recover: the held ones proceed, never more than 5 at once.
     first = tainted()
@@ -301,7 +303,7 @@ def test_pdb_blocks_eviction_it_is_retried_not_deleted(
     wait_for("a blocked-eviction event", lambda: evictions_from(kube, node, blocked))
     time.sleep(2)  # several retries happen meanwhile
     assert pods_on(kube, namespace, node) == {"guarded"}  # not deleted
-    assert len(evictions_from(kube, node, blocked)) == 1
+    assert len(evictions_from(kube, node, blocked, at_least=1)) == 1
     (record,) = faults_of(kube, node)
     assert phase(record) == "Draining"
 

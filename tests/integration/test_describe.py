@@ -73,7 +73,7 @@ def test_kubectl_describe_lists_gpuheals_events(
     assert f"PodDisruptionBudget {namespace}/guarded" in described
 
     # The Event names the version of the object it speaks of, where known.
-    (quarantined,) = events_for(kube, node, "GPUFaultQuarantined")
+    (quarantined,) = events_for(kube, node, "GPUFaultQuarantined", at_least=1)
     assert quarantined.involvedObject.uid and quarantined.involvedObject.resourceVersion
 
 

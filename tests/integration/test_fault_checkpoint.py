@@ -131,7 +131,7 @@ def test_pods_are_asked_once_and_evicted_when_done_or_at_their_deadline_across_a
         "timed-out",
         f"{namespace}/trainer-1: not done by {asked['trainer-1']}",
     ) in said
-    assert len(events_for(kube, node, CHECKPOINT_ASKED)) == 1
+    assert len(events_for(kube, node, CHECKPOINT_ASKED, at_least=1)) == 1
 
 
 def test_killed_between_a_request_and_its_record_the_next_controller_does_not_ask_again(

@@ -188,7 +188,7 @@ def test_kured_reboots_the_node_gpuheal_asked_to_once_and_gpuheal_returns_it(
     result = decode_result(node_annotations(kube, node)[REPAIR_RESULT])
     assert result is not None and result.outcome is Outcome.DONE and "rebooted" in result.detail
     assert decode_request(node_annotations(kube, node)[REPAIR_REQUEST]) == request  # asked once
-    assert len(events_for(kube, node, "GPUFaultRecovered")) == 1
+    assert len(events_for(kube, node, "GPUFaultRecovered", at_least=1)) == 1
     assert agent.resets() == []
 
 

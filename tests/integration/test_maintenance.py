@@ -266,7 +266,7 @@ def test_round_trip_drain_waits_on_the_pdb_then_completes_and_finish_returns_the
     annotations = (node.metadata.annotations if node.metadata else None) or {}
     assert annotations[MAINTENANCE_REASON] == "driver upgrade to 550"
     assert annotations[MAINTENANCE_CORDONED] == "true"
-    (started,) = events_for(kube, target, "GPUMaintenanceStarted")
+    (started,) = events_for(kube, target, "GPUMaintenanceStarted", at_least=1)
     # By the Node's UID: `kubectl describe node` selects an object's Events by it.
     assert started.involvedObject.uid == node.metadata.uid  # type: ignore[union-attr]
 
@@ -283,7 +283,7 @@ def test_round_trip_drain_waits_on_the_pdb_then_completes_and_finish_returns_the
         k in annotations for k in (MAINTENANCE_REASON, MAINTENANCE_SINCE, MAINTENANCE_CORDONED)
     )
     assert node.spec is not None and not node.spec.unschedulable
-    assert events_for(kube, target, "GPUMaintenanceFinished")
+    assert events_for(kube, target, "GPUMaintenanceFinished", at_least=1)
     # Nothing left to finish: a usage error, nothing changed.
     code, _, err = cli("maintenance", "finish", target)
     assert code == 2 and "not in maintenance" in err
@@ -589,7 +589,7 @@ def test_the_controllers_recovery_waits_for_the_gate(
     time.sleep(2)  # several retries (holdRetrySeconds 0.5): still tainted, noted once
     assert our_taint(kube, node) == "f-gate"
     assert len(gate_failed()) == 1
-    assert len(events_for(kube, node, "GPUHealthGateFailed")) == 1
+    assert len(events_for(kube, node, "GPUHealthGateFailed", at_least=1)) == 1
 
     set_allocatable(kube, node, 8)
     wait_for("the node returned", lambda: our_taint(kube, node) is None, timeout_s=30)

@@ -110,8 +110,8 @@ def test_an_xid_79_on_a_real_shaped_node_is_quarantined_evicted_once_and_recover
             f"{namespace}/train-0",
             f"{namespace}/train-1",
         ]
-        assert len(pods_told_evicted(kube, bad)) == 2
-        assert len(events_for(kube, bad, "GPUFaultQuarantined")) == 1
+        assert len(pods_told_evicted(kube, bad, at_least=2)) == 2
+        assert len(events_for(kube, bad, "GPUFaultQuarantined", at_least=1)) == 1
         assert our_taint(kube, good) is None
 
         # The repair a person (or a reboot daemon) does: the node comes back with a fresh
@@ -123,8 +123,8 @@ def test_an_xid_79_on_a_real_shaped_node_is_quarantined_evicted_once_and_recover
         name = record.metadata.name
         wait_for("record Resolved", lambda: phase(kube.get(GPUFault, name)) == "Resolved")
         assert len(faults_of(kube, bad)) == 1
-        assert len(pods_told_evicted(kube, bad)) == 2
-        assert len(events_for(kube, bad, "GPUFaultRecovered")) == 1
+        assert len(pods_told_evicted(kube, bad, at_least=2)) == 2
+        assert len(events_for(kube, bad, "GPUFaultRecovered", at_least=1)) == 1
     finally:
         delete_nodes(kube, [bad, good])
 

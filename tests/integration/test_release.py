@@ -71,9 +71,11 @@ def test_a_released_fault_is_remediated_once_past_the_breaker_and_the_others_sta
     (entry,) = entries(kube, held[second], "released")
     assert entry["detail"] == f"by {ADMIN} at {released['at']}"
     assert len(entries(kube, held[second], "taint")) == 1
-    assert len(events_for(kube, second, "GPUFaultReleased")) == 1
-    assert len(events_for(kube, second, "GPUFaultQuarantined")) == 1
-    assert pods_told_evicted(kube, second) == [f"{namespace}/trainer-{second.split('.')[0]}"]
+    assert len(events_for(kube, second, "GPUFaultReleased", at_least=1)) == 1
+    assert len(events_for(kube, second, "GPUFaultQuarantined", at_least=1)) == 1
+    assert pods_told_evicted(kube, second, at_least=1) == [
+        f"{namespace}/trainer-{second.split('.')[0]}"
+    ]
     # A second release is refused and changes nothing.
     code, _, err = gpuheal(control_plane, capsys, "release", held[second])
     assert code == 2 and "already released" in err
@@ -92,7 +94,7 @@ def test_a_released_fault_is_remediated_once_past_the_breaker_and_the_others_sta
     the_record(kube, third, "Drained")
     (entry,) = entries(kube, held[third], "released")
     assert entry["detail"].startswith("by api-token at ")
-    assert len(events_for(kube, third, "GPUFaultReleased")) == 1
+    assert len(events_for(kube, third, "GPUFaultReleased", at_least=1)) == 1
 
 
 def test_a_held_fault_that_cleared_takes_no_release(
