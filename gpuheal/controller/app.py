@@ -33,7 +33,7 @@ from gpuheal.controller.notify import Notifier
 from gpuheal.controller.reconciler import Reconciler
 from gpuheal.controller.retention import RecordCollector
 from gpuheal.controller.signals import ExternalSignals
-from gpuheal.controller.worker import RECONCILE_FAILED, ReconcileFailures, work
+from gpuheal.controller.worker import ReconcileFailures, work
 from gpuheal.kube import crds
 from gpuheal.kube.api import KubeApi, gpufault_path, gpurollout_path, node_path, pod_path
 from gpuheal.kube.event_cache import EventCache
@@ -59,6 +59,7 @@ from gpuheal.policy.validation import VALIDATION_LABEL, ValidationPod
 from gpuheal.sources import dcgm
 from gpuheal.sources.dcgm import Query
 from gpuheal.sources.dcgm import queries as dcgm_queries
+from gpuheal.vocabulary import Reason
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +170,7 @@ class Controller:
             counted=lambda reason: self.metrics.reconcile_errors.labels(reason).inc(),
             warn=lambda node, note: self.recorder.emit(
                 self._node_ref(node),
-                reason=RECONCILE_FAILED,
+                reason=Reason.RECONCILE_FAILED,
                 note=note,
                 action="Reconcile",
                 warning=True,

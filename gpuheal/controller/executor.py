@@ -65,8 +65,6 @@ from gpuheal.policy.devices import (
     MarkDevices,
 )
 from gpuheal.policy.plan import (
-    EVICTED,
-    EVICTION_BLOCKED,
     STATE_QUARANTINED,
     Action,
     AddTaint,
@@ -84,8 +82,9 @@ from gpuheal.policy.plan import (
     UpdateRecord,
 )
 from gpuheal.policy.repair import RequestRepair, repair_metric
-from gpuheal.policy.replace import REPLACE_ACCEPTED, REPLACE_FAILED, CallReplace
+from gpuheal.policy.replace import CallReplace
 from gpuheal.policy.validation import CreateValidationJob, DeleteValidationJob
+from gpuheal.vocabulary import Entry, Reason
 
 log = logging.getLogger(__name__)
 
@@ -408,7 +407,7 @@ class Executor:
         # The status (the CRD's subresource: a create cannot carry it) is written
         # with the rest of the pass: after the taint, not before it.
         now = iso(dt.datetime.now(dt.UTC))
-        entry = ActionEntry(time=now, action="detect", result="ok", detail=sig.source)
+        entry = ActionEntry(time=now, action=Entry.DETECT, result="ok", detail=sig.source)
         outcome.news[action.name] = RecordNews(action.phase, [(entry, False)])
         return "created"
 
@@ -656,7 +655,7 @@ class Executor:
         accepted, detail = await call_hook(self.config().repair.replace, action)
         entry = action.outcome(accepted, detail, dt.datetime.now(dt.UTC))
         self._update_record(UpdateRecord(action.record, action.phase, entry), outcome)
-        reason = REPLACE_ACCEPTED if accepted else REPLACE_FAILED
+        reason = Reason.REPLACE_ACCEPTED if accepted else Reason.REPLACE_FAILED
         note = f"fault {action.fault_id}: {entry.detail}"
         outcome.emits.append(Emit(reason, note, action.node, action.record, warning=not accepted))
         return entry.action
@@ -740,7 +739,7 @@ class Executor:
                     detail = "; ".join(c.message for c in err.causes if c.message)
                     self._warn_on_pod(
                         pod,
-                        EVICTION_BLOCKED,
+                        Reason.EVICTION_BLOCKED,
                         f"eviction of {pod.key} for fault {action.fault_id} refused by "
                         f"{by}: {detail or err.message}; retrying with backoff",
                         action="Evict",
@@ -778,7 +777,7 @@ class Executor:
         for (node, fault_id), pods in by_fault.items():
             self.recorder.emit(
                 self._node_ref(node),
-                reason=EVICTED,
+                reason=Reason.EVICTED,
                 note=f"evicted {len(pods)} GPU pod{'s' if len(pods) != 1 else ''} for fault "
                 f"{fault_id}: {', '.join(pods)}",
                 action="Evict",
@@ -798,7 +797,7 @@ class Executor:
         # Rare and past a budget: said on the Pod itself.
         self._warn_on_pod(
             pod,
-            EVICTED,
+            Reason.EVICTED,
             f"deleted GPU pod {pod.key} for fault {action.fault_id}: eviction stayed "
             f"blocked for {self.config().eviction_delete_after_seconds:g}s",
             action="Delete",

@@ -26,11 +26,7 @@ from gpuheal.policy import release as releasing
 from gpuheal.policy.approval import answer_patch, answers_repair, matching, refusal
 from gpuheal.sources import registered
 from gpuheal.sources.xids import Observed
-
-# A person says they are on a fault (the console's Acknowledge): an entry in the
-# record and this Event, nothing else changes.
-ACKNOWLEDGED = "GPUFaultAcknowledged"
-ACKNOWLEDGED_ENTRY = "acknowledged"
+from gpuheal.vocabulary import Entry, Reason
 
 
 @dataclass(frozen=True)
@@ -221,7 +217,7 @@ class ControllerIntake:
         if not record.open:
             return 409, {"error": f"GPUFault {record.name} is {record.phase.value}: closed"}
         at = iso(dt.datetime.now(dt.UTC))
-        entry = ActionEntry(at, ACKNOWLEDGED_ENTRY, "ok", f"by {by}")
+        entry = ActionEntry(at, Entry.ACKNOWLEDGED, "ok", f"by {by}")
         patch = {
             "metadata": {"resourceVersion": record.resource_version},
             "status": {"actions": [action_entry(a) for a in history.append(record.actions, entry)]},
@@ -234,7 +230,7 @@ class ControllerIntake:
             node_ref(record.node, node.uid, node.resource_version)
             if node
             else node_ref(record.node),
-            reason=ACKNOWLEDGED,
+            reason=Reason.ACKNOWLEDGED,
             note=f"fault {record.fault_id} acknowledged by {by}",
             action="Acknowledge",
             related=fault_ref(record.name, record.uid, record.resource_version),

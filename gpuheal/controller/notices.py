@@ -12,9 +12,7 @@ from collections.abc import Callable, Sequence
 
 from gpuheal.controller.executor import Outcome
 from gpuheal.controller.notify import Notice
-from gpuheal.model import FaultRecord
-from gpuheal.policy import repair, validation
-from gpuheal.policy import replace as replacing
+from gpuheal.model import FaultRecord, Phase
 from gpuheal.policy.devices import (
     CreateCanary,
     CreateDeviceRecord,
@@ -22,13 +20,6 @@ from gpuheal.policy.devices import (
     MarkDevices,
 )
 from gpuheal.policy.plan import (
-    APPROVED_ACTION,
-    AWAIT_ACTION,
-    CHECKPOINT_ACTION,
-    ESCALATE_ACTION,
-    EXPIRED_ACTION,
-    REJECTED_ACTION,
-    WOULD_QUARANTINE_ACTION,
     Action,
     AddTaint,
     CreateRecord,
@@ -38,56 +29,26 @@ from gpuheal.policy.plan import (
     RemoveTaint,
     UpdateRecord,
 )
-from gpuheal.policy.repair import (
-    EXHAUSTED_ACTION,
-    FAILED_ACTION,
-    PROPOSED_ACTION,
-    REPAIRED_ACTION,
-    REQUESTED_ACTION,
-)
+from gpuheal.vocabulary import Entry, said
 
 PODS_NAMED = 5  # pods named in a summary before "and N more"
 
-# A record's new action entry, as people say it; entries another verb already
-# covers (taint, evict, detect, canary-start) say nothing more.
-_ENTRY_VERBS = {
-    AWAIT_ACTION: "awaiting approval",
-    APPROVED_ACTION: "plan approved",
-    REJECTED_ACTION: "plan rejected, nothing done",
-    EXPIRED_ACTION: "approval expired, nothing done",
-    WOULD_QUARANTINE_ACTION: "observed (would have quarantined)",
-    ESCALATE_ACTION: "escalated (handled as P0)",
-    CHECKPOINT_ACTION: "GPU pods asked to checkpoint",
-    "hold": "held by the blast-radius breaker",
-    "superseded": "superseded by a newer fault",
-    "drain": "drained",
-    "recovering": "recovering",
-    "recovered": "resolved",
-    "untaint": "resolved",
-    "manual-untaint": "taint removed by hand (respected)",
-    "fault-returned": "fault returned",
-    "gate-failed": "health gate failed, stays tainted",
-    validation.START_ACTION: "validation Job started",
-    validation.PASSED_ACTION: "validation passed",
-    validation.FAILED_ACTION: "validation failed, stays tainted",
-    "canary-passed": "canary passed",
-    "canary-failed": "canary failed, quarantine extended",
-    "extend": "quarantine extended",
-    "release": "device released",
-    "node-deleted": "node deleted, record closed",
-    REQUESTED_ACTION: "repair requested",
-    REPAIRED_ACTION: "repaired",
-    FAILED_ACTION: "repair failed",
-    PROPOSED_ACTION: "repair proposed (not asked)",
-    EXHAUSTED_ACTION: "repairs exhausted: contact support",
-    repair.AWAITING_APPROVAL_ACTION: "repair awaits approval",
-    repair.APPROVED_ACTION: "repair approved",
-    repair.REJECTED_ACTION: "repair rejected, not carried out",
-    repair.EXPIRED_ACTION: "repair approval expired, not carried out",
-    replacing.REQUESTED_ACTION: "node replacement requested from the provider",
-    replacing.ACCEPTED_ACTION: "node replacement accepted by the provider",
-    replacing.FAILED_ACTION: "node replacement call failed",
-}
+# A record's new entry is said in its words (gpuheal/vocabulary.py::SAID), save
+# those another verb of the step already says (the record's creation, the taint,
+# the evictions, the canary's start) and those too small to tell (a repeat held,
+# one pod's checkpoint answer, the history's trimming).
+_UNSAID = frozenset(
+    {
+        Entry.DETECT,
+        Entry.TAINT,
+        Entry.EVICT,
+        Entry.CANARY_START,
+        Entry.REPAIR_HELD,
+        Entry.CHECKPOINTED,
+        Entry.CHECKPOINT_TIMEOUT,
+        Entry.ELIDED,
+    }
+)
 
 
 def _pods(keys: Sequence[str]) -> str:
@@ -133,10 +94,12 @@ def _verbs(ran: Sequence[Action | DeviceAction], outcome: Outcome) -> list[str]:
             case RemoveTaint():
                 # Without our taint on the node only the state label went.
                 verbs.append("untainted" if outcome.untainted else "state label removed")
-            case UpdateRecord() if action.entry.action in _ENTRY_VERBS:
-                verbs.append(_ENTRY_VERBS[action.entry.action])
+            case UpdateRecord() if action.entry.action not in _UNSAID:
+                verbs.append(said(action.entry.action))
                 if action.plan is not None:  # what it would do: taint, which pods
                     verbs.append(action.plan.text())
+                if action.phase is Phase.RESOLVED:
+                    verbs.append("resolved")
             case CreateCanary():
                 verbs.append("canary started")
     deleted = {a.pod.key for a in ran if isinstance(a, DeletePod)}

@@ -18,14 +18,10 @@ from gpuheal.kube.events import EventRecorder, node_ref, pod_ref
 from gpuheal.metrics.controller import ControllerMetrics
 from gpuheal.model import PodView
 from gpuheal.sources.xids import Observed
+from gpuheal.vocabulary import Reason
 from gpuheal.xid import Kind
 
 log = logging.getLogger(__name__)
-
-# The Event on the pod: its application got an Xid (NVIDIA: restart it), or an Xid
-# NVIDIA says to ignore was seen while it ran.
-APPLICATION_XID = "GPUApplicationXid"
-INFORMATIONAL_XID = "GPUInformationalXid"
 
 # Reports already told, so a repeat (Alertmanager's, every repeat_interval) counts
 # once: at most this many, each for `ttl_s`.
@@ -95,7 +91,7 @@ class ObservedXids:
         )
         self.recorder.emit(
             pod_ref(pod.namespace, pod.name, pod.uid, pod.resource_version),
-            reason=APPLICATION_XID if application else INFORMATIONAL_XID,
+            reason=Reason.APPLICATION_XID if application else Reason.INFORMATIONAL_XID,
             note=note,
             action="Observe",
             warning=application,

@@ -52,11 +52,9 @@ from gpuheal.policy.recent import HandledFaults
 from gpuheal.policy.rollout import RolloutDriver, rollout_name
 from gpuheal.policy.validation import ValidationPod
 from gpuheal.sources import Seen
+from gpuheal.vocabulary import Reason
 
 log = logging.getLogger(__name__)
-
-# The Warning Event on a node with GPUs outside the nodeSelector that reports a fault.
-UNMANAGED = "GPUNodeUnmanaged"
 
 # Look again at once (at the end of the queue): the world moved under the pass's
 # plan, or a new quarantine's drain waits for the node's next turn.
@@ -402,7 +400,7 @@ class Reconciler:
         )
         self.executor.recorder.emit(
             node_ref(node.name, node.uid, node.resource_version),
-            reason=UNMANAGED,
+            reason=Reason.NODE_UNMANAGED,
             note=f"{signal.reason} (fault {signal.fault_id}, {signal.source}) reported on a "
             f"node with GPUs that nodeSelector {selector} does not match: gpuheal does not "
             "act on it; label the node to match, or set gpuheal.io/managed=false to "

@@ -25,8 +25,6 @@ from gpuheal.kube.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 
-RECONCILE_FAILED = "GPUHealReconcileFailed"  # the Event on the node
-
 
 class ReconcileFailures:
     """What the workers share about failing nodes: one streak per node."""

@@ -13,23 +13,11 @@ from gpuheal.model import FaultRecord
 from gpuheal.ops.findings import when
 from gpuheal.ops.output import Table
 from gpuheal.policy.history import closed_at, opened_at
+from gpuheal.vocabulary import Entry, said
 
-# A record's action entries as people say them; others are shown by their name.
-_DONE = {
-    "detect": "detected",
-    "taint": "tainted",
-    "hold": "held by the breaker",
-    "drain": "drained",
-    "recovering": "recovering",
-    "untaint": "untainted",
-    "recovered": "cleared before quarantine",
-    "manual-untaint": "untainted by hand",
-    "superseded": "superseded",
-    "gate-failed": "health gate failed",
-    "node-deleted": "node deleted",
-    "release": "released",
-}
-_QUIET = frozenset({"elided", "canary-start", "extend"})
+# Entries the history leaves out: the trimming's count, a canary's start (its
+# result follows), a device quarantine's extension.
+_QUIET = frozenset({Entry.ELIDED, Entry.CANARY_START, Entry.EXTEND})
 
 
 def history(records: Sequence[FaultRecord]) -> tuple[FaultRecord, ...]:
@@ -45,10 +33,10 @@ def done(record: FaultRecord) -> str:
     for entry in record.actions:
         if entry.action in _QUIET:
             continue
-        if entry.action == "evict":
+        if entry.action == Entry.EVICT:
             steps.append(f"evicted {len(record.evicted_pods)} pod(s)")
         else:
-            steps.append(_DONE.get(entry.action, entry.action))
+            steps.append(said(entry.action))
     return ", ".join(dict.fromkeys(steps))
 
 

@@ -56,14 +56,12 @@ from gpuheal.ops.gate import (
     maintenance_since,
 )
 from gpuheal.ops.output import Notes, Table, render
-from gpuheal.policy.gate import GATE_FAILED
 from gpuheal.values import label_text
+from gpuheal.vocabulary import Reason
 
 if TYPE_CHECKING:
     from gpuheal.ops.context import Context
 
-STARTED = "GPUMaintenanceStarted"
-FINISHED = "GPUMaintenanceFinished"
 CONFLICT_RETRIES = 5
 WEBHOOK_TIMEOUT_S = 5.0
 MAINTENANCE_ANNOTATIONS = (
@@ -459,7 +457,11 @@ async def take_out(ctx: Context, node: NodeJson, how: TakeOut) -> StartReport | 
     reason = annotations.get(MAINTENANCE_REASON, how.reason)
     if not resumed:
         await emit_node_event(
-            ctx, node, reason=STARTED, note=f"maintenance started: {reason}", action="Maintenance"
+            ctx,
+            node,
+            reason=Reason.MAINTENANCE_STARTED,
+            note=f"maintenance started: {reason}",
+            action="Maintenance",
         )
     mode = how.checkpoint or config.checkpoint
     if mode == "webhook" and not config.checkpoint_webhook_url:
@@ -540,7 +542,7 @@ async def finish(ctx: Context, args: argparse.Namespace) -> int:
         await emit_node_event(
             ctx,
             node,
-            reason=GATE_FAILED,
+            reason=Reason.GATE_FAILED,
             note=f"maintenance finish refused, node stays out: {result.summary()}",
             action="Gate",
             warning=True,
@@ -564,7 +566,11 @@ async def finish(ctx: Context, args: argparse.Namespace) -> int:
     elif written.spec.unschedulable:
         outcome += "; left cordoned (it was cordoned before maintenance began)"
     await emit_node_event(
-        ctx, written, reason=FINISHED, note=f"maintenance finished: {outcome}", action="Maintenance"
+        ctx,
+        written,
+        reason=Reason.MAINTENANCE_FINISHED,
+        note=f"maintenance finished: {outcome}",
+        action="Maintenance",
     )
     render(GateReport(result, since, outcome, finished=True), ctx.output, ctx.out)
     return exitcodes.OK

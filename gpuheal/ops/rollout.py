@@ -51,7 +51,6 @@ from gpuheal.ops.events import emit_node_event
 from gpuheal.ops.fleet import gpu_node, node_ready, node_selector_query
 from gpuheal.ops.gate import judge_node
 from gpuheal.ops.maintenance import (
-    FINISHED,
     TakeOut,
     WriteError,
     finish_patch,
@@ -61,7 +60,6 @@ from gpuheal.ops.maintenance import (
 )
 from gpuheal.ops.output import Notes, Table, render
 from gpuheal.policy.breaker import quarantine_capacity
-from gpuheal.policy.gate import GATE_FAILED
 from gpuheal.policy.nodes import in_maintenance
 from gpuheal.policy.pools import pool_of
 from gpuheal.policy.rollout import (
@@ -79,6 +77,7 @@ from gpuheal.policy.rollout import (
     rollout_name,
 )
 from gpuheal.values import text
+from gpuheal.vocabulary import Reason
 
 if TYPE_CHECKING:
     from gpuheal.ops.context import Context
@@ -708,7 +707,7 @@ async def _gate(
         await emit_node_event(
             ctx,
             node,
-            reason=GATE_FAILED,
+            reason=Reason.GATE_FAILED,
             note=f"roll-out {rollout.metadata.name} stopped, node held: {result.summary()}",
             action="Gate",
             warning=True,
@@ -727,7 +726,7 @@ async def _gate(
         await emit_node_event(
             ctx,
             written,
-            reason=FINISHED,
+            reason=Reason.MAINTENANCE_FINISHED,
             note=f"maintenance finished (roll-out {rollout.metadata.name}): the gate passed",
             action="Maintenance",
         )

@@ -49,8 +49,8 @@ from gpuheal.ops.selector import Requirement, SelectorError, parse_selector, sel
 from gpuheal.policy import access
 from gpuheal.policy.breaker import quarantine_capacity
 from gpuheal.policy.nodes import in_maintenance
-from gpuheal.policy.plan import WOULD_QUARANTINE_ACTION
 from gpuheal.policy.pools import pool_of
+from gpuheal.vocabulary import Entry
 
 if TYPE_CHECKING:
     from gpuheal.ops.context import Context
@@ -194,7 +194,7 @@ def would_have(records: Iterable[FaultRecord], now: dt.datetime) -> WouldHave:
         r
         for r in records
         if any(
-            a.action == WOULD_QUARANTINE_ACTION and (t := parse_time(a.time)) and t >= since
+            a.action == Entry.WOULD_QUARANTINE and (t := parse_time(a.time)) and t >= since
             for a in r.actions
         )
     ]

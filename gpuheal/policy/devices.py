@@ -48,21 +48,13 @@ from gpuheal.model import (
     Severity,
     fault_record_name,
 )
-from gpuheal.policy.gate import GATE_FAILED
 from gpuheal.policy.history import opened_at
-from gpuheal.policy.plan import DETECTED, RECOVERED, Emit, Evict, UpdateRecord
+from gpuheal.policy.plan import Emit, Evict, UpdateRecord
 from gpuheal.policy.sharing import GPU, physical_gpus
-from gpuheal.sources.escalation import ESCALATE_ACTION
+from gpuheal.vocabulary import Entry, Reason
 
 SOURCE = "pod-status"
 REASON = "DeviceUnhealthy"
-
-# Event reasons for devices (the fault ones are shared with plan.py).
-DEVICE_UNKNOWN = "GPUDeviceUnknown"
-DEVICE_SUSPECT = "GPUDeviceSuspect"
-DEVICE_CANARY = "GPUDeviceCanary"
-DEVICE_ESCALATED = "GPUDeviceEscalated"
-CONTACT_SUPPORT = "GPUContactSupport"
 
 # The node lifecycle controller's taints for a node it cannot hear from.
 UNREACHABLE_TAINTS = frozenset({"node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"})
@@ -353,9 +345,9 @@ def _open_fault(work: _Pass, device: Device) -> FaultRecord:
         and (now - t).total_seconds() <= cfg.contact_support_window_seconds
     ]
     contact = len(recent) + 1 >= cfg.contact_support_after
-    entries = [work.entry("detect", detail=device.message or SOURCE)]
+    entries = [work.entry(Entry.DETECT, detail=device.message or SOURCE)]
     if why:
-        entries.append(work.entry(ESCALATE_ACTION, detail=why))
+        entries.append(work.entry(Entry.ESCALATE, detail=why))
     record = FaultRecord(
         name=name,
         node=node.name,
@@ -377,7 +369,7 @@ def _open_fault(work: _Pass, device: Device) -> FaultRecord:
     work.created.append(record)
     holders = len(device.holders)
     work.emit(
-        DETECTED,
+        Reason.DETECTED,
         f"{device.resource} {device.device_id} Unhealthy"
         + (f" ({device.message})" if device.message else "")
         + f"; device quarantined, {holders} pod(s) holding it to move",
@@ -385,10 +377,10 @@ def _open_fault(work: _Pass, device: Device) -> FaultRecord:
         warning=True,
     )
     if why:
-        work.emit(DEVICE_ESCALATED, f"node quarantine: {why}", name, warning=True)
+        work.emit(Reason.DEVICE_ESCALATED, f"node quarantine: {why}", name, warning=True)
     if contact:
         work.emit(
-            CONTACT_SUPPORT,
+            Reason.CONTACT_SUPPORT,
             f"{len(recent) + 1} faults on this node within "
             f"{cfg.contact_support_window_seconds / 86400:g} days: contact support",
             name,
@@ -412,7 +404,7 @@ def _escalation(work: _Pass, device: Device, history: list[FaultRecord]) -> str:
         return f"whole-node reason {whole!r} in the health message"
     for record in history:
         release = (
-            _last(record, "release") if (record.resource, record.device) == device.key else None
+            _last(record, Entry.RELEASE) if (record.resource, record.device) == device.key else None
         )
         released = parse_time(release.time) if release else None
         if released and (now - released).total_seconds() <= cfg.repeat_window_seconds:
@@ -462,7 +454,7 @@ def _drain_step(work: _Pass, record: FaultRecord, device: Device | None) -> bool
     )
     if not holders:
         if record.phase is Phase.DRAINING:
-            work.actions.append(UpdateRecord(record.name, Phase.DRAINED, work.entry("drain")))
+            work.actions.append(UpdateRecord(record.name, Phase.DRAINED, work.entry(Entry.DRAIN)))
         return False
     to_evict = [p for p in holders if not p.deleting]
     allowed = to_evict[: work.budget]
@@ -475,7 +467,7 @@ def _drain_step(work: _Pass, record: FaultRecord, device: Device | None) -> bool
             UpdateRecord(
                 record.name,
                 Phase.DRAINING,
-                work.entry("evict", detail=detail),
+                work.entry(Entry.EVICT, detail=detail),
                 record_evictions=True,
             )
         )
@@ -497,7 +489,7 @@ def _release_trigger(work: _Pass, record: FaultRecord, health: DeviceHealth | No
                 UpdateRecord(
                     record.name,
                     record.phase,
-                    work.entry("extend", detail="still reported Unhealthy"),
+                    work.entry(Entry.EXTEND, detail="still reported Unhealthy"),
                     expiry=work.later(work.cfg.quarantine_seconds),
                 )
             )
@@ -507,7 +499,7 @@ def _release_trigger(work: _Pass, record: FaultRecord, health: DeviceHealth | No
         return
     # After a failed canary only the (extended) expiry opens the way out again:
     # a Healthy report alone would start the next canary at once.
-    healthy_counts = health is DeviceHealth.HEALTHY and _last(record, "canary-failed") is None
+    healthy_counts = health is DeviceHealth.HEALTHY and _last(record, Entry.CANARY_FAILED) is None
     if not healthy_counts and remaining > 0:
         work.requeue.at(remaining)
         return
@@ -518,7 +510,7 @@ def _release_trigger(work: _Pass, record: FaultRecord, health: DeviceHealth | No
             UpdateRecord(
                 record.name,
                 Phase.RECOVERING,
-                work.entry("recovering", detail=why),
+                work.entry(Entry.RECOVERING, detail=why),
                 recovering_since=iso(work.now),
             )
         )
@@ -528,27 +520,29 @@ def _release_trigger(work: _Pass, record: FaultRecord, health: DeviceHealth | No
 
 
 def _attempt(record: FaultRecord) -> int:
-    return sum(1 for a in record.actions if a.action == "canary-start")
+    return sum(1 for a in record.actions if a.action == Entry.CANARY_START)
 
 
 def _start_canary(work: _Pass, record: FaultRecord, why: str) -> None:
     name = canary_name(record.name, _attempt(record) + 1)
     work.actions += [
         CreateCanary(name, work.state.node.name, record.resource, record.name),
-        UpdateRecord(record.name, Phase.CANARY, work.entry("canary-start", detail=name)),
+        UpdateRecord(record.name, Phase.CANARY, work.entry(Entry.CANARY_START, detail=name)),
     ]
-    work.emit(DEVICE_CANARY, f"{record.device} {why}: canary pod {name} started", record.name)
+    work.emit(
+        Reason.DEVICE_CANARY, f"{record.device} {why}: canary pod {name} started", record.name
+    )
     work.requeue.at(work.cfg.canary_timeout_seconds)
 
 
 def _canary_step(work: _Pass, record: FaultRecord, health: DeviceHealth | None) -> None:
     cfg = work.cfg
     name = canary_name(record.name, max(_attempt(record), 1))
-    start = _last(record, "canary-start")
+    start = _last(record, Entry.CANARY_START)
     started = (parse_time(start.time) if start else None) or work.now
     if health is DeviceHealth.UNHEALTHY:
         work.actions.append(DeleteCanary(name))
-        _back_to_quarantine(work, record, "fault-returned", "Unhealthy again during the canary")
+        _back_to_quarantine(work, record, Entry.FAULT_RETURNED, "Unhealthy again during the canary")
         return
     pod = work.state.canaries.get(name)
     elapsed = (work.now - started).total_seconds()
@@ -562,7 +556,7 @@ def _canary_step(work: _Pass, record: FaultRecord, health: DeviceHealth | None) 
             UpdateRecord(
                 record.name,
                 Phase.RECOVERING,
-                work.entry("canary-passed", detail=name),
+                work.entry(Entry.CANARY_PASSED, detail=name),
                 recovering_since=iso(work.now),
             ),
         ]
@@ -570,9 +564,9 @@ def _canary_step(work: _Pass, record: FaultRecord, health: DeviceHealth | None) 
     elif pod.phase == "Failed" or elapsed >= cfg.canary_timeout_seconds:
         why = "failed" if pod.phase == "Failed" else f"timed out after {elapsed:.0f}s"
         work.actions.append(DeleteCanary(name))
-        _back_to_quarantine(work, record, "canary-failed", f"canary {name} {why}")
+        _back_to_quarantine(work, record, Entry.CANARY_FAILED, f"canary {name} {why}")
         work.emit(
-            GATE_FAILED,
+            Reason.GATE_FAILED,
             f"{record.device}: canary {name} {why}; quarantine extended by "
             f"{cfg.quarantine_seconds:g}s",
             record.name,
@@ -598,7 +592,7 @@ def _back_to_quarantine(work: _Pass, record: FaultRecord, action: str, detail: s
 def _observe_step(work: _Pass, record: FaultRecord, health: DeviceHealth | None) -> None:
     cfg = work.cfg
     if health is DeviceHealth.UNHEALTHY:
-        _back_to_quarantine(work, record, "fault-returned", "Unhealthy again while observed")
+        _back_to_quarantine(work, record, Entry.FAULT_RETURNED, "Unhealthy again while observed")
         return
     since = parse_time(record.recovering_since) or work.now
     remaining = (since - work.now).total_seconds() + cfg.observation_seconds
@@ -607,15 +601,15 @@ def _observe_step(work: _Pass, record: FaultRecord, health: DeviceHealth | None)
         return
     opened = opened_at(record) or work.now
     false_quarantine = (
-        _last(record, "canary-failed") is None
+        _last(record, Entry.CANARY_FAILED) is None
         and (work.now - opened).total_seconds() <= cfg.false_quarantine_seconds
     )
     work.actions += [
-        UpdateRecord(record.name, Phase.RESOLVED, work.entry("release")),
+        UpdateRecord(record.name, Phase.RESOLVED, work.entry(Entry.RELEASE)),
         DeviceReleased(record.name, false_quarantine),
     ]
     work.emit(
-        RECOVERED,
+        Reason.RECOVERED,
         f"{record.device} passed its canary and {cfg.observation_seconds:g}s of observation: "
         "released",
         record.name,
@@ -658,12 +652,12 @@ def _mark(
     work.actions.append(MarkDevices(node.name, *wanted))
     for device_id in sorted(set(wanted[2]) - set(current[2])):
         work.emit(
-            DEVICE_UNKNOWN,
+            Reason.DEVICE_UNKNOWN,
             f"{device_id} health Unknown; suspect after {cfg.unknown_tolerance_seconds:g}s",
         )
     for device_id in sorted(set(wanted[1]) - set(current[1])):
         work.emit(
-            DEVICE_SUSPECT,
+            Reason.DEVICE_SUSPECT,
             f"{device_id} Unknown for over {cfg.unknown_tolerance_seconds:g}s: suspect, "
             "marked on the node (not a fault)",
             warning=True,

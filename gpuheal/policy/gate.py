@@ -47,9 +47,6 @@ from gpuheal.policy.pools import (
 from gpuheal.policy.rollout import RolloutDriver, expected_during_rollout
 from gpuheal.policy.sharing import expected_offers, mig_layout_problem, sharing
 
-# The Event reason of a failed gate (controller recovery, device canaries, maintenance finish).
-GATE_FAILED = "GPUHealthGateFailed"
-
 READY = "ready"
 GPU_COUNT = "gpu-count"
 DRIVER = "driver"

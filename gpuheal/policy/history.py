@@ -19,10 +19,10 @@ from dataclasses import replace
 from gpuheal.clock import parse_time
 from gpuheal.model import ActionEntry, FaultRecord
 from gpuheal.values import DETAIL_MAX, text
+from gpuheal.vocabulary import Entry
 
 MAX_KEPT = 50  # entries in status.actions (the CRD allows 100)
 FIRST_KEPT = 4  # never dropped: detect, taint, the first eviction round
-ELIDED = "elided"
 
 # " (12 times since 2024-05-01T10:00:00.123Z)": how often the entry happened in a row.
 _REPEAT = re.compile(r" \((\d+) times since (\S+)\)$")
@@ -89,7 +89,7 @@ def trim(
         return list(actions)
     head, rest = list(actions[:first]), list(actions[first:])
     dropped = 0
-    if rest and rest[0].action == ELIDED:
+    if rest and rest[0].action == Entry.ELIDED:
         marker, rest = rest[0], rest[1:]
         match = _ELIDED_COUNT.match(marker.detail)
         dropped = int(match[1]) if match else 0
@@ -97,5 +97,7 @@ def trim(
     cut = len(rest) - (keep - first - 1)
     gone, kept = rest[:cut], rest[cut:]
     dropped += len(gone)
-    marker = ActionEntry(gone[-1].time, ELIDED, "ok", f"{dropped} entries dropped after these")
+    marker = ActionEntry(
+        gone[-1].time, Entry.ELIDED, "ok", f"{dropped} entries dropped after these"
+    )
     return [*head, marker, *kept]

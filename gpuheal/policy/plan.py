@@ -42,7 +42,7 @@ from gpuheal.policy import validation
 from gpuheal.policy.backoff import Blocked
 from gpuheal.policy.breaker import breaker_allows
 from gpuheal.policy.checkpoint import PodCheckpoint, Step, next_look, where
-from gpuheal.policy.gate import GATE_FAILED, GateResult, evaluate, facts_from_views
+from gpuheal.policy.gate import GateResult, evaluate, facts_from_views
 from gpuheal.policy.history import opened_at
 from gpuheal.policy.nodes import in_maintenance
 from gpuheal.policy.recent import handled_lately
@@ -52,45 +52,12 @@ from gpuheal.policy.repair import step as repair_step
 from gpuheal.policy.replace import CallReplace
 from gpuheal.policy.rollout import RolloutDriver
 from gpuheal.sources import SOURCES, Seen, Source
-
-# Event reasons (all of them: docs/architecture.md#events).
-DETECTED = "GPUFaultDetected"
-QUARANTINED = "GPUFaultQuarantined"
-HELD = "GPUFaultHeld"
-RELEASED_EVENT = "GPUFaultReleased"
-EVICTED = "GPUPodEvicted"
-EVICTION_BLOCKED = "GPUPodEvictionBlocked"
-RECOVERED = "GPUFaultRecovered"
-INPUT_NORMALIZED = "GPUFaultInputNormalized"
-ESCALATED = "GPUFaultEscalated"
-AWAITING_APPROVAL = "GPUFaultAwaitingApproval"
-APPROVED_EVENT = "GPUFaultApproved"
-REJECTED_EVENT = "GPUFaultRejected"
-APPROVAL_EXPIRED = "GPUFaultApprovalExpired"
-CHECKPOINT_ASKED = "GPUPodCheckpointRequested"
-RESTORED = "GPUFaultRestored"
+from gpuheal.vocabulary import Entry, Reason
 
 # The record made again for gpuheal's taint on a node whose open record was deleted.
 RESTORED_REASON = "RecordRestored"
 RESTORED_SOURCE = "gpuheal"
 
-# Record entries of approval mode.
-AWAIT_ACTION = "awaiting-approval"
-APPROVED_ACTION = APPROVED
-REJECTED_ACTION = REJECTED
-EXPIRED_ACTION = "approval-expired"
-RELEASED_ACTION = "released"
-# Observe mode's record entry: what the other modes would have done.
-WOULD_QUARANTINE_ACTION = "would-quarantine"
-
-# Record entries of checkpoint before eviction (`checkpoint` config): the request,
-# then per pod why it was evicted (it said done, or its deadline passed).
-CHECKPOINT_ACTION = "checkpoint-requested"
-CHECKPOINTED_ACTION = "checkpointed"
-CHECKPOINT_TIMEOUT_ACTION = "checkpoint-timeout"
-
-# A P1 fault's record entry when it is handled as P0 from then on.
-ESCALATE_ACTION = "escalate"
 # The taint a watched P1 fault gets with `p1Taint`: new pods stay off, none leaves.
 P1_TAINT_EFFECT = "NoSchedule"
 
@@ -369,7 +336,7 @@ def _escalated(record: FaultRecord | None, config: Config, now: dt.datetime) -> 
     once its record says it escalated (it worsened to P0 meanwhile)."""
     if record is None:
         return False
-    if any(a.action == ESCALATE_ACTION for a in record.actions):
+    if any(a.action == Entry.ESCALATE for a in record.actions):
         return True
     since = opened_at(record)
     return since is not None and (now - since).total_seconds() >= config.p1_escalation_seconds
@@ -395,7 +362,7 @@ def _escalation(fault: _Fault, config: Config, now: dt.datetime) -> list[Action]
     if (
         record.severity is not Severity.P1
         or fault.mode is Mode.OBSERVE
-        or any(a.action == ESCALATE_ACTION for a in record.actions)
+        or any(a.action == Entry.ESCALATE for a in record.actions)
     ):
         return []
     why = (
@@ -404,9 +371,9 @@ def _escalation(fault: _Fault, config: Config, now: dt.datetime) -> list[Action]
         else f"still present after {config.p1_escalation_seconds:g}s"
     )
     return [
-        UpdateRecord(record.name, record.phase, _entry(now, ESCALATE_ACTION, detail=why)),
+        UpdateRecord(record.name, record.phase, _entry(now, Entry.ESCALATE, detail=why)),
         Emit(
-            ESCALATED,
+            Reason.ESCALATED,
             f"P1 fault {signal.fault_id} ({signal.reason}) {why}: handled as P0",
             signal.node,
             record.name,
@@ -419,7 +386,7 @@ def plan_node_gone(records: tuple[FaultRecord, ...], now: dt.datetime) -> Plan:
     """The Node object was deleted: close its open records (nothing left to act on)."""
     return Plan(
         record=tuple(
-            UpdateRecord(r.name, Phase.RESOLVED, _entry(now, "node-deleted"))
+            UpdateRecord(r.name, Phase.RESOLVED, _entry(now, Entry.NODE_DELETED))
             for r in records
             if r.open
         )
@@ -435,7 +402,7 @@ def _remediate(  # noqa: PLR0911 -- one return per rule reads best here
     # An older fault of this node still open: the new fault supersedes it.
     actions: list[Action] = [
         UpdateRecord(
-            r.name, Phase.RESOLVED, _entry(now, "superseded", detail=f"by {signal.fault_id}")
+            r.name, Phase.RESOLVED, _entry(now, Entry.SUPERSEDED, detail=f"by {signal.fault_id}")
         )
         for r in state.records
         if r.open and r.name != name
@@ -494,8 +461,8 @@ def _remediate(  # noqa: PLR0911 -- one return per rule reads best here
     ):
         if record.phase is Phase.DETECTED:  # an escalated P1 meets the breaker
             actions += [
-                UpdateRecord(record.name, Phase.HELD, _entry(now, "hold", "breaker")),
-                Emit(HELD, _held_note(state, config), node.name, record.name, warning=True),
+                UpdateRecord(record.name, Phase.HELD, _entry(now, Entry.HOLD, "breaker")),
+                Emit(Reason.HELD, _held_note(state, config), node.name, record.name, warning=True),
             ]
             return _with(base, actions, requeue_after=config.hold_retry_seconds)
         return _with(base, actions, suppressed="held", requeue_after=config.hold_retry_seconds)
@@ -522,7 +489,7 @@ def _first_sight(  # noqa: PLR0911 -- one return per rule, as in _remediate
         if remaining > 0:
             return _with(base, actions, suppressed="cooldown", requeue_after=remaining)
     detected = Emit(
-        DETECTED,
+        Reason.DETECTED,
         f"{signal.reason} ({signal.source}, {signal.severity}), fault {signal.fault_id}",
         node.name,
         name,
@@ -557,7 +524,7 @@ def _first_sight(  # noqa: PLR0911 -- one return per rule, as in _remediate
         actions += [
             CreateRecord(name, signal, Phase.HELD, mode),
             *announced,
-            Emit(HELD, _held_note(fault.state, config), node.name, name, warning=True),
+            Emit(Reason.HELD, _held_note(fault.state, config), node.name, name, warning=True),
         ]
         return _with(base, actions, requeue_after=config.hold_retry_seconds)
     actions += [CreateRecord(name, signal, Phase.DETECTED, mode), *announced]
@@ -585,7 +552,7 @@ def _would_quarantine(fault: _Fault, config: Config, now: dt.datetime) -> WouldQ
     return WouldQuarantine(
         fault.record.name,
         Phase.DETECTED,
-        _entry(now, WOULD_QUARANTINE_ACTION, "observe", planned.text()),
+        _entry(now, Entry.WOULD_QUARANTINE, "observe", planned.text()),
         plan=planned,
     )
 
@@ -595,7 +562,7 @@ def _p1_pending(fault: _Fault, config: Config, now: dt.datetime) -> float | None
     would-quarantine); None when that is not to come."""
     record, signal = fault.record, fault.signal
     if signal.severity is not Severity.P1 or any(
-        a.action == WOULD_QUARANTINE_ACTION for a in record.actions
+        a.action == Entry.WOULD_QUARANTINE for a in record.actions
     ):
         return None
     since = opened_at(record) or now
@@ -608,7 +575,7 @@ def _observed(
     """An open fault in observe mode: recorded; a P1 that outlasts its window (or
     worsens) is noted as a would-quarantine once. Nothing on the node."""
     record, signal = fault.record, fault.signal
-    noted = any(a.action == WOULD_QUARANTINE_ACTION for a in record.actions)
+    noted = any(a.action == Entry.WOULD_QUARANTINE for a in record.actions)
     if not noted and signal.severity is not Severity.P2:
         if signal.severity is Severity.P0 or _escalated(record, config, now):
             actions.append(_would_quarantine(fault, config, now))
@@ -625,7 +592,7 @@ def _needs_approval(fault: _Fault, config: Config) -> bool:
         fault.mode is not Mode.OBSERVE
         and config.approval.required_for(fault.signal.reason)
         and record.phase not in TAINTED_PHASES
-        and not any(a.action == APPROVED_ACTION for a in record.actions)
+        and not any(a.action == Entry.APPROVED for a in record.actions)
     )
 
 
@@ -638,11 +605,11 @@ def _request_approval(fault: _Fault, config: Config, now: dt.datetime) -> list[A
         AwaitApproval(
             record.name,
             Phase.AWAITING_APPROVAL,
-            _entry(now, AWAIT_ACTION, "waiting", f"{what}; expires {expires}"),
+            _entry(now, Entry.AWAITING_APPROVAL, "waiting", f"{what}; expires {expires}"),
             plan=planned,
         ),
         Emit(
-            AWAITING_APPROVAL,
+            Reason.AWAITING_APPROVAL,
             f"fault {signal.fault_id} ({signal.reason}, {signal.severity}) awaits approval: "
             f"{what}. Approve or reject with `gpuheal approve|reject {record.name}` "
             f"before {expires}",
@@ -655,7 +622,7 @@ def _request_approval(fault: _Fault, config: Config, now: dt.datetime) -> list[A
 
 def _asked_at(record: FaultRecord) -> dt.datetime | None:
     """When the plan was put to a person: its latest awaiting-approval entry."""
-    asked = [parse_time(a.time) for a in record.actions if a.action == AWAIT_ACTION]
+    asked = [parse_time(a.time) for a in record.actions if a.action == Entry.AWAITING_APPROVAL]
     return next((t for t in reversed(asked) if t is not None), None)
 
 
@@ -668,9 +635,9 @@ def _answer(
     node, by = signal.node, f"by {record.decided_by} at {record.decided_at}"
     if record.decision == REJECTED:
         actions += [
-            UpdateRecord(record.name, Phase.RESOLVED, _entry(now, REJECTED_ACTION, REJECTED, by)),
+            UpdateRecord(record.name, Phase.RESOLVED, _entry(now, Entry.REJECTED, REJECTED, by)),
             Emit(
-                REJECTED_EVENT,
+                Reason.REJECTED,
                 f"fault {signal.fault_id}: plan rejected {by}; nothing done",
                 node,
                 record.name,
@@ -679,9 +646,9 @@ def _answer(
         return _with(base, actions)
     if record.decision == APPROVED:
         actions += [
-            UpdateRecord(record.name, Phase.DETECTED, _entry(now, APPROVED_ACTION, "ok", by)),
+            UpdateRecord(record.name, Phase.DETECTED, _entry(now, Entry.APPROVED, "ok", by)),
             Emit(
-                APPROVED_EVENT,
+                Reason.APPROVED,
                 f"fault {signal.fault_id}: plan approved {by}; acting (within the breaker "
                 "and rate limit)",
                 node,
@@ -697,10 +664,15 @@ def _answer(
         UpdateRecord(
             record.name,
             Phase.FAILED,
-            _entry(now, EXPIRED_ACTION, "expired", f"no answer within {expiry:g}s; nothing done"),
+            _entry(
+                now,
+                Entry.APPROVAL_EXPIRED,
+                "expired",
+                f"no answer within {expiry:g}s; nothing done",
+            ),
         ),
         Emit(
-            APPROVAL_EXPIRED,
+            Reason.APPROVAL_EXPIRED,
             f"fault {signal.fault_id}: no approval within {expiry:g}s; plan expired, nothing done",
             node,
             record.name,
@@ -713,13 +685,13 @@ def _answer(
 def _release(fault: _Fault, now: dt.datetime) -> list[Action]:
     """The person's release, said once: a `released` entry naming them and its Event."""
     record, signal = fault.record, fault.signal
-    if any(a.action == RELEASED_ACTION for a in record.actions):
+    if any(a.action == Entry.RELEASED for a in record.actions):
         return []  # said on an earlier pass that did not get to the taint
     by = f"by {record.released_by} at {record.released_at}"
     return [
-        UpdateRecord(record.name, Phase.HELD, _entry(now, RELEASED_ACTION, "ok", by)),
+        UpdateRecord(record.name, Phase.HELD, _entry(now, Entry.RELEASED, "ok", by)),
         Emit(
-            RELEASED_EVENT,
+            Reason.RELEASED,
             f"fault {signal.fault_id}: released from the breaker {by}; quarantining it "
             "(within the rate limit)",
             signal.node,
@@ -740,7 +712,7 @@ def _altered(signal: FaultSignal, record: str) -> Emit:
     if severity in signal.altered:
         said.append(f"a {severity} that is not P0, P1 or P2 (taken as P0)")
     return Emit(
-        INPUT_NORMALIZED,
+        Reason.INPUT_NORMALIZED,
         f"{signal.source} reported {' and '.join(said)}; acting on fault {signal.fault_id} "
         "with normalized values",
         signal.node,
@@ -792,7 +764,7 @@ def _p1_fence(fault: _Fault, config: Config, now: dt.datetime) -> list[Action]:
 
 def _quarantines(actions: list[Action]) -> bool:
     """The actions start a quarantine: rate limit and breaker lock apply."""
-    return any(isinstance(a, Emit) and a.reason == QUARANTINED for a in actions)
+    return any(isinstance(a, Emit) and a.reason == Reason.QUARANTINED for a in actions)
 
 
 def _advance(
@@ -884,20 +856,20 @@ def _quarantine_step(
     if taint is None:
         if record.phase in TAINTED_PHASES:
             # We tainted this node for this fault and a person removed the taint: respect it.
-            if not any(a.action == "manual-untaint" for a in record.actions):
+            if not any(a.action == Entry.MANUAL_UNTAINT for a in record.actions):
                 actions.append(
                     UpdateRecord(
                         record.name,
                         record.phase,
-                        _entry(now, "manual-untaint", "respected", "taint removed by hand"),
+                        _entry(now, Entry.MANUAL_UNTAINT, "respected", "taint removed by hand"),
                     )
                 )
             return actions, True
         actions += [
             AddTaint(node.name, signal.fault_id, effect),
-            UpdateRecord(record.name, Phase.QUARANTINED, _entry(now, "taint", detail=detail)),
+            UpdateRecord(record.name, Phase.QUARANTINED, _entry(now, Entry.TAINT, detail=detail)),
             Emit(
-                QUARANTINED,
+                Reason.QUARANTINED,
                 f"tainted {effect} for {signal.reason} ({signal.severity}), "
                 f"fault {signal.fault_id}",
                 node.name,
@@ -908,10 +880,10 @@ def _quarantine_step(
         # Our taint from an earlier fault of this node: carry it over to this one.
         actions.append(AddTaint(node.name, signal.fault_id, taint.effect))
         if record.phase not in TAINTED_PHASES:
-            actions.append(UpdateRecord(record.name, Phase.QUARANTINED, _entry(now, "taint")))
+            actions.append(UpdateRecord(record.name, Phase.QUARANTINED, _entry(now, Entry.TAINT)))
     elif record.phase not in TAINTED_PHASES:
         # The taint is there but its record is not: we stopped between the two.
-        actions.append(UpdateRecord(record.name, Phase.QUARANTINED, _entry(now, "taint")))
+        actions.append(UpdateRecord(record.name, Phase.QUARANTINED, _entry(now, Entry.TAINT)))
     elif record.severity is Severity.P1 and taint.effect == P1_TAINT_EFFECT != effect:
         # The watched P1's NoSchedule taint (p1Taint), now that it is handled as P0.
         actions += [
@@ -919,7 +891,7 @@ def _quarantine_step(
             UpdateRecord(
                 record.name,
                 record.phase,
-                _entry(now, "taint", detail=f"{taint.effect} -> {effect}"),
+                _entry(now, Entry.TAINT, detail=f"{taint.effect} -> {effect}"),
             ),
         ]
     if record.phase is Phase.RECOVERING:
@@ -927,7 +899,7 @@ def _quarantine_step(
             UpdateRecord(
                 record.name,
                 Phase.QUARANTINED,
-                _entry(now, "fault-returned"),
+                _entry(now, Entry.FAULT_RETURNED),
                 recovering_since="",
             )
         )
@@ -965,7 +937,7 @@ def _drain_step(
                 UpdateRecord(
                     record.name,
                     Phase.DRAINING,
-                    _entry(now, "evict", detail=detail),
+                    _entry(now, Entry.EVICT, detail=detail),
                     record_evictions=True,
                 )
             )
@@ -984,7 +956,7 @@ def _drain_step(
     if not fault.handled:
         actions.append(MarkHandled(state.node.name, signal.fault_id))
     if record.phase is not Phase.DRAINED:
-        actions.append(UpdateRecord(record.name, Phase.DRAINED, _entry(now, "drain")))
+        actions.append(UpdateRecord(record.name, Phase.DRAINED, _entry(now, Entry.DRAIN)))
     return [], actions, None
 
 
@@ -1005,7 +977,7 @@ def _ask(fault: _Fault, standing: list[PodCheckpoint], now: dt.datetime) -> list
     controller stopped between the two)."""
     record, signal = fault.record, fault.signal
     new = [c for c in standing if c.step is Step.REQUEST]
-    said = any(a.action == CHECKPOINT_ACTION for a in record.actions)
+    said = any(a.action == Entry.CHECKPOINT_REQUESTED for a in record.actions)
     waiting = [c for c in standing if c.step is Step.WAITING]
     if not new and (said or not waiting):
         return []
@@ -1016,10 +988,10 @@ def _ask(fault: _Fault, standing: list[PodCheckpoint], now: dt.datetime) -> list
     return [
         *(RequestCheckpoint(c.pod, signal.fault_id, c.deadline) for c in new),
         UpdateRecord(
-            record.name, Phase.DRAINING, _entry(now, CHECKPOINT_ACTION, "waiting", detail)
+            record.name, Phase.DRAINING, _entry(now, Entry.CHECKPOINT_REQUESTED, "waiting", detail)
         ),
         Emit(
-            CHECKPOINT_ASKED,
+            Reason.CHECKPOINT_REQUESTED,
             f"fault {signal.fault_id} ({signal.reason}): {detail}; evicted when each says "
             "done, or at its deadline",
             signal.node,
@@ -1037,18 +1009,18 @@ def _checkpoint_outcomes(
     told = {
         a.detail.partition(": ")[0]
         for a in record.actions
-        if a.action in (CHECKPOINTED_ACTION, CHECKPOINT_TIMEOUT_ACTION)
+        if a.action in (Entry.CHECKPOINTED, Entry.CHECKPOINT_TIMEOUT)
     }
     actions: list[Action] = []
     for c in evicted:
         if c.pod.key in told:
             continue
         if c.step is Step.DONE:
-            entry = _entry(now, CHECKPOINTED_ACTION, detail=f"{c.pod.key}: said done")
+            entry = _entry(now, Entry.CHECKPOINTED, detail=f"{c.pod.key}: said done")
         else:
             by = f"by {c.deadline}" if c.deadline else "(its deadline is not a time)"
             entry = _entry(
-                now, CHECKPOINT_TIMEOUT_ACTION, "timed-out", f"{c.pod.key}: not done {by}"
+                now, Entry.CHECKPOINT_TIMEOUT, "timed-out", f"{c.pod.key}: not done {by}"
             )
         actions.append(UpdateRecord(record.name, Phase.DRAINING, entry))
     return actions
@@ -1121,7 +1093,7 @@ def _restore(state: NodeState, config: Config) -> Plan | None:
     # Looked at again soon: the restored record's recovery must not wait on its watch
     # event alone (one coalesced with this reconcile leaves the node tainted).
     return Plan(
-        record=(create, Emit(RESTORED, note, node.name, name, warning=True)),
+        record=(create, Emit(Reason.RESTORED, note, node.name, name, warning=True)),
         requeue_after=config.hold_retry_seconds,
     )
 
@@ -1142,7 +1114,7 @@ def _recover(state: NodeState, config: Config, now: dt.datetime) -> Plan:
         if record.phase not in TAINTED_PHASES:
             actions += [
                 UpdateRecord(record.name, Phase.RESOLVED, _cleared(record, now)),
-                Emit(RECOVERED, f"fault {record.fault_id} cleared", node.name, record.name),
+                Emit(Reason.RECOVERED, f"fault {record.fault_id} cleared", node.name, record.name),
             ]
             continue
         # A repair's result that came as the fault cleared is recorded all the same.
@@ -1154,7 +1126,7 @@ def _recover(state: NodeState, config: Config, now: dt.datetime) -> Plan:
                 UpdateRecord(
                     record.name,
                     Phase.RECOVERING,
-                    _entry(now, "recovering"),
+                    _entry(now, Entry.RECOVERING),
                     recovering_since=iso(now),
                 )
             )
@@ -1185,9 +1157,9 @@ def _recover(state: NodeState, config: Config, now: dt.datetime) -> Plan:
             actions.append(RemoveTaint(node.name))
             untainted = True
         actions += [
-            UpdateRecord(record.name, Phase.RESOLVED, _entry(now, "untaint")),
+            UpdateRecord(record.name, Phase.RESOLVED, _entry(now, Entry.UNTAINT)),
             Emit(
-                RECOVERED,
+                Reason.RECOVERED,
                 f"healthy for {config.recovery_window_seconds:g}s; fault {record.fault_id} "
                 "resolved, node returned",
                 node.name,
@@ -1201,11 +1173,11 @@ def _cleared(record: FaultRecord, now: dt.datetime) -> ActionEntry:
     """The entry of a fault that cleared before anything was done on its node; an
     answer to its plan that came meanwhile is noted, and does nothing."""
     if record.phase is not Phase.AWAITING_APPROVAL:
-        return _entry(now, "recovered", detail="fault cleared before quarantine")
+        return _entry(now, Entry.RECOVERED, detail="fault cleared before quarantine")
     if record.decision:
         by = f"by {record.decided_by} at {record.decided_at}"
         return _entry(now, record.decision, "ignored", f"{by}: the fault had cleared; nothing done")
-    return _entry(now, "recovered", detail="fault cleared before approval; nothing done")
+    return _entry(now, Entry.RECOVERED, detail="fault cleared before approval; nothing done")
 
 
 def _validation_actions(record: FaultRecord, checked: validation.Step) -> list[Action]:
@@ -1214,9 +1186,6 @@ def _validation_actions(record: FaultRecord, checked: validation.Step) -> list[A
         *(UpdateRecord(record.name, record.phase, e) for e in checked.entries),
         *(Emit(r, note, record.node, record.name, warning=w) for r, note, w in checked.events),
     ]
-
-
-GATE_FAILED_ACTION = "gate-failed"
 
 
 def gate_failed_checks(detail: str) -> frozenset[str]:
@@ -1231,20 +1200,20 @@ def _gate_failed(record: FaultRecord, gate: GateResult, now: dt.datetime) -> lis
     failing = tuple(c.name for c in gate.failing)
     # The news since recovery last began: a new recovery reports its gate afresh.
     last = next(
-        (a for a in reversed(record.actions) if a.action in (GATE_FAILED_ACTION, "recovering")),
+        (a for a in reversed(record.actions) if a.action in (Entry.GATE_FAILED, Entry.RECOVERING)),
         None,
     )
     if (
         last is not None
-        and last.action == GATE_FAILED_ACTION
+        and last.action == Entry.GATE_FAILED
         and gate_failed_checks(last.detail) == frozenset(failing)
     ):
         return []
     detail = f"{', '.join(failing)}: {gate.summary()}"
     return [
-        UpdateRecord(record.name, record.phase, _entry(now, GATE_FAILED_ACTION, "failed", detail)),
+        UpdateRecord(record.name, record.phase, _entry(now, Entry.GATE_FAILED, "failed", detail)),
         Emit(
-            GATE_FAILED,
+            Reason.GATE_FAILED,
             f"fault {record.fault_id}: health gate failed, node stays tainted; {gate.summary()}",
             record.node,
             record.name,

@@ -27,7 +27,6 @@ from gpuheal.model import (
     FaultSignal,
     RepairApproval,
 )
-from gpuheal.policy import replace as replacing
 from gpuheal.policy.breaker import repair_capacity
 from gpuheal.policy.repairwire import (
     Outcome,
@@ -39,34 +38,11 @@ from gpuheal.policy.repairwire import (
 )
 from gpuheal.policy.replace import CallReplace, replace_step
 from gpuheal.sources.annotations import SOURCE as AGENT_SOURCE
+from gpuheal.vocabulary import Entry, Reason
 from gpuheal.xid import CATALOGUE, RECOVERY_ACTIONS, Action
 
-# Event reasons (docs/architecture.md#events).
-REPAIR_REQUESTED = "GPUFaultRepairRequested"
-REPAIRED = "GPUFaultRepaired"
-REPAIR_FAILED = "GPUFaultRepairFailed"
-REPAIR_PROPOSED = "GPUFaultRepairProposed"
-# The same reason as a device's: a person must look at the hardware.
-CONTACT_SUPPORT = "GPUContactSupport"
-REPAIR_AWAITING = "GPUFaultRepairAwaitingApproval"
-REPAIR_APPROVED = "GPUFaultRepairApproved"
-REPAIR_REJECTED = "GPUFaultRepairRejected"
-REPAIR_APPROVAL_EXPIRED = "GPUFaultRepairApprovalExpired"
-
-# Record entries; each names its attempt first ("reset-gpu attempt 2: ...").
-REQUESTED_ACTION = "repair-requested"
-REPAIRED_ACTION = "repaired"
-FAILED_ACTION = "repair-failed"
-PROPOSED_ACTION = "would-repair"
-HELD_ACTION = "repair-held"  # the budget is full: waits
-EXHAUSTED_ACTION = "repair-exhausted"  # contact support: the node stays held
 # repair.replace: the controller calls the provider's hook (policy/replace.py).
 REPLACE = "replace"
-# repair.approval: an attempt waits for a person's answer (status.repairApproval).
-AWAITING_APPROVAL_ACTION = "repair-awaiting-approval"
-APPROVED_ACTION = "repair-approved"
-REJECTED_ACTION = "repair-rejected"
-EXPIRED_ACTION = "repair-approval-expired"
 
 # Reasons the agent reports that are not Xid rows, with their repair.
 _AGENT_REASONS = {
@@ -167,25 +143,25 @@ class Subject:
     provider_id: str = ""  # the node's spec.providerID (a replace's)
 
 
-_STEPS = {
-    REQUESTED_ACTION: "requested",
-    REPAIRED_ACTION: "done",
-    PROPOSED_ACTION: "proposed",
-    EXHAUSTED_ACTION: "contact-support",
-    AWAITING_APPROVAL_ACTION: "awaiting-approval",
-    APPROVED_ACTION: "approved",
-    REJECTED_ACTION: "rejected",
-    EXPIRED_ACTION: "approval-expired",
-    replacing.REQUESTED_ACTION: "requested",
-    replacing.ACCEPTED_ACTION: "accepted",
-    replacing.FAILED_ACTION: "failed",
+_STEPS: dict[str, str] = {
+    Entry.REPAIR_REQUESTED: "requested",
+    Entry.REPAIRED: "done",
+    Entry.WOULD_REPAIR: "proposed",
+    Entry.REPAIR_EXHAUSTED: "contact-support",
+    Entry.REPAIR_AWAITING_APPROVAL: "awaiting-approval",
+    Entry.REPAIR_APPROVED: "approved",
+    Entry.REPAIR_REJECTED: "rejected",
+    Entry.REPAIR_APPROVAL_EXPIRED: "approval-expired",
+    Entry.REPLACE_REQUESTED: "requested",
+    Entry.REPLACE_ACCEPTED: "accepted",
+    Entry.REPLACE_FAILED: "failed",
 }
 
 
 def repair_metric(entry: ActionEntry) -> tuple[str, str] | None:
     """(action, step) of a record entry of this step, for gpuheal_repairs_total;
     None for any other entry."""
-    if entry.action == FAILED_ACTION:
+    if entry.action == Entry.REPAIR_FAILED:
         step_name = entry.result
     elif entry.action in _STEPS:
         step_name = _STEPS[entry.action]
@@ -215,7 +191,7 @@ def awaiting_approval(record: FaultRecord) -> RepairApproval | None:
     if asked is None or asked.decision or not record.open:
         return None
     tag = f"{asked.action} attempt {asked.attempt}"
-    return None if _said(record, (EXPIRED_ACTION,), tag) else asked
+    return None if _said(record, (Entry.REPAIR_APPROVAL_EXPIRED,), tag) else asked
 
 
 def current(subject: Subject) -> tuple[RepairRequest | None, RepairResult | None]:
@@ -252,19 +228,19 @@ def _recorded(
     the result's entry and Event, once."""
     tag = _tag(request.action, request.attempt)
     entries: tuple[ActionEntry, ...] = ()
-    if not _said(subject.record, (REQUESTED_ACTION,), tag):
+    if not _said(subject.record, (Entry.REPAIR_REQUESTED,), tag):
         what = _what(request.action, subject)
-        entries = (_entry(now, REQUESTED_ACTION, "waiting", f"{tag}: {what}"),)
-    if result is None or _said(subject.record, (REPAIRED_ACTION, FAILED_ACTION), tag):
+        entries = (_entry(now, Entry.REPAIR_REQUESTED, "waiting", f"{tag}: {what}"),)
+    if result is None or _said(subject.record, (Entry.REPAIRED, Entry.REPAIR_FAILED), tag):
         return RepairStep(entries=entries)
     fault = subject.record.fault_id
     if result.outcome is Outcome.DONE:
-        entry = _entry(now, REPAIRED_ACTION, "ok", f"{tag}: {result.detail}")
-        said = Said(REPAIRED, f"fault {fault}: {tag} done by the agent: {result.detail}")
+        entry = _entry(now, Entry.REPAIRED, "ok", f"{tag}: {result.detail}")
+        said = Said(Reason.REPAIRED, f"fault {fault}: {tag} done by the agent: {result.detail}")
     else:
-        entry = _entry(now, FAILED_ACTION, result.outcome.value, f"{tag}: {result.detail}")
+        entry = _entry(now, Entry.REPAIR_FAILED, result.outcome.value, f"{tag}: {result.detail}")
         note = f"fault {fault}: {tag} {result.outcome.value}: {result.detail}"
-        said = Said(REPAIR_FAILED, note, warning=True)
+        said = Said(Reason.REPAIR_FAILED, note, warning=True)
     return RepairStep(entries=(*entries, entry), said=(said,))
 
 
@@ -316,13 +292,16 @@ def step(subject: Subject, config: Config, now: dt.datetime) -> RepairStep:  # n
             if left > 0:
                 return _merge(done, RepairStep(requeue_after=left, suppressed="repairing"))
             timed_out = _entry(
-                now, FAILED_ACTION, "timed-out",
+                now, Entry.REPAIR_FAILED, "timed-out",
                 f"{tag}: no result from the agent within {timeout:g}s",
             )  # fmt: skip
             note = f"fault {record.fault_id}: {tag}: no result from the agent in time"
-            if not _said(record, (FAILED_ACTION,), tag):
+            if not _said(record, (Entry.REPAIR_FAILED,), tag):
                 done = _merge(
-                    done, RepairStep(entries=(timed_out,), said=(Said(REPAIR_FAILED, note, True),))
+                    done,
+                    RepairStep(
+                        entries=(timed_out,), said=(Said(Reason.REPAIR_FAILED, note, True),)
+                    ),
                 )
         elif result.outcome is Outcome.DONE:
             # The fault is still reported: give the agent's next rounds time to clear it.
@@ -330,15 +309,17 @@ def step(subject: Subject, config: Config, now: dt.datetime) -> RepairStep:  # n
             left = cfg.settle_seconds - settled
             if left > 0:
                 return _merge(done, RepairStep(requeue_after=left, suppressed="settling"))
-            if not _said(record, (FAILED_ACTION,), tag):
+            if not _said(record, (Entry.REPAIR_FAILED,), tag):
                 detail = (
                     f"{tag}: done, and the fault is still reported {cfg.settle_seconds:g}s after"
                 )
-                ineffective = _entry(now, FAILED_ACTION, "ineffective", detail)
+                ineffective = _entry(now, Entry.REPAIR_FAILED, "ineffective", detail)
                 note = f"fault {record.fault_id}: {detail}"
                 done = _merge(
                     done,
-                    RepairStep(entries=(ineffective,), said=(Said(REPAIR_FAILED, note, True),)),
+                    RepairStep(
+                        entries=(ineffective,), said=(Said(Reason.REPAIR_FAILED, note, True),)
+                    ),
                 )
     attempt = 1 if request is None else request.attempt + 1
     return _merge(done, _next(subject, steps, attempt, config, now))
@@ -374,10 +355,10 @@ def _next(
         last = record.actions[-1] if record.actions else None
         held = (
             ()
-            if last is not None and last.action == HELD_ACTION
+            if last is not None and last.action == Entry.REPAIR_HELD
             else (
                 _entry(
-                    now, HELD_ACTION, "waiting",
+                    now, Entry.REPAIR_HELD, "waiting",
                     f"{others} repairs in flight (budget {capacity}); waits",
                 ),
             )
@@ -393,10 +374,10 @@ def _next(
     what = _what(action, subject)
     asked = RepairStep(
         request=RequestRepair(subject.node, request),
-        entries=(_entry(now, REQUESTED_ACTION, "waiting", f"{tag}: {what}"),),
+        entries=(_entry(now, Entry.REPAIR_REQUESTED, "waiting", f"{tag}: {what}"),),
         said=(
             Said(
-                REPAIR_REQUESTED,
+                Reason.REPAIR_REQUESTED,
                 f"fault {record.fault_id} ({record.reason}): {tag} requested: {what}",
             ),
         ),
@@ -423,12 +404,12 @@ def _approval(
         )
         return RepairStep(
             ask=RepairApproval(attempt, action.value, iso(now, "seconds")),
-            entries=(_entry(now, AWAITING_APPROVAL_ACTION, "waiting", f"{tag}: {what}"),),
-            said=(Said(REPAIR_AWAITING, note),),
+            entries=(_entry(now, Entry.REPAIR_AWAITING_APPROVAL, "waiting", f"{tag}: {what}"),),
+            said=(Said(Reason.REPAIR_AWAITING_APPROVAL, note),),
             requeue_after=expiry,
             suppressed="repair-awaiting-approval",
         ), False
-    if _said(record, (EXPIRED_ACTION,), tag):
+    if _said(record, (Entry.REPAIR_APPROVAL_EXPIRED,), tag):
         # An answer that came after the expiry was recorded changes nothing.
         return _exhausted(subject, f"{tag}: approval expired", now), False
     if asked.decision:
@@ -440,9 +421,13 @@ def _approval(
         ), False
     why = f"{tag}: no answer within {expiry:g}s (approval.expirySeconds)"
     expired = RepairStep(
-        entries=(_entry(now, EXPIRED_ACTION, "expired", why),),
+        entries=(_entry(now, Entry.REPAIR_APPROVAL_EXPIRED, "expired", why),),
         said=(
-            Said(REPAIR_APPROVAL_EXPIRED, f"fault {record.fault_id}: {why}; not carried out", True),
+            Said(
+                Reason.REPAIR_APPROVAL_EXPIRED,
+                f"fault {record.fault_id}: {why}; not carried out",
+                True,
+            ),
         ),
     )
     return _merge(expired, _exhausted(subject, why, now)), False
@@ -456,20 +441,20 @@ def _answered(
     record = subject.record
     by = f"by {asked.by} at {asked.at}"
     if asked.decision == APPROVED:
-        if _said(record, (APPROVED_ACTION,), tag):
+        if _said(record, (Entry.REPAIR_APPROVED,), tag):
             return RepairStep(), True
         note = f"fault {record.fault_id}: {tag} approved {by}"
         return RepairStep(
-            entries=(_entry(now, APPROVED_ACTION, "ok", f"{tag}: approved {by}"),),
-            said=(Said(REPAIR_APPROVED, note),),
+            entries=(_entry(now, Entry.REPAIR_APPROVED, "ok", f"{tag}: approved {by}"),),
+            said=(Said(Reason.REPAIR_APPROVED, note),),
         ), True
     # Rejected.
     ended = RepairStep()
-    if not _said(record, (REJECTED_ACTION,), tag):
+    if not _said(record, (Entry.REPAIR_REJECTED,), tag):
         note = f"fault {record.fault_id}: {tag} rejected {by}; not carried out"
         ended = RepairStep(
-            entries=(_entry(now, REJECTED_ACTION, "rejected", f"{tag}: rejected {by}"),),
-            said=(Said(REPAIR_REJECTED, note, warning=True),),
+            entries=(_entry(now, Entry.REPAIR_REJECTED, "rejected", f"{tag}: rejected {by}"),),
+            said=(Said(Reason.REPAIR_REJECTED, note, warning=True),),
         )
     return _merge(ended, _exhausted(subject, f"{tag} rejected {by}", now)), False
 
@@ -481,7 +466,7 @@ def _requests_within(subject: Subject, window: float, now: dt.datetime) -> int:
     for record in (*others, subject.record):
         for entry in record.actions:
             at = parse_time(entry.time)
-            if entry.action == REQUESTED_ACTION and at is not None and at >= since:
+            if entry.action == Entry.REPAIR_REQUESTED and at is not None and at >= since:
                 count += 1
     return count
 
@@ -489,15 +474,15 @@ def _requests_within(subject: Subject, window: float, now: dt.datetime) -> int:
 def _exhausted(subject: Subject, why: str, now: dt.datetime) -> RepairStep:
     """No more repairs: the node stays held, a person is asked, once."""
     record = subject.record
-    if any(a.action == EXHAUSTED_ACTION for a in record.actions):
+    if any(a.action == Entry.REPAIR_EXHAUSTED for a in record.actions):
         return RepairStep(suppressed="contact-support")
     note = (
         f"fault {record.fault_id} ({record.reason}) on {subject.node}: {why}; the node stays "
         "quarantined: contact support"
     )
     return RepairStep(
-        entries=(_entry(now, EXHAUSTED_ACTION, "contact-support", why),),
-        said=(Said(CONTACT_SUPPORT, note, warning=True),),
+        entries=(_entry(now, Entry.REPAIR_EXHAUSTED, "contact-support", why),),
+        said=(Said(Reason.CONTACT_SUPPORT, note, warning=True),),
         contact_support=True,
     )
 
@@ -505,15 +490,15 @@ def _exhausted(subject: Subject, why: str, now: dt.datetime) -> RepairStep:
 def _proposed(subject: Subject, action: Action, now: dt.datetime) -> RepairStep:
     """Propose mode: the record says what would be done (once); the node is not asked."""
     record = subject.record
-    if any(a.action == PROPOSED_ACTION for a in record.actions):
+    if any(a.action == Entry.WOULD_REPAIR for a in record.actions):
         return RepairStep(suppressed="proposed")
     tag = _tag(action, 1)
     what = _what(action, subject)
     return RepairStep(
-        entries=(_entry(now, PROPOSED_ACTION, "propose", f"{tag}: {what}"),),
+        entries=(_entry(now, Entry.WOULD_REPAIR, "propose", f"{tag}: {what}"),),
         said=(
             Said(
-                REPAIR_PROPOSED,
+                Reason.REPAIR_PROPOSED,
                 f"fault {record.fault_id} ({record.reason}): would {what} "
                 "(repair.mode is propose; nothing asked of the agent)",
             ),

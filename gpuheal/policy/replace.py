@@ -26,15 +26,7 @@ from gpuheal.clock import iso, parse_time
 from gpuheal.config import ReplaceConfig
 from gpuheal.model import ActionEntry, FaultRecord, Phase
 from gpuheal.policy.repairwire import fault_digest
-
-REQUESTED_ACTION = "replace-requested"  # the intent, written before the call
-ACCEPTED_ACTION = "replace-accepted"
-FAILED_ACTION = "replace-failed"
-
-# Event reasons (docs/architecture.md#events).
-REPLACE_REQUESTED = "GPUNodeReplaceRequested"
-REPLACE_ACCEPTED = "GPUNodeReplaceAccepted"
-REPLACE_FAILED = "GPUNodeReplaceFailed"
+from gpuheal.vocabulary import Entry, Reason
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 _ATTEMPT = re.compile(r"replace attempt ([0-9]{1,3}):")
@@ -75,7 +67,9 @@ class CallReplace:
 
     def outcome(self, accepted: bool, detail: str, now: dt.datetime) -> ActionEntry:
         """The record's entry after the call."""
-        action, result = (ACCEPTED_ACTION, "ok") if accepted else (FAILED_ACTION, "failed")
+        action, result = (
+            (Entry.REPLACE_ACCEPTED, "ok") if accepted else (Entry.REPLACE_FAILED, "failed")
+        )
         text = f"replace attempt {self.attempt}: key {self.key}: {detail}"
         return ActionEntry(iso(now), action, result, values.text(text, values.DETAIL_MAX))
 
@@ -104,11 +98,11 @@ def replace_step(
         attempt = attempt_of(entry)
         if attempt is None:
             continue
-        if entry.action == REQUESTED_ACTION:
+        if entry.action == Entry.REPLACE_REQUESTED:
             intents.add(attempt)
-        elif entry.action in (ACCEPTED_ACTION, FAILED_ACTION):
+        elif entry.action in (Entry.REPLACE_ACCEPTED, Entry.REPLACE_FAILED):
             outcomes[attempt] = entry
-    if any(e.action == ACCEPTED_ACTION for e in outcomes.values()):
+    if any(e.action == Entry.REPLACE_ACCEPTED for e in outcomes.values()):
         # The provider has it: the node stays quarantined until it is deleted.
         return ReplaceDecision(suppressed="replacing")
     last = max(intents, default=0)
@@ -142,7 +136,7 @@ def replace_step(
     attempt = last + 1
     key = idempotency_key(record.fault_id, attempt)
     intent = ActionEntry(
-        iso(now), REQUESTED_ACTION, "waiting", f"replace attempt {attempt}: key {key}"
+        iso(now), Entry.REPLACE_REQUESTED, "waiting", f"replace attempt {attempt}: key {key}"
     )
     note = (
         f"fault {record.fault_id} ({record.reason}): replace attempt {attempt} of {node} "
@@ -150,6 +144,6 @@ def replace_step(
     )
     return ReplaceDecision(
         call=call(attempt, intent),
-        said=((REPLACE_REQUESTED, note, False),),
+        said=((Reason.REPLACE_REQUESTED, note, False),),
         requeue_after=backoff(attempt),
     )

@@ -27,9 +27,10 @@ from gpuheal import values
 from gpuheal.clock import iso, parse_time
 from gpuheal.config import Config, PoolValidationConfig, ValidationConfig
 from gpuheal.model import NODE_LABEL, TAINT_KEY, ActionEntry, FaultRecord, NodeView
-from gpuheal.policy.gate import GATE_FAILED, Validated
+from gpuheal.policy.gate import Validated
 from gpuheal.policy.pools import pool_config, pool_of
 from gpuheal.policy.validation_script import SCRIPT
+from gpuheal.vocabulary import Entry, Reason
 
 # On the Job and its pod: the controller watches the pods by this label.
 VALIDATION_LABEL = "gpuheal.io/validation"
@@ -44,14 +45,6 @@ JOB_PREFIX = "gpuheal-validate-"
 CONTAINER = "validate"
 JOB_DEADLINE_GRACE_S = 60
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
-
-# Record entries, one attempt each: start, then passed or failed.
-START_ACTION = "validation-start"
-PASSED_ACTION = "validation-passed"
-FAILED_ACTION = "validation-failed"
-# Event reasons; a failure is the gate's own GPUHealthGateFailed.
-VALIDATION_STARTED = "GPUValidationStarted"
-VALIDATION_PASSED = "GPUValidationPassed"
 
 MESSAGE_SHOWN = 120  # characters of an unreadable termination message quoted back
 
@@ -290,7 +283,7 @@ def _entry(now: dt.datetime, action: str, result: str, detail: str) -> ActionEnt
 def _this_recovery(record: FaultRecord) -> Sequence[ActionEntry]:
     """The record's entries since its recovery last began: a new recovery validates afresh."""
     entries = list(record.actions)
-    starts = [i for i, a in enumerate(entries) if a.action == "recovering"]
+    starts = [i for i, a in enumerate(entries) if a.action == Entry.RECOVERING]
     return entries[starts[-1] + 1 :] if starts else entries
 
 
@@ -301,9 +294,9 @@ class _Attempt:
 
 
 def _attempt(record: FaultRecord) -> _Attempt:
-    ours = (START_ACTION, PASSED_ACTION, FAILED_ACTION)
+    ours = (Entry.VALIDATION_START, Entry.VALIDATION_PASSED, Entry.VALIDATION_FAILED)
     last = next((a for a in reversed(_this_recovery(record)) if a.action in ours), None)
-    return _Attempt(last, sum(1 for a in record.actions if a.action == START_ACTION))
+    return _Attempt(last, sum(1 for a in record.actions if a.action == Entry.VALIDATION_START))
 
 
 def step(
@@ -320,11 +313,11 @@ def step(
     last = attempt.last
     at = (parse_time(last.time) if last else None) or now
     elapsed = (now - at).total_seconds()
-    if last is not None and last.action == PASSED_ACTION:
+    if last is not None and last.action == Entry.VALIDATION_PASSED:
         return Step(Validated(True, last.detail))
-    if last is not None and last.action == FAILED_ACTION and elapsed < cfg.retry_seconds:
+    if last is not None and last.action == Entry.VALIDATION_FAILED and elapsed < cfg.retry_seconds:
         return Step(Validated(False, last.detail), requeue_after=cfg.retry_seconds - elapsed)
-    if last is None or last.action == FAILED_ACTION:
+    if last is None or last.action == Entry.VALIDATION_FAILED:
         started = _start(record, node, attempt.number + 1, config, now)
         pod = pods.get(started.job)
         if started.verdict is not None or pod is None:
@@ -362,16 +355,18 @@ def _judged(
         return Step(
             Validated(True, detail),
             jobs=(DeleteValidationJob(name),),
-            entries=(_entry(now, PASSED_ACTION, "ok", detail),),
-            events=((VALIDATION_PASSED, f"fault {record.fault_id}: validation {detail}", False),),
+            entries=(_entry(now, Entry.VALIDATION_PASSED, "ok", detail),),
+            events=(
+                (Reason.VALIDATION_PASSED, f"fault {record.fault_id}: validation {detail}", False),
+            ),
             job=name,
         )
     note = f"fault {record.fault_id}: health gate failed, node stays tainted; validation {detail}"
     return Step(
         Validated(False, detail),
         jobs=(DeleteValidationJob(name),),
-        entries=(_entry(now, FAILED_ACTION, "failed", detail),),
-        events=((GATE_FAILED, note, True),),
+        entries=(_entry(now, Entry.VALIDATION_FAILED, "failed", detail),),
+        events=((Reason.GATE_FAILED, note, True),),
         requeue_after=cfg.retry_seconds,
         job=name,
     )
@@ -389,17 +384,17 @@ def _start(
         detail = f"{name}: not started: the node offers no {resource} to validate"
         return Step(
             Validated(False, detail),
-            entries=(_entry(now, FAILED_ACTION, "failed", detail),),
-            events=((GATE_FAILED, f"fault {record.fault_id}: validation {detail}", True),),
+            entries=(_entry(now, Entry.VALIDATION_FAILED, "failed", detail),),
+            events=((Reason.GATE_FAILED, f"fault {record.fault_id}: validation {detail}", True),),
             requeue_after=cfg.retry_seconds,
         )
     return Step(
         None,
         jobs=(CreateValidationJob(node.name, pool, name, record.name, resource, gpus),),
-        entries=(_entry(now, START_ACTION, "ok", f"{name} on {gpus} {resource}"),),
+        entries=(_entry(now, Entry.VALIDATION_START, "ok", f"{name} on {gpus} {resource}"),),
         events=(
             (
-                VALIDATION_STARTED,
+                Reason.VALIDATION_STARTED,
                 f"fault {record.fault_id}: validation Job {cfg.namespace}/{name} started "
                 f"on {gpus} {resource}",
                 False,

@@ -16,6 +16,7 @@ from gpuheal.kube import writes
 from gpuheal.kube.api import KubeApi, gpufault_path
 from gpuheal.model import ActionEntry, FaultSignal, Mode, Phase, fault_record_name
 from gpuheal.sim.bulk import create_new, write_each
+from gpuheal.vocabulary import Entry
 
 
 @dataclass(frozen=True)
@@ -35,11 +36,11 @@ class PastFault:
         signal = FaultSignal(self.node, self.fault_id, self.reason, "agent")
         opened = self.closed_at - dt.timedelta(hours=1)
         entries = [
-            ActionEntry(iso(opened), "detect", "ok", "agent"),
-            ActionEntry(iso(opened + dt.timedelta(seconds=1)), "taint", "ok"),
+            ActionEntry(iso(opened), Entry.DETECT, "ok", "agent"),
+            ActionEntry(iso(opened + dt.timedelta(seconds=1)), Entry.TAINT, "ok"),
         ]
         if self.phase not in (Phase.QUARANTINED, Phase.DETECTED):
-            entries.append(ActionEntry(iso(self.closed_at), "untaint", "ok"))
+            entries.append(ActionEntry(iso(self.closed_at), Entry.UNTAINT, "ok"))
         return writes.fault_record(self.name, signal, Mode.FULL), writes.record_status(
             self.phase, entries
         )

@@ -8,13 +8,12 @@ from collections.abc import Iterable
 
 from gpuheal.model import ActionEntry, FaultRecord, FaultSignal, Severity
 from gpuheal.sources.base import Seen
+from gpuheal.vocabulary import Entry
 
 SOURCE = "device-health"
 OWN = False
 
 REASON = "DeviceEscalation"
-# The device record's entry that says its device fault stands for its node.
-ESCALATE_ACTION = "escalate"
 
 
 def signals(seen: Seen) -> tuple[FaultSignal, ...]:
@@ -49,4 +48,4 @@ def escalation_signal(records: Iterable[FaultRecord]) -> FaultSignal | None:
 
 
 def _escalation(record: FaultRecord) -> ActionEntry | None:
-    return next((a for a in reversed(record.actions) if a.action == ESCALATE_ACTION), None)
+    return next((a for a in reversed(record.actions) if a.action == Entry.ESCALATE), None)

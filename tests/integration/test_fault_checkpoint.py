@@ -16,14 +16,9 @@ from lightkube.resources.core_v1 import Pod
 
 from gpuheal.clock import iso, parse_time
 from gpuheal.model import CHECKPOINT_DONE, CHECKPOINT_REQUESTED
-from gpuheal.policy.plan import (
-    CHECKPOINT_ACTION,
-    CHECKPOINT_ASKED,
-    CHECKPOINT_TIMEOUT_ACTION,
-    CHECKPOINTED_ACTION,
-)
 from gpuheal.sim import ControlPlane, audit
 from gpuheal.sim.workloads import apply, gpu_pod, wait_pods_running
+from gpuheal.vocabulary import Entry, Reason
 from tests.conftest import AUDITED_CONTROLLER
 from tests.helpers import FakeNodes, wait_for
 from tests.integration.conftest import (
@@ -102,8 +97,8 @@ def test_pods_are_asked_once_and_evicted_when_done_or_at_their_deadline_across_a
     assert deadline is not None
     assert asked["trainer-0"] == asked["trainer-1"]  # one request round, one deadline
     wait_for("the request recorded", lambda: any(
-        e["action"] == CHECKPOINT_ACTION for e in entries(kube, node)))  # fmt: skip
-    wait_for("its Event", lambda: events_for(kube, node, CHECKPOINT_ASKED))
+        e["action"] == Entry.CHECKPOINT_REQUESTED for e in entries(kube, node)))  # fmt: skip
+    wait_for("its Event", lambda: events_for(kube, node, Reason.CHECKPOINT_REQUESTED))
     assert pods_on(kube, namespace, node) == {"trainer-0", "trainer-1"}  # none moved yet
 
     # trainer-0 saves its state and says so: it goes at once, well before the deadline.
@@ -124,14 +119,14 @@ def test_pods_are_asked_once_and_evicted_when_done_or_at_their_deadline_across_a
     assert evicted["trainer-1"][0] >= deadline  # the first request's deadline, kept
 
     said = [(e["action"], e["result"], e["detail"]) for e in entries(kube, node)]
-    assert [a for a, _, _ in said].count(CHECKPOINT_ACTION) == 1, said
-    assert (CHECKPOINTED_ACTION, "ok", f"{namespace}/trainer-0: said done") in said
+    assert [a for a, _, _ in said].count(Entry.CHECKPOINT_REQUESTED) == 1, said
+    assert (Entry.CHECKPOINTED, "ok", f"{namespace}/trainer-0: said done") in said
     assert (
-        CHECKPOINT_TIMEOUT_ACTION,
+        Entry.CHECKPOINT_TIMEOUT,
         "timed-out",
         f"{namespace}/trainer-1: not done by {asked['trainer-1']}",
     ) in said
-    assert len(events_for(kube, node, CHECKPOINT_ASKED, at_least=1)) == 1
+    assert len(events_for(kube, node, Reason.CHECKPOINT_REQUESTED, at_least=1)) == 1
 
 
 def test_killed_between_a_request_and_its_record_the_next_controller_does_not_ask_again(
@@ -159,7 +154,7 @@ def test_killed_between_a_request_and_its_record_the_next_controller_does_not_as
 
     start_controller(config, user=AUDITED_CONTROLLER)
     wait_for("the request recorded", lambda: any(
-        e["action"] == CHECKPOINT_ACTION for e in entries(kube, node)))  # fmt: skip
+        e["action"] == Entry.CHECKPOINT_REQUESTED for e in entries(kube, node)))  # fmt: skip
     for pod, value in before.items():
         if value:  # asked before the kill: that request (and its deadline) stands
             assert requested(kube, namespace, pod) in (value, "")  # "" once evicted
@@ -170,7 +165,7 @@ def test_killed_between_a_request_and_its_record_the_next_controller_does_not_as
         assert patches[pod].count(200) == 1, patches
         assert len(evicted[pod]) == 1, evicted
     said = [e["action"] for e in entries(kube, node)]
-    assert said.count(CHECKPOINT_TIMEOUT_ACTION) == 2, said
+    assert said.count(Entry.CHECKPOINT_TIMEOUT) == 2, said
 
 
 def test_a_fault_that_does_not_match_evicts_at_once_and_asks_nothing(
@@ -197,4 +192,4 @@ def test_a_fault_that_does_not_match_evicts_at_once_and_asks_nothing(
     assert patches == {}
     assert sorted(evicted) == ["trainer-0", "trainer-1"]
     said = [e["action"] for e in entries(kube, node)]
-    assert CHECKPOINT_ACTION not in said and "evict" in said
+    assert Entry.CHECKPOINT_REQUESTED not in said and "evict" in said

@@ -24,11 +24,11 @@ from lightkube.resources.rbac_authorization_v1 import ClusterRoleBinding
 from lightkube.types import PatchType
 
 from gpuheal.cli import main
-from gpuheal.policy.plan import CHECKPOINT_TIMEOUT_ACTION
 from gpuheal.sim import ControlPlane
 from gpuheal.sim.controller import ControllerProcess
 from gpuheal.sim.workloads import apply, gpu_pod, wait_pods_running
 from gpuheal.sources.dcgm import not_node_faults
+from gpuheal.vocabulary import Entry
 from tests.helpers import FakeNodes, refusals, unique, wait_for
 from tests.integration.chart import (
     CHART,
@@ -189,7 +189,7 @@ def test_the_chart_rbac_is_enough_for_a_whole_cycle_and_no_more(
         def timed_out() -> int:
             (record,) = faults_of(kube, node)
             said = [e["action"] for e in (record.status or {}).get("actions", [])]
-            return said.count(CHECKPOINT_TIMEOUT_ACTION)
+            return said.count(Entry.CHECKPOINT_TIMEOUT)
 
         wait_for("each pod's checkpoint timed out", lambda: timed_out() == 2)
         clear_fault(kube, node)

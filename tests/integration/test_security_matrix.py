@@ -43,7 +43,6 @@ from lightkube.types import PatchType
 from gpuheal.agent.facts import FACT_KEYS
 from gpuheal.cli import main
 from gpuheal.config import Config
-from gpuheal.controller.observed_xids import APPLICATION_XID
 from gpuheal.kube import writes
 from gpuheal.kube.events import event_body, node_ref, pod_ref
 from gpuheal.model import (
@@ -84,6 +83,7 @@ from gpuheal.sim.nodes import create_gpu_nodes, delete_nodes, wait_nodes_ready
 from gpuheal.sim.resources import GPUFault, GPURollout
 from gpuheal.sim.workloads import apply, create_namespace, gpu_pod, wait_pods_running
 from gpuheal.sources.annotations import KEYS as FAULT_KEYS
+from gpuheal.vocabulary import Reason
 from tests.corpus import eks_node_names
 from tests.helpers import FakeNodes, refusals, unique, wait_for
 from tests.hosts import dgx_h100
@@ -401,7 +401,7 @@ def xid_event(namespace: str, node: str) -> dict[str, Any]:
     (gpuheal/controller/observed_xids.py): in the tenant's namespace."""
     return event_body(
         pod_ref(namespace, "job-0"),
-        reason=APPLICATION_XID,
+        reason=Reason.APPLICATION_XID,
         note=f"Xid 13 (XidApplication13) of node {node}: not a node fault",
         action="Observe",
         warning=True,

@@ -13,12 +13,14 @@ import re
 import tomllib
 from pathlib import Path
 
+from gpuheal.vocabulary import Reason
 from tests.unit.test_deploy_files import metric_names
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 DOC = DOCS / "architecture.md"
 TEXT = DOC.read_text()
+VOCABULARY = "gpuheal/vocabulary.py"
 
 _PATH = re.compile(
     r"(?<![\w/.-])((?:gpuheal|tests|docs|deploy|bench)/[\w./-]*[\w/])(?:::([\w.]+))?"
@@ -127,24 +129,29 @@ def test_the_metrics_are_the_programs_metrics() -> None:
     assert not untold, f"metrics docs/architecture.md does not name: {untold}"
 
 
-def test_the_event_reasons_are_the_codes_and_where_it_defines_them() -> None:
-    in_code: dict[str, str] = {}
+def test_the_event_reasons_are_the_vocabularys_and_sent_where_it_says() -> None:
+    """Every reason is a member of gpuheal/vocabulary.py::Reason (no reason constant
+    elsewhere), the table names them all, and the module it names sends it."""
+    senders: dict[str, set[str]] = {reason.value: set() for reason in Reason}
+    stray: list[str] = []
     for source in sorted((ROOT / "gpuheal").rglob("*.py")):
         relative = source.relative_to(ROOT).as_posix()
-        if relative.startswith("gpuheal/sim/") or relative == "gpuheal/model.py":
+        if relative.startswith("gpuheal/sim/") or relative in ("gpuheal/model.py", VOCABULARY):
             continue  # the model names the kind GPUFault and the GPUHealthy condition
-        for reason in _REASON.findall(source.read_text()):
-            in_code[reason] = relative
+        text = source.read_text()
+        stray += [f"{relative}: {r}" for r in _REASON.findall(text)]
+        for member in re.findall(r"\bReason\.([A-Z_]+)\b", text):
+            senders[Reason[member].value].add(relative)
+    assert not stray, f"Event reasons defined outside {VOCABULARY}: {stray}"
     in_doc: dict[str, str] = {}
     for reasons, where in re.findall(r"^\| (`GPU.*?) \| `(gpuheal/[\w/.]+)` \|$", TEXT, re.M):
         for reason in re.findall(r"`(\w+)`", reasons):
             in_doc[reason] = where
-    assert in_code
-    assert in_doc == in_code, {
-        reason: (in_doc.get(reason), in_code.get(reason))
-        for reason in {*in_doc, *in_code}
-        if in_doc.get(reason) != in_code.get(reason)
+    assert sorted(in_doc) == sorted(senders), "the table of reasons is not Reason's members"
+    wrong = {
+        r: (where, sorted(senders[r])) for r, where in in_doc.items() if where not in senders[r]
     }
+    assert not wrong, f"reasons the named module does not send: {wrong}"
 
 
 def test_every_contract_key_of_the_model_is_described() -> None:

@@ -9,7 +9,6 @@ from gpuheal.clock import iso
 from gpuheal.config import ApprovalConfig
 from gpuheal.model import APPROVED, REJECTED, ActionEntry, FaultRecord, Mode, Phase, Severity
 from gpuheal.policy.plan import (
-    AWAIT_ACTION,
     AwaitApproval,
     Emit,
     NodeState,
@@ -19,6 +18,7 @@ from gpuheal.policy.plan import (
     plan,
 )
 from gpuheal.values import taint_value
+from gpuheal.vocabulary import Entry
 from tests.unit.test_policy_plan import (
     CONFIG,
     F1,
@@ -37,7 +37,7 @@ PODS = (gpu_pod("trainer-1"), gpu_pod("trainer-0"))
 
 def asked(decision: str = "", decided_by: str = "", decided_at: str = "") -> FaultRecord:
     """The fault's record, its plan put to a person at NOW (and answered, if given)."""
-    entry = ActionEntry(iso(NOW), AWAIT_ACTION, "waiting")
+    entry = ActionEntry(iso(NOW), Entry.AWAITING_APPROVAL, "waiting")
     waiting = record(Phase.AWAITING_APPROVAL, actions=(entry,), reason="XidCritical79")
     return replace(waiting, decision=decision, decided_by=decided_by, decided_at=decided_at)
 

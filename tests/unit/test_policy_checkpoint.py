@@ -12,19 +12,8 @@ from gpuheal.clock import iso
 from gpuheal.config import CheckpointConfig, ConfigError, parse_config
 from gpuheal.model import FAULT_REASON, FAULT_SEVERITY, ActionEntry, Phase, PodView, Severity
 from gpuheal.policy.checkpoint import Step, next_look, where
-from gpuheal.policy.plan import (
-    CHECKPOINT_ACTION,
-    CHECKPOINT_ASKED,
-    CHECKPOINT_TIMEOUT_ACTION,
-    CHECKPOINTED_ACTION,
-    Emit,
-    Evict,
-    NodeState,
-    Plan,
-    RequestCheckpoint,
-    UpdateRecord,
-    plan,
-)
+from gpuheal.policy.plan import Emit, Evict, NodeState, Plan, RequestCheckpoint, UpdateRecord, plan
+from gpuheal.vocabulary import Entry, Reason
 from tests.unit.test_policy_plan import CONFIG, NOW, faulty, gpu_pod, kinds, record, tainted
 
 WAIT = 300.0
@@ -58,7 +47,7 @@ def evicted(p: Plan) -> list[str]:
     return [a.pod.name for a in p.actions if isinstance(a, Evict)]
 
 
-REQUEST_ENTRY = ActionEntry(iso(NOW), CHECKPOINT_ACTION, "waiting", "asked")
+REQUEST_ENTRY = ActionEntry(iso(NOW), Entry.CHECKPOINT_REQUESTED, "waiting", "asked")
 
 # -- the rule ------------------------------------------------------------------------
 
@@ -175,12 +164,12 @@ def test_a_matching_faults_first_drain_asks_every_gpu_pod_records_it_and_evicts_
     ]
     (entry,) = entries(Plan(drain=p.drain))
     assert entry == (
-        CHECKPOINT_ACTION,
+        Entry.CHECKPOINT_REQUESTED,
         "waiting",
         "2 GPU pod(s) asked to checkpoint by 2026-11-29T12:05:00Z: ml/a, ml/b",
     )
     (told,) = [a for a in p.drain if isinstance(a, Emit)]
-    assert told.reason == CHECKPOINT_ASKED
+    assert told.reason == Reason.CHECKPOINT_REQUESTED
     assert p.requeue_after == WAIT  # at the deadline, not a poll
 
 
@@ -199,7 +188,7 @@ def test_a_pod_saying_done_is_evicted_at_once_and_the_record_says_checkpointed()
     )
     p = plan(state, ASKED, later(30))
     assert evicted(p) == ["a"]
-    assert (CHECKPOINTED_ACTION, "ok", "ml/a: said done") in entries(p)
+    assert (Entry.CHECKPOINTED, "ok", "ml/a: said done") in entries(p)
     assert p.requeue_after is not None and p.requeue_after <= 270  # b's deadline, or sooner
 
 
@@ -208,7 +197,7 @@ def test_at_the_deadline_the_rest_are_evicted_and_the_record_says_timed_out() ->
     p = plan(state, ASKED, later(300))
     assert evicted(p) == ["b"]
     assert (
-        CHECKPOINT_TIMEOUT_ACTION,
+        Entry.CHECKPOINT_TIMEOUT,
         "timed-out",
         "ml/b: not done by 2026-11-29T12:05:00Z",
     ) in entries(p)
@@ -227,11 +216,11 @@ def test_a_request_the_record_lost_is_recorded_without_asking_again() -> None:
     # Stopped between the pods' annotations and the record's write.
     p = plan(draining(asked(gpu_pod("a"))), ASKED, later(5))
     assert kinds(p) == ["UpdateRecord", "Emit"]
-    assert entries(p)[0][0] == CHECKPOINT_ACTION
+    assert entries(p)[0][0] == Entry.CHECKPOINT_REQUESTED
 
 
 def test_a_blocked_eviction_tried_again_does_not_repeat_the_checkpoint_outcome() -> None:
-    told = ActionEntry(iso(later(300)), CHECKPOINT_TIMEOUT_ACTION, "timed-out", "ml/b: not done")
+    told = ActionEntry(iso(later(300)), Entry.CHECKPOINT_TIMEOUT, "timed-out", "ml/b: not done")
     state = draining(asked(gpu_pod("b")), entries=(REQUEST_ENTRY, told))
     p = plan(state, ASKED, later(400))
     assert evicted(p) == ["b"]

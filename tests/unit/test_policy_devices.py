@@ -27,10 +27,6 @@ from gpuheal.model import (
     Taint,
 )
 from gpuheal.policy.devices import (
-    CONTACT_SUPPORT,
-    DEVICE_ESCALATED,
-    DEVICE_SUSPECT,
-    DEVICE_UNKNOWN,
     CreateCanary,
     CreateDeviceRecord,
     DeleteCanary,
@@ -41,9 +37,9 @@ from gpuheal.policy.devices import (
     canary_name,
     plan_devices,
 )
-from gpuheal.policy.gate import GATE_FAILED
 from gpuheal.policy.plan import Emit, Evict, UpdateRecord
 from gpuheal.sources.escalation import escalation_signal
+from gpuheal.vocabulary import Reason
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, 0, tzinfo=dt.UTC)
 GPU = "nvidia.com/gpu"
@@ -167,7 +163,7 @@ def test_unknown_within_the_tolerance_is_an_event_only() -> None:
     assert not of(decided.actions, CreateDeviceRecord) and not of(decided.actions, Evict)
     (mark,) = of(decided.actions, MarkDevices)
     assert mark.unknown == ("GPU-1",) and not mark.suspect
-    assert [e.reason for e in of(decided.actions, Emit)] == [DEVICE_UNKNOWN]
+    assert [e.reason for e in of(decided.actions, Emit)] == [Reason.DEVICE_UNKNOWN]
     assert decided.requeue_after == 30
 
 
@@ -178,7 +174,7 @@ def test_unknown_beyond_the_tolerance_is_suspect_never_a_fault() -> None:
     assert not of(decided.actions, CreateDeviceRecord) and not of(decided.actions, Evict)
     (mark,) = of(decided.actions, MarkDevices)
     assert mark.suspect == ("GPU-1",) and not mark.unknown
-    assert [e.reason for e in of(decided.actions, Emit)] == [DEVICE_SUSPECT]
+    assert [e.reason for e in of(decided.actions, Emit)] == [Reason.DEVICE_SUSPECT]
     # Marked already: nothing more to do.
     marked = DeviceState(node(marks={SUSPECT_DEVICES: "GPU-1"}), entries)
     assert plan_devices(marked, CFG, NOW).actions == ()
@@ -214,7 +210,7 @@ def test_three_device_faults_escalate_to_the_node() -> None:
     decided = plan_devices(state, CFG, NOW)
     (created,) = of(decided.actions, CreateDeviceRecord)
     assert any(a.action == "escalate" for a in created.record.actions)
-    assert DEVICE_ESCALATED in {e.reason for e in of(decided.actions, Emit)}
+    assert Reason.DEVICE_ESCALATED in {e.reason for e in of(decided.actions, Emit)}
     signal = escalation_signal((*records, created.record))
     assert signal is not None and signal.node == "n1" and signal.reason == "DeviceEscalation"
     assert len(signal.fault_id) <= 63 and "#" not in signal.fault_id
@@ -284,7 +280,7 @@ def test_repeated_faults_of_a_node_flag_contact_support() -> None:
     decided = plan_devices(DeviceState(node(), healthy_node(1), history), config, NOW)
     (created,) = of(decided.actions, CreateDeviceRecord)
     assert created.record.contact_support
-    assert CONTACT_SUPPORT in {e.reason for e in of(decided.actions, Emit)}
+    assert Reason.CONTACT_SUPPORT in {e.reason for e in of(decided.actions, Emit)}
 
 
 def test_healthy_again_starts_a_canary_then_pass_observe_release() -> None:
@@ -334,7 +330,7 @@ def test_a_failed_or_timed_out_canary_extends_the_quarantine() -> None:
         (update,) = of(decided.actions, UpdateRecord)
         assert update.phase is Phase.QUARANTINED and update.entry.action == "canary-failed"
         assert update.expiry == iso(now + dt.timedelta(seconds=600))
-        assert GATE_FAILED in {e.reason for e in of(decided.actions, Emit)}
+        assert Reason.GATE_FAILED in {e.reason for e in of(decided.actions, Emit)}
         assert not of(decided.actions, MarkDevices)  # still quarantined on the node
         # Healthy still, but the next canary waits for the extended expiry.
         failed = replace(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from gpuheal.model import ActionEntry
 from gpuheal.policy import history
 from gpuheal.values import DETAIL_MAX
+from gpuheal.vocabulary import Entry
 
 BLOCKED = "1 to evict, 0 terminating; blocked: ml/trainer-0 by PodDisruptionBudget ml/trainer"
 
@@ -49,7 +50,7 @@ def test_the_first_actions_survive_any_number_of_entries_and_the_drops_are_count
     assert len(actions) == history.MAX_KEPT
     assert [a.action for a in actions[:2]] == ["detect", "taint"]
     marker = actions[history.FIRST_KEPT]
-    assert marker.action == history.ELIDED
+    assert marker.action == Entry.ELIDED
     kept = history.MAX_KEPT - history.FIRST_KEPT - 1
     dropped = 502 - history.FIRST_KEPT - kept
     assert marker.detail.startswith(f"{dropped} entries dropped")

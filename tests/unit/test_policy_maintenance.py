@@ -30,8 +30,8 @@ from gpuheal.model import (
     Taint,
     fault_record_name,
 )
-from gpuheal.policy.gate import GATE_FAILED
 from gpuheal.policy.plan import Emit, NodeState, RemoveTaint, UpdateRecord, plan
+from gpuheal.vocabulary import Reason
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, 0, tzinfo=dt.UTC)
 CONFIG = Config(breaker_max_nodes=100, breaker_max_percent=100, recovery_window_seconds=60)
@@ -105,7 +105,7 @@ def test_recovery_keeps_the_taint_while_the_gate_fails_and_says_so_once() -> Non
     assert update.phase is Phase.RECOVERING and update.entry.action == "gate-failed"
     assert update.entry.detail.startswith("gpu-count: ")
     emit = next(a for a in first.actions if isinstance(a, Emit))
-    assert emit.reason == GATE_FAILED and emit.warning and "7 nvidia.com/gpu" in emit.note
+    assert emit.reason == Reason.GATE_FAILED and emit.warning and "7 nvidia.com/gpu" in emit.note
     # Requeued with the same failing set: no new entry, no new Event.
     noted = recovering(update.entry)
     again = plan(NodeState(short, records=(noted,)), CONFIG, NOW + dt.timedelta(seconds=10))

@@ -33,7 +33,6 @@ from gpuheal.model import (
 )
 from gpuheal.policy.breaker import quarantine_capacity
 from gpuheal.policy.plan import (
-    QUARANTINED,
     AddTaint,
     CreateRecord,
     DeletePod,
@@ -49,6 +48,7 @@ from gpuheal.policy.plan import (
 # Real-shaped: fault ids built from them pass a taint value's 63 characters (and
 # the 253-character FQDN's, the record's 256), as an EKS agent's do.
 from gpuheal.values import taint_value
+from gpuheal.vocabulary import Reason
 from tests.corpus import AKS_NODE, EKS_NODES, FQDN_253
 
 NODES = (*EKS_NODES, AKS_NODE, FQDN_253)
@@ -125,7 +125,7 @@ def apply(world: World, action: object) -> bool:
                 LAST_PROCESS_TIME: stamp,
             }
             world.nodes[n] = replace(view, annotations=annotations)
-        case Emit(reason=reason, node=n, record=name) if reason == QUARANTINED:
+        case Emit(reason=reason, node=n, record=name) if reason == Reason.QUARANTINED:
             key = (n, world.records[name].fault_id)
             world.quarantines[key] = world.quarantines.get(key, 0) + 1
     return True

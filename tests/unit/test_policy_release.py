@@ -7,18 +7,10 @@ from dataclasses import replace
 
 from gpuheal.clock import iso
 from gpuheal.model import TAINT_KEY, ActionEntry, FaultRecord, Phase, Taint
-from gpuheal.policy.plan import (
-    RELEASED_ACTION,
-    RELEASED_EVENT,
-    AddTaint,
-    Emit,
-    NodeState,
-    Plan,
-    UpdateRecord,
-    plan,
-)
+from gpuheal.policy.plan import AddTaint, Emit, NodeState, Plan, UpdateRecord, plan
 from gpuheal.policy.release import refusal, release_patch, released
 from gpuheal.values import taint_value
+from gpuheal.vocabulary import Entry, Reason
 from tests.corpus import EKS_NODES
 from tests.unit.test_policy_plan import CONFIG, F1, N1, NOW, faulty, gpu_pod, healthy, record
 
@@ -58,10 +50,10 @@ def test_a_released_held_fault_is_quarantined_past_the_full_breaker_once() -> No
     assert [t.node for t in taints(p)] == [N1] and p.new_quarantine
     entries = [a.entry for a in p.actions if isinstance(a, UpdateRecord)]
     assert [(e.action, e.detail) for e in entries][:2] == [
-        (RELEASED_ACTION, f"by {BY} at {AT}"),
+        (Entry.RELEASED, f"by {BY} at {AT}"),
         ("taint", ""),
     ]
-    assert next(a.reason for a in p.actions if isinstance(a, Emit)) == RELEASED_EVENT
+    assert next(a.reason for a in p.actions if isinstance(a, Emit)) == Reason.RELEASED
     # Once tainted its record is Quarantined: the release is spent, nothing repeats.
     done = replace(held(released_by=BY, released_at=AT), phase=Phase.QUARANTINED)
     ours = Taint(TAINT_KEY, "NoSchedule", taint_value(F1))
@@ -70,16 +62,16 @@ def test_a_released_held_fault_is_quarantined_past_the_full_breaker_once() -> No
     )
     again = plan(tainted, BREAKER, NOW)
     assert not taints(again)
-    assert RELEASED_EVENT not in [a.reason for a in again.actions if isinstance(a, Emit)]
+    assert Reason.RELEASED not in [a.reason for a in again.actions if isinstance(a, Emit)]
 
 
 def test_the_release_is_said_once_even_when_the_taint_waits_a_pass() -> None:
-    said = ActionEntry(iso(NOW), RELEASED_ACTION, "ok", f"by {BY} at {AT}")
+    said = ActionEntry(iso(NOW), Entry.RELEASED, "ok", f"by {BY} at {AT}")
     rec = held(released_by=BY, released_at=AT)
     p = looks(replace(rec, actions=(*rec.actions, said)))
     assert taints(p)
-    assert RELEASED_EVENT not in [a.reason for a in p.actions if isinstance(a, Emit)]
-    assert RELEASED_ACTION not in [
+    assert Reason.RELEASED not in [a.reason for a in p.actions if isinstance(a, Emit)]
+    assert Entry.RELEASED not in [
         a.entry.action for a in p.actions if isinstance(a, UpdateRecord) and a.entry
     ]
 
@@ -97,7 +89,7 @@ def test_a_release_of_a_fault_that_cleared_meanwhile_does_nothing() -> None:
     p = plan(state, BREAKER, NOW)
     assert not taints(p)
     assert [a.phase for a in p.actions if isinstance(a, UpdateRecord)] == [Phase.RESOLVED]
-    assert RELEASED_EVENT not in [a.reason for a in p.actions if isinstance(a, Emit)]
+    assert Reason.RELEASED not in [a.reason for a in p.actions if isinstance(a, Emit)]
 
 
 def test_a_release_is_taken_only_on_a_held_unreleased_record() -> None:

@@ -36,22 +36,7 @@ from gpuheal.model import (
 )
 from gpuheal.policy.breaker import repair_capacity
 from gpuheal.policy.plan import Emit, NodeState, Plan, UpdateRecord, plan
-from gpuheal.policy.repair import (
-    CONTACT_SUPPORT,
-    EXHAUSTED_ACTION,
-    FAILED_ACTION,
-    HELD_ACTION,
-    PROPOSED_ACTION,
-    REPAIR_FAILED,
-    REPAIR_PROPOSED,
-    REPAIR_REQUESTED,
-    REPAIRED,
-    REPAIRED_ACTION,
-    REQUESTED_ACTION,
-    RequestRepair,
-    recommended,
-    repair_metric,
-)
+from gpuheal.policy.repair import RequestRepair, recommended, repair_metric
 from gpuheal.policy.repairwire import (
     Outcome,
     RepairRequest,
@@ -61,6 +46,7 @@ from gpuheal.policy.repairwire import (
     fault_digest,
 )
 from gpuheal.values import taint_value
+from gpuheal.vocabulary import Entry, Reason
 from gpuheal.xid import Action
 from tests.corpus import EKS_NODES, GPU_UUIDS
 
@@ -147,16 +133,18 @@ def test_a_drained_reset_fault_asks_the_agent_once_for_its_gpus() -> None:
         Action.RESET_GPU, DIGEST, 1, iso(NOW, "seconds")
     )
     assert p.new_repair
-    (said,) = entries(p, REQUESTED_ACTION)
+    (said,) = entries(p, Entry.REPAIR_REQUESTED)
     assert said.detail == f"reset-gpu attempt 1: reset {GPU}"
-    assert len(events(p, REPAIR_REQUESTED)) == 1
+    assert len(events(p, Reason.REPAIR_REQUESTED)) == 1
     # The request comes before its record entry (the durable note follows the act).
     kinds = [type(a).__name__ for a in p.repair]
     assert kinds == ["RequestRepair", "UpdateRecord", "Emit"]
 
 
 def test_a_request_on_the_node_is_never_made_again() -> None:
-    recorded = drained(entry(REQUESTED_ACTION, f"reset-gpu attempt 1: reset {GPU}", "waiting"))
+    recorded = drained(
+        entry(Entry.REPAIR_REQUESTED, f"reset-gpu attempt 1: reset {GPU}", "waiting")
+    )
     on_node = node(**{REPAIR_REQUEST: asked(Action.RESET_GPU, 1)})
     p = plan(state(on_node, recorded), CONFIG, NOW + dt.timedelta(seconds=30))
     assert not requests(p) and not p.actions
@@ -169,8 +157,8 @@ def test_a_request_the_record_does_not_show_is_recorded_not_repeated() -> None:
     on_node = node(**{REPAIR_REQUEST: asked(Action.RESET_GPU, 1)})
     p = plan(state(on_node, drained()), CONFIG, NOW)
     assert not requests(p)
-    assert len(entries(p, REQUESTED_ACTION)) == 1
-    assert not events(p, REPAIR_REQUESTED)
+    assert len(entries(p, Entry.REPAIR_REQUESTED)) == 1
+    assert not events(p, Reason.REPAIR_REQUESTED)
 
 
 def test_a_done_result_is_recorded_once_and_given_time_to_clear() -> None:
@@ -180,17 +168,17 @@ def test_a_done_result_is_recorded_once_and_given_time_to_clear() -> None:
             REPAIR_RESULT: answered(Action.RESET_GPU, 1, Outcome.DONE),
         }
     )
-    recorded = drained(entry(REQUESTED_ACTION, "reset-gpu attempt 1: x", "waiting"))
+    recorded = drained(entry(Entry.REPAIR_REQUESTED, "reset-gpu attempt 1: x", "waiting"))
     p = plan(state(on_node, recorded), CONFIG, NOW)
-    assert len(entries(p, REPAIRED_ACTION)) == 1 and len(events(p, REPAIRED)) == 1
+    assert len(entries(p, Entry.REPAIRED)) == 1 and len(events(p, Reason.REPAIRED)) == 1
     assert not requests(p)
-    again = replace(recorded, actions=(*recorded.actions, entries(p, REPAIRED_ACTION)[0]))
+    again = replace(recorded, actions=(*recorded.actions, entries(p, Entry.REPAIRED)[0]))
     p = plan(state(on_node, again), CONFIG, NOW + dt.timedelta(seconds=10))
     assert not p.actions and p.suppressed == "settling"
     # Still reported after settleSeconds: ineffective, and the next attempt.
     late = NOW + dt.timedelta(seconds=CONFIG.repair.settle_seconds + 1)
     p = plan(state(on_node, again), CONFIG, late)
-    assert [e.result for e in entries(p, FAILED_ACTION)] == ["ineffective"]
+    assert [e.result for e in entries(p, Entry.REPAIR_FAILED)] == ["ineffective"]
     (request,) = requests(p)
     assert decode_request(request.value) == RepairRequest(
         Action.RESET_GPU, DIGEST, 2, iso(late, "seconds")
@@ -202,8 +190,8 @@ def _after_failures(*attempts: Action) -> tuple[NodeView, FaultRecord]:
     said = []
     for i, action in enumerate(attempts, 1):
         said += [
-            entry(REQUESTED_ACTION, f"{action.value} attempt {i}: x", "waiting"),
-            entry(FAILED_ACTION, f"{action.value} attempt {i}: x", "failed"),
+            entry(Entry.REPAIR_REQUESTED, f"{action.value} attempt {i}: x", "waiting"),
+            entry(Entry.REPAIR_FAILED, f"{action.value} attempt {i}: x", "failed"),
         ]
     last = len(attempts)
     on_node = node(
@@ -228,10 +216,10 @@ def test_a_failed_reset_is_retried_then_escalates_to_reboot_then_to_a_person() -
     on_node, recorded = _after_failures(Action.RESET_GPU, Action.RESET_GPU, Action.REBOOT)
     p = plan(state(on_node, recorded), CONFIG, NOW)
     assert not requests(p)
-    (held,) = entries(p, EXHAUSTED_ACTION)
+    (held,) = entries(p, Entry.REPAIR_EXHAUSTED)
     assert held.result == "contact-support"
     assert all(a.contact_support for a in p.repair if isinstance(a, UpdateRecord))
-    assert len(events(p, CONTACT_SUPPORT)) == 1
+    assert len(events(p, Reason.CONTACT_SUPPORT)) == 1
     # Said once; the node stays quarantined (no untaint, no new request).
     told = replace(recorded, actions=(*recorded.actions, held))
     p = plan(state(on_node, told), CONFIG, NOW)
@@ -242,18 +230,18 @@ def test_a_failure_is_recorded_once_with_its_event() -> None:
     on_node, recorded = _after_failures(Action.RESET_GPU)
     fresh = replace(recorded, actions=recorded.actions[:-1])  # the failure not yet recorded
     p = plan(state(on_node, fresh), CONFIG, NOW)
-    assert [e.result for e in entries(p, FAILED_ACTION)] == ["failed"]
-    assert len(events(p, REPAIR_FAILED)) == 1
+    assert [e.result for e in entries(p, Entry.REPAIR_FAILED)] == ["failed"]
+    assert len(events(p, Reason.REPAIR_FAILED)) == 1
     p = plan(state(on_node, recorded), CONFIG, NOW)
-    assert not entries(p, FAILED_ACTION) and not events(p, REPAIR_FAILED)
+    assert not entries(p, Entry.REPAIR_FAILED) and not events(p, Reason.REPAIR_FAILED)
 
 
 def test_no_result_within_the_timeout_is_a_failed_attempt() -> None:
     long_ago = NOW - dt.timedelta(seconds=CONFIG.repair.result_timeout_seconds + 5)
     on_node = node(**{REPAIR_REQUEST: asked(Action.RESET_GPU, 1, long_ago)})
-    recorded = drained(entry(REQUESTED_ACTION, "reset-gpu attempt 1: x", "waiting", long_ago))
+    recorded = drained(entry(Entry.REPAIR_REQUESTED, "reset-gpu attempt 1: x", "waiting", long_ago))
     p = plan(state(on_node, recorded), CONFIG, NOW)
-    assert [e.result for e in entries(p, FAILED_ACTION)] == ["timed-out"]
+    assert [e.result for e in entries(p, Entry.REPAIR_FAILED)] == ["timed-out"]
     assert decode_request(requests(p)[0].value).attempt == 2  # type: ignore[union-attr]
 
 
@@ -267,11 +255,11 @@ def test_a_reboot_waits_for_its_result_as_long_as_the_reboot_daemon_takes_to_loo
         asked_at = NOW - dt.timedelta(seconds=waited)
         on_node = node("XidCritical79", **{REPAIR_REQUEST: asked(Action.REBOOT, 1, asked_at)})
         recorded = drained(
-            entry(REQUESTED_ACTION, "reboot attempt 1: x", "waiting", asked_at),
+            entry(Entry.REPAIR_REQUESTED, "reboot attempt 1: x", "waiting", asked_at),
             reason="XidCritical79",
         )
         p = plan(state(on_node, recorded), CONFIG, NOW)
-        assert bool(entries(p, FAILED_ACTION)) is failed, waited
+        assert bool(entries(p, Entry.REPAIR_FAILED)) is failed, waited
         if not failed:
             assert p.requeue_after == pytest.approx(cfg.result_timeout("reboot") - waited)
 
@@ -299,7 +287,7 @@ def test_the_budget_is_cluster_wide_and_within_the_breaker() -> None:
     busy = frozenset({"other-1", "other-2"})  # maxConcurrent: 2
     p = plan(state(node(), drained(), repairing=busy), CONFIG, NOW)
     assert not requests(p) and p.suppressed == "repair-budget"
-    (held,) = entries(p, HELD_ACTION)
+    (held,) = entries(p, Entry.REPAIR_HELD)
     assert "2 repairs in flight (budget 2)" in held.detail
     told = drained(held)
     assert not plan(state(node(), told, repairing=busy), CONFIG, NOW).actions  # said once
@@ -319,13 +307,13 @@ def test_a_node_that_keeps_needing_repairs_goes_to_a_person() -> None:
         fault_id="old",
         phase=Phase.RESOLVED,
         actions=(
-            entry(REQUESTED_ACTION, "reset-gpu attempt 1: x", "waiting"),
-            entry(REQUESTED_ACTION, "reset-gpu attempt 2: x", "waiting"),
+            entry(Entry.REPAIR_REQUESTED, "reset-gpu attempt 1: x", "waiting"),
+            entry(Entry.REPAIR_REQUESTED, "reset-gpu attempt 2: x", "waiting"),
         ),
     )
     p = plan(NodeState(node=node(), records=(drained(), earlier), gpu_nodes=10), cfg, NOW)
     assert not requests(p)
-    assert "maxAttemptsPerNode 2" in entries(p, EXHAUSTED_ACTION)[0].detail
+    assert "maxAttemptsPerNode 2" in entries(p, Entry.REPAIR_EXHAUSTED)[0].detail
     # Outside the window they do not count.
     later = NOW + dt.timedelta(seconds=cfg.repair.window_seconds + 1)
     assert requests(
@@ -337,9 +325,9 @@ def test_propose_mode_writes_nothing_to_the_node() -> None:
     cfg = replace(CONFIG, repair=RepairConfig(enabled=True))
     p = plan(state(node(), drained()), cfg, NOW)
     assert not requests(p) and not p.new_repair
-    (said,) = entries(p, PROPOSED_ACTION)
+    (said,) = entries(p, Entry.WOULD_REPAIR)
     assert said.detail == f"reset-gpu attempt 1: reset {GPU}"
-    assert len(events(p, REPAIR_PROPOSED)) == 1
+    assert len(events(p, Reason.REPAIR_PROPOSED)) == 1
     told = drained(said)
     assert not plan(state(node(), told), cfg, NOW).actions
 
@@ -370,9 +358,9 @@ def test_a_result_that_comes_as_the_fault_clears_is_recorded() -> None:
             REPAIR_RESULT: answered(Action.RESET_GPU, 1, Outcome.DONE),
         },
     )
-    recorded = drained(entry(REQUESTED_ACTION, "reset-gpu attempt 1: x", "waiting"))
+    recorded = drained(entry(Entry.REPAIR_REQUESTED, "reset-gpu attempt 1: x", "waiting"))
     p = plan(state(cleared, recorded), CONFIG, NOW)
-    assert len(entries(p, REPAIRED_ACTION)) == 1
+    assert len(entries(p, Entry.REPAIRED)) == 1
     assert entries(p, "recovering")  # and recovery begins, as for any cleared fault
     assert not requests(p)
 
@@ -415,8 +403,11 @@ def test_the_annotations_round_trip_and_the_detail_may_hold_anything() -> None:
 
 
 def test_each_repair_entry_counts_once_by_action_and_step() -> None:
-    assert repair_metric(entry(REQUESTED_ACTION, "reboot attempt 3: x")) == ("reboot", "requested")
-    assert repair_metric(entry(FAILED_ACTION, "reset-gpu attempt 1: x", "refused")) == (
+    assert repair_metric(entry(Entry.REPAIR_REQUESTED, "reboot attempt 3: x")) == (
+        "reboot",
+        "requested",
+    )
+    assert repair_metric(entry(Entry.REPAIR_FAILED, "reset-gpu attempt 1: x", "refused")) == (
         "reset-gpu",
         "refused",
     )
@@ -493,6 +484,6 @@ def test_any_sequence_asks_each_attempt_once_within_the_budget_and_the_ladder(
             )
         assert not (exhausted and asked)  # a person's turn: nothing more is asked
         new = [a.entry for a in p.repair if isinstance(a, UpdateRecord)]
-        exhausted += sum(1 for e in new if e.action == EXHAUSTED_ACTION)
+        exhausted += sum(1 for e in new if e.action == Entry.REPAIR_EXHAUSTED)
         assert exhausted <= 1
         record = replace(record, actions=(*record.actions, *new))

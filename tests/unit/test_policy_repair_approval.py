@@ -25,24 +25,9 @@ from gpuheal.model import (
 )
 from gpuheal.policy.approval import answer_patch, refusal
 from gpuheal.policy.plan import UpdateRecord, plan
-from gpuheal.policy.repair import (
-    APPROVED_ACTION,
-    AWAITING_APPROVAL_ACTION,
-    CONTACT_SUPPORT,
-    EXHAUSTED_ACTION,
-    EXPIRED_ACTION,
-    HELD_ACTION,
-    REJECTED_ACTION,
-    REPAIR_APPROVAL_EXPIRED,
-    REPAIR_APPROVED,
-    REPAIR_AWAITING,
-    REPAIR_REJECTED,
-    REPAIR_REQUESTED,
-    REQUESTED_ACTION,
-    awaiting_approval,
-    repair_metric,
-)
+from gpuheal.policy.repair import awaiting_approval, repair_metric
 from gpuheal.policy.repairwire import RepairRequest, decode_request
+from gpuheal.vocabulary import Entry, Reason
 from gpuheal.xid import Action
 from tests.unit.test_policy_repair import (
     CONFIG,
@@ -77,7 +62,7 @@ def asked_record(
     asked = asked or question()
     if decision:
         asked = replace(asked, decision=decision, by=BY, at=iso(NOW))
-    said = entry(AWAITING_APPROVAL_ACTION, f"reset-gpu attempt 1: reset {GPU}", "waiting")
+    said = entry(Entry.REPAIR_AWAITING_APPROVAL, f"reset-gpu attempt 1: reset {GPU}", "waiting")
     record = drained(said, *more)
     return replace(record, repair_approval=asked)
 
@@ -85,11 +70,11 @@ def asked_record(
 def test_an_approval_required_repair_asks_a_person_and_nothing_of_the_node() -> None:
     p = plan(state(node(), drained()), APPROVING, NOW)
     assert not requests(p) and not p.new_repair
-    (said,) = entries(p, AWAITING_APPROVAL_ACTION)
+    (said,) = entries(p, Entry.REPAIR_AWAITING_APPROVAL)
     assert said.detail == f"reset-gpu attempt 1: reset {GPU}"
     (update,) = [a for a in p.repair if isinstance(a, UpdateRecord)]
     assert update.repair_approval == question()
-    (event,) = events(p, REPAIR_AWAITING)
+    (event,) = events(p, Reason.REPAIR_AWAITING_APPROVAL)
     assert f"gpuheal approve|reject {drained().name}" in event.note
     assert p.suppressed == "repair-awaiting-approval" and p.requeue_after == EXPIRY
     # Asked once: the next look waits, and says nothing more.
@@ -110,12 +95,14 @@ def test_approved_writes_the_request_once_with_the_answer_recorded() -> None:
     assert decode_request(request.value) == RepairRequest(
         Action.RESET_GPU, DIGEST, 1, iso(NOW, "seconds")
     )
-    (ok,) = entries(p, APPROVED_ACTION)
+    (ok,) = entries(p, Entry.REPAIR_APPROVED)
     assert ok.detail == f"reset-gpu attempt 1: approved by {BY} at {iso(NOW)}"
-    assert len(events(p, REPAIR_APPROVED)) == 1 and len(events(p, REPAIR_REQUESTED)) == 1
-    assert len(entries(p, REQUESTED_ACTION)) == 1
+    assert (
+        len(events(p, Reason.REPAIR_APPROVED)) == 1 and len(events(p, Reason.REPAIR_REQUESTED)) == 1
+    )
+    assert len(entries(p, Entry.REPAIR_REQUESTED)) == 1
     # The request is on the node: it is not made again, nor the approval said again.
-    done = asked_record(ok, entries(p, REQUESTED_ACTION)[0], decision=APPROVED)
+    done = asked_record(ok, entries(p, Entry.REPAIR_REQUESTED)[0], decision=APPROVED)
     on_node = node(**{REPAIR_REQUEST: request.value})
     p = plan(state(on_node, done), APPROVING, NOW + dt.timedelta(seconds=5))
     assert not p.actions and p.suppressed == "repairing"
@@ -125,16 +112,18 @@ def test_approved_within_a_full_budget_waits_for_it() -> None:
     full = state(node(), asked_record(decision=APPROVED), repairing=frozenset({"a", "b", "c"}))
     p = plan(full, APPROVING, NOW)
     assert not requests(p)
-    assert len(entries(p, APPROVED_ACTION)) == 1 and len(entries(p, HELD_ACTION)) == 1
+    assert len(entries(p, Entry.REPAIR_APPROVED)) == 1 and len(entries(p, Entry.REPAIR_HELD)) == 1
 
 
 def test_rejected_is_recorded_and_a_person_is_asked_instead_once() -> None:
     p = plan(state(node(), asked_record(decision=REJECTED)), APPROVING, NOW)
     assert not requests(p)
-    (no,) = entries(p, REJECTED_ACTION)
+    (no,) = entries(p, Entry.REPAIR_REJECTED)
     assert no.detail == f"reset-gpu attempt 1: rejected by {BY} at {iso(NOW)}"
-    assert len(events(p, REPAIR_REJECTED)) == 1 and len(events(p, CONTACT_SUPPORT)) == 1
-    (held,) = entries(p, EXHAUSTED_ACTION)
+    assert (
+        len(events(p, Reason.REPAIR_REJECTED)) == 1 and len(events(p, Reason.CONTACT_SUPPORT)) == 1
+    )
+    (held,) = entries(p, Entry.REPAIR_EXHAUSTED)
     assert all(a.contact_support for a in p.repair if isinstance(a, UpdateRecord))
     told = asked_record(no, held, decision=REJECTED)
     p = plan(state(node(), told), APPROVING, NOW + dt.timedelta(seconds=5))
@@ -147,10 +136,13 @@ def test_unanswered_it_expires_into_a_recorded_outcome_and_a_late_approval_chang
     late = NOW + dt.timedelta(seconds=EXPIRY + 1)
     p = plan(state(node(), asked_record()), APPROVING, late)
     assert not requests(p)
-    (expired,) = entries(p, EXPIRED_ACTION)
+    (expired,) = entries(p, Entry.REPAIR_APPROVAL_EXPIRED)
     assert expired.result == "expired"
-    assert len(events(p, REPAIR_APPROVAL_EXPIRED)) == 1 and len(entries(p, EXHAUSTED_ACTION)) == 1
-    recorded = asked_record(expired, entries(p, EXHAUSTED_ACTION)[0])
+    assert (
+        len(events(p, Reason.REPAIR_APPROVAL_EXPIRED)) == 1
+        and len(entries(p, Entry.REPAIR_EXHAUSTED)) == 1
+    )
+    recorded = asked_record(expired, entries(p, Entry.REPAIR_EXHAUSTED)[0])
     assert awaiting_approval(recorded) is None
     assert "expired" in (refusal(recorded) or "")
     approved_late = replace(recorded, repair_approval=replace(question(), decision=APPROVED))
@@ -189,7 +181,7 @@ def test_the_config_key_and_the_metric_steps() -> None:
     with pytest.raises(ConfigError, match="approval"):
         parse_config({"repair": {"approval": ["replace-node"]}})
     assert RepairConfig().approval == ()
-    said = entry(AWAITING_APPROVAL_ACTION, "reboot attempt 3: reboot x", "waiting")
+    said = entry(Entry.REPAIR_AWAITING_APPROVAL, "reboot attempt 3: reboot x", "waiting")
     assert repair_metric(said) == ("reboot", "awaiting-approval")
 
 

@@ -12,15 +12,9 @@ from gpuheal.clock import iso
 from gpuheal.config import ReplaceConfig, parse_config
 from gpuheal.model import ActionEntry
 from gpuheal.policy.plan import Plan, ReplaceIntent, UpdateRecord, plan
-from gpuheal.policy.repair import EXHAUSTED_ACTION, repair_metric
-from gpuheal.policy.replace import (
-    ACCEPTED_ACTION,
-    FAILED_ACTION,
-    REPLACE_REQUESTED,
-    REQUESTED_ACTION,
-    CallReplace,
-    idempotency_key,
-)
+from gpuheal.policy.repair import repair_metric
+from gpuheal.policy.replace import CallReplace, idempotency_key
+from gpuheal.vocabulary import Entry, Reason
 from gpuheal.xid import Action
 from tests.unit.test_policy_repair import (
     CONFIG,
@@ -50,7 +44,7 @@ def test_after_the_ladder_the_hook_is_called_after_its_intent() -> None:
     on_node, recorded = _after_failures(Action.RESET_GPU, Action.RESET_GPU, Action.REBOOT)
     on_node = replace(on_node, provider_id=PROVIDER_ID)
     p = plan(state(on_node, recorded), REPLACING, NOW)
-    assert not entries(p, EXHAUSTED_ACTION) and not requests(p)
+    assert not entries(p, Entry.REPAIR_EXHAUSTED) and not requests(p)
     (call,) = calls(p)
     assert (call.attempt, call.key, call.node) == (1, KEY_1, N1)
     assert call.body() == {
@@ -65,20 +59,22 @@ def test_after_the_ladder_the_hook_is_called_after_its_intent() -> None:
     # The intent is written (at once) before the call; the call's outcome after it.
     assert kinds.index("ReplaceIntent") < kinds.index("CallReplace")
     (intent,) = [a for a in p.repair if isinstance(a, ReplaceIntent)]
-    assert intent.entry.action == REQUESTED_ACTION
+    assert intent.entry.action == Entry.REPLACE_REQUESTED
     assert intent.entry.detail == f"replace attempt 1: key {KEY_1}"
-    assert len(events(p, REPLACE_REQUESTED)) == 1
+    assert len(events(p, Reason.REPLACE_REQUESTED)) == 1
 
 
 def test_an_intent_without_an_outcome_is_called_again_under_the_same_key() -> None:
     on_node, recorded = _after_failures(Action.RESET_GPU, Action.RESET_GPU, Action.REBOOT)
-    intent = ActionEntry(iso(NOW), REQUESTED_ACTION, "waiting", f"replace attempt 1: key {KEY_1}")
+    intent = ActionEntry(
+        iso(NOW), Entry.REPLACE_REQUESTED, "waiting", f"replace attempt 1: key {KEY_1}"
+    )
     died = replace(recorded, actions=(*recorded.actions, intent))
     p = plan(state(on_node, died), REPLACING, NOW + dt.timedelta(seconds=30))
     (call,) = calls(p)
     assert call.key == KEY_1 and call.intent is None
     assert not [a for a in p.repair if isinstance(a, ReplaceIntent)]
-    assert not events(p, REPLACE_REQUESTED)
+    assert not events(p, Reason.REPLACE_REQUESTED)
 
 
 def test_a_failed_call_is_retried_with_backoff_then_a_person_is_asked() -> None:
@@ -89,10 +85,13 @@ def test_a_failed_call_is_retried_with_backoff_then_a_person_is_asked() -> None:
         key = idempotency_key(F1, attempt)
         said += [
             ActionEntry(
-                iso(at), REQUESTED_ACTION, "waiting", f"replace attempt {attempt}: key {key}"
+                iso(at), Entry.REPLACE_REQUESTED, "waiting", f"replace attempt {attempt}: key {key}"
             ),
             ActionEntry(
-                iso(at), FAILED_ACTION, "failed", f"replace attempt {attempt}: key {key}: HTTP 500"
+                iso(at),
+                Entry.REPLACE_FAILED,
+                "failed",
+                f"replace attempt {attempt}: key {key}: HTTP 500",
             ),
         ]
         record = replace(recorded, actions=tuple(said))
@@ -109,7 +108,7 @@ def test_a_failed_call_is_retried_with_backoff_then_a_person_is_asked() -> None:
         state(on_node, replace(recorded, actions=tuple(said))), REPLACING, at + dt.timedelta(days=1)
     )
     assert not calls(p)
-    (held,) = entries(p, EXHAUSTED_ACTION)
+    (held,) = entries(p, Entry.REPAIR_EXHAUSTED)
     assert f"{HOOK.max_attempts} replace call(s) failed" in held.detail
     assert all(a.contact_support for a in p.repair if isinstance(a, UpdateRecord))
 
@@ -117,8 +116,12 @@ def test_a_failed_call_is_retried_with_backoff_then_a_person_is_asked() -> None:
 def test_accepted_the_node_waits_for_the_provider() -> None:
     on_node, recorded = _after_failures(Action.RESET_GPU, Action.RESET_GPU, Action.REBOOT)
     done = (
-        ActionEntry(iso(NOW), REQUESTED_ACTION, "waiting", f"replace attempt 1: key {KEY_1}"),
-        ActionEntry(iso(NOW), ACCEPTED_ACTION, "ok", f"replace attempt 1: key {KEY_1}: HTTP 202"),
+        ActionEntry(
+            iso(NOW), Entry.REPLACE_REQUESTED, "waiting", f"replace attempt 1: key {KEY_1}"
+        ),
+        ActionEntry(
+            iso(NOW), Entry.REPLACE_ACCEPTED, "ok", f"replace attempt 1: key {KEY_1}: HTTP 202"
+        ),
     )
     p = plan(state(on_node, replace(recorded, actions=(*recorded.actions, *done))), REPLACING, NOW)
     assert not p.actions and p.suppressed == "replacing"
@@ -143,5 +146,7 @@ def test_the_config_keys_and_the_metric() -> None:
     ).repair.replace
     assert parsed.configured and parsed.max_attempts == 5
     assert not ReplaceConfig().configured
-    intent = ActionEntry(iso(NOW), REQUESTED_ACTION, "waiting", f"replace attempt 1: key {KEY_1}")
+    intent = ActionEntry(
+        iso(NOW), Entry.REPLACE_REQUESTED, "waiting", f"replace attempt 1: key {KEY_1}"
+    )
     assert repair_metric(intent) == ("replace", "requested")

@@ -24,14 +24,9 @@ from gpuheal.model import (
     Taint,
     fault_record_name,
 )
-from gpuheal.policy.gate import GATE_FAILED, Validated
+from gpuheal.policy.gate import Validated
 from gpuheal.policy.plan import NodeState, RemoveTaint, plan
 from gpuheal.policy.validation import (
-    FAILED_ACTION,
-    PASSED_ACTION,
-    START_ACTION,
-    VALIDATION_PASSED,
-    VALIDATION_STARTED,
     CreateValidationJob,
     DeleteValidationJob,
     ValidationPod,
@@ -42,6 +37,7 @@ from gpuheal.policy.validation import (
     step,
 )
 from gpuheal.values import taint_value
+from gpuheal.vocabulary import Entry, Reason
 from tests.corpus import EKS_NODES, FQDN_253
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, 0, tzinfo=dt.UTC)
@@ -92,7 +88,9 @@ def pod(job: str, phase: str = "Running", **kw: Any) -> ValidationPod:
 
 RECORD = recovering()
 FIRST = job_name(RECORD.name, 1)
-STARTED = entry(START_ACTION, NOW - dt.timedelta(seconds=30), f"{FIRST} on 8 nvidia.com/gpu")
+STARTED = entry(
+    Entry.VALIDATION_START, NOW - dt.timedelta(seconds=30), f"{FIRST} on 8 nvidia.com/gpu"
+)
 
 
 # -- the name ----------------------------------------------------------------------
@@ -219,8 +217,11 @@ def test_the_first_look_starts_attempt_one_and_waits() -> None:
         CreateValidationJob(NODE, "H100", FIRST, RECORD.name, "nvidia.com/gpu", 8),
     )
     (started,) = first.entries
-    assert started.action == START_ACTION and started.detail == f"{FIRST} on 8 nvidia.com/gpu"
-    assert [e[0] for e in first.events] == [VALIDATION_STARTED]
+    assert (
+        started.action == Entry.VALIDATION_START
+        and started.detail == f"{FIRST} on 8 nvidia.com/gpu"
+    )
+    assert [e[0] for e in first.events] == [Reason.VALIDATION_STARTED]
     assert first.requeue_after == VALIDATION.timeout_seconds
 
 
@@ -239,18 +240,18 @@ def test_a_finished_job_is_judged_recorded_and_deleted() -> None:
     )
     assert passed.verdict is not None and passed.verdict.passed
     assert passed.jobs == (DeleteValidationJob(FIRST),)
-    assert [e.action for e in passed.entries] == [PASSED_ACTION]
-    assert [e[0] for e in passed.events] == [VALIDATION_PASSED]
+    assert [e.action for e in passed.entries] == [Entry.VALIDATION_PASSED]
+    assert [e[0] for e in passed.events] == [Reason.VALIDATION_PASSED]
     failed = step(
         record, node(), {FIRST: pod(FIRST, "Failed", exit_code=1, message=FAIL)}, CONFIG, NOW
     )
     assert failed.verdict is not None and not failed.verdict.passed
     assert failed.jobs == (DeleteValidationJob(FIRST),)
     (said,) = failed.entries
-    assert said.action == FAILED_ACTION and said.result == "failed"
+    assert said.action == Entry.VALIDATION_FAILED and said.result == "failed"
     assert said.detail.startswith(f"{FIRST}: dcgmi-diag: Memory: GPU 3 failed")
     (event,) = failed.events
-    assert event[0] == GATE_FAILED and event[2] is True and "GPU 3 failed" in event[1]
+    assert event[0] == Reason.GATE_FAILED and event[2] is True and "GPU 3 failed" in event[1]
     assert failed.requeue_after == VALIDATION.retry_seconds
 
 
@@ -283,7 +284,9 @@ def test_an_unschedulable_pod_gets_the_schedule_timeout_then_fails_saying_why() 
 
 
 def test_a_failed_attempt_holds_the_node_until_the_retry_then_attempt_two() -> None:
-    failed = entry(FAILED_ACTION, NOW - dt.timedelta(seconds=10), f"{FIRST}: boom", "failed")
+    failed = entry(
+        Entry.VALIDATION_FAILED, NOW - dt.timedelta(seconds=10), f"{FIRST}: boom", "failed"
+    )
     record = recovering(STARTED, failed)
     held = step(record, node(), {}, CONFIG, NOW)
     assert held.verdict is not None and held.verdict.reason == f"{FIRST}: boom"
@@ -297,7 +300,7 @@ def test_a_failed_attempt_holds_the_node_until_the_retry_then_attempt_two() -> N
 
 
 def test_a_new_recovery_validates_afresh_with_the_next_attempts_name() -> None:
-    passed = entry(PASSED_ACTION, NOW - dt.timedelta(seconds=500), f"{FIRST}: pass")
+    passed = entry(Entry.VALIDATION_PASSED, NOW - dt.timedelta(seconds=500), f"{FIRST}: pass")
     old = recovering(STARTED, passed)
     again = replace(old, actions=(*old.actions, entry("recovering", NOW - dt.timedelta(seconds=5))))
     assert step(old, node(), {}, CONFIG, NOW).verdict == Validated(True, f"{FIRST}: pass")
@@ -356,6 +359,8 @@ def test_a_job_found_finished_at_its_start_is_judged_at_once() -> None:
     again = step(RECORD, node(), finished, CONFIG, NOW)
     assert again.verdict is not None and again.verdict.passed
     assert [type(j).__name__ for j in again.jobs] == ["CreateValidationJob", "DeleteValidationJob"]
-    assert [e.action for e in again.entries] == [START_ACTION, PASSED_ACTION]
+    assert [e.action for e in again.entries] == [Entry.VALIDATION_START, Entry.VALIDATION_PASSED]
     running = step(RECORD, node(), {FIRST: pod(FIRST)}, CONFIG, NOW)
-    assert running.verdict is None and [e.action for e in running.entries] == [START_ACTION]
+    assert running.verdict is None and [e.action for e in running.entries] == [
+        Entry.VALIDATION_START
+    ]

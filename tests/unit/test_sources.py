@@ -32,7 +32,7 @@ from gpuheal.sources import (
     registered,
 )
 from gpuheal.sources import annotations as contract
-from gpuheal.sources.escalation import ESCALATE_ACTION
+from gpuheal.vocabulary import Entry
 from tests.corpus import GPU_UUIDS, alert, dcgm_labels, webhook
 from tests.unit.test_controller_echoes import _reconciler
 from tests.unit.test_policy_plan import CONFIG, F1, N1, NOW, faulty, healthy
@@ -196,7 +196,7 @@ def _escalated_device() -> FaultRecord:
         resource="nvidia.com/gpu",
         device=GPU_UUIDS[0],
         created_at=when,
-        actions=(ActionEntry(when, "detect", "ok"), ActionEntry(when, ESCALATE_ACTION, "ok")),
+        actions=(ActionEntry(when, "detect", "ok"), ActionEntry(when, Entry.ESCALATE, "ok")),
     )
 
 

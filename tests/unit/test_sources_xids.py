@@ -13,7 +13,7 @@ import pytest
 
 from gpuheal.api.server import decode_webhook
 from gpuheal.config import parse_config
-from gpuheal.controller.observed_xids import APPLICATION_XID, INFORMATIONAL_XID, ObservedXids
+from gpuheal.controller.observed_xids import ObservedXids
 from gpuheal.kube.events import ObjectRef
 from gpuheal.metrics.controller import ControllerMetrics
 from gpuheal.model import PodView, Severity
@@ -37,6 +37,7 @@ from gpuheal.sources.dcgm import (
     window_xids,
 )
 from gpuheal.sources.xids import Observed, workload, xid_of
+from gpuheal.vocabulary import Reason
 from gpuheal.xid import CATALOGUE, Kind, classify
 from tests.corpus import EKS_NODES, GPU_UUIDS, alert, dcgm_labels, webhook
 
@@ -322,9 +323,9 @@ def test_an_observed_xid_is_counted_once_and_told_only_to_a_gpu_pod_on_its_node(
     told = [(ref.kind, ref.namespace, ref.name, ref.uid, reason, warning)
             for ref, reason, _, warning in recorder.sent]  # fmt: skip
     assert told == [
-        ("Pod", "ml", "trainer-0", "uid-1", APPLICATION_XID, True),
-        ("Pod", "ml", "trainer-0", "uid-1", APPLICATION_XID, True),
+        ("Pod", "ml", "trainer-0", "uid-1", Reason.APPLICATION_XID, True),
+        ("Pod", "ml", "trainer-0", "uid-1", Reason.APPLICATION_XID, True),
     ]
     assert "Xid 13 (XidApplication13) on GPU" in recorder.sent[0][2]
     assert "Not a node fault" in recorder.sent[0][2]
-    assert INFORMATIONAL_XID == "GPUInformationalXid"
+    assert Reason.INFORMATIONAL_XID.value == "GPUInformationalXid"

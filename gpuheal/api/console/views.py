@@ -30,6 +30,7 @@ from gpuheal.policy import repair
 from gpuheal.policy.breaker import quarantine_capacity
 from gpuheal.policy.pools import pool_of
 from gpuheal.policy.sharing import sharing
+from gpuheal.vocabulary import Entry
 
 # A node's state on the console, worst first: the order of the columns.
 STATES = ("quarantined", "faulty", "maintenance", "not-ready", "healthy")
@@ -235,7 +236,7 @@ def fault_events(record: FaultRecord, events: Iterable[EventView]) -> list[Event
 
 
 def _eviction_began(record: FaultRecord) -> str:
-    began = next((a.time for a in record.actions if a.action == "evict"), "")
+    began = next((a.time for a in record.actions if a.action == Entry.EVICT), "")
     return began or record.created_at
 
 
