@@ -216,6 +216,8 @@ class NodeView:
     taints: tuple[Taint, ...] = ()
     unschedulable: bool = False
     conditions: tuple[Condition, ...] = ()
+    # status.capacity of the GPU resource (nvidia.com/gpu): whole GPUs, or their
+    # replicas when shared; every GPU count people see is Config.gpu_count(capacity).
     gpus: int = 0
     addresses: tuple[str, ...] = ()  # status.addresses (InternalIP, Hostname, ...)
     # status.allocatable of the extended resources (nvidia.com/gpu, MIG profiles, ...),

@@ -15,6 +15,8 @@ from gpuheal.model import (
     MAINTENANCE_REASON,
     MAINTENANCE_SINCE,
     MAINTENANCE_TAINT_KEY,
+    STATE_LABEL,
+    STATE_MAINTENANCE,
     STATUS,
     TAINT_KEY,
     XID_ERRORS,
@@ -67,6 +69,7 @@ def cluster(nodes: int, *, version: str = "test.1") -> Cluster:
     quarantined = 0
     for i, name in enumerate(names):
         annotations = {STATUS: "healthy", XID_ERRORS: "{}"}
+        labels = {POOL_LABEL: POOLS[i % len(POOLS)]}
         taints: tuple[Taint, ...] = ()
         phase: Phase | None = None
         if i % 50 == 0:
@@ -77,6 +80,8 @@ def cluster(nodes: int, *, version: str = "test.1") -> Cluster:
         elif i % 200 == 3:
             phase = Phase.HELD
         elif i % 250 == 7:
+            # As `gpuheal maintenance start` leaves it: the state label is the mark.
+            labels[STATE_LABEL] = STATE_MAINTENANCE
             taints = (Taint(MAINTENANCE_TAINT_KEY, "driver-upgrade", "NoSchedule"),)
             annotations |= {MAINTENANCE_REASON: "driver 550", MAINTENANCE_SINCE: DETECTED}
         if phase is not None:
@@ -88,11 +93,12 @@ def cluster(nodes: int, *, version: str = "test.1") -> Cluster:
         views[name] = NodeView(
             name=name,
             resource_version=str(i),
-            labels={POOL_LABEL: POOLS[i % len(POOLS)]},
+            labels=labels,
             annotations=annotations,
             taints=taints,
             conditions=(Condition("Ready", "True"),),
             gpus=8,
+            capacity=(("nvidia.com/gpu", 8),),
         )
         pod = PodView(
             "ml-train", f"trainer-{i:05d}", f"uid-{i}", name, "Running", gpu=True, gpu_count=4

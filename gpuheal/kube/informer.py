@@ -26,6 +26,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import msgspec
 
 from gpuheal.kube.api import ApiError, KubeApi, WatchStalledError
+from gpuheal.kube.paging import each_page
 
 log = logging.getLogger(__name__)
 
@@ -255,13 +256,14 @@ class Informer(Generic[J, V]):
         seen: dict[str, tuple[Any, str]] = {}
         skipped: set[str] = set()
         params = {**self._params, "limit": str(self._page_size)}
-        while True:
-            raw = await self.api.get(self.path, params)
+
+        def take(raw: bytes) -> str:
             meta = self._take_page(raw, seen, skipped)
             if not meta.next_page:
-                self.resource_version = meta.resourceVersion
-                break
-            params["continue"] = meta.next_page
+                self.resource_version = meta.resourceVersion  # the list's, on its last page
+            return meta.next_page
+
+        await each_page(self.api, self.path, params, take)
         # A skipped object is still there: keep what the cache had for it.
         for key in [k for k in self.store if k not in seen and k not in skipped]:
             self._apply(key, None, self.resource_version)

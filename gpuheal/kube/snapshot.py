@@ -18,6 +18,7 @@ from typing import Generic, TypeVar
 import msgspec
 
 from gpuheal.kube.api import ApiError, KubeApi, gpufault_path, node_path
+from gpuheal.kube.paging import each_page
 from gpuheal.kube.projections import FaultJson, NodeJson, PodJson, fault_record
 from gpuheal.model import FaultRecord
 
@@ -117,12 +118,14 @@ async def list_all(
     if field_selector:
         params["fieldSelector"] = field_selector
     found: list[J] = []
-    while True:
-        objects, next_page = pages.decode(await api.get(path, params))
-        found += objects
-        if not next_page:
-            return found
-        params = {**params, "continue": next_page}
+
+    def take(raw: bytes) -> str:
+        objects, next_page = pages.decode(raw)
+        found.extend(objects)
+        return next_page
+
+    await each_page(api, path, params, take)
+    return found
 
 
 @dataclass

@@ -37,6 +37,7 @@ from gpuheal.kube.projections import NodeJson, PodJson
 from gpuheal.kube.snapshot import Snapshot, read_snapshot
 from gpuheal.model import GPU_PROCESSES, MANAGED_LABEL, Taint
 from gpuheal.ops import exitcodes
+from gpuheal.ops.findings import duration
 from gpuheal.ops.fleet import gpu_node, gpu_total, node_ready, pod_gpus, pod_live, pod_name
 from gpuheal.ops.output import Notes, Table, render
 from gpuheal.ops.selector import Requirement, SelectorError, parse_selector, selected
@@ -166,15 +167,6 @@ def _listed(items: Sequence[str]) -> str:
     return f"{shown} and {len(items) - _LISTED} more" if len(items) > _LISTED else shown
 
 
-def _duration(seconds: float) -> str:
-    seconds = int(seconds)
-    if seconds >= 7200:
-        return f"{seconds // 3600}h"
-    if seconds >= 120:
-        return f"{seconds // 60}m"
-    return f"{seconds}s"
-
-
 # -- outside the controller's reach ----------------------------------------------
 
 
@@ -245,7 +237,7 @@ def _leaks(
                 name,
                 pool,
                 f"pod {pod_name(pod)} holds {gpus} GPU(s) and is stuck Terminating "
-                f"{_duration(overdue)} past its grace period; {why}.",
+                f"{duration(overdue)} past its grace period; {why}.",
             )
         )
     ready = node_ready(node)

@@ -23,6 +23,7 @@ from rich.text import Text
 
 from gpuheal.kube.api import ApiError, KubeApi, pod_path
 from gpuheal.kube.details import Pod, PodDisruptionBudget
+from gpuheal.kube.paging import each_page
 from gpuheal.kube.snapshot import ALL_PODS, LIST_PAGE, list_all
 from gpuheal.ops.cluster import is_mirror_pod, labels_of, owner_kind
 from gpuheal.ops.findings import pod_key
@@ -51,12 +52,14 @@ async def pods_on(api: KubeApi, node: str) -> list[Pod]:
     that skip it: the drain would not see it, and call the node drained with it there."""
     params = {"limit": str(LIST_PAGE), "fieldSelector": f"spec.nodeName={node}"}
     pods: list[Pod] = []
-    while True:
-        page = _PODS.decode(await api.get(ALL_PODS, params))
-        pods += page.items or ()
-        if not page.metadata.token:
-            return pods
-        params = {**params, "continue": page.metadata.token}
+
+    def take(raw: bytes) -> str:
+        page = _PODS.decode(raw)
+        pods.extend(page.items or ())
+        return page.metadata.token
+
+    await each_page(api, ALL_PODS, params, take)
+    return pods
 
 
 def skip_reason(pod: Pod) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,26 +19,20 @@ from rich.text import Text
 
 from gpuheal.clock import parse_time
 from gpuheal.config import Config
-from gpuheal.kube.projections import NodeJson
+from gpuheal.kube.projections import NodeJson, node_view
 from gpuheal.kube.snapshot import Snapshot, read_snapshot
 from gpuheal.model import (
     AGENT_ACCESS,
     GPU_HEALTHY_CONDITION,
     MAINTENANCE_ROLLOUT,
-    QUARANTINED_DEVICES,
-    STATUS,
-    STATUS_FAULTY,
-    SUSPECT_DEVICES,
     TAINT_KEY,
-    UNKNOWN_DEVICES,
     FaultRecord,
-    Phase,
 )
 from gpuheal.ops import exitcodes
+from gpuheal.ops.findings import duration
 from gpuheal.ops.fleet import (
     gpu_node,
     gpu_total,
-    node_ready,
     node_selector_query,
     pod_gpus,
     pod_live,
@@ -48,51 +42,15 @@ from gpuheal.ops.output import Notes, Table, render
 from gpuheal.ops.selector import Requirement, SelectorError, parse_selector, selected
 from gpuheal.policy import access
 from gpuheal.policy.breaker import quarantine_capacity
-from gpuheal.policy.nodes import in_maintenance
+from gpuheal.policy.nodes import HEALTHY, NODE_STATES, in_maintenance, node_state
 from gpuheal.policy.pools import pool_of
 from gpuheal.vocabulary import Entry
 
 if TYPE_CHECKING:
     from gpuheal.ops.context import Context
 
-HEALTHY = "healthy"
-SUSPECT = "suspect"
-QUARANTINED = "quarantined"
-DRAINING = "draining"
-HELD = "held"
-MAINTENANCE = "maintenance"
-NOT_READY = "not-ready"
-# The order of the states table: from fine to needs-a-look.
-STATES = (HEALTHY, SUSPECT, QUARANTINED, DRAINING, HELD, MAINTENANCE, NOT_READY)
-
-_QUARANTINE_PHASES = frozenset({Phase.QUARANTINED, Phase.DRAINED, Phase.RECOVERING})
 _SHOWN_NAMES = 5  # node names listed per state in the table view
 _SHOWN_AGENTS = 20  # nodes listed whose agent cannot see (all of them in -o json)
-
-
-def _suspect(node: NodeJson, faults: Sequence[FaultRecord]) -> bool:
-    annotations = node.metadata.annotations
-    return bool(
-        faults  # reported, not acted on yet (a P1 being watched), or a device-level record
-        or annotations.get(STATUS) == STATUS_FAULTY
-        or any(annotations.get(k) for k in (SUSPECT_DEVICES, UNKNOWN_DEVICES, QUARANTINED_DEVICES))
-    )
-
-
-def node_state(node: NodeJson, faults: Sequence[FaultRecord]) -> str:
-    """The node's state, the first that applies: not-ready > maintenance > held >
-    draining > quarantined > suspect > healthy. `faults` are the node's open records;
-    only whole-node ones make it held, draining or quarantined."""
-    whole_node = {f.phase for f in faults if f.scope == "node"}
-    rules: tuple[tuple[str, Callable[[], bool]], ...] = (
-        (NOT_READY, lambda: node_ready(node) is not True),
-        (MAINTENANCE, lambda: in_maintenance(node.metadata.labels)),
-        (HELD, lambda: Phase.HELD in whole_node),
-        (DRAINING, lambda: Phase.DRAINING in whole_node),
-        (QUARANTINED, lambda: bool(taint_of(node, TAINT_KEY) or whole_node & _QUARANTINE_PHASES)),
-        (SUSPECT, lambda: _suspect(node, faults)),
-    )
-    return next((state for state, applies in rules if applies()), HEALTHY)
 
 
 @dataclass(frozen=True)
@@ -149,14 +107,9 @@ class Breaker:
 
 
 def age(since: dt.datetime | None, now: dt.datetime) -> str:
-    """kubectl's short age: 45s, 12m, 5h, 3d."""
-    if since is None:
-        return "?"
-    seconds = max(0, int((now - since).total_seconds()))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size * (2 if unit != "m" else 1):
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
+    """How long ago, as every command says a duration (45s, 12m, 3h12m, 2d4h); "?"
+    without a time."""
+    return "?" if since is None else duration((now - since).total_seconds())
 
 
 # Observe mode's report covers this much of the past.
@@ -215,7 +168,7 @@ class StatusReport:
 
     def by_state(self) -> dict[str, int]:
         counts = Counter(n.state for n in self.nodes)
-        return {state: counts.get(state, 0) for state in STATES}
+        return {state: counts.get(state, 0) for state in NODE_STATES}
 
     def data(self) -> dict[str, Any]:
         return {
@@ -380,7 +333,8 @@ def fleet_status(
     for node in shown:
         name = node.metadata.name
         pool = pool_of(node.metadata.labels, config)
-        nodes.append(NodeStatus(name, node_state(node, faults_by_node.get(name, ())), pool))
+        state = node_state(node_view(node), faults_by_node.get(name, ()))
+        nodes.append(NodeStatus(name, state, pool))
         totals = pools[pool]
         totals[0] += 1
         totals[1] += gpu_total(node.status.capacity, config)

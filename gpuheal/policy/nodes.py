@@ -7,10 +7,34 @@ controller does.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from gpuheal.config import Config
-from gpuheal.model import STATE_LABEL, STATE_MAINTENANCE
+from gpuheal.model import (
+    QUARANTINED_DEVICES,
+    STATE_LABEL,
+    STATE_MAINTENANCE,
+    STATUS,
+    STATUS_FAULTY,
+    SUSPECT_DEVICES,
+    UNKNOWN_DEVICES,
+    FaultRecord,
+    NodeView,
+    Phase,
+)
+
+# A node's state as people are shown it (`gpuheal status`, the console), in the
+# order of the states table: from fine to needs-a-look.
+HEALTHY = "healthy"
+SUSPECT = "suspect"
+QUARANTINED = "quarantined"
+DRAINING = "draining"
+HELD = "held"
+MAINTENANCE = "maintenance"
+NOT_READY = "not-ready"
+NODE_STATES = (HEALTHY, SUSPECT, QUARANTINED, DRAINING, HELD, MAINTENANCE, NOT_READY)
+
+_QUARANTINE_PHASES = frozenset({Phase.QUARANTINED, Phase.DRAINED, Phase.RECOVERING})
 
 
 def gpu_node(labels: Mapping[str, str], gpu_capacity: int, config: Config) -> bool:
@@ -27,3 +51,28 @@ def in_maintenance(labels: Mapping[str, str]) -> bool:
     The controller pauses for it; the maintenance taint and the cordon are what
     maintenance does to the node, not the mark that it is in maintenance."""
     return labels.get(STATE_LABEL) == STATE_MAINTENANCE
+
+
+def node_state(node: NodeView, faults: Sequence[FaultRecord]) -> str:
+    """The node's state, the first that applies: not-ready > maintenance > held >
+    draining > quarantined > suspect > healthy. `faults` are the node's open records;
+    only whole-node ones make it held, draining or quarantined."""
+    whole_node = {f.phase for f in faults if f.scope == "node"}
+    rules: tuple[tuple[str, Callable[[], bool]], ...] = (
+        (NOT_READY, lambda: node.ready is not True),
+        (MAINTENANCE, lambda: in_maintenance(node.labels)),
+        (HELD, lambda: Phase.HELD in whole_node),
+        (DRAINING, lambda: Phase.DRAINING in whole_node),
+        (QUARANTINED, lambda: node.taint() is not None or bool(whole_node & _QUARANTINE_PHASES)),
+        (SUSPECT, lambda: _suspect(node, faults)),
+    )
+    return next((state for state, applies in rules if applies()), HEALTHY)
+
+
+def _suspect(node: NodeView, faults: Sequence[FaultRecord]) -> bool:
+    annotations = node.annotations
+    return bool(
+        faults  # reported, not acted on yet (a P1 being watched), or a device-level record
+        or annotations.get(STATUS) == STATUS_FAULTY
+        or any(annotations.get(k) for k in (SUSPECT_DEVICES, UNKNOWN_DEVICES, QUARANTINED_DEVICES))
+    )

@@ -55,7 +55,12 @@ def test_a_time_sliced_pool_counts_gpus_not_replicas() -> None:
     c = cluster(10)
     shared = {"nvidia.com/gpu.replicas": "4", "nvidia.com/gpu.sharing-strategy": "time-slicing"}
     nodes = {
-        name: dataclasses.replace(view, gpus=view.gpus * 4, labels={**view.labels, **shared})
+        name: dataclasses.replace(
+            view,
+            gpus=view.gpus * 4,
+            capacity=tuple((k, n * 4) for k, n in view.capacity),  # replicas offered
+            labels={**view.labels, **shared},
+        )
         for name, view in c.nodes.items()
     }
     shown = fleet(dataclasses.replace(c, nodes=nodes))

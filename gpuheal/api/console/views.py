@@ -17,8 +17,6 @@ from gpuheal.model import (
     GPUFAULT_KIND,
     MAINTENANCE_REASON,
     MAINTENANCE_SINCE,
-    MAINTENANCE_TAINT_KEY,
-    STATUS,
     ActionEntry,
     EventView,
     FaultRecord,
@@ -28,12 +26,27 @@ from gpuheal.model import (
 )
 from gpuheal.policy import repair
 from gpuheal.policy.breaker import quarantine_capacity
+from gpuheal.policy.nodes import (
+    DRAINING,
+    HEALTHY,
+    HELD,
+    MAINTENANCE,
+    NODE_STATES,
+    NOT_READY,
+    QUARANTINED,
+    SUSPECT,
+    in_maintenance,
+    node_state,
+)
 from gpuheal.policy.pools import pool_of
 from gpuheal.policy.sharing import sharing
 from gpuheal.vocabulary import Entry
 
 # A node's state on the console, worst first: the order of the columns.
-STATES = ("quarantined", "faulty", "maintenance", "not-ready", "healthy")
+# The fleet page's columns: gpuheal/policy/nodes.py's states, as `gpuheal status`
+# shows them; the attention list puts those gpuheal acts on first.
+STATES = NODE_STATES
+_ATTENTION = (QUARANTINED, DRAINING, HELD, SUSPECT, NOT_READY, MAINTENANCE, HEALTHY)
 
 
 @dataclass(frozen=True)
@@ -57,16 +70,12 @@ class Cluster:
     events_synced: bool = False  # that cache has listed once
 
 
-def node_state(node: NodeView) -> str:
-    if node.taint() is not None:
-        return "quarantined"
-    if node.annotations.get(STATUS) == "faulty":
-        return "faulty"
-    if node.taint(MAINTENANCE_TAINT_KEY) is not None:
-        return "maintenance"
-    if node.ready is False:
-        return "not-ready"
-    return "healthy"
+def _open_records(cluster: Cluster, name: str) -> list[FaultRecord]:
+    return [
+        r
+        for n in cluster.records_by_node.get(name, ())
+        if (r := cluster.records.get(n)) is not None and r.open
+    ]
 
 
 @dataclass
@@ -120,28 +129,29 @@ def fleet(cluster: Cluster) -> Fleet:
         nodes += 1
         pool = pool_of(node.labels, config)
         row = pools.get(pool) or pools.setdefault(pool, PoolRow(pool))
-        state = node_state(node)
+        state = node_state(node, _open_records(cluster, name))
         allocated = sum(
             pod.gpu_count
             for key in cluster.pods_by_node.get(name, ())
             if (pod := cluster.pods.get(key)) is not None
         )
         takes_pods = not node.taints and not node.unschedulable and node.ready is not False
-        free = max(0, node.gpus - allocated) if takes_pods else 0
+        gpus = config.gpu_count(node.capacity)  # as `gpuheal status` counts: MIG too
+        free = max(0, gpus - allocated) if takes_pods else 0
         # A time-sliced or MPS GPU is offered (and requested) once per replica: the
         # console counts GPUs, one in use as soon as a replica is.
         how = sharing(node.labels)
         replicas = how.replicas if how.shared else 1
         for each in (row, totals):
             each.states[state] += 1
-            each.capacity += node.gpus // replicas
+            each.capacity += gpus // replicas
             each.allocated += -(-allocated // replicas)
             each.free += free // replicas
-        if state != "healthy":
+        if state != HEALTHY:
             attention.append(NodeLine(name, pool, state, _why(node, state, cluster)))
-        if node.taint(MAINTENANCE_TAINT_KEY) is not None:
-            maintenance.append(NodeLine(name, pool, state, _why(node, "maintenance", cluster)))
-    attention.sort(key=lambda n: (STATES.index(n.state), n.name))
+        if in_maintenance(node.labels):
+            maintenance.append(NodeLine(name, pool, state, _why(node, MAINTENANCE, cluster)))
+    attention.sort(key=lambda n: (_ATTENTION.index(n.state), n.name))
     maintenance.sort(key=lambda n: n.name)
     records = list(cluster.records.values())
     return Fleet(
@@ -167,7 +177,7 @@ def fleet(cluster: Cluster) -> Fleet:
 def _why(node: NodeView, state: str, cluster: Cluster) -> str:
     """Why a node is out: its maintenance reason; else the reason of its newest open
     fault (whatever the source), what it reports, or our taint's value."""
-    if state == "maintenance":
+    if state == MAINTENANCE:
         since = node.annotations.get(MAINTENANCE_SINCE, "")
         reason = node.annotations.get(MAINTENANCE_REASON, "")
         return f"{reason} (since {since})" if since else reason
@@ -246,6 +256,7 @@ class Node:
     pool: str
     state: str
     managed: bool
+    gpus: int  # every GPU resource of its capacity (MIG too), as `gpuheal status` counts
     facts: list[tuple[str, str]]  # its gpuheal.io/ annotations, as the agent wrote them
     pods: list[PodView]
     faults: list[FaultRecord]  # newest first
@@ -263,12 +274,13 @@ def node(cluster: Cluster, name: str) -> Node | None:
         for n in cluster.records_by_node.get(name, ())
         if (r := cluster.records.get(n)) is not None
     ]
-    in_maintenance = view.taint(MAINTENANCE_TAINT_KEY) is not None
+    maintained = in_maintenance(view.labels)
     return Node(
         node=view,
         pool=pool_of(view.labels, cluster.config),
-        state=node_state(view),
+        state=node_state(view, [r for r in records if r.open]),
         managed=name in cluster.gpu_nodes,
+        gpus=cluster.config.gpu_count(view.capacity),
         facts=sorted(
             (k.removeprefix(ANNOTATION_PREFIX), v)
             for k, v in view.annotations.items()
@@ -276,6 +288,6 @@ def node(cluster: Cluster, name: str) -> Node | None:
         ),
         pods=sorted(pods, key=lambda p: p.key),
         faults=_newest(records),
-        maintenance=_why(view, "maintenance", cluster) if in_maintenance else "",
+        maintenance=_why(view, MAINTENANCE, cluster) if maintained else "",
         version=cluster.version,
     )
