@@ -17,8 +17,10 @@ from lightkube import ApiError, Client
 from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.resources.rbac_authorization_v1 import ClusterRoleBinding
 
+from gpuheal.cli import main
 from gpuheal.model import FAULT_ID, FAULT_REASON, FAULT_TIME, HANDLED_FAULT_ID, NODE_LABEL, STATUS
 from gpuheal.sim import ControlPlane
+from gpuheal.sim.agent import AgentProcess
 from gpuheal.sim.audit import grant_cluster_admin
 from gpuheal.sim.controller import ControllerProcess, install_crds
 from gpuheal.sim.resources import GPUFault
@@ -28,6 +30,8 @@ from tests.conftest import AUDITED_CONTROLLER
 from tests.helpers import unique, wait_for
 
 StartController = Callable[..., ControllerProcess]
+# `gpuheal ...` run in-process: (exit code, stdout, stderr).
+Cli = Callable[..., tuple[int, str, str]]
 
 
 @pytest.fixture(scope="session")
@@ -211,6 +215,36 @@ def pods_told_evicted(kube: Client, node: str, *, at_least: int = 0) -> list[str
         _, _, pods = str(event.message).partition(": ")
         told += [pod.split(" ", 1)[0] for pod in pods.split(", ") if pod]
     return told
+
+
+@pytest.fixture
+def agents(control_plane: ControlPlane, tmp_path: Path) -> Iterator[list[AgentProcess]]:
+    """The agents a test starts (it appends them): stopped after it, their logs shown."""
+    started: list[AgentProcess] = []
+    yield started
+    for agent in started:
+        agent.stop()
+        print(f"--- agent {agent.node} log (tail) ---\n{agent.log()[-3000:]}")
+
+
+def in_process_cli(kubeconfig: Path, capsys: pytest.CaptureFixture[str], *options: str) -> Cli:
+    """`gpuheal ARGS... --kubeconfig K OPTIONS...` run in this process, its output
+    captured: (exit code, stdout, stderr). Set COLUMNS first: rich wraps tables at
+    the terminal's width."""
+
+    def run(*args: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        code = main([*args, "--kubeconfig", str(kubeconfig), *options])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+def record_of(kube: Client, node: str) -> Any:
+    """The node's one GPUFault record, read now."""
+    (record,) = faults_of(kube, node)
+    return kube.get(GPUFault, str(record.metadata.name))
 
 
 def faults_of(kube: Client, node: str) -> list[Any]:

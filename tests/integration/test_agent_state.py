@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
@@ -45,15 +44,6 @@ BROKEN = {
     "binary garbage": (bytes(range(255, -1, -1)) * 4, b"\x00" * 4096),
     "empty": (b"", b""),
 }
-
-
-@pytest.fixture
-def agents(control_plane: ControlPlane, tmp_path: Path) -> Iterator[list[AgentProcess]]:
-    started: list[AgentProcess] = []
-    yield started
-    for agent in started:
-        agent.stop()
-        print(f"--- agent {agent.node} log (tail) ---\n{agent.log()[-3000:]}")
 
 
 def gpu_condition(kube: Client, node: str) -> tuple[str, str]:

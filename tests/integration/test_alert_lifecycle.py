@@ -15,11 +15,15 @@ from lightkube import Client
 from gpuheal.clock import parse_time
 from gpuheal.sim import ControlPlane, audit
 from gpuheal.sim.controller import ControllerProcess
-from gpuheal.sim.resources import GPUFault
 from tests.conftest import AUDITED_CONTROLLER
 from tests.corpus import alert, dcgm_labels, webhook
 from tests.helpers import FakeNodes, wait_for
-from tests.integration.conftest import StartController, controller_config, faults_of, our_taint
+from tests.integration.conftest import (
+    StartController,
+    controller_config,
+    our_taint,
+    record_of,
+)
 from tests.integration.test_api import TOKEN, call
 
 pytestmark = pytest.mark.timeout(240)
@@ -36,11 +40,6 @@ def xid_alert(node: str, status: str = "firing") -> dict[str, Any]:
     """dcgm-exporter's Xid series, alerted on by a rule labelled critical."""
     labels = {**dcgm_labels(node, 3), "alertname": "GPUXidError", "severity": "critical"}
     return webhook([alert(labels, status=status)])
-
-
-def record_of(kube: Client, node: str) -> Any:
-    (record,) = faults_of(kube, node)
-    return kube.get(GPUFault, str(record.metadata.name))
 
 
 def phase(record: Any) -> str:

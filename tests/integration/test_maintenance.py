@@ -47,19 +47,19 @@ from gpuheal.sim.workloads import (
 )
 from tests.helpers import FakeNodes, wait_for
 from tests.integration.conftest import (
+    Cli,
     StartController,
     clear_fault,
     controller_config,
     events_for,
     faults_of,
+    in_process_cli,
     our_taint,
     report_fault,
 )
 
 REPO = Path(__file__).resolve().parents[2]
 POOL_LABEL = "gpuheal.test/pool"  # the `pool` fixture's label (integration/conftest.py)
-
-Cli = Callable[..., tuple[int, str, str]]
 
 
 @pytest.fixture
@@ -82,15 +82,7 @@ def cli(
     """Run `gpuheal ...` in-process against the test control plane: (exit, stdout, stderr)."""
     monkeypatch.setenv("COLUMNS", "240")  # rich wraps tables at the terminal's width
 
-    def run(*args: str) -> tuple[int, str, str]:
-        capsys.readouterr()
-        code = main(
-            [*args, "--kubeconfig", str(control_plane.kubeconfig), "--config", str(config_file)]
-        )
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
+    return in_process_cli(control_plane.kubeconfig, capsys, "--config", str(config_file))
 
 
 class Background:

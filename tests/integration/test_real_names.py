@@ -10,7 +10,6 @@ characters) went unchanged into the taint value, the API server refused it
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,15 +46,6 @@ from tests.integration.conftest import (
 pytestmark = pytest.mark.timeout(240)
 
 XID_79 = "NVRM: Xid (PCI:0000:18:00): 79, pid=2843, name=python3, GPU has fallen off the bus."
-
-
-@pytest.fixture
-def agents(control_plane: ControlPlane, tmp_path: Path) -> Iterator[list[AgentProcess]]:
-    started: list[AgentProcess] = []
-    yield started
-    for agent in started:
-        agent.stop()
-        print(f"--- agent {agent.node} log (tail) ---\n{agent.log()[-3000:]}")
 
 
 def node_annotations(kube: Client, node: str) -> dict[str, str]:

@@ -11,7 +11,6 @@ import datetime as dt
 import json
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,15 +65,6 @@ def repair_config(pool: dict[str, str], **repair: Any) -> dict[str, Any]:
         p1EscalationSeconds=0,  # a P1 fault is acted on at once here
         repair={"enabled": True, "mode": "act", "settleSeconds": 1, **repair},
     )
-
-
-@pytest.fixture
-def agents(control_plane: ControlPlane, tmp_path: Path) -> Iterator[list[AgentProcess]]:
-    started: list[AgentProcess] = []
-    yield started
-    for agent in started:
-        agent.stop()
-        print(f"--- agent {agent.node} log (tail) ---\n{agent.log()[-3000:]}")
 
 
 def node_annotations(kube: Client, node: str) -> dict[str, str]:

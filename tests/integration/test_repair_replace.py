@@ -22,7 +22,13 @@ from lightkube.resources.core_v1 import Node
 from gpuheal.policy.replace import IDEMPOTENCY_HEADER, idempotency_key
 from gpuheal.sim.resources import GPUFault
 from tests.helpers import FakeNodes, wait_for
-from tests.integration.conftest import StartController, events_for, faults_of, our_taint
+from tests.integration.conftest import (
+    StartController,
+    events_for,
+    faults_of,
+    our_taint,
+    record_of,
+)
 from tests.integration.test_repair import entries, held, phase, repair_config, report
 
 pytestmark = pytest.mark.timeout(240)
@@ -85,11 +91,6 @@ def replacing(pool: dict[str, str], url: str, **hook: Any) -> dict[str, Any]:
         actionByReason={"EccUncontained95": "replace"},
         replace={"webhook": url, "timeoutSeconds": 5, **hook},
     )
-
-
-def record_of(kube: Client, node: str) -> Any:
-    (record,) = faults_of(kube, node)
-    return record
 
 
 def test_the_hook_is_called_once_per_attempt_through_a_controller_kill_then_the_record_closes(

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -34,10 +34,12 @@ from gpuheal.sim.stages import EXIT_CODE_ENV, MESSAGE_ENV
 from gpuheal.sim.workloads import apply, gpu_pod, wait_pods_running
 from tests.helpers import FakeNodes, wait_for
 from tests.integration.conftest import (
+    Cli,
     StartController,
     clear_fault,
     controller_config,
     events_for,
+    in_process_cli,
     our_taint,
     report_fault,
 )
@@ -47,7 +49,6 @@ pytestmark = pytest.mark.timeout(240)
 REPO = Path(__file__).resolve().parents[2]
 POOL_LABEL = "gpuheal.test/pool"
 OLD, NEW = "550.54.15", "560.35.03"
-Cli = Callable[..., tuple[int, str, str]]
 VALIDATION_PASS = {"result": "pass", "tool": "dcgmi-diag", "detail": "dcgmi diag -r 2: 8 GPUs"}
 
 
@@ -75,15 +76,7 @@ def cli(
 ) -> Cli:
     monkeypatch.setenv("COLUMNS", "240")
 
-    def run(*args: str) -> tuple[int, str, str]:
-        capsys.readouterr()
-        code = main(
-            [*args, "--kubeconfig", str(control_plane.kubeconfig), "--config", str(config_file)]
-        )
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
+    return in_process_cli(control_plane.kubeconfig, capsys, "--config", str(config_file))
 
 
 @pytest.fixture

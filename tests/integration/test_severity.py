@@ -15,7 +15,6 @@ from lightkube.resources.core_v1 import Node
 
 from gpuheal.clock import parse_time
 from gpuheal.model import FAULT_ID, FAULT_SEVERITY, STATUS, TAINT_KEY
-from gpuheal.sim.resources import GPUFault
 from gpuheal.sim.workloads import apply, gpu_pod, wait_pods_running
 from tests.helpers import FakeNodes, wait_for
 from tests.integration.conftest import (
@@ -26,6 +25,7 @@ from tests.integration.conftest import (
     our_taint,
     pods_on,
     pods_told_evicted,
+    record_of,
 )
 from tests.integration.test_agent import StartAgent, node_annotations, start_agent
 
@@ -34,11 +34,6 @@ __all__ = ["start_agent"]  # fixtures used here
 
 WINDOW_S = 12  # p1EscalationSeconds
 XID79 = "NVRM: Xid (PCI:0000:1c:00): 79, pid=2843, name=python3, GPU has fallen off the bus."
-
-
-def record_of(kube: Client, node: str) -> Any:
-    (record,) = faults_of(kube, node)
-    return kube.get(GPUFault, str(record.metadata.name))
 
 
 def phase(record: Any) -> str:
