@@ -236,6 +236,8 @@ class Process:
 
     reconciler: Reconciler
     told: Told
+    nodes: Informer[NodeJson, NodeView]
+    informers: tuple[Informer[Any, Any], ...]
 
 
 async def start(api: MemoryApi) -> Process:
@@ -278,7 +280,7 @@ async def start(api: MemoryApi) -> Process:
         executor=executor,
         metrics=metrics,
     )
-    return Process(reconciler, told)
+    return Process(reconciler, told, nodes, (nodes, pods, records))
 
 
 def cluster(api: MemoryApi) -> None:
@@ -328,7 +330,7 @@ def report(api: MemoryApi, process: Process, node: str, fault: str) -> None:
     }
     api.put(node_path(node), stored)
     view = node_view(msgspec.json.decode(json.dumps(stored), type=NodeJson))
-    process.reconciler.nodes.upsert(view, view.resource_version)  # type: ignore[attr-defined]
+    process.nodes.upsert(view, view.resource_version)
 
 
 # Steps: a fault reported on a node; two workers reconcile two nodes at once (a
@@ -368,10 +370,9 @@ async def work(process: Process, nodes: list[str]) -> None:
     await asyncio.gather(*(worker(n) for n in nodes))
 
 
-async def relist(api: MemoryApi, process: Process) -> None:
-    r = process.reconciler
-    for informer in (r.nodes, r.pods, r.records):
-        await informer._list()  # type: ignore[attr-defined]
+async def relist(process: Process) -> None:
+    for informer in process.informers:
+        await informer._list()
 
 
 # Two faults meet the last free place of the breaker side by side: only one of them
@@ -415,7 +416,7 @@ def test_each_fault_gets_one_record_one_taint_one_eviction_per_pod_never_past_th
             elif kind == "work":
                 await work(process, node.split(","))
             elif kind == "deliver":
-                await relist(api, process)
+                await relist(process)
             elif kind == "kubelet":
                 api.kubelet()
             else:
