@@ -288,7 +288,7 @@ class Executor:
         outcome: Outcome,
     ) -> None:
         started = time.monotonic()
-        result = await self._do(action, state, outcome, plan.actions)
+        result = await self._do(action, state, outcome)
         log.info(
             "action",
             extra={
@@ -331,7 +331,6 @@ class Executor:
         action: Action | DeviceAction,
         state: NodeState,
         outcome: Outcome,
-        planned: tuple[Action | DeviceAction, ...],
     ) -> str:
         if isinstance(
             action, CreateDeviceRecord | MarkDevices | CreateCanary | DeleteCanary | DeviceReleased
@@ -349,10 +348,7 @@ class Executor:
             case UpdateRecord():
                 return self._update_record(action, outcome)
             case AddTaint():
-                # The plan marks the fault handled once the node is fenced (no pod to
-                # move, or `quarantine` mode): one PATCH writes both.
-                handled = MarkHandled(action.node, action.fault_id) in planned
-                return await self._set_taint(action.node, action, state, handled=handled)
+                return await self._set_taint(action.node, action, state)
             case RemoveTaint():
                 result = await self._set_taint(action.node, None, state)
                 # "label-removed": a person had removed the taint, only our label went.
@@ -569,11 +565,9 @@ class Executor:
 
     # -- the node ------------------------------------------------------------
 
-    async def _set_taint(
-        self, name: str, add: AddTaint | None, state: NodeState, *, handled: bool = False
-    ) -> str:
-        """Add (or with None remove) our taint, under optimistic concurrency;
-        `handled`: with the fault's handled mark."""
+    async def _set_taint(self, name: str, add: AddTaint | None, state: NodeState) -> str:
+        """Add (or with None remove) our taint, under optimistic concurrency; with the
+        fault's handled mark where the plan merged it (AddTaint.with_mark)."""
         node = self.caches.node(name) or state.node
         wanted = values.taint_value(add.fault_id) if add is not None else None
         for _ in range(CONFLICT_RETRIES):
@@ -604,7 +598,7 @@ class Executor:
                 add.effect if add is not None else "",
                 state=state_label,
             )
-            if add is not None and handled:
+            if add is not None and add.with_mark:
                 marks = writes.handled_patch(add.fault_id, iso(dt.datetime.now(dt.UTC)))
                 body["metadata"]["annotations"] = marks["metadata"]["annotations"]
             try:

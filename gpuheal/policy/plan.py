@@ -126,6 +126,11 @@ class AddTaint:
     node: str
     fault_id: str
     effect: str
+    # The fault's handled mark goes in the same node PATCH: the policy sets it when
+    # the plan marks the fault handled in the pass that fences it (no pod to move,
+    # or `quarantine` mode), so one write, not two, stands for both. The plan's
+    # MarkHandled stays: it finds the mark written.
+    with_mark: bool = False
 
 
 @dataclass(frozen=True)
@@ -436,7 +441,7 @@ def _remediate(  # noqa: PLR0911 -- one return per rule reads best here
             fence=fence,
             suppressed=None if fence else "watching",
             requeue_after=max(remaining, 0.1),
-            new_quarantine=_quarantines(fence),
+            new_quarantine=_quarantines(fault, fence),
         )
     if record is not None and (
         record.phase is Phase.AWAITING_APPROVAL or _needs_approval(fault, config)
@@ -505,7 +510,7 @@ def _first_sight(  # noqa: PLR0911 -- one return per rule, as in _remediate
             actions,
             fence=fence,
             requeue_after=config.p1_escalation_seconds,
-            new_quarantine=_quarantines(fence),
+            new_quarantine=_quarantines(fault, fence),
         )
     if mode is Mode.OBSERVE:
         # Nothing is written to the node: the record is the fault's only trace (and lock).
@@ -762,16 +767,17 @@ def _p1_fence(fault: _Fault, config: Config, now: dt.datetime) -> list[Action]:
     return actions
 
 
-def _quarantines(actions: list[Action]) -> bool:
-    """The actions start a quarantine: rate limit and breaker lock apply."""
-    return any(isinstance(a, Emit) and a.reason == Reason.QUARANTINED for a in actions)
+def _quarantines(fault: _Fault, fence: list[Action]) -> bool:
+    """The fence taints a node that has none of ours: a new quarantine, which the
+    rate limit and the breaker lock apply to."""
+    return fault.state.node.taint() is None and any(isinstance(a, AddTaint) for a in fence)
 
 
 def _advance(
     fault: _Fault, config: Config, now: dt.datetime, actions: list[Action], base: Plan
 ) -> Plan:
     fence, respected = _quarantine_step(fault, config, now)
-    new_quarantine = _quarantines(fence)
+    new_quarantine = _quarantines(fault, fence)
     node, signal = fault.state.node, fault.signal
     handled = [] if fault.handled else [MarkHandled(node.name, signal.fault_id)]
     if respected:
@@ -1241,7 +1247,7 @@ def _with(
 ) -> Plan:
     return Plan(
         record=tuple(record),
-        fence=tuple(fence),
+        fence=_with_mark(fence, mark),
         drain=tuple(drain),
         mark=tuple(mark),
         repair=tuple(repair),
@@ -1250,4 +1256,15 @@ def _with(
         new_quarantine=new_quarantine,
         new_repair=new_repair,
         fault_id=base.fault_id,
+    )
+
+
+def _with_mark(fence: Sequence[Action], mark: Sequence[Action]) -> tuple[Action, ...]:
+    """The fence, its taint carrying the handled mark the same pass writes (AddTaint.with_mark)."""
+    marked = {(a.node, a.fault_id) for a in mark if isinstance(a, MarkHandled)}
+    return tuple(
+        replace(a, with_mark=True)
+        if isinstance(a, AddTaint) and (a.node, a.fault_id) in marked
+        else a
+        for a in fence
     )
