@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from gpuheal.api.server import decode_webhook
 from gpuheal.config import parse_config
-from gpuheal.controller.executor import Caches, Executor
+from gpuheal.controller.executor import Executor, WriteThrough
 from gpuheal.controller.fleet import Fleet
 from gpuheal.controller.intake import ControllerIntake
 from gpuheal.controller.reconciler import Reconciler
@@ -86,7 +86,7 @@ def main() -> int:
     nodes, records, pods = MemoryStore(), MemoryStore(), MemoryStore()
     metrics = ControllerMetrics(CollectorRegistry())
     api = KubeApi(RestConfig("https://127.0.0.1:1", "bench"))  # never called: nothing writes
-    caches = Caches(
+    caches = WriteThrough(
         node=nodes.get, record=records.get, put_node=nodes.put,
         put_record=lambda _: None, put_pod=lambda _: None,
     )  # fmt: skip

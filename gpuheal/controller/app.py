@@ -24,11 +24,10 @@ from gpuheal.api.server import Api, ApiSettings, serve
 from gpuheal.api.token import ApiTokens
 from gpuheal.config import Config, ConfigError, load_config
 from gpuheal.controller.dcgm_source import DcgmSource
-from gpuheal.controller.executor import Caches, Crashpoint, Executor
+from gpuheal.controller.executor import Crashpoint, Executor, WriteThrough
 from gpuheal.controller.fleet import Fleet
 from gpuheal.controller.handlers import EventHandlers
-from gpuheal.controller.intake import Caches as IntakeCaches
-from gpuheal.controller.intake import ControllerIntake
+from gpuheal.controller.intake import ConsoleCaches, ControllerIntake
 from gpuheal.controller.notify import Notifier
 from gpuheal.controller.reconciler import Reconciler
 from gpuheal.controller.retention import RecordCollector
@@ -154,7 +153,7 @@ class Controller:
             backoff_max_s=config.eviction_retry_max_seconds,
             jitter=0.1,
         )
-        caches = Caches(
+        caches = WriteThrough(
             node=self.nodes.get,
             record=self.records.get,
             put_node=lambda v: self.nodes.upsert(v, v.resource_version),
@@ -241,7 +240,9 @@ class Controller:
             enqueue=self.queue.add,
             synced=lambda: self.synced and self.schema_ok,
             leading=lambda: self.leading,
-            caches=IntakeCaches(self.nodes.store, self.pods.store, self.records.store, self.events),
+            caches=ConsoleCaches(
+                self.nodes.store, self.pods.store, self.records.store, self.events
+            ),
             changes=self.changes,
         )
         self.elector: LeaderElector | None = None

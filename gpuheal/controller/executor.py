@@ -115,7 +115,7 @@ def refused_by(err: ApiError, namespace: str) -> str:
     return err.message or err.reason or "429"
 
 
-def _with_evictions(entry: ActionEntry, outcome: Outcome) -> ActionEntry:
+def _with_evictions(entry: ActionEntry, outcome: PassOutcome) -> ActionEntry:
     """The eviction round's record entry, with what came of it."""
     detail, result = entry.detail, entry.result
     if outcome.evicted:
@@ -133,7 +133,7 @@ class Replan(Exception):  # noqa: N818 -- a signal to the reconciler, not a fail
 
 
 @dataclass
-class Caches:
+class WriteThrough:
     """Write-through hooks into the informers' stores."""
 
     node: Callable[[str], NodeView | None]
@@ -145,7 +145,7 @@ class Caches:
 
 
 @dataclass
-class Outcome:
+class PassOutcome:
     evicted: list[str] = field(default_factory=list)
     blocked: list[str] = field(default_factory=list)
     blocked_by: dict[str, str] = field(default_factory=dict)  # pod key -> what refused it
@@ -217,7 +217,7 @@ class Executor:
         self,
         api: KubeApi,
         *,
-        caches: Caches,
+        caches: WriteThrough,
         recorder: EventRecorder,
         metrics: ControllerMetrics,
         config: Callable[[], Config],
@@ -236,14 +236,14 @@ class Executor:
         plan: Plan | DevicePlan,
         state: NodeState,
         actions: tuple[Action | DeviceAction, ...] | None = None,
-        outcome: Outcome | None = None,
+        outcome: PassOutcome | None = None,
         *,
         flush: bool = True,
-    ) -> Outcome:
+    ) -> PassOutcome:
         """Run `actions` (default: all of the plan's), adding to `outcome` if given;
         then write what they decided about records and send their Events, unless
         `flush` is False (the caller runs more of the same pass, and flushes)."""
-        outcome = outcome or Outcome()
+        outcome = outcome or PassOutcome()
         try:
             for step in _steps(plan.actions if actions is None else actions):
                 if len(step) == 1:
@@ -263,7 +263,7 @@ class Executor:
         plan: Plan | DevicePlan,
         evictions: tuple[Action | DeviceAction, ...],
         state: NodeState,
-        outcome: Outcome,
+        outcome: PassOutcome,
     ) -> None:
         """A pass's evictions at once, up to EVICTIONS_IN_FLIGHT: each is its own
         pod's request, and one after the other a storm's drains took four times
@@ -285,7 +285,7 @@ class Executor:
         plan: Plan | DevicePlan,
         action: Action | DeviceAction,
         state: NodeState,
-        outcome: Outcome,
+        outcome: PassOutcome,
     ) -> None:
         started = time.monotonic()
         result = await self._do(action, state, outcome)
@@ -303,7 +303,7 @@ class Executor:
             self.metrics.remediations.labels(type(action).__name__, result).inc()
         self.crashpoint.after(action)
 
-    async def flush_after_failure(self, outcome: Outcome, state: NodeState) -> None:
+    async def flush_after_failure(self, outcome: PassOutcome, state: NodeState) -> None:
         """A pass cut short by an error: what its finished actions did is still
         written (best effort: the error that cut it short is the one reported)."""
         try:
@@ -314,7 +314,7 @@ class Executor:
                 extra={"node": state.node.name, "error": str(err)},
             )
 
-    async def flush(self, outcome: Outcome, state: NodeState) -> None:
+    async def flush(self, outcome: PassOutcome, state: NodeState) -> None:
         """Write each record's news in one status PATCH, then send the pass's Events
         (they follow the record they point to)."""
         while outcome.news:
@@ -330,7 +330,7 @@ class Executor:
         self,
         action: Action | DeviceAction,
         state: NodeState,
-        outcome: Outcome,
+        outcome: PassOutcome,
     ) -> str:
         if isinstance(
             action, CreateDeviceRecord | MarkDevices | CreateCanary | DeleteCanary | DeviceReleased
@@ -392,7 +392,7 @@ class Executor:
 
     # -- records -----------------------------------------------------------
 
-    async def _create_record(self, action: CreateRecord, outcome: Outcome) -> str:
+    async def _create_record(self, action: CreateRecord, outcome: PassOutcome) -> str:
         sig = action.signal
         record = await self._create_lock(
             action.name, writes.fault_record(action.name, sig, action.mode)
@@ -512,7 +512,7 @@ class Executor:
             return "gone"
         return "deleted"
 
-    def _update_record(self, action: UpdateRecord, outcome: Outcome) -> str:
+    def _update_record(self, action: UpdateRecord, outcome: PassOutcome) -> str:
         """Gathered into the record's news: written once, when the pass ends."""
         counted = repair_metric(action.entry)
         if counted is not None:
@@ -523,7 +523,7 @@ class Executor:
         news.add(action)
         return action.phase.value
 
-    async def _write_status(self, name: str, news: RecordNews, outcome: Outcome) -> None:
+    async def _write_status(self, name: str, news: RecordNews, outcome: PassOutcome) -> None:
         for _ in range(CONFLICT_RETRIES):
             record = self.caches.record(name)
             if record is None:
@@ -636,14 +636,14 @@ class Executor:
         self.caches.put_node(decode_node(raw))
         return "requested"
 
-    async def _write_intent(self, action: ReplaceIntent, outcome: Outcome) -> str:
+    async def _write_intent(self, action: ReplaceIntent, outcome: PassOutcome) -> str:
         """The intent of a provider-hook call, written now (with what the pass decided
         about the record before it): the call comes only after it is stored."""
         self._update_record(action, outcome)
         await self._write_status(action.name, outcome.news.pop(action.name), outcome)
         return "intent"
 
-    async def _call_replace(self, action: CallReplace, outcome: Outcome) -> str:
+    async def _call_replace(self, action: CallReplace, outcome: PassOutcome) -> str:
         """The provider's hook, once for this look; its outcome goes into the record
         with the pass's news, and an Event."""
         accepted, detail = await call_hook(self.config().repair.replace, action)
@@ -708,7 +708,7 @@ class Executor:
             return "requested"
         raise Replan(f"pod {pod.key}: conflicts did not settle")
 
-    async def _evict(self, action: Evict, outcome: Outcome) -> str:
+    async def _evict(self, action: Evict, outcome: PassOutcome) -> str:
         pod = action.pod
         body = {
             "apiVersion": "policy/v1",
@@ -753,14 +753,14 @@ class Executor:
         if action.device:
             self.metrics.device_migrations.labels(result).inc()
 
-    def _pod_leaving(self, pod: PodView, outcome: Outcome, result: str) -> None:
+    def _pod_leaving(self, pod: PodView, outcome: PassOutcome, result: str) -> None:
         """A pod we evicted or deleted: mark it leaving in the cache, record it."""
         self.caches.put_pod(replace(pod, deleting=True))
         outcome.evicted.append(pod.key)
         outcome.left[pod.key] = pod.uid
         self.metrics.pods_evicted.labels(result).inc()
 
-    def _tell_evictions(self, outcome: Outcome) -> None:
+    def _tell_evictions(self, outcome: PassOutcome) -> None:
         """One Event on the Node per fault for all the pods the pass evicted, not one
         per pod: the pods are on their way out (a Pod's Events go with it), and the
         node is where people look for what was done about its fault."""
@@ -777,7 +777,7 @@ class Executor:
                 action="Evict",
             )
 
-    async def _delete(self, action: DeletePod, outcome: Outcome) -> str:
+    async def _delete(self, action: DeletePod, outcome: PassOutcome) -> str:
         pod = action.pod
         body = {"preconditions": {"uid": pod.uid}}
         try:

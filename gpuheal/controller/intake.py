@@ -30,7 +30,7 @@ from gpuheal.vocabulary import Entry, Reason
 
 
 @dataclass(frozen=True)
-class Caches:
+class ConsoleCaches:
     """The informers' maps (each informer keeps one dict for its life), for the console."""
 
     nodes: Mapping[str, NodeView]
@@ -49,7 +49,7 @@ class ControllerIntake:
         enqueue: Callable[[str], None],
         synced: Any,
         leading: Any,
-        caches: Caches | None = None,
+        caches: ConsoleCaches | None = None,
         changes: ChangeFeed | None = None,
     ) -> None:
         self.reconciler = reconciler
@@ -59,7 +59,7 @@ class ControllerIntake:
         self._synced = synced
         self._leading = leading
         self.finder = NodeFinder(nodes, self._managed, index=reconciler.fleet.addresses)
-        self.caches = caches or Caches({}, {}, {})
+        self.caches = caches or ConsoleCaches({}, {}, {})
         self.changes = changes or ChangeFeed()
         # Xids that are no node fault, from every pushed source: counted, told the pod.
         self.observed = ObservedXids(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from gpuheal.controller.executor import Outcome
+from gpuheal.controller.executor import PassOutcome
 from gpuheal.controller.notify import Notice
 from gpuheal.model import FaultRecord, Phase
 from gpuheal.policy.devices import (
@@ -81,7 +81,7 @@ def _faults(
     return list(found.items())
 
 
-def _verbs(ran: Sequence[Action | DeviceAction], outcome: Outcome) -> list[str]:
+def _verbs(ran: Sequence[Action | DeviceAction], outcome: PassOutcome) -> list[str]:
     verbs: list[str] = []
     for action in ran:
         match action:
@@ -118,7 +118,7 @@ def _verbs(ran: Sequence[Action | DeviceAction], outcome: Outcome) -> list[str]:
 def notice_for(
     node: str,
     ran: Sequence[Action | DeviceAction],
-    outcome: Outcome,
+    outcome: PassOutcome,
     record: Callable[[str], FaultRecord | None],
     fault_id: str = "",
 ) -> Notice | None:

@@ -20,7 +20,7 @@ from dataclasses import replace
 
 from gpuheal.config import Config
 from gpuheal.controller.devices import DeviceReports
-from gpuheal.controller.executor import Executor, Outcome, Replan
+from gpuheal.controller.executor import Executor, PassOutcome, Replan
 from gpuheal.controller.fleet import Fleet
 from gpuheal.controller.handlers import reconciling
 from gpuheal.controller.leaving import LeavingPods
@@ -308,7 +308,7 @@ class Reconciler:
         rest of the pass: nothing but the record and the taint comes before the
         fence. The drain runs on the node's next turn.
         """
-        pass_ = Outcome()
+        pass_ = PassOutcome()
         try:
             result = await self._fence(decided, state, now, pass_)
         except Exception:
@@ -318,7 +318,7 @@ class Reconciler:
         return result
 
     async def _fence(
-        self, decided: Plan, state: NodeState, now: dt.datetime, pass_: Outcome
+        self, decided: Plan, state: NodeState, now: dt.datetime, pass_: PassOutcome
     ) -> Result:
         name = state.node.name
         first = decided.record
@@ -348,7 +348,7 @@ class Reconciler:
         return await self._execute(decided, state, now, rest, pass_, done=fence)
 
     async def _fence_locked(
-        self, name: str, first: tuple[Action, ...], now: dt.datetime, pass_: Outcome
+        self, name: str, first: tuple[Action, ...], now: dt.datetime, pass_: PassOutcome
     ) -> Result | tuple[Plan, NodeState, bool]:
         """Under the breaker lock: plan again from the caches and, if the plan still
         starts a quarantine and a token is there, run its fence (True)."""
@@ -420,7 +420,7 @@ class Reconciler:
         state: NodeState,
         now: dt.datetime,
         actions: tuple[Action, ...] | None = None,
-        outcome: Outcome | None = None,
+        outcome: PassOutcome | None = None,
         *,
         done: tuple[Action, ...] = (),
     ) -> Result:
@@ -443,7 +443,7 @@ class Reconciler:
         name: str,
         fault_id: str,
         ran: tuple[Action | DeviceAction, ...],
-        outcome: Outcome,
+        outcome: PassOutcome,
     ) -> None:
         """Tell the sinks about one remediation step, node or device."""
         notice = notice_for(name, ran, outcome, self.records.get, fault_id)
@@ -464,7 +464,7 @@ class Reconciler:
         name: str,
         decided: Plan,
         ran: tuple[Action, ...],
-        outcome: Outcome,
+        outcome: PassOutcome,
         now: dt.datetime,
     ) -> None:
         config = self.config()

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import cast
 
 from gpuheal.config import Config
-from gpuheal.controller.executor import Caches, Executor
+from gpuheal.controller.executor import Executor, WriteThrough
 from gpuheal.controller.fleet import Fleet
 from gpuheal.controller.handlers import EventHandlers, reconciling
 from gpuheal.controller.reconciler import Reconciler
@@ -53,7 +53,7 @@ def _reconciler() -> tuple[Loop, Informer[FaultJson, FaultRecord], Informer[PodJ
         api, gpufault_path(), FaultJson, fault_record, lambda r: r.name, name="gpufaults"
     )
     metrics = ControllerMetrics()
-    caches = Caches(
+    caches = WriteThrough(
         node=nodes.get,
         record=records.get,
         put_node=lambda v: nodes.upsert(v, v.resource_version),

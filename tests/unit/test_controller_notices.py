@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuheal.controller.executor import Outcome
+from gpuheal.controller.executor import PassOutcome
 from gpuheal.controller.notices import notice_for
 from gpuheal.controller.notify import Notice
 from gpuheal.model import ActionEntry, FaultRecord, FaultSignal, Mode, Phase, PodView
@@ -45,7 +45,7 @@ def test_a_quarantine_and_drain_in_one_line() -> None:
         *(Evict(pod(n), "xid-79-a") for n in ("a", "b", "c")),
         MarkHandled(EKS_NODE, "xid-79-a"),
     )
-    outcome = Outcome(evicted=["ml/a", "ml/b", "ml/c"])
+    outcome = PassOutcome(evicted=["ml/a", "ml/b", "ml/c"])
     notice = notice_for(EKS_NODE, ran, outcome, nothing, "xid-79-a")
     assert notice is not None
     assert notice.summary == (
@@ -62,7 +62,7 @@ def test_a_recovery_names_its_fault_from_the_record() -> None:
         RemoveTaint(EKS_NODE),
         UpdateRecord("r1", Phase.RESOLVED, ActionEntry(T, "untaint", "ok")),
     )
-    notice = notice_for(EKS_NODE, ran, Outcome(untainted=True), {"r1": record}.get)
+    notice = notice_for(EKS_NODE, ran, PassOutcome(untainted=True), {"r1": record}.get)
     assert notice is not None and notice.fault_id == "xid-79-a"
     assert notice.summary == f"{EKS_NODE}: XidCritical79 — untainted, resolved"
 
@@ -80,7 +80,7 @@ def test_a_device_fault_and_its_partial_drain() -> None:
         UpdateRecord("r2", Phase.DRAINING, ActionEntry(T, "evict", "ok"), record_evictions=True),
         MarkDevices(EKS_NODE, (device,), (), ()),
     )
-    notice = notice_for(EKS_NODE, ran, Outcome(evicted=["ml/a"]), nothing)
+    notice = notice_for(EKS_NODE, ran, PassOutcome(evicted=["ml/a"]), nothing)
     assert notice is not None and notice.fault_id == f"{device}#1"
     assert notice.summary == (
         f"{EKS_NODE}: DeviceUnhealthy on nvidia.com/gpu {device} — detected, "
@@ -90,7 +90,7 @@ def test_a_device_fault_and_its_partial_drain() -> None:
 
 def test_refusals_and_long_pod_lists_are_said_briefly() -> None:
     pods = [f"ml/p{i}" for i in range(8)]
-    outcome = Outcome(
+    outcome = PassOutcome(
         evicted=pods,
         blocked=["ml/guarded"],
         blocked_by={"ml/guarded": "PodDisruptionBudget ml/budget"},
@@ -109,7 +109,7 @@ def test_only_events_or_device_marks_are_no_notice() -> None:
         MarkDevices(EKS_NODE, (), (), (GPU_UUIDS[0],)),
         Emit("GPUDeviceUnknown", "…", EKS_NODE, ""),
     )
-    assert notice_for(EKS_NODE, marks, Outcome(), nothing) is None
+    assert notice_for(EKS_NODE, marks, PassOutcome(), nothing) is None
 
 
 def test_the_summary_travels_in_the_json_body() -> None:
@@ -122,7 +122,7 @@ def test_a_plan_awaiting_approval_says_what_it_would_do() -> None:
     planned = Planned(EKS_NODE, "gpuheal.io/gpu-fault=f1:NoSchedule", ("ml/a", "ml/b"))
     entry = ActionEntry(T, "awaiting-approval", "waiting", "…")
     ran = (AwaitApproval("r1", Phase.AWAITING_APPROVAL, entry, plan=planned),)
-    notice = notice_for(EKS_NODE, ran, Outcome(), {"r1": record}.get)
+    notice = notice_for(EKS_NODE, ran, PassOutcome(), {"r1": record}.get)
     assert notice is not None
     assert notice.summary == (
         f"{EKS_NODE}: XidCritical79 — awaiting approval, taint {EKS_NODE} "
@@ -140,7 +140,7 @@ def test_a_failed_validation_is_told_as_such() -> None:
         ),
         Emit("GPUHealthGateFailed", "…", EKS_NODE, "r1", warning=True),
     )
-    notice = notice_for(EKS_NODE, ran, Outcome(), {"r1": record}.get)
+    notice = notice_for(EKS_NODE, ran, PassOutcome(), {"r1": record}.get)
     assert notice is not None
     assert notice.summary == f"{EKS_NODE}: XidCritical79 — validation failed, stays tainted"
 
@@ -152,12 +152,12 @@ def test_a_repair_request_and_its_outcome_are_told() -> None:
         RequestRepair(EKS_NODE, request),
         UpdateRecord("r1", Phase.DRAINED, ActionEntry(T, "repair-requested", "waiting", "x")),
     )
-    notice = notice_for(EKS_NODE, ran, Outcome(), {"r1": record}.get)
+    notice = notice_for(EKS_NODE, ran, PassOutcome(), {"r1": record}.get)
     assert notice is not None and notice.actions == ("RequestRepair", "UpdateRecord")
     assert notice.summary == f"{EKS_NODE}: EccContained94 — repair requested"
     exhausted = UpdateRecord(
         "r1", Phase.DRAINED, ActionEntry(T, "repair-exhausted", "contact-support", "x")
     )
-    notice = notice_for(EKS_NODE, (exhausted,), Outcome(), {"r1": record}.get)
+    notice = notice_for(EKS_NODE, (exhausted,), PassOutcome(), {"r1": record}.get)
     assert notice is not None
     assert notice.summary == f"{EKS_NODE}: EccContained94 — repairs exhausted: contact support"

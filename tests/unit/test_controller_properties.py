@@ -31,7 +31,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gpuheal.config import Config
-from gpuheal.controller.executor import Caches, Executor
+from gpuheal.controller.executor import Executor, WriteThrough
 from gpuheal.controller.fleet import Fleet
 from gpuheal.controller.reconciler import Reconciler
 from gpuheal.controller.signals import ExternalSignals
@@ -259,7 +259,7 @@ async def start(api: MemoryApi) -> Process:
     told = Told(kube)
     executor = Executor(
         kube,
-        caches=Caches(
+        caches=WriteThrough(
             node=nodes.get,
             record=records.get,
             put_node=lambda v: nodes.upsert(v, v.resource_version),

@@ -12,7 +12,7 @@ import pytest
 
 from gpuheal.clock import iso
 from gpuheal.config import ConfigError, RepairConfig, parse_config
-from gpuheal.controller.executor import Outcome
+from gpuheal.controller.executor import PassOutcome
 from gpuheal.controller.notices import notice_for
 from gpuheal.model import (
     APPROVED,
@@ -188,6 +188,6 @@ def test_the_config_key_and_the_metric_steps() -> None:
 def test_the_question_is_told_to_the_notification_sinks() -> None:
     p = plan(state(node(), drained()), APPROVING, NOW)
     record = drained()
-    notice = notice_for(record.node, p.repair, Outcome(), {record.name: record}.get)
+    notice = notice_for(record.node, p.repair, PassOutcome(), {record.name: record}.get)
     assert notice is not None
     assert notice.summary == f"{record.node}: EccUncontained95 — repair awaits approval"

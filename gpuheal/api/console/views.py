@@ -100,7 +100,7 @@ class NodeLine:
 
 
 @dataclass(frozen=True)
-class Fleet:
+class FleetPage:
     mode: str
     leading: bool
     breaker_used: int
@@ -115,7 +115,7 @@ class Fleet:
     version: str
 
 
-def fleet(cluster: Cluster) -> Fleet:
+def fleet(cluster: Cluster) -> FleetPage:
     config = cluster.config
     pools: dict[str, PoolRow] = {}
     totals = PoolRow("all")
@@ -154,7 +154,7 @@ def fleet(cluster: Cluster) -> Fleet:
     attention.sort(key=lambda n: (_ATTENTION.index(n.state), n.name))
     maintenance.sort(key=lambda n: n.name)
     records = list(cluster.records.values())
-    return Fleet(
+    return FleetPage(
         mode=config.mode.value,
         leading=cluster.leading,
         breaker_used=cluster.quarantined,
@@ -251,7 +251,7 @@ def _eviction_began(record: FaultRecord) -> str:
 
 
 @dataclass(frozen=True)
-class Node:
+class NodePage:
     node: NodeView
     pool: str
     state: str
@@ -264,7 +264,7 @@ class Node:
     version: str
 
 
-def node(cluster: Cluster, name: str) -> Node | None:
+def node(cluster: Cluster, name: str) -> NodePage | None:
     view = cluster.nodes.get(name)
     if view is None:
         return None
@@ -275,7 +275,7 @@ def node(cluster: Cluster, name: str) -> Node | None:
         if (r := cluster.records.get(n)) is not None
     ]
     maintained = in_maintenance(view.labels)
-    return Node(
+    return NodePage(
         node=view,
         pool=pool_of(view.labels, cluster.config),
         state=node_state(view, [r for r in records if r.open]),
