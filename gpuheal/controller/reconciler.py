@@ -1,16 +1,16 @@
-"""Reconcile one node: gather its state from the caches, plan, execute, and
-answer what the queue should do about it next (a Result).
+"""Reconcile one node: gather its state from the caches, plan, have the plan
+carried out, and answer what the queue should do about it next (a Result).
 
 Which events queue a node is the event handlers' (handlers.py); the fleet's
 indexes are Fleet's (fleet.py); the queue's bookkeeping is the worker's
-(worker.py); what to do is the policy's (policy/plan.py), decided once per
-look. What is left here is the order the actions run in: a new quarantine's
-fence under the breaker lock, its drain on the node's next turn.
+(worker.py); what to do, in which steps and under which guard, is the policy's
+(policy/plan.py), decided once per look; carrying the steps out is the runner's
+(runner.py). What is left here is the state the policy reads and this process's
+memories of what was done (refused evictions, pods leaving, faults handled).
 """
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import logging
 import time
@@ -27,6 +27,7 @@ from gpuheal.controller.leaving import LeavingPods
 from gpuheal.controller.notices import notice_for
 from gpuheal.controller.notify import Notice
 from gpuheal.controller.result import DONE, Result
+from gpuheal.controller.runner import AT_ONCE, Runner
 from gpuheal.controller.signals import ExternalSignals
 from gpuheal.kube.events import node_ref
 from gpuheal.kube.informer import Store
@@ -55,18 +56,6 @@ from gpuheal.sources import Seen
 from gpuheal.vocabulary import Reason
 
 log = logging.getLogger(__name__)
-
-# Look again at once (at the end of the queue): the world moved under the pass's
-# plan, or a new quarantine's drain waits for the node's next turn.
-AT_ONCE = Result(requeue_after=0.0)
-
-
-def _not_in(actions: tuple[Action, ...], done: tuple[Action, ...]) -> tuple[Action, ...]:
-    """The actions of a plan made again within one pass, less those the pass already
-    ran: their record writes are gathered for its end, so the caches (and the plan
-    made again from them) do not show them yet. The plans share their `now`, so an
-    action already run is equal to its repeat."""
-    return tuple(a for a in actions if a not in done)
 
 
 class Reconciler:
@@ -116,7 +105,7 @@ class Reconciler:
         # (the device gauges sum them when scraped).
         self.device_buckets: dict[str, TokenBucket] = {}
         self.device_counts: dict[str, DeviceCounts] = {}
-        self._breaker_lock = asyncio.Lock()
+        self.runner = Runner(executor, self._replan, self._take_token)
         pods.handlers.append(self._on_pod)
 
     def _on_pod(self, old: PodView | None, new: PodView | None) -> None:
@@ -275,13 +264,13 @@ class Reconciler:
         if decision is None:
             return DONE
         decided, state = decision
-        if decided.new_quarantine:
-            return await self._quarantine(decided, state, now)
-        if decided.new_repair:
-            return await self._repair(node.name, now)
-        if not decided.actions:
-            return Result(decided.requeue_after)
-        return await self._execute(decided, state, now)
+        carried = await self.runner.carry_out(decided, state, now)
+        if isinstance(carried, Result):
+            return carried
+        self._after(node.name, carried.decided, carried.ran, carried.outcome, now)
+        # A refused eviction is not a failed reconcile: its backoff is the pod's own
+        # (self.blocked, planned by the policy), not the queue's failure count.
+        return carried.result
 
     def _decide(self, node: NodeView, now: dt.datetime) -> tuple[Plan, NodeState] | None:
         """The plan for a managed node (the policy decides everything, once), or None
@@ -294,93 +283,10 @@ class Reconciler:
         self._note_suppressed(decided, node.name)
         return decided, state
 
-    async def _quarantine(self, decided: Plan, state: NodeState, now: dt.datetime) -> Result:
-        """Breaker check and taint are one atomic step across workers
-        (docs/architecture.md#the-breaker).
-
-        The record stage comes first, outside the lock: the record is the fault's
-        own exactly-once lock and uses none of the breaker's budget, so workers
-        create records side by side. Under the lock the plan is made again from the
-        caches, which hold every taint placed so far (write-through), so concurrent
-        faults can never quarantine more nodes than the breaker allows; only the
-        fence stage is run there (a full breaker turns the new record Held instead).
-        The record's status and the Events are written after the taint, with the
-        rest of the pass: nothing but the record and the taint comes before the
-        fence. The drain runs on the node's next turn.
-        """
-        pass_ = PassOutcome()
-        try:
-            result = await self._fence(decided, state, now, pass_)
-        except Exception:
-            await self.executor.flush_after_failure(pass_, state)
-            raise
-        await self.executor.flush(pass_, state)  # what a cut-short pass decided
-        return result
-
-    async def _fence(
-        self, decided: Plan, state: NodeState, now: dt.datetime, pass_: PassOutcome
-    ) -> Result:
-        name = state.node.name
-        first = decided.record
-        try:
-            await self.executor.run(decided, state, first, pass_, flush=False)
-            async with self._breaker_lock:
-                locked = await self._fence_locked(name, first, now, pass_)
-        except Replan as why:
-            log.info("replanning", extra={"node": name, "why": str(why)})
-            return AT_ONCE
-        if isinstance(locked, Result):
-            return locked
-        decided, state, fenced = locked
-        if not fenced:
-            # Not a new quarantine any more (the breaker filled: Held): an ordinary plan.
-            return await self._execute(
-                decided, state, now, _not_in(decided.actions, first), pass_, done=first
-            )
-        # Fence first, drain after: the taint's record update and Event now, the
-        # evictions on the node's next turn in the queue, so that in a storm every
-        # faulty node is tainted before any worker spends its time evicting.
-        fence = first + decided.record + decided.fence
-        if decided.moves_pods:
-            await self._execute(decided, state, now, (), pass_, done=fence)
-            return AT_ONCE
-        rest = _not_in(decided.drain + decided.mark + decided.release, first)
-        return await self._execute(decided, state, now, rest, pass_, done=fence)
-
-    async def _fence_locked(
-        self, name: str, first: tuple[Action, ...], now: dt.datetime, pass_: PassOutcome
-    ) -> Result | tuple[Plan, NodeState, bool]:
-        """Under the breaker lock: plan again from the caches and, if the plan still
-        starts a quarantine and a token is there, run its fence (True)."""
+    def _replan(self, name: str, now: dt.datetime) -> tuple[Plan, NodeState] | None:
+        """The plan made again from the caches (the runner's guards ask for it)."""
         node = self.nodes.get(name)
-        again = self._decide(node, now) if node else None
-        if again is None:
-            return DONE
-        decided, state = again
-        if not decided.new_quarantine:
-            return decided, state, False
-        wait = self._take_token()
-        if wait > 0:
-            log.info("rate limited", extra={"node": name, "wait_s": round(wait, 3)})
-            return Result(requeue_after=wait)
-        fence = _not_in(decided.record + decided.fence, first)
-        await self.executor.run(decided, state, fence, pass_, flush=False)
-        return decided, state, True
-
-    async def _repair(self, name: str, now: dt.datetime) -> Result:
-        """A repair request and its budget check are one step across workers, as a
-        quarantine and the breaker: under the same lock the plan is made again from
-        the caches (every request and record entry written so far) and run whole,
-        its record entry included, before another worker counts the repairs in flight."""
-        async with self._breaker_lock:
-            node = self.nodes.get(name)
-            again = self._decide(node, now) if node else None
-            if again is None:
-                return DONE
-            decided, state = again
-            if decided.new_quarantine:
-                return AT_ONCE
-            return await self._execute(decided, state, now)
+        return self._decide(node, now) if node else None
 
     def _unmanaged_fault(self, node: NodeView) -> None:
         """A node with GPUs outside the nodeSelector reports a fault: nothing will be
@@ -413,30 +319,6 @@ class Reconciler:
         gone = plan_node_gone(self.fleet.records_of(name, self.records), now)
         if gone.actions:
             await self.executor.run(gone, NodeState(node=NodeView(name, "")))
-
-    async def _execute(
-        self,
-        decided: Plan,
-        state: NodeState,
-        now: dt.datetime,
-        actions: tuple[Action, ...] | None = None,
-        outcome: PassOutcome | None = None,
-        *,
-        done: tuple[Action, ...] = (),
-    ) -> Result:
-        """Run the plan's `actions` (default all); `done`: what the caller already ran
-        of this remediation step, for the notification."""
-        name = state.node.name
-        actions = decided.actions if actions is None else actions
-        try:
-            outcome = await self.executor.run(decided, state, actions, outcome)
-        except Replan as why:
-            log.info("replanning", extra={"node": name, "why": str(why)})
-            return AT_ONCE
-        self._after(name, decided, done + actions, outcome, now)
-        # A refused eviction is not a failed reconcile: its backoff is the pod's own
-        # (self.blocked, planned by the policy), not the queue's failure count.
-        return Result(decided.requeue_after)
 
     def _notify(
         self,

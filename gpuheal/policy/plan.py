@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 
 from gpuheal import values
 from gpuheal.clock import iso, parse_time
@@ -202,8 +203,8 @@ class Plan:
     and its record drained; `release`, the way back (recovery window, health gate,
     untaint) and our state label following our taint.
 
-    The controller runs the stages by name: a new quarantine's fence under the
-    breaker lock, its drain on the node's next turn
+    The controller carries the stages out as `steps`, each under its guard: a new
+    quarantine's fence under the breaker, its drain on the node's next turn
     (docs/architecture.md#the-plan-and-its-stages)."""
 
     record: tuple[Action, ...] = ()
@@ -231,6 +232,59 @@ class Plan:
     def moves_pods(self) -> bool:
         """The drain evicts or deletes a pod now (not only records pods already leaving)."""
         return any(isinstance(a, Evict | DeletePod) for a in self.drain)
+
+    @property
+    def steps(self) -> tuple[PlanStep, ...]:
+        """The plan as the controller carries it out (controller/runner.py): its
+        actions in steps, each with the guard it runs under and what follows it.
+
+        A new quarantine: the record (the fault's own lock, no budget of the
+        breaker's) first; then, under the breaker, the fence (the plan is made again
+        there, from caches that hold every taint so far); the drain on the node's
+        next turn when it moves pods (in a storm every faulty node is fenced before
+        any worker evicts), else at once. A new repair request: the whole plan under
+        the repair budget. Anything else: the whole plan, unguarded."""
+        if self.new_quarantine:
+            if self.moves_pods:
+                return (
+                    PlanStep(self.record, Guard.NONE, Then.CONTINUE),
+                    PlanStep(self.record + self.fence, Guard.BREAKER, Then.NEXT_TURN),
+                )
+            return (
+                PlanStep(self.record, Guard.NONE, Then.CONTINUE),
+                PlanStep(self.record + self.fence, Guard.BREAKER, Then.CONTINUE),
+                PlanStep(self.drain + self.mark + self.release, Guard.NONE, Then.LATER),
+            )
+        if self.new_repair:
+            return (PlanStep(self.actions, Guard.REPAIR_BUDGET, Then.LATER),)
+        return (PlanStep(self.actions, Guard.NONE, Then.LATER),)
+
+
+class Guard(StrEnum):
+    """What a step runs under. BREAKER: the breaker's lock, the plan made again
+    under it (still a new quarantine?) and a rate-limit token; REPAIR_BUDGET: the
+    same lock, the plan made again under it and run whole (the repair budget counts
+    the requests written so far)."""
+
+    NONE = "none"
+    BREAKER = "breaker"
+    REPAIR_BUDGET = "repair-budget"
+
+
+class Then(StrEnum):
+    """What follows a step: the next step at once (CONTINUE), the node's next turn
+    in the queue (NEXT_TURN), or the plan's requeue_after (LATER: the last step)."""
+
+    CONTINUE = "continue"
+    NEXT_TURN = "next-turn"
+    LATER = "later"
+
+
+@dataclass(frozen=True)
+class PlanStep:
+    actions: tuple[Action, ...]
+    guard: Guard
+    then: Then
 
 
 @dataclass(frozen=True)

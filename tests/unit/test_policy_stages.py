@@ -14,10 +14,13 @@ from gpuheal.policy.plan import (
     CreateRecord,
     Emit,
     Evict,
+    Guard,
     MarkHandled,
     NodeState,
     Plan,
+    PlanStep,
     RemoveTaint,
+    Then,
     UpdateRecord,
     plan,
 )
@@ -93,3 +96,43 @@ def test_recovery_and_our_label_are_the_release() -> None:
     assert isinstance(respected.fence[0], UpdateRecord)
     assert isinstance(respected.release[0], RemoveTaint)
     assert not any(isinstance(a, Emit) for a in respected.actions)
+
+
+# -- the plan as steps (what controller/runner.py carries out) ----------------------
+
+
+def test_a_new_quarantine_that_moves_pods_is_its_record_then_its_fence_then_the_next_turn() -> None:
+    pods = (gpu_pod("a"), gpu_pod("b"))
+    p = plan(NodeState(faulty(), pods=pods, gpu_nodes=10), CONFIG, NOW)
+    first, fence = p.steps
+    assert (first.actions, first.guard, first.then) == (p.record, Guard.NONE, Then.CONTINUE)
+    assert (fence.actions, fence.guard, fence.then) == (
+        p.record + p.fence,
+        Guard.BREAKER,
+        Then.NEXT_TURN,
+    )
+    assert not any(isinstance(a, Evict) for s in p.steps for a in s.actions)  # the next turn's
+
+
+def test_a_new_quarantine_with_nothing_to_move_ends_in_the_same_pass() -> None:
+    p = plan(NodeState(faulty(), gpu_nodes=10), CONFIG, NOW)
+    _, fence, rest = p.steps
+    assert fence.guard is Guard.BREAKER and fence.then is Then.CONTINUE
+    assert rest == PlanStep(p.drain + p.mark + p.release, Guard.NONE, Then.LATER)
+    # The taint's PATCH carries the handled mark: the policy merged them.
+    (taint,) = [a for a in fence.actions if isinstance(a, AddTaint)]
+    assert taint.with_mark and MarkHandled(taint.node, taint.fault_id) in rest.actions
+
+
+def test_a_plan_that_is_no_new_quarantine_is_one_unguarded_step() -> None:
+    quarantined = record(Phase.QUARANTINED, created_at=iso(NOW))
+    p = plan(
+        NodeState(tainted(faulty()), pods=(gpu_pod("a"),), records=(quarantined,), gpu_nodes=10),
+        CONFIG,
+        NOW,
+    )
+    assert not p.new_quarantine and p.actions
+    assert p.steps == (PlanStep(p.actions, Guard.NONE, Then.LATER),)
+    assert replace(p, new_repair=True).steps == (
+        PlanStep(p.actions, Guard.REPAIR_BUDGET, Then.LATER),
+    )
