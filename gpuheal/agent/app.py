@@ -25,7 +25,7 @@ from gpuheal.agent.daemons import NodeDaemons
 from gpuheal.agent.debounce import Debounce, Report, step
 from gpuheal.agent.environment import EnvironmentProbe, HostPaths, read_driver_version
 from gpuheal.agent.facts import Counters, gpu_processes
-from gpuheal.agent.findings import Finding, ProbeResult, Verdict, verdict, with_access
+from gpuheal.agent.findings import ProbeFinding, ProbeResult, Verdict, verdict, with_access
 from gpuheal.agent.kmsg import (
     GpuAt,
     KernelEvent,
@@ -107,13 +107,13 @@ class StickyEvents:
         self.boot_id = boot_id
         self.hold_s = hold_s
         self._lock = threading.Lock()
-        self._items: dict[str, tuple[float, Finding]] = {}
+        self._items: dict[str, tuple[float, ProbeFinding]] = {}
         saved = load_state(path, StickyFile, counted)  # a broken file: set aside, counted
         if saved is not None and saved.boot_id == boot_id:
             self._items = {
                 key: (
                     item.at,
-                    Finding(
+                    ProbeFinding(
                         item.reason,
                         item.severity,
                         item.message,
@@ -133,7 +133,7 @@ class StickyEvents:
         tmp.write_bytes(msgspec.json.encode(StickyFile(self.boot_id, items)))
         tmp.replace(self.path)
 
-    def add(self, finding: Finding) -> None:
+    def add(self, finding: ProbeFinding) -> None:
         key = f"{finding.reason}/{','.join(finding.devices)}"
         with self._lock:
             if key not in self._items:
@@ -150,7 +150,7 @@ class StickyEvents:
             if gone:
                 self._save()
 
-    def current(self) -> tuple[Finding, ...]:
+    def current(self) -> tuple[ProbeFinding, ...]:
         with self._lock:
             if self.hold_s is not None:
                 now = time.time()
@@ -365,7 +365,7 @@ class Agent:
             case OffTheBus(pci=pci):
                 gpu = self._uuid_for(pci) if pci else ""
                 self.sticky.add(
-                    Finding(
+                    ProbeFinding(
                         OFF_THE_BUS_REASON,
                         OFF_THE_BUS_SEVERITY,
                         f"{gpu or 'a GPU'} has fallen off the bus",
@@ -379,7 +379,7 @@ class Agent:
                 self.metrics.sxids.labels(str(sxid), row.kind.value).inc()
                 if row.node_fault:
                     self.sticky.add(
-                        Finding(
+                        ProbeFinding(
                             row.reason,
                             row.severity,
                             f"{switch}: {row.description}",  # names the SXid

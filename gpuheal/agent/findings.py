@@ -13,7 +13,7 @@ NODE_FAULT = frozenset({Severity.P0, Severity.P1})
 
 
 @dataclass(frozen=True)
-class Finding:
+class ProbeFinding:
     """One problem a probe saw."""
 
     reason: str  # e.g. XidCritical79, EccUncorrectable, GpuMissing, GpuLost, NvlinkDown
@@ -31,7 +31,7 @@ class ProbeResult:
     # A level probe (NVML, nvidia-smi) can vouch for the GPUs being healthy; event
     # sources (kernel log, Xid events) and environment checks only add findings.
     level: bool = False
-    findings: tuple[Finding, ...] = ()
+    findings: tuple[ProbeFinding, ...] = ()
     warnings: tuple[str, ...] = ()
     error: str = ""
 

@@ -19,7 +19,7 @@ from typing import Any
 import pynvml
 
 from gpuheal.agent.facts import cuda_text
-from gpuheal.agent.findings import Finding, ProbeResult
+from gpuheal.agent.findings import ProbeFinding, ProbeResult
 from gpuheal.agent.kmsg import normalize_pci
 from gpuheal.model import Severity
 from gpuheal.policy.access import NVML_OK, NVML_PENDING, nvml_state
@@ -150,7 +150,7 @@ class NvmlProbe:
             self.state, self.error = nvml_state(_code(err)), str(err)
             return ProbeResult(PROBE, level=True, ran=False, error=f"NVML unavailable: {err}")
         self.state, self.error = NVML_OK, ""
-        findings: list[Finding] = []
+        findings: list[ProbeFinding] = []
         warnings: list[str] = []
         expected = self.expected_gpus()
         # None at all is not a fault of the GPUs but the container's sight of them
@@ -158,7 +158,9 @@ class NvmlProbe:
         # and GPUs that fall off the bus say so in the kernel log.
         if expected is not None and 0 < count < expected:
             findings.append(
-                Finding("GpuMissing", Severity.P0, f"{expected} GPUs expected, {count} visible")
+                ProbeFinding(
+                    "GpuMissing", Severity.P0, f"{expected} GPUs expected, {count} visible"
+                )
             )
         by_pci: dict[str, str] = {}
         ecc: list[int] = []
@@ -183,7 +185,7 @@ class NvmlProbe:
         warnings: list[str],
         ecc: list[int],
         pids: list[int] | None,
-    ) -> list[Finding]:
+    ) -> list[ProbeFinding]:
         lib, found = self.lib, []
         uuid = self._uuids.get(index, f"index-{index}")
         try:
@@ -199,10 +201,12 @@ class NvmlProbe:
             found += self._recovery_action(handle, uuid)
         except pynvml.NVMLError as err:
             if _code(err) == pynvml.NVML_ERROR_GPU_IS_LOST:
-                found.append(Finding("GpuLost", Severity.P0, f"GPU {uuid} is lost", (uuid,)))
+                found.append(ProbeFinding("GpuLost", Severity.P0, f"GPU {uuid} is lost", (uuid,)))
             else:
                 found.append(
-                    Finding("NvmlError", Severity.P1, f"GPU {uuid}: NVML error: {err}", (uuid,))
+                    ProbeFinding(
+                        "NvmlError", Severity.P1, f"GPU {uuid}: NVML error: {err}", (uuid,)
+                    )
                 )
         return found
 
@@ -232,11 +236,11 @@ class NvmlProbe:
         except pynvml.NVMLError:
             return None
 
-    def _ecc(self, handle: Any, uuid: str, totals: list[int]) -> list[Finding]:
+    def _ecc(self, handle: Any, uuid: str, totals: list[int]) -> list[ProbeFinding]:
         lib, found = self.lib, []
 
         def fault(reason: str, severity: Severity, what: str) -> None:
-            found.append(Finding(reason, severity, f"GPU {uuid}: {what}", (uuid,)))
+            found.append(ProbeFinding(reason, severity, f"GPU {uuid}: {what}", (uuid,)))
 
         uncorrected = _supported(
             lib.nvmlDeviceGetTotalEccErrors,
@@ -262,18 +266,20 @@ class NvmlProbe:
             fault("RetiredPagesPending", Severity.P1, "retired pages pending a reset")
         return found
 
-    def _temperature(self, handle: Any, uuid: str, warnings: list[str]) -> list[Finding]:
+    def _temperature(self, handle: Any, uuid: str, warnings: list[str]) -> list[ProbeFinding]:
         reading = _supported(self.lib.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU)
         if reading is None:
             return []
         celsius = int(reading)
         if celsius >= self.thresholds.temperature_critical_c:
-            return [Finding("Thermal", Severity.P1, f"GPU {uuid}: {celsius} C (critical)", (uuid,))]
+            return [
+                ProbeFinding("Thermal", Severity.P1, f"GPU {uuid}: {celsius} C (critical)", (uuid,))
+            ]
         if celsius >= self.thresholds.temperature_warning_c:
             warnings.append(f"GPU {uuid}: {celsius} C (warning)")
         return []
 
-    def _nvlink(self, handle: Any, uuid: str) -> list[Finding]:
+    def _nvlink(self, handle: Any, uuid: str) -> list[ProbeFinding]:
         down = []
         for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
             try:
@@ -286,10 +292,12 @@ class NvmlProbe:
                 down.append(link)
         if down:
             links = ",".join(map(str, down))
-            return [Finding("NvlinkDown", Severity.P0, f"GPU {uuid}: NVLink {links} down", (uuid,))]
+            return [
+                ProbeFinding("NvlinkDown", Severity.P0, f"GPU {uuid}: NVLink {links} down", (uuid,))
+            ]
         return []
 
-    def _recovery_action(self, handle: Any, uuid: str) -> list[Finding]:
+    def _recovery_action(self, handle: Any, uuid: str) -> list[ProbeFinding]:
         values = _supported(
             self.lib.nvmlDeviceGetFieldValues, handle, [pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION]
         )
@@ -302,7 +310,9 @@ class NvmlProbe:
         if row is None or row.severity is Severity.P2:
             return []
         return [
-            Finding(row.reason, row.severity, f"GPU {uuid}: driver says {row.description}", (uuid,))
+            ProbeFinding(
+                row.reason, row.severity, f"GPU {uuid}: driver says {row.description}", (uuid,)
+            )
         ]
 
 
@@ -422,9 +432,9 @@ class XidWatcher:
             return ""
 
 
-def xid_finding(xid: int, device: str, row: XidRow) -> Finding:
+def xid_finding(xid: int, device: str, row: XidRow) -> ProbeFinding:
     """The finding of a node-fault Xid, as the catalogue (or config) classified it."""
-    return Finding(
+    return ProbeFinding(
         row.reason,
         row.severity,
         f"Xid {xid} on {device or 'unknown GPU'}: {row.description} (action: {row.action})",

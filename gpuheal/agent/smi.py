@@ -5,30 +5,30 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Sequence
 
-from gpuheal.agent.findings import Finding, ProbeResult
+from gpuheal.agent.findings import ProbeFinding, ProbeResult
 from gpuheal.model import Severity
 
 PROBE = "smi"
 _BAD_VALUES = ("n/a", "unable to determine", "unknown error", "[gpu is lost]")
 
 
-def parse_smi(output: str, expected: int | None) -> list[Finding]:
+def parse_smi(output: str, expected: int | None) -> list[ProbeFinding]:
     """Findings from `nvidia-smi --query-gpu=index,uuid --format=csv,noheader` output."""
     rows = [line.strip() for line in output.splitlines() if line.strip()]
     if not rows:
-        return [Finding("GpuMissing", Severity.P0, "nvidia-smi listed no GPU")]
+        return [ProbeFinding("GpuMissing", Severity.P0, "nvidia-smi listed no GPU")]
     found = []
     seen = 0
     for row in rows:
         fields = [f.strip() for f in row.split(",")]
         lowered = row.lower()
         if len(fields) < 2 or any(bad in lowered for bad in _BAD_VALUES):
-            found.append(Finding("GpuLost", Severity.P0, f"nvidia-smi: {row[:200]}"))
+            found.append(ProbeFinding("GpuLost", Severity.P0, f"nvidia-smi: {row[:200]}"))
             continue
         seen += 1
     if expected is not None and seen < expected:
         found.append(
-            Finding("GpuMissing", Severity.P0, f"{expected} GPUs expected, {seen} visible")
+            ProbeFinding("GpuMissing", Severity.P0, f"{expected} GPUs expected, {seen} visible")
         )
     return found
 
@@ -45,7 +45,7 @@ def run_smi(command: Sequence[str], expected: int | None, timeout_s: float) -> P
         )
     if done.returncode != 0:
         detail = (done.stderr or done.stdout).strip()[:200]
-        finding = Finding(
+        finding = ProbeFinding(
             "SmiFailed", Severity.P0, f"nvidia-smi failed ({done.returncode}): {detail}"
         )
         return ProbeResult(PROBE, level=True, ran=True, findings=(finding,))

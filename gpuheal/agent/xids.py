@@ -13,7 +13,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 
-from gpuheal.agent.findings import Finding
+from gpuheal.agent.findings import ProbeFinding
 from gpuheal.model import Severity
 from gpuheal.xid import Kind
 
@@ -85,7 +85,7 @@ class XidHistory:
                     counts[gpu] = n
             return counts
 
-    def rate_findings(self, now: float) -> tuple[Finding, ...]:
+    def rate_findings(self, now: float) -> tuple[ProbeFinding, ...]:
         """A P1 finding for each GPU over the rule: NVIDIA's WORKFLOW_XID_13/31 read a
         burst of application faults on the same GPU as a possible hardware issue (run
         the diagnostics), and on many GPUs as the application's. So one GPU alone."""
@@ -98,7 +98,7 @@ class XidHistory:
         (gpu,) = over
         minutes = self.rule.window_s / 60
         return (
-            Finding(
+            ProbeFinding(
                 REPEATED_APPLICATION_XIDS,
                 Severity.P1,
                 f"{counts[gpu]} application Xids on {gpu} within {minutes:g} min, the node's "

@@ -32,9 +32,9 @@ from gpuheal.model import FaultSignal
 from gpuheal.sources.dcgm import (
     XID,
     XID_WINDOW,
+    DcgmFinding,
     Dropped,
     Episode,
-    Finding,
     Query,
     XidGauge,
     episode,
@@ -337,14 +337,14 @@ class DcgmSource:
                 continue
             faults += 1
             finding = present[key]
-            shown = Finding(finding.node, query, finding.gpu, float(gauge.fault_value),
+            shown = DcgmFinding(finding.node, query, finding.gpu, float(gauge.fault_value),
                             finding.host_label)  # fmt: skip
             fault = gauge.fault
             self.submit(signal_for(shown, fault.fault_id, fault.detected_at, self.overrides))
         self.metrics.dcgm_findings.labels(query.name).set(faults)
         self._evaluated[query.name] = at_ms
 
-    def _observe_gauge(self, finding: Finding, code: int) -> None:
+    def _observe_gauge(self, finding: DcgmFinding, code: int) -> None:
         if self.series.get(XID_WINDOW, 0) > 0:
             return  # the window tells every Xid, this one included (_poll_window)
         row = classify(code, self.overrides)
@@ -352,7 +352,7 @@ class DcgmSource:
                               pod=finding.pod))  # fmt: skip
 
     async def _xid_runs(
-        self, session: aiohttp.ClientSession, query: Query, findings: list[Finding], at_ms: int
+        self, session: aiohttp.ClientSession, query: Query, findings: list[DcgmFinding], at_ms: int
     ) -> dict[str, XidGauge]:
         """Each finding's run as Prometheus has it: whether a node-fault value was
         seen in it, the latest start of a run of them (the fault's name) and the
@@ -374,7 +374,7 @@ class DcgmSource:
             within=within,
         )
 
-        def maybe(f: Finding) -> bool:
+        def maybe(f: DcgmFinding) -> bool:
             """Whether a node-fault value may have been seen in the run of a gauge
             showing another now: its latest value is then looked up."""
             started, node_started = begun.get(f.key), node_starts.get(f.key)
@@ -440,7 +440,7 @@ class DcgmSource:
     # -- episode lookups ---------------------------------------------------
 
     async def _starts(
-        self, session: aiohttp.ClientSession, query: Query, findings: list[Finding], at_ms: int
+        self, session: aiohttp.ClientSession, query: Query, findings: list[DcgmFinding], at_ms: int
     ) -> Mapping[str, float]:
         """When each finding's current run started (ms); absent: before the lookback."""
         step = self.step_ms
@@ -455,7 +455,7 @@ class DcgmSource:
     async def _lookup(
         self,
         session: aiohttp.ClientSession,
-        findings: list[Finding],
+        findings: list[DcgmFinding],
         at_ms: int,
         *,
         expr: Expr,
@@ -467,7 +467,7 @@ class DcgmSource:
         batches of nodes: per finding, what the most recent window that has an
         answer says."""
         found: dict[str, float] = {}
-        by_label: dict[str, dict[str, list[Finding]]] = {}
+        by_label: dict[str, dict[str, list[DcgmFinding]]] = {}
         for finding in findings:
             by_label.setdefault(finding.host_label, {}).setdefault(finding.node, []).append(finding)
         for host_label, by_node in by_label.items():

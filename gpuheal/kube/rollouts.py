@@ -13,7 +13,7 @@ from gpuheal.policy.rollout import (
     NodeProgress,
     Phase,
     RolloutDriver,
-    Step,
+    RolloutStep,
     Target,
     driver_rollout_view,
     rollout_name,
@@ -87,11 +87,11 @@ def decode(raw: bytes) -> RolloutJson:
     return _ROLLOUT.decode(raw)
 
 
-def _step(raw: str) -> Step:
+def _step(raw: str) -> RolloutStep:
     try:
-        return Step(raw)
+        return RolloutStep(raw)
     except ValueError:
-        return Step.PENDING  # the CRD's enum keeps others out; an older value: start over
+        return RolloutStep.PENDING  # the CRD's enum keeps others out; an older value: start over
 
 
 def _phase(raw: str) -> Phase:

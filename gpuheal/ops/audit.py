@@ -85,7 +85,7 @@ _LISTED = 5  # pods or processes named in one sentence
 
 
 @dataclass(frozen=True)
-class Finding:
+class AuditFinding:
     kind: str
     node: str
     pool: str
@@ -104,7 +104,7 @@ class Finding:
 
 @dataclass(frozen=True)
 class AuditReport:
-    findings: tuple[Finding, ...]
+    findings: tuple[AuditFinding, ...]
     nodes: int  # GPU nodes audited
     warnings: tuple[str, ...] = ()  # unreadable agent reports: printed on stderr
 
@@ -170,7 +170,7 @@ def _listed(items: Sequence[str]) -> str:
 # -- outside the controller's reach ----------------------------------------------
 
 
-def _unmanaged(node: NodeJson, pool: str, config: Config) -> list[Finding]:
+def _unmanaged(node: NodeJson, pool: str, config: Config) -> list[AuditFinding]:
     """A GPU node the controller's nodeSelector does not match: nothing it reports is
     acted on. Opting out (gpuheal.io/managed=false) says that is meant."""
     labels = node.metadata.labels
@@ -182,7 +182,7 @@ def _unmanaged(node: NodeJson, pool: str, config: Config) -> list[Finding]:
     wanted = " ".join(f"{k}={v}" for k, v in missing)
     offers = f"has {gpus} GPU(s)" if gpus else "is labelled as a GPU node"
     return [
-        Finding(
+        AuditFinding(
             UNMANAGED,
             name,
             pool,
@@ -216,9 +216,9 @@ def _leaks(
     *,
     now: dt.datetime,
     stuck_after_s: float,
-) -> list[Finding]:
+) -> list[AuditFinding]:
     name = node.metadata.name
-    found: list[Finding] = []
+    found: list[AuditFinding] = []
     holding = [(p, pod_gpus(p, config)) for p in pods if pod_live(p)]
     holding = [(p, n) for p, n in holding if n > 0]
     for pod, gpus in holding:
@@ -232,7 +232,7 @@ def _leaks(
             else "the kubelet has not confirmed its end: check the node, then force-delete it"
         )
         found.append(
-            Finding(
+            AuditFinding(
                 LEAK,
                 name,
                 pool,
@@ -246,7 +246,7 @@ def _leaks(
         total = sum(n for _, n in holding)
         condition = "NotReady" if ready is False else "Unknown"
         found.append(
-            Finding(
+            AuditFinding(
                 LEAK,
                 name,
                 pool,
@@ -259,7 +259,7 @@ def _leaks(
     allocated = sum(n for _, n in holding)
     if allocated > allocatable:
         found.append(
-            Finding(
+            AuditFinding(
                 LEAK,
                 name,
                 pool,
@@ -291,7 +291,7 @@ def _parse_processes(value: str) -> tuple[list[tuple[int, str]], int]:
 
 def _processes(
     node: NodeJson, pods: Sequence[PodJson], pool: str, warnings: list[str]
-) -> list[Finding]:
+) -> list[AuditFinding]:
     name = node.metadata.name
     value = node.metadata.annotations.get(GPU_PROCESSES, "")
     entries, bad = _parse_processes(value)
@@ -316,7 +316,7 @@ def _processes(
         hold, run, them = ("holds", "runs", "it") if one else ("hold", "run", "them")
         if uid:
             found.append(
-                Finding(
+                AuditFinding(
                     ZOMBIE_PROCESS,
                     name,
                     pool,
@@ -327,7 +327,7 @@ def _processes(
             )
         else:
             found.append(
-                Finding(
+                AuditFinding(
                     HOST_PROCESS,
                     name,
                     pool,
@@ -350,7 +350,7 @@ def _expected_labels(pool: str, config: Config) -> dict[str, str]:
     return wanted
 
 
-def _missing_labels(node: NodeJson, pool: str, config: Config) -> list[Finding]:
+def _missing_labels(node: NodeJson, pool: str, config: Config) -> list[AuditFinding]:
     labels, name = node.metadata.labels, node.metadata.name
     found = []
     for key, want in sorted(_expected_labels(pool, config).items()):
@@ -369,7 +369,7 @@ def _missing_labels(node: NodeJson, pool: str, config: Config) -> list[Finding]:
             )
         else:
             continue
-        found.append(Finding(MISSING_LABEL, name, pool, detail))
+        found.append(AuditFinding(MISSING_LABEL, name, pool, detail))
     return found
 
 
@@ -377,7 +377,7 @@ def _taint_text(taint: Taint) -> str:
     return f"{taint.key}{'=' + taint.value if taint.value else ''}:{taint.effect}"
 
 
-def _missing_taints(node: NodeJson, pool: str, config: Config) -> list[Finding]:
+def _missing_taints(node: NodeJson, pool: str, config: Config) -> list[AuditFinding]:
     wanted = (*config.pools.expected_taints, *pool_config(pool, config).expected_taints)
     have, name = node.spec.taints, node.metadata.name
     found = []
@@ -391,7 +391,7 @@ def _missing_taints(node: NodeJson, pool: str, config: Config) -> list[Finding]:
             continue
         text = _taint_text(taint)
         found.append(
-            Finding(
+            AuditFinding(
                 MISSING_TAINT,
                 name,
                 pool,
@@ -407,7 +407,7 @@ _VERSIONS: tuple[tuple[str, str, Callable[..., str], Callable[..., str], str], .
 )
 
 
-def _skew(pool: str, nodes: Sequence[NodeJson], config: Config) -> list[Finding]:
+def _skew(pool: str, nodes: Sequence[NodeJson], config: Config) -> list[AuditFinding]:
     """Nodes of one pool whose driver or CUDA version is not the pool's."""
     found = []
     for kind, what, version_of, expected, setting in _VERSIONS:
@@ -424,7 +424,7 @@ def _skew(pool: str, nodes: Sequence[NodeJson], config: Config) -> list[Finding]
             else f"the version {known.count(want)} of {len(known)} nodes in the pool run"
         )
         found += [
-            Finding(
+            AuditFinding(
                 kind,
                 node,
                 pool,
@@ -457,7 +457,7 @@ def audit(
         ),
         key=lambda n: n.metadata.name,
     )
-    findings: list[Finding] = []
+    findings: list[AuditFinding] = []
     warnings: list[str] = []
     by_pool: dict[str, list[NodeJson]] = defaultdict(list)
     for node in nodes:
@@ -473,7 +473,7 @@ def audit(
         ):
             capacity = gpu_total(node.status.capacity, config)
             findings.append(
-                Finding(
+                AuditFinding(
                     ZERO_ALLOCATABLE,
                     name,
                     pool,

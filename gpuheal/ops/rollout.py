@@ -68,7 +68,7 @@ from gpuheal.policy.rollout import (
     Budget,
     NodeProgress,
     Phase,
-    Step,
+    RolloutStep,
     Target,
     allowed_unavailable,
     counts,
@@ -186,7 +186,7 @@ async def update_status(ctx: Context, name: str, mutate: Mutation) -> RolloutJso
 
 
 def _summary(progress: Sequence[NodeProgress]) -> dict[str, Any]:
-    return {"total": len(progress), "done": counts(progress)[Step.DONE]}
+    return {"total": len(progress), "done": counts(progress)[RolloutStep.DONE]}
 
 
 # -- start -------------------------------------------------------------------------------
@@ -294,7 +294,7 @@ async def _initialize(ctx: Context, rollout: RolloutJson, nodes: Mapping[str, No
     spec = rollout.spec
     target = state_of(rollout).target
     order = [
-        replace(p, step=Step.DONE, detail="already reported the change at the start")
+        replace(p, step=RolloutStep.DONE, detail="already reported the change at the start")
         if not target.missing(nodes[p.name].metadata.labels, nodes[p.name].metadata.annotations)
         else p  # nodes that report the change already need no turn
         for p in plan_order(nodes, spec.canary, spec.batchSize)
@@ -336,8 +336,8 @@ async def _set_phase(
             # The held nodes are gated again: fixed meanwhile, they pass now.
             now = iso(ctx.now(), "seconds")
             progress = [
-                replace(p, step=Step.GATING, since=now, detail="resumed: gated again")
-                if p.step is Step.FAILED_HELD
+                replace(p, step=RolloutStep.GATING, since=now, detail="resumed: gated again")
+                if p.step is RolloutStep.FAILED_HELD
                 else p
                 for p in progress_of(current)
             ]
@@ -524,7 +524,7 @@ async def drive(ctx: Context, name: str, options: DriveOptions) -> int:
                 continue
             phase = state_of(rollout).phase
             progress = progress_of(rollout)
-            in_flight = any(p.step in IN_FLIGHT - {Step.FAILED_HELD} for p in progress)
+            in_flight = any(p.step in IN_FLIGHT - {RolloutStep.FAILED_HELD} for p in progress)
             # Paused, aborted or failed: the nodes in flight (drained already) are
             # carried through, no other starts; then the CLI stops.
             stopped = phase in (Phase.PAUSED, Phase.ABORTED, Phase.FAILED) and not in_flight
@@ -554,7 +554,7 @@ async def drive_once(ctx: Context, rollout: RolloutJson, options: DriveOptions) 
     advanced = await asyncio.gather(
         *(
             _advance(ctx, rollout, p, node=nodes.get(p.name), options=options)
-            if p.step in (Step.DRAINING, Step.WAITING, Step.GATING)
+            if p.step in (RolloutStep.DRAINING, RolloutStep.WAITING, RolloutStep.GATING)
             else _same(p)
             for p in progress
         )
@@ -569,7 +569,10 @@ async def drive_once(ctx: Context, rollout: RolloutJson, options: DriveOptions) 
         for i, p in enumerate(progress):
             if p.name in started:
                 progress[i] = changed[p.name] = replace(
-                    p, step=Step.DRAINING, since=now, detail=f"taken out ({budget.describe()})"
+                    p,
+                    step=RolloutStep.DRAINING,
+                    since=now,
+                    detail=f"taken out ({budget.describe()})",
                 )
     if not changed:
         return False
@@ -595,19 +598,19 @@ async def _record(ctx: Context, name: str, changed: Mapping[str, NodeProgress]) 
             new = changed.get(p.name, p)
             # Paused or aborted since this pass read the phase: no node starts (the
             # step is written before the node is touched, so nothing was done yet).
-            starts = p.step is Step.PENDING and new.step is not Step.PENDING
+            starts = p.step is RolloutStep.PENDING and new.step is not RolloutStep.PENDING
             return p if starts and phase is not Phase.RUNNING else new
 
         progress = [merged(p) for p in progress_of(current)]
         status: dict[str, Any] = {"nodes": _progress_json(progress), **_summary(progress)}
         now = iso(ctx.now(), "seconds")
-        held = [p for p in progress if p.step is Step.FAILED_HELD]
+        held = [p for p in progress if p.step is RolloutStep.FAILED_HELD]
         if held and phase in (Phase.RUNNING, Phase.PAUSED):
             status["phase"] = Phase.FAILED.value
             status["message"] = text(
                 f"stopped: node {held[0].name} is held: {held[0].detail}", 1024
             )
-        elif all(p.step is Step.DONE for p in progress) and phase is not Phase.ABORTED:
+        elif all(p.step is RolloutStep.DONE for p in progress) and phase is not Phase.ABORTED:
             status["phase"] = Phase.COMPLETED.value
             status["message"] = f"completed: {len(progress)} node(s) on the target"
             status["finishedAt"] = now
@@ -629,12 +632,12 @@ async def _advance(
     stamp = iso(now, "seconds")
     if node is None:
         return replace(
-            p, step=Step.FAILED_HELD, since=stamp, detail="the node is gone from the pool"
+            p, step=RolloutStep.FAILED_HELD, since=stamp, detail="the node is gone from the pool"
         )
-    if p.step is Step.DRAINING:
+    if p.step is RolloutStep.DRAINING:
         return await _drain(ctx, rollout, p, node=node, options=options, stamp=stamp)
     elapsed = _elapsed(p, now)
-    if p.step is Step.WAITING:
+    if p.step is RolloutStep.WAITING:
         return _waiting(rollout, p, node=node, elapsed=elapsed, stamp=stamp)
     return await _gate(ctx, rollout, p, node=node, elapsed=elapsed, stamp=stamp)
 
@@ -661,7 +664,9 @@ async def _drain(
     if report is None or report.drain is None or not report.drain.done:
         blockers = ", ".join(sorted(report.drain.blockers)) if report and report.drain else ""
         return replace(p, detail=f"drain not done yet{': ' + blockers if blockers else ''}")
-    return replace(p, step=Step.WAITING, since=stamp, detail="drained; waiting for the change")
+    return replace(
+        p, step=RolloutStep.WAITING, since=stamp, detail="drained; waiting for the change"
+    )
 
 
 def _waiting(
@@ -670,11 +675,11 @@ def _waiting(
     """The change is the operator's tooling's (or a person's): looked for, not made."""
     missing = state_of(rollout).target.missing(node.metadata.labels, node.metadata.annotations)
     if not missing:
-        return replace(p, step=Step.GATING, since=stamp, detail="reports the change")
+        return replace(p, step=RolloutStep.GATING, since=stamp, detail="reports the change")
     if elapsed > rollout.spec.changeTimeoutSeconds:
         return replace(
             p,
-            step=Step.FAILED_HELD,
+            step=RolloutStep.FAILED_HELD,
             since=stamp,
             detail=f"no change within {rollout.spec.changeTimeoutSeconds:g}s: "
             + "; ".join(missing),
@@ -713,7 +718,7 @@ async def _gate(
             warning=True,
         )
         return replace(
-            p, step=Step.FAILED_HELD, since=stamp, detail=f"gate failed: {result.summary()}"
+            p, step=RolloutStep.FAILED_HELD, since=stamp, detail=f"gate failed: {result.summary()}"
         )
     left = leftovers(node, ctx.config)
     if left:  # else `maintenance finish` returned it already
@@ -730,7 +735,7 @@ async def _gate(
             note=f"maintenance finished (roll-out {rollout.metadata.name}): the gate passed",
             action="Maintenance",
         )
-    return replace(p, step=Step.DONE, since=stamp, detail="gate passed; returned")
+    return replace(p, step=RolloutStep.DONE, since=stamp, detail="gate passed; returned")
 
 
 # -- the report ---------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from gpuheal.config import CheckpointConfig
 from gpuheal.model import PodView
 
 
-class Step(StrEnum):
+class CheckpointStep(StrEnum):
     REQUEST = "request"  # not asked yet: ask now, evict later
     WAITING = "waiting"  # asked, its deadline ahead, not done
     DONE = "done"  # it said its checkpoint is saved: evict now
@@ -29,14 +29,14 @@ class Step(StrEnum):
 @dataclass(frozen=True)
 class PodCheckpoint:
     pod: PodView
-    step: Step
+    step: CheckpointStep
     # The pod's deadline, RFC 3339 (whole seconds): the one asked now for REQUEST;
     # "" when the pod's value cannot be read.
     deadline: str
 
     @property
     def evict_now(self) -> bool:
-        return self.step in (Step.DONE, Step.TIMED_OUT)
+        return self.step in (CheckpointStep.DONE, CheckpointStep.TIMED_OUT)
 
     def seconds_left(self, now: dt.datetime) -> float:
         """Until the deadline (0 when it is passed or unknown)."""
@@ -50,22 +50,26 @@ def where(pod: PodView, config: CheckpointConfig, now: dt.datetime) -> PodCheckp
     move its deadline."""
     if not pod.checkpoint_requested:
         asked = iso(now + dt.timedelta(seconds=config.wait_seconds), "seconds")
-        return PodCheckpoint(pod, Step.REQUEST, asked)
+        return PodCheckpoint(pod, CheckpointStep.REQUEST, asked)
     deadline = parse_time(pod.checkpoint_requested)
     if deadline is None:
         # Not a time: no deadline to wait for, and the fault's drain must not hang.
-        return PodCheckpoint(pod, Step.TIMED_OUT, "")
+        return PodCheckpoint(pod, CheckpointStep.TIMED_OUT, "")
     said = iso(deadline, "seconds")
     if pod.checkpoint_done:
-        return PodCheckpoint(pod, Step.DONE, said)
+        return PodCheckpoint(pod, CheckpointStep.DONE, said)
     if now >= deadline:
-        return PodCheckpoint(pod, Step.TIMED_OUT, said)
-    return PodCheckpoint(pod, Step.WAITING, said)
+        return PodCheckpoint(pod, CheckpointStep.TIMED_OUT, said)
+    return PodCheckpoint(pod, CheckpointStep.WAITING, said)
 
 
 def next_look(standing: list[PodCheckpoint], now: dt.datetime) -> float | None:
     """Seconds until the first deadline of the pods still waiting (None: none waits):
     the node is looked at again then, not polled; a pod saying done is an event."""
-    waits = [c.seconds_left(now) for c in standing if c.step in (Step.REQUEST, Step.WAITING)]
+    waits = [
+        c.seconds_left(now)
+        for c in standing
+        if c.step in (CheckpointStep.REQUEST, CheckpointStep.WAITING)
+    ]
     # A request's deadline is in whole seconds: never look before it has passed.
     return max(min(waits), 0.05) if waits else None

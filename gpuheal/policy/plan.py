@@ -42,7 +42,7 @@ from gpuheal.model import (
 from gpuheal.policy import validation
 from gpuheal.policy.backoff import Blocked
 from gpuheal.policy.breaker import breaker_allows
-from gpuheal.policy.checkpoint import PodCheckpoint, Step, next_look, where
+from gpuheal.policy.checkpoint import CheckpointStep, PodCheckpoint, next_look, where
 from gpuheal.policy.gate import GateResult, evaluate, facts_from_views
 from gpuheal.policy.history import opened_at
 from gpuheal.policy.nodes import in_maintenance
@@ -1036,9 +1036,9 @@ def _ask(fault: _Fault, standing: list[PodCheckpoint], now: dt.datetime) -> list
     also written when the pods were asked but the record does not say so (the
     controller stopped between the two)."""
     record, signal = fault.record, fault.signal
-    new = [c for c in standing if c.step is Step.REQUEST]
+    new = [c for c in standing if c.step is CheckpointStep.REQUEST]
     said = any(a.action == Entry.CHECKPOINT_REQUESTED for a in record.actions)
-    waiting = [c for c in standing if c.step is Step.WAITING]
+    waiting = [c for c in standing if c.step is CheckpointStep.WAITING]
     if not new and (said or not waiting):
         return []
     asked = new or waiting
@@ -1075,7 +1075,7 @@ def _checkpoint_outcomes(
     for c in evicted:
         if c.pod.key in told:
             continue
-        if c.step is Step.DONE:
+        if c.step is CheckpointStep.DONE:
             entry = _entry(now, Entry.CHECKPOINTED, detail=f"{c.pod.key}: said done")
         else:
             by = f"by {c.deadline}" if c.deadline else "(its deadline is not a time)"
@@ -1240,7 +1240,7 @@ def _cleared(record: FaultRecord, now: dt.datetime) -> ActionEntry:
     return _entry(now, Entry.RECOVERED, detail="fault cleared before approval; nothing done")
 
 
-def _validation_actions(record: FaultRecord, checked: validation.Step) -> list[Action]:
+def _validation_actions(record: FaultRecord, checked: validation.ValidationStep) -> list[Action]:
     return [
         *checked.jobs,
         *(UpdateRecord(record.name, record.phase, e) for e in checked.entries),

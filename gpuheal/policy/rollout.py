@@ -30,7 +30,7 @@ class Phase(StrEnum):
     ABORTED = "Aborted"
 
 
-class Step(StrEnum):
+class RolloutStep(StrEnum):
     """A node's progress, in order; FAILED_HELD: the gate refused it (or the change
     never came), and it stays in maintenance for a person."""
 
@@ -43,7 +43,9 @@ class Step(StrEnum):
 
 
 # Taken out of service by the roll-out and not given back yet.
-IN_FLIGHT = frozenset({Step.DRAINING, Step.WAITING, Step.GATING, Step.FAILED_HELD})
+IN_FLIGHT = frozenset(
+    {RolloutStep.DRAINING, RolloutStep.WAITING, RolloutStep.GATING, RolloutStep.FAILED_HELD}
+)
 # Phases nothing drives any more.
 FINAL = frozenset({Phase.COMPLETED, Phase.ABORTED})
 
@@ -87,7 +89,7 @@ class Target:
 class NodeProgress:
     name: str
     batch: int
-    step: Step
+    step: RolloutStep
     since: str = ""
     detail: str = ""
 
@@ -96,7 +98,7 @@ def plan_order(nodes: Iterable[str], canary: int, batch_size: int) -> list[NodeP
     """The roll-out's order: by name (stable across restarts), the canary batch 0."""
     ordered = sorted(set(nodes))
     return [
-        NodeProgress(name, batch_of(i, canary, batch_size), Step.PENDING)
+        NodeProgress(name, batch_of(i, canary, batch_size), RolloutStep.PENDING)
         for i, name in enumerate(ordered)
     ]
 
@@ -146,23 +148,23 @@ class Budget:
 
 def current_batch(progress: Sequence[NodeProgress]) -> int | None:
     """The lowest batch with a node not done; None when all are."""
-    open_batches = [p.batch for p in progress if p.step is not Step.DONE]
+    open_batches = [p.batch for p in progress if p.step is not RolloutStep.DONE]
     return min(open_batches) if open_batches else None
 
 
 def next_to_start(progress: Sequence[NodeProgress], budget: Budget) -> list[str]:
     """The pending nodes to take out now: none while a node is held (the first
     failure stops the roll-out), only the current batch's, as many as the room."""
-    if any(p.step is Step.FAILED_HELD for p in progress):
+    if any(p.step is RolloutStep.FAILED_HELD for p in progress):
         return []
     batch = current_batch(progress)
     if batch is None:
         return []
-    pending = [p.name for p in progress if p.batch == batch and p.step is Step.PENDING]
+    pending = [p.name for p in progress if p.batch == batch and p.step is RolloutStep.PENDING]
     return pending[: budget.room]
 
 
-def counts(progress: Sequence[NodeProgress]) -> Counter[Step]:
+def counts(progress: Sequence[NodeProgress]) -> Counter[RolloutStep]:
     return Counter(p.step for p in progress)
 
 
@@ -185,7 +187,7 @@ def driver_rollout_view(
     if not target:
         return None
     step = next((p.step for p in progress if p.name == node), None)
-    rolled = step is not None and step not in (Step.PENDING, Step.DRAINING)
+    rolled = step is not None and step not in (RolloutStep.PENDING, RolloutStep.DRAINING)
     return RolloutDriver(target=target, rolled=rolled)
 
 

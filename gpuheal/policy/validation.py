@@ -262,7 +262,7 @@ def deadline(pod: ValidationPod | None, cfg: ValidationConfig) -> float:
 
 
 @dataclass(frozen=True)
-class Step:
+class ValidationStep:
     """One look at a record's validation: the verdict (None: not yet, the node waits),
     what to do, the record's new entries and the Events (reason, note, warning)."""
 
@@ -305,7 +305,7 @@ def step(
     pods: Mapping[str, ValidationPod],
     config: Config,
     now: dt.datetime,
-) -> Step:
+) -> ValidationStep:
     """The record's validation, level-triggered from its entries and the Job's pod
     (`pods`: the node's validation pods by Job name)."""
     cfg = config.health_gate.validation
@@ -314,9 +314,11 @@ def step(
     at = (parse_time(last.time) if last else None) or now
     elapsed = (now - at).total_seconds()
     if last is not None and last.action == Entry.VALIDATION_PASSED:
-        return Step(Validated(True, last.detail))
+        return ValidationStep(Validated(True, last.detail))
     if last is not None and last.action == Entry.VALIDATION_FAILED and elapsed < cfg.retry_seconds:
-        return Step(Validated(False, last.detail), requeue_after=cfg.retry_seconds - elapsed)
+        return ValidationStep(
+            Validated(False, last.detail), requeue_after=cfg.retry_seconds - elapsed
+        )
     if last is None or last.action == Entry.VALIDATION_FAILED:
         started = _start(record, node, attempt.number + 1, config, now)
         pod = pods.get(started.job)
@@ -345,14 +347,14 @@ def _judged(
     elapsed: float,
     cfg: ValidationConfig,
     now: dt.datetime,
-) -> Step:
+) -> ValidationStep:
     """A started attempt: its verdict recorded and its Job deleted, or a wait."""
     verdict = judge(pod, elapsed, cfg)
     if verdict is None:
-        return Step(None, requeue_after=max(deadline(pod, cfg) - elapsed, 0.1), job=name)
+        return ValidationStep(None, requeue_after=max(deadline(pod, cfg) - elapsed, 0.1), job=name)
     detail = f"{name}: {verdict.reason}"
     if verdict.passed:
-        return Step(
+        return ValidationStep(
             Validated(True, detail),
             jobs=(DeleteValidationJob(name),),
             entries=(_entry(now, Entry.VALIDATION_PASSED, "ok", detail),),
@@ -362,7 +364,7 @@ def _judged(
             job=name,
         )
     note = f"fault {record.fault_id}: health gate failed, node stays tainted; validation {detail}"
-    return Step(
+    return ValidationStep(
         Validated(False, detail),
         jobs=(DeleteValidationJob(name),),
         entries=(_entry(now, Entry.VALIDATION_FAILED, "failed", detail),),
@@ -374,7 +376,7 @@ def _judged(
 
 def _start(
     record: FaultRecord, node: NodeView, attempt: int, config: Config, now: dt.datetime
-) -> Step:
+) -> ValidationStep:
     cfg = config.health_gate.validation
     pool = pool_of(node.labels, config)
     resource = pool_config(pool, config).resource
@@ -382,13 +384,13 @@ def _start(
     name = job_name(record.name, attempt)
     if gpus <= 0:
         detail = f"{name}: not started: the node offers no {resource} to validate"
-        return Step(
+        return ValidationStep(
             Validated(False, detail),
             entries=(_entry(now, Entry.VALIDATION_FAILED, "failed", detail),),
             events=((Reason.GATE_FAILED, f"fault {record.fault_id}: validation {detail}", True),),
             requeue_after=cfg.retry_seconds,
         )
-    return Step(
+    return ValidationStep(
         None,
         jobs=(CreateValidationJob(node.name, pool, name, record.name, resource, gpus),),
         entries=(_entry(now, Entry.VALIDATION_START, "ok", f"{name} on {gpus} {resource}"),),

@@ -237,7 +237,7 @@ def series_counts(result: object) -> dict[str, int]:
 
 
 @dataclass(frozen=True)
-class Finding:
+class DcgmFinding:
     node: str
     query: Query
     gpu: str  # UUID, else the gpu index
@@ -266,7 +266,7 @@ class Dropped:
 
 @dataclass(frozen=True)
 class Reading:
-    findings: list[Finding] = field(default_factory=list)
+    findings: list[DcgmFinding] = field(default_factory=list)
     dropped: list[Dropped] = field(default_factory=list)
 
 
@@ -345,12 +345,12 @@ def interpret(query: Query, result: object) -> Reading:
             reading.dropped.append(Dropped(series_text(labels), text(str(value[1]), 64), why))
             continue
         namespace, pod = workload(labels)
-        reading.findings.append(Finding(node, query, gpu, number, host_label, namespace, pod))
+        reading.findings.append(DcgmFinding(node, query, gpu, number, host_label, namespace, pod))
     return reading
 
 
 def signal_for(
-    finding: Finding,
+    finding: DcgmFinding,
     fault_id: str,
     detected_at: str = "",
     overrides: Mapping[int, XidRow] | None = None,

@@ -13,7 +13,7 @@ import yaml
 from prometheus_client import generate_latest
 
 from gpuheal.agent.fakenvml import FakeNvml
-from gpuheal.agent.findings import Finding, Health, ProbeResult, Verdict, verdict, with_access
+from gpuheal.agent.findings import Health, ProbeFinding, ProbeResult, Verdict, verdict, with_access
 from gpuheal.agent.nvml import NvmlProbe, Thresholds, loaded_library
 from gpuheal.config import Config
 from gpuheal.kube.projections import NodeJson
@@ -101,7 +101,11 @@ def test_each_missing_piece_is_a_reason_the_worst_first() -> None:
 HEALTHY = verdict([ProbeResult("nvml", ran=True, level=True)])
 UNRAN = verdict([ProbeResult("nvml", ran=False, level=True, error="NVML unavailable: x")])
 FAULTY = verdict(
-    [ProbeResult("nvml", ran=True, level=True, findings=(Finding("GpuLost", Severity.P0, "m"),))]
+    [
+        ProbeResult(
+            "nvml", ran=True, level=True, findings=(ProbeFinding("GpuLost", Severity.P0, "m"),)
+        )
+    ]
 )
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpuheal.agent.debounce import Debounce, step
-from gpuheal.agent.findings import Finding, Health, ProbeResult, Verdict, verdict
+from gpuheal.agent.findings import Health, ProbeFinding, ProbeResult, Verdict, verdict
 from gpuheal.agent.reporter import desired
 from gpuheal.model import FAULT_SEVERITY, Severity
 
@@ -75,10 +75,12 @@ def test_verdict_unknown_only_when_no_level_probe_ran() -> None:
     fine = ProbeResult("smi", ran=True, level=True)
     assert verdict([hung, fine, events]).health is Health.HEALTHY
     xid = ProbeResult(
-        "events", ran=True, findings=(Finding("XidCritical79", Severity.P0, "m", ("g",)),)
+        "events", ran=True, findings=(ProbeFinding("XidCritical79", Severity.P0, "m", ("g",)),)
     )
     assert verdict([hung, xid]).health is Health.FAULTY  # a finding beats not knowing
-    app = ProbeResult("events", ran=True, findings=(Finding("XidApplication13", Severity.P2, "m"),))
+    app = ProbeResult(
+        "events", ran=True, findings=(ProbeFinding("XidApplication13", Severity.P2, "m"),)
+    )
     assert verdict([fine, app]).health is Health.HEALTHY  # application Xids are not node faults
 
 

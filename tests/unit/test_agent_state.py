@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpuheal.agent.app import StickyEvents
-from gpuheal.agent.findings import Finding
+from gpuheal.agent.findings import ProbeFinding
 from gpuheal.agent.kmsg import Cursor
 from gpuheal.model import Severity
 from tests import corpus
@@ -77,7 +77,7 @@ def test_a_broken_faults_file_is_set_aside_and_counted(shape: str, tmp_path: Pat
     assert sticky.current() == ()
     assert seen == [1]
     assert (tmp_path / "agent-state-faults.json.corrupt").exists()
-    sticky.add(Finding("XidCritical79", Severity.P0, "Xid 79", (GPU,)))
+    sticky.add(ProbeFinding("XidCritical79", Severity.P0, "Xid 79", (GPU,)))
     again = StickyEvents(path, "boot-1", None, counted=lambda: seen.append(1))
     assert [f.reason for f in again.current()] == ["XidCritical79"]
     assert seen == [1]
@@ -92,7 +92,7 @@ def test_what_the_agent_wrote_before_is_read_back_and_another_boot_starts_empty(
     path.write_text(json.dumps({"boot_id": "boot-1", "items": {f"XidCritical79/{GPU}": item}}))
     seen: list[int] = []
     (finding,) = StickyEvents(path, "boot-1", None, counted=lambda: seen.append(1)).current()
-    assert finding == Finding("XidCritical79", Severity.P0, "Xid 79", (GPU,), immediate=True)
+    assert finding == ProbeFinding("XidCritical79", Severity.P0, "Xid 79", (GPU,), immediate=True)
     assert StickyEvents(path, "boot-2", None, counted=lambda: seen.append(1)).current() == ()
     cursor = tmp_path / "agent-state.json"
     cursor.write_text(json.dumps({"boot_id": "boot-1", "seq": 41}))

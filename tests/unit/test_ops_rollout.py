@@ -14,7 +14,7 @@ from gpuheal.kube.projections import NodeJson
 from gpuheal.kube.rollouts import RolloutJson
 from gpuheal.model import MAINTENANCE_TAINT_KEY, STATE_LABEL, TAINT_KEY
 from gpuheal.ops.rollout import budget_of
-from gpuheal.policy.rollout import Step, plan_order
+from gpuheal.policy.rollout import RolloutStep, plan_order
 from tests.corpus import eks_node_names
 
 CONFIG = Config(pools=PoolsConfig(label="gpuheal.io/pool"), breaker_max_nodes=4)
@@ -68,7 +68,7 @@ def test_every_node_of_the_pool_out_counts_and_the_fleets_faults_and_maintenance
         node(NAMES[7], pool="b"),
     ]
     progress = plan_order(NAMES[:5], 1, 2)
-    progress[3] = replace(progress[3], step=Step.DRAINING)  # written, not cordoned yet
+    progress[3] = replace(progress[3], step=RolloutStep.DRAINING)  # written, not cordoned yet
     budget = budget_of(ROLLOUT, fleet, progress, CONFIG)
     assert budget.pool_unavailable == frozenset(NAMES[:4])
     assert budget.pool_allowed == 3

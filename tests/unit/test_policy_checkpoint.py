@@ -11,7 +11,7 @@ import pytest
 from gpuheal.clock import iso
 from gpuheal.config import CheckpointConfig, ConfigError, parse_config
 from gpuheal.model import FAULT_REASON, FAULT_SEVERITY, ActionEntry, Phase, PodView, Severity
-from gpuheal.policy.checkpoint import Step, next_look, where
+from gpuheal.policy.checkpoint import CheckpointStep, next_look, where
 from gpuheal.policy.plan import Emit, Evict, NodeState, Plan, RequestCheckpoint, UpdateRecord, plan
 from gpuheal.vocabulary import Entry, Reason
 from tests.unit.test_policy_plan import CONFIG, NOW, faulty, gpu_pod, kinds, record, tainted
@@ -54,15 +54,15 @@ REQUEST_ENTRY = ActionEntry(iso(NOW), Entry.CHECKPOINT_REQUESTED, "waiting", "as
 
 def test_a_pod_not_yet_asked_is_asked_with_a_deadline_of_now_plus_the_wait() -> None:
     standing = where(gpu_pod("a"), ASKED.checkpoint, NOW)
-    assert standing.step is Step.REQUEST
+    assert standing.step is CheckpointStep.REQUEST
     assert standing.deadline == "2026-11-29T12:05:00Z"
     assert not standing.evict_now
 
 
 def test_an_asked_pod_waits_until_its_own_deadline_then_times_out() -> None:
     pod = asked(gpu_pod("a"))
-    assert where(pod, ASKED.checkpoint, later(299)).step is Step.WAITING
-    assert where(pod, ASKED.checkpoint, later(300)).step is Step.TIMED_OUT
+    assert where(pod, ASKED.checkpoint, later(299)).step is CheckpointStep.WAITING
+    assert where(pod, ASKED.checkpoint, later(300)).step is CheckpointStep.TIMED_OUT
     assert where(pod, ASKED.checkpoint, later(300)).evict_now
 
 
@@ -72,22 +72,22 @@ def test_the_deadline_is_the_pods_not_the_configs_nor_the_process() -> None:
     pod = asked(gpu_pod("a"), deadline=later(120))
     longer = CheckpointConfig(reasons=("XidCritical79",), wait_seconds=3600)
     standing = where(pod, longer, later(60))
-    assert standing.step is Step.WAITING
+    assert standing.step is CheckpointStep.WAITING
     assert standing.deadline == iso(later(120), "seconds")
     assert standing.seconds_left(later(60)) == 60
-    assert where(pod, longer, later(120)).step is Step.TIMED_OUT
+    assert where(pod, longer, later(120)).step is CheckpointStep.TIMED_OUT
 
 
 def test_a_pod_that_says_done_goes_at_once_even_before_its_deadline() -> None:
     pod = asked(gpu_pod("a"), done=iso(later(10), "seconds"))
     standing = where(pod, ASKED.checkpoint, later(10))
-    assert standing.step is Step.DONE and standing.evict_now
+    assert standing.step is CheckpointStep.DONE and standing.evict_now
 
 
 def test_a_deadline_that_is_not_a_time_does_not_hold_the_drain() -> None:
     pod = replace(gpu_pod("a"), checkpoint_requested="soon")
     standing = where(pod, ASKED.checkpoint, NOW)
-    assert standing.step is Step.TIMED_OUT and standing.deadline == ""
+    assert standing.step is CheckpointStep.TIMED_OUT and standing.deadline == ""
 
 
 def test_the_next_look_is_the_first_deadline_of_the_pods_still_waiting() -> None:

@@ -16,7 +16,7 @@ from gpuheal.policy.rollout import (
     Budget,
     NodeProgress,
     RolloutDriver,
-    Step,
+    RolloutStep,
     Target,
     allowed_unavailable,
     batch_of,
@@ -38,7 +38,7 @@ def budget(out: int = 0, allowed: int = 3, fleet_out: int = 0, fleet_allowed: in
     return Budget(frozenset(f"busy-{i}" for i in range(out)), allowed, fleet_out, fleet_allowed)
 
 
-def with_steps(progress: list[NodeProgress], steps: dict[str, Step]) -> list[NodeProgress]:
+def with_steps(progress: list[NodeProgress], steps: dict[str, RolloutStep]) -> list[NodeProgress]:
     return [replace(p, step=steps.get(p.name, p.step)) for p in progress]
 
 
@@ -52,14 +52,14 @@ def test_the_canary_is_batch_0_then_batches_of_the_batch_size_in_name_order() ->
 def test_only_the_canary_starts_first_and_nothing_else_until_it_is_done() -> None:
     order = plan_order(NODES, canary=1, batch_size=3)
     assert next_to_start(order, budget()) == NODES[:1]
-    waiting = with_steps(order, {NODES[0]: Step.WAITING})
+    waiting = with_steps(order, {NODES[0]: RolloutStep.WAITING})
     assert next_to_start(waiting, budget(out=1)) == []
-    done = with_steps(order, {NODES[0]: Step.DONE})
+    done = with_steps(order, {NODES[0]: RolloutStep.DONE})
     assert next_to_start(done, budget()) == NODES[1:4]
 
 
 def test_a_batch_takes_only_as_many_nodes_as_the_budget_has_room_for() -> None:
-    done = with_steps(plan_order(NODES, canary=1, batch_size=3), {NODES[0]: Step.DONE})
+    done = with_steps(plan_order(NODES, canary=1, batch_size=3), {NODES[0]: RolloutStep.DONE})
     # One node of the pool quarantined by a fault: two of the batch now, the third later.
     assert next_to_start(done, budget(out=1)) == NODES[1:3]
     assert next_to_start(done, budget(out=3)) == []
@@ -71,7 +71,7 @@ def test_a_batch_takes_only_as_many_nodes_as_the_budget_has_room_for() -> None:
 def test_the_first_held_node_stops_every_start() -> None:
     done = with_steps(
         plan_order(NODES, canary=1, batch_size=3),
-        {NODES[0]: Step.DONE, NODES[1]: Step.FAILED_HELD, NODES[2]: Step.DONE},
+        {NODES[0]: RolloutStep.DONE, NODES[1]: RolloutStep.FAILED_HELD, NODES[2]: RolloutStep.DONE},
     )
     assert next_to_start(done, budget(allowed=12)) == []
 
@@ -97,18 +97,18 @@ def test_starts_never_exceed_the_room_nor_leave_the_current_batch(
 ) -> None:
     names = [f"n{i:02d}" for i in range(size)]
     order = plan_order(names, canary, batch_size)
-    steps = data.draw(st.lists(st.sampled_from(list(Step)), min_size=size, max_size=size))
+    steps = data.draw(st.lists(st.sampled_from(list(RolloutStep)), min_size=size, max_size=size))
     progress = [replace(p, step=s) for p, s in zip(order, steps, strict=True)]
     out = data.draw(st.integers(0, allowed + 2))
     started = next_to_start(progress, budget(out=out, allowed=allowed))
     assert len(started) <= max(0, allowed - out)
     by_name = {p.name: p for p in progress}
-    assert all(by_name[n].step is Step.PENDING for n in started)
+    assert all(by_name[n].step is RolloutStep.PENDING for n in started)
     if started:
         batch = by_name[started[0]].batch
         assert {by_name[n].batch for n in started} == {batch}
-        assert all(p.step is Step.DONE for p in progress if p.batch < batch)
-        assert not any(p.step is Step.FAILED_HELD for p in progress)
+        assert all(p.step is RolloutStep.DONE for p in progress if p.batch < batch)
+        assert not any(p.step is RolloutStep.FAILED_HELD for p in progress)
 
 
 def test_the_roll_out_is_named_after_its_pool_validly_and_distinctly() -> None:
@@ -167,10 +167,10 @@ def test_a_node_not_rolled_yet_runs_what_the_pool_ran_before_even_once_outnumber
 
 def test_the_gates_view_of_a_roll_out_per_node() -> None:
     progress = [
-        NodeProgress("a", 0, Step.DONE),
-        NodeProgress("b", 1, Step.GATING),
-        NodeProgress("c", 1, Step.DRAINING),
-        NodeProgress("d", 2, Step.PENDING),
+        NodeProgress("a", 0, RolloutStep.DONE),
+        NodeProgress("b", 1, RolloutStep.GATING),
+        NodeProgress("c", 1, RolloutStep.DRAINING),
+        NodeProgress("d", 2, RolloutStep.PENDING),
     ]
     views = {n: driver_rollout_view(NEW, progress, n) for n in "abcde"}
     assert {n: v.rolled for n, v in views.items() if v} == {

@@ -173,7 +173,7 @@ def _held(severity: Severity) -> FaultSignal:
 
 def _dcgm_signal(query: str) -> FaultSignal:
     (found,) = [q for q in dcgm.queries(85, 95) if q.name == query]
-    finding = dcgm.Finding(N1, found, GPU_UUIDS[0], 79.0 if query == "xid" else 1.0)
+    finding = dcgm.DcgmFinding(N1, found, GPU_UUIDS[0], 79.0 if query == "xid" else 1.0)
     return dcgm.signal_for(finding, f"dcgm-{query}-1", "2026-12-01T02:30:00Z")
 
 
