@@ -120,6 +120,9 @@ class Runner:
             if decided.new_quarantine:
                 return AT_ONCE  # the node needs its fence first: its own guard
             ran = await self._run(decided, state, decided.actions, done, outcome)
+            # Its record entries too are written before another worker counts the
+            # repairs in flight (the requests themselves are on the nodes already).
+            await self.executor.flush(outcome, state)
             return decided, state, ran, Then.LATER
         if not decided.new_quarantine:
             # Not a new quarantine any more (the breaker filled: Held): run it whole.
