@@ -21,7 +21,8 @@ from prometheus_client import CollectorRegistry
 
 from gpuheal.api.server import decode_webhook
 from gpuheal.config import parse_config
-from gpuheal.controller.executor import Executor, WriteThrough
+from gpuheal.controller.effects.context import WriteThrough
+from gpuheal.controller.executor import Executor
 from gpuheal.controller.fleet import Fleet
 from gpuheal.controller.intake import ControllerIntake
 from gpuheal.controller.reconciler import Reconciler

@@ -46,6 +46,8 @@ SUSPECT_DEVICES = "gpuheal.io/suspect-devices"
 UNKNOWN_DEVICES = "gpuheal.io/unknown-devices"
 # Canary pods the controller runs before it releases a device.
 CANARY_LABEL = "gpuheal.io/canary"
+# On a canary pod or a validation Job: the GPUFault it was started for.
+RECORD_ANNOTATION = "gpuheal.io/fault-record"
 
 # Facts the agent reports on its Node for the health gate, `status` and `audit`.
 DRIVER_VERSION = "gpuheal.io/driver-version"

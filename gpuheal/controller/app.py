@@ -24,7 +24,8 @@ from gpuheal.api.server import Api, ApiSettings, serve
 from gpuheal.api.token import ApiTokens
 from gpuheal.config import Config, ConfigError, load_config
 from gpuheal.controller.dcgm_source import DcgmSource
-from gpuheal.controller.executor import Crashpoint, Executor, WriteThrough
+from gpuheal.controller.effects.context import WriteThrough
+from gpuheal.controller.executor import Crashpoint, Executor
 from gpuheal.controller.fleet import Fleet
 from gpuheal.controller.handlers import EventHandlers
 from gpuheal.controller.intake import ConsoleCaches, ControllerIntake
@@ -153,15 +154,7 @@ class Controller:
             backoff_max_s=config.eviction_retry_max_seconds,
             jitter=0.1,
         )
-        caches = WriteThrough(
-            node=self.nodes.get,
-            record=self.records.get,
-            put_node=lambda v: self.nodes.upsert(v, v.resource_version),
-            put_record=lambda v: self.records.upsert(v, v.resource_version),
-            put_pod=lambda v: self.pods.upsert(v, v.resource_version),
-            # No version yet: any watch event for the canary replaces this placeholder.
-            put_canary=lambda v: self.canaries.upsert(v, "0"),
-        )
+        caches = WriteThrough.over(self.nodes, self.records, self.pods, self.canaries)
         self.recorder = EventRecorder(
             api, identity, counted=lambda result: self.metrics.events.labels(result).inc()
         )

@@ -64,7 +64,7 @@ class ControllerIntake:
         # Xids that are no node fault, from every pushed source: counted, told the pod.
         self.observed = ObservedXids(
             reconciler.metrics,
-            reconciler.executor.recorder,
+            reconciler.executor.effects.recorder,
             self.caches.pods.get,
             ttl_s=reconciler.config().external_signal_ttl_seconds,
         )
@@ -162,12 +162,12 @@ class ControllerIntake:
         to answer when the record changed meanwhile."""
         executor = self.reconciler.executor
         try:
-            raw = await executor.api.patch(gpufault_path(record.name, status=True), patch)
+            raw = await executor.effects.api.patch(gpufault_path(record.name, status=True), patch)
         except ApiError as err:
             if err.code != 409:
                 raise
             return 409, {"error": f"GPUFault {record.name} changed meanwhile; look again"}
-        executor.caches.put_record(decode_fault(raw))
+        executor.effects.caches.put_record(decode_fault(raw))
         return None
 
     async def answer(self, wanted: str, decision: str, by: str) -> tuple[int, dict[str, Any]]:
@@ -226,7 +226,7 @@ class ControllerIntake:
         if conflict is not None:
             return conflict
         node = self.nodes.get(record.node)
-        self.reconciler.executor.recorder.emit(
+        self.reconciler.executor.effects.recorder.emit(
             node_ref(record.node, node.uid, node.resource_version)
             if node
             else node_ref(record.node),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from gpuheal.controller.executor import PassOutcome
+from gpuheal.controller.effects.context import PassOutcome
 from gpuheal.controller.notify import Notice
 from gpuheal.model import FaultRecord, Phase
 from gpuheal.policy.devices import (

@@ -20,7 +20,8 @@ from dataclasses import replace
 
 from gpuheal.config import Config
 from gpuheal.controller.devices import DeviceReports
-from gpuheal.controller.executor import Executor, PassOutcome, Replan
+from gpuheal.controller.effects.context import PassOutcome, Replan
+from gpuheal.controller.executor import Executor
 from gpuheal.controller.fleet import Fleet
 from gpuheal.controller.handlers import reconciling
 from gpuheal.controller.leaving import LeavingPods
@@ -304,7 +305,7 @@ class Reconciler:
             "fault on an unmanaged GPU node",
             extra={"node": node.name, "fault_id": signal.fault_id, "reason": signal.reason},
         )
-        self.executor.recorder.emit(
+        self.executor.effects.recorder.emit(
             node_ref(node.name, node.uid, node.resource_version),
             reason=Reason.NODE_UNMANAGED,
             note=f"{signal.reason} (fault {signal.fault_id}, {signal.source}) reported on a "

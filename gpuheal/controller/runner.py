@@ -23,7 +23,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpuheal.controller.executor import Executor, PassOutcome, Replan
+from gpuheal.controller.effects.context import PassOutcome, Replan
+from gpuheal.controller.executor import Executor
 from gpuheal.controller.result import DONE, Result
 from gpuheal.policy.plan import Action, Guard, NodeState, Plan, PlanStep, Then
 

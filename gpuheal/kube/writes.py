@@ -9,25 +9,34 @@ the real API server as server-side dry runs). The executor sends them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from gpuheal import values
 from gpuheal.clock import parse_time
 from gpuheal.model import (
+    CANARY_LABEL,
+    CHECKPOINT_REQUESTED,
     GPUFAULT_API_VERSION,
     GPUFAULT_KIND,
     HANDLED_AT,
     HANDLED_FAULT_ID,
     LAST_PROCESS_TIME,
     NODE_LABEL,
+    QUARANTINED_DEVICES,
+    RECORD_ANNOTATION,
+    REPAIR_REQUEST,
     STATE_LABEL,
+    SUSPECT_DEVICES,
     TAINT_KEY,
+    UNKNOWN_DEVICES,
     ActionEntry,
     FaultRecord,
     FaultSignal,
     Mode,
     NodeView,
     Phase,
+    PodView,
     RepairApproval,
 )
 
@@ -99,7 +108,7 @@ def action_entry(entry: ActionEntry) -> dict[str, str]:
     }
 
 
-def repair_approval(asked: RepairApproval) -> dict[str, Any]:
+def _repair_approval(asked: RepairApproval) -> dict[str, Any]:
     """status.repairApproval as the controller asks it (a merge patch): the attempt's
     question, and the answer to an earlier attempt removed (null)."""
     return {
@@ -119,12 +128,50 @@ def record_status(phase: Phase, entries: list[ActionEntry], **fields: Any) -> di
     }
 
 
+def news_patch(
+    version: str,
+    phase: Phase,
+    entries: list[ActionEntry],
+    *,
+    evicted: list[str] | None,
+    recovering_since: str | None,
+    expiry: str | None,
+    plan: dict[str, Any] | None,
+    contact_support: bool,
+    repair_approval: RepairApproval | None,
+) -> dict[str, Any]:
+    """A pass's status patch of a GPUFault under its resourceVersion: phase and entries,
+    and each other field only where the pass set it (None: left as it is;
+    recovering_since "": removed)."""
+    body = record_status(phase, entries)
+    status = body["status"]
+    if evicted is not None:
+        status["evictedPods"] = evicted
+    if recovering_since is not None:
+        status["recoveringSince"] = recovering_since or None
+    if expiry is not None:
+        status["expiry"] = expiry
+    if plan is not None:
+        status["plan"] = plan
+    if contact_support:
+        status["contactSupport"] = True
+    if repair_approval is not None:
+        status["repairApproval"] = _repair_approval(repair_approval)
+    return {"metadata": {"resourceVersion": version}} | body
+
+
 def taint_patch(
-    node: NodeView, fault_id: str | None, effect: str, *, state: str | None
+    node: NodeView,
+    fault_id: str | None,
+    effect: str,
+    *,
+    state: str | None,
+    handled_at: str | None = None,
 ) -> dict[str, Any]:
     """A merge patch setting our taint for `fault_id` (None: removing it) with the
     node's resourceVersion as precondition: everyone else's taints are kept as read.
-    `state`: the gpuheal.io/state label to set, "" to remove it, None to leave it."""
+    `state`: the gpuheal.io/state label to set, "" to remove it, None to leave it.
+    `handled_at`: the fault's handled mark goes in the same write (AddTaint.with_mark)."""
     taints = [
         {"key": t.key, "effect": t.effect, "value": t.value}
         | ({"timeAdded": t.time_added} if t.time_added else {})
@@ -136,6 +183,8 @@ def taint_patch(
     metadata: dict[str, Any] = {"resourceVersion": node.resource_version}
     if state is not None:
         metadata["labels"] = {STATE_LABEL: state or None}
+    if fault_id is not None and handled_at is not None:
+        metadata |= handled_patch(fault_id, handled_at)["metadata"]
     return {"metadata": metadata, "spec": {"taints": taints}}
 
 
@@ -149,4 +198,82 @@ def handled_patch(fault_id: str, now: str) -> dict[str, Any]:
                 LAST_PROCESS_TIME: now,
             }
         }
+    }
+
+
+def repair_request(value: str) -> dict[str, Any]:
+    """The node's repair request (gpuheal.io/repair-request: the agent's to carry out)."""
+    return {"metadata": {"annotations": {REPAIR_REQUEST: value}}}
+
+
+def device_marks(
+    quarantined: Sequence[str], suspect: Sequence[str], unknown: Sequence[str]
+) -> dict[str, Any]:
+    """The node's device marks, a merge patch of only our keys: an empty list removes
+    its annotation."""
+    marks = {QUARANTINED_DEVICES: quarantined, SUSPECT_DEVICES: suspect, UNKNOWN_DEVICES: unknown}
+    return {"metadata": {"annotations": {k: ",".join(v) or None for k, v in marks.items()}}}
+
+
+def checkpoint_request(deadline: str, version: str) -> dict[str, Any]:
+    """The pod's checkpoint request, under its resourceVersion when known (so a request
+    made meanwhile is never overwritten)."""
+    meta: dict[str, Any] = {"annotations": {CHECKPOINT_REQUESTED: deadline}}
+    if version:
+        meta["resourceVersion"] = version
+    return {"metadata": meta}
+
+
+def eviction(pod: PodView) -> dict[str, Any]:
+    """An Eviction of exactly this pod (its UID as precondition: not a new pod of its name)."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": pod.name, "namespace": pod.namespace},
+        "deleteOptions": {"preconditions": {"uid": pod.uid}},
+    }
+
+
+def pod_delete(pod: PodView) -> dict[str, Any]:
+    """DeleteOptions for exactly this pod."""
+    return {"preconditions": {"uid": pod.uid}}
+
+
+def canary_pod(
+    name: str,
+    namespace: str,
+    node: str,
+    record: str,
+    resource: str,
+    *,
+    image: str,
+    command: list[str],
+    timeout_seconds: float,
+) -> dict[str, Any]:
+    """A canary pod on one device of `node`, pinned there (the scheduler would keep off
+    a quarantined node), tolerating our taint, with no API token."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {CANARY_LABEL: "true"},
+            "annotations": {RECORD_ANNOTATION: record},
+        },
+        "spec": {
+            "nodeName": node,
+            "restartPolicy": "Never",
+            "activeDeadlineSeconds": int(timeout_seconds),
+            "automountServiceAccountToken": False,
+            "tolerations": [{"key": TAINT_KEY, "operator": "Exists"}],
+            "containers": [
+                {
+                    "name": "canary",
+                    "image": image,
+                    "command": command,
+                    "resources": {"limits": {resource: "1"}},
+                }
+            ],
+        },
     }

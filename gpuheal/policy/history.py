@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from gpuheal.clock import parse_time
@@ -28,6 +28,20 @@ FIRST_KEPT = 4  # never dropped: detect, taint, the first eviction round
 _REPEAT = re.compile(r" \((\d+) times since (\S+)\)$")
 _REPEAT_ROOM = 48  # the longest such suffix, with room to spare
 _ELIDED_COUNT = re.compile(r"^(\d+) ")
+
+
+def with_evictions(
+    entry: ActionEntry, evicted: Sequence[str], blocked: Mapping[str, str]
+) -> ActionEntry:
+    """An eviction round's entry with what came of it: how many pods were evicted,
+    and each pod still refused, by what (pod key -> what refused it)."""
+    detail, result = entry.detail, entry.result
+    if evicted:
+        detail += f"; evicted {len(evicted)}"
+    if blocked:
+        refused = ", ".join(f"{k} by {blocked[k]}" for k in sorted(blocked))
+        detail, result = f"{detail}; blocked: {refused}", "blocked"
+    return replace(entry, detail=detail, result=result)
 
 
 def opened_at(record: FaultRecord) -> dt.datetime | None:

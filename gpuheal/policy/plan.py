@@ -66,6 +66,15 @@ P1_TAINT_EFFECT = "NoSchedule"
 STATE_QUARANTINED = "quarantined"
 
 
+def state_label_with_taint(adding: bool, label: str | None) -> str | None:
+    """The gpuheal.io/state label to write with our taint's change (None: leave it,
+    "": remove it). Ours says "quarantined" and goes with our taint; any other
+    state (a person's "maintenance") is not ours to set or remove."""
+    if adding:
+        return STATE_QUARANTINED if label in (None, STATE_QUARANTINED) else None
+    return "" if label == STATE_QUARANTINED else None
+
+
 @dataclass(frozen=True)
 class CreateRecord:
     name: str

@@ -73,6 +73,11 @@ class CallReplace:
         text = f"replace attempt {self.attempt}: key {self.key}: {detail}"
         return ActionEntry(iso(now), action, result, values.text(text, values.DETAIL_MAX))
 
+    def told(self, accepted: bool, entry: ActionEntry) -> tuple[str, str, bool]:
+        """The Event after the call, as ReplaceDecision.said: (reason, note, warning)."""
+        reason = Reason.REPLACE_ACCEPTED if accepted else Reason.REPLACE_FAILED
+        return reason, f"fault {self.fault_id}: {entry.detail}", not accepted
+
 
 @dataclass(frozen=True)
 class ReplaceDecision:

@@ -26,7 +26,14 @@ from typing import Any
 from gpuheal import values
 from gpuheal.clock import iso, parse_time
 from gpuheal.config import Config, PoolValidationConfig, ValidationConfig
-from gpuheal.model import NODE_LABEL, TAINT_KEY, ActionEntry, FaultRecord, NodeView
+from gpuheal.model import (
+    NODE_LABEL,
+    RECORD_ANNOTATION,
+    TAINT_KEY,
+    ActionEntry,
+    FaultRecord,
+    NodeView,
+)
 from gpuheal.policy.gate import Validated
 from gpuheal.policy.pools import pool_config, pool_of
 from gpuheal.policy.validation_script import SCRIPT
@@ -39,7 +46,6 @@ VALIDATION_JOB_LABEL = "gpuheal.io/validation-job"
 # On the Job and its pod: the node's full name (a label holds 63 characters, a
 # node name 253, and an unscheduled pod has no spec.nodeName yet).
 NODE_ANNOTATION = "gpuheal.io/node"
-RECORD_ANNOTATION = "gpuheal.io/fault-record"
 
 JOB_PREFIX = "gpuheal-validate-"
 CONTAINER = "validate"

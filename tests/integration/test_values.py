@@ -24,7 +24,13 @@ from lightkube.types import PatchType
 from gpuheal import values
 from gpuheal.config import Config
 from gpuheal.kube.events import event_body, fault_ref, node_ref
-from gpuheal.kube.writes import fault_record, handled_patch, record_status, taint_patch
+from gpuheal.kube.writes import (
+    canary_pod,
+    device_marks,
+    fault_record,
+    news_patch,
+    taint_patch,
+)
 from gpuheal.model import (
     FAULT_DEVICES,
     FAULT_ID,
@@ -39,6 +45,7 @@ from gpuheal.model import (
     Phase,
     fault_record_name,
 )
+from gpuheal.policy.devices import canary_name
 from gpuheal.policy.plan import current_signal
 from gpuheal.sim.nodes import gpu_node
 from gpuheal.sim.resources import GPUFault
@@ -96,19 +103,49 @@ def dry_run_all(kube: Client, parked: str, signal: FaultSignal) -> None:
     view = NodeView(name=node, resource_version="")
     manifest = gpu_node(node)
     manifest["metadata"]["labels"] |= {NODE_LABEL: values.node_label(node)}
-    patch = taint_patch(view, signal.fault_id, "NoSchedule", state="quarantined")
+    patch = taint_patch(
+        view,
+        signal.fault_id,
+        "NoSchedule",
+        state="quarantined",
+        handled_at="2026-12-01T02:30:12.345Z",
+    )
     manifest["metadata"]["labels"] |= patch["metadata"]["labels"]
     manifest["spec"] = patch["spec"]
-    manifest["metadata"]["annotations"] |= handled_patch(
-        signal.fault_id, "2026-12-01T02:30:12.345Z"
-    )["metadata"]["annotations"]
+    manifest["metadata"]["annotations"] |= patch["metadata"]["annotations"]
+    marks = device_marks(signal.devices, signal.devices, ())["metadata"]["annotations"]
+    manifest["metadata"]["annotations"] |= {k: v for k, v in marks.items() if v is not None}
     dry_run_create(kube, manifest)
+    cfg = Config().device_health
+    canary = canary_pod(
+        canary_name(name, 1),
+        "default",
+        node,
+        name,
+        "nvidia.com/gpu",
+        image=cfg.canary_image,
+        command=list(cfg.canary_command),
+        timeout_seconds=cfg.canary_timeout_seconds,
+    )
+    dry_run_create(kube, canary)
     entries = [
         ActionEntry("2026-12-01T02:30:12.345Z", "detect", "ok", signal.source),
         ActionEntry("2026-12-01T02:30:13.001Z", "superseded", "ok", f"by {signal.fault_id}"),
         ActionEntry("2026-12-01T02:30:14.002Z", "evict", "blocked", signal.reason * 10),
     ]
-    status = record_status(Phase.DRAINING, entries, evictedPods=["ml-training/llama-70b-0"])
+    meta = kube.get(GPUFault, parked).metadata
+    assert meta is not None and meta.resourceVersion
+    status = news_patch(
+        meta.resourceVersion,
+        Phase.DRAINING,
+        entries,
+        evicted=["ml-training/llama-70b-0"],
+        recovering_since="",
+        expiry="2026-12-01T03:30:12.345Z",
+        plan=None,
+        contact_support=True,
+        repair_approval=None,
+    )
     try:
         kube.patch(GPUFault.Status, parked, status, patch_type=PatchType.MERGE, dry_run=True)
     except ApiError as err:

@@ -13,7 +13,8 @@ from dataclasses import dataclass, replace
 from typing import cast
 
 from gpuheal.config import Config
-from gpuheal.controller.executor import Executor, WriteThrough
+from gpuheal.controller.effects.context import WriteThrough
+from gpuheal.controller.executor import Executor
 from gpuheal.controller.fleet import Fleet
 from gpuheal.controller.handlers import EventHandlers, reconciling
 from gpuheal.controller.reconciler import Reconciler
@@ -53,13 +54,7 @@ def _reconciler() -> tuple[Loop, Informer[FaultJson, FaultRecord], Informer[PodJ
         api, gpufault_path(), FaultJson, fault_record, lambda r: r.name, name="gpufaults"
     )
     metrics = ControllerMetrics()
-    caches = WriteThrough(
-        node=nodes.get,
-        record=records.get,
-        put_node=lambda v: nodes.upsert(v, v.resource_version),
-        put_record=lambda v: records.upsert(v, v.resource_version),
-        put_pod=lambda v: pods.upsert(v, v.resource_version),
-    )
+    caches = WriteThrough.over(nodes, records, pods)
     executor = Executor(
         api,
         caches=caches,

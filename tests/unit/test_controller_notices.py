@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuheal.controller.executor import PassOutcome
+from gpuheal.controller.effects.context import PassOutcome
 from gpuheal.controller.notices import notice_for
 from gpuheal.controller.notify import Notice
 from gpuheal.model import ActionEntry, FaultRecord, FaultSignal, Mode, Phase, PodView

@@ -31,7 +31,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gpuheal.config import Config
-from gpuheal.controller.executor import Executor, WriteThrough
+from gpuheal.controller.effects.context import WriteThrough
+from gpuheal.controller.executor import Executor
 from gpuheal.controller.fleet import Fleet
 from gpuheal.controller.reconciler import Reconciler
 from gpuheal.controller.signals import ExternalSignals
@@ -259,13 +260,7 @@ async def start(api: MemoryApi) -> Process:
     told = Told(kube)
     executor = Executor(
         kube,
-        caches=WriteThrough(
-            node=nodes.get,
-            record=records.get,
-            put_node=lambda v: nodes.upsert(v, v.resource_version),
-            put_record=lambda v: records.upsert(v, v.resource_version),
-            put_pod=lambda v: pods.upsert(v, v.resource_version),
-        ),
+        caches=WriteThrough.over(nodes, records, pods),
         recorder=told,
         metrics=metrics,
         config=lambda: CONFIG,

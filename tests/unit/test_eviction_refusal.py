@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from gpuheal.controller.executor import refused_by
+from gpuheal.controller.effects.pods import refused_by
 from gpuheal.kube.api import ApiError, _error
 
 # The body kube-apiserver answers when a budget allows no disruption.

@@ -12,7 +12,7 @@ import pytest
 
 from gpuheal.clock import iso
 from gpuheal.config import ConfigError, RepairConfig, parse_config
-from gpuheal.controller.executor import PassOutcome
+from gpuheal.controller.effects.context import PassOutcome
 from gpuheal.controller.notices import notice_for
 from gpuheal.model import (
     APPROVED,
