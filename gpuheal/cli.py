@@ -160,6 +160,20 @@ def _add_selector(parser: argparse.ArgumentParser, scope: str, note: str) -> Non
     )
 
 
+def _add_eviction_options(parser: argparse.ArgumentParser) -> None:
+    """kubectl drain's: which pods a drain may evict (maintenance start, a roll-out's)."""
+    parser.add_argument(
+        "--delete-emptydir-data",
+        action="store_true",
+        help="evict pods with emptyDir volumes (their data is lost)",
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="also evict pods no controller manages (they are not recreated)",
+    )
+
+
 def _operator_options() -> argparse.ArgumentParser:
     """kubectl's habits, shared by every operator command."""
     common = argparse.ArgumentParser(add_help=False)
@@ -266,16 +280,7 @@ def _add_operator_commands(
         metavar="SECONDS",
         help="drain deadline; exit 4 with the blockers when it passes (default: config)",
     )
-    start.add_argument(
-        "--delete-emptydir-data",
-        action="store_true",
-        help="evict pods with emptyDir volumes (their data is lost)",
-    )
-    start.add_argument(
-        "--force",
-        action="store_true",
-        help="also evict pods no controller manages (they are not recreated)",
-    )
+    _add_eviction_options(start)
     start.add_argument(
         "--no-drain", action="store_true", help="mark, taint and cordon only; do not evict"
     )
@@ -421,16 +426,7 @@ def _add_rollout(
             metavar="SECONDS",
             help="how often the nodes are looked at while waiting (default 2)",
         )
-        parser.add_argument(
-            "--delete-emptydir-data",
-            action="store_true",
-            help="evict pods with emptyDir volumes (their data is lost)",
-        )
-        parser.add_argument(
-            "--force",
-            action="store_true",
-            help="also evict pods no controller manages (they are not recreated)",
-        )
+        _add_eviction_options(parser)
 
     start = step(
         "start",

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -50,29 +51,33 @@ _MODULE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _PCI_ID = re.compile(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{4}")
 
 
+def _strings_that(value: Any, fits: Callable[[str], object], must: str) -> tuple[str, ...]:
+    """A list of strings, each of which `fits`; else a ValueError: `must`, and the first
+    string that does not."""
+    items = strings(value)
+    for item in items:
+        if not fits(item):
+            raise ValueError(f"{must}, got {item!r}")
+    return items
+
+
+def _host_glob(path: str) -> bool:
+    parsed = PurePosixPath(path)
+    return path.startswith("/") and ".." not in parsed.parts and bool(parsed.name)
+
+
 def host_globs(value: Any) -> tuple[str, ...]:
-    paths = strings(value)
-    for path in paths:
-        parsed = PurePosixPath(path)
-        if not path.startswith("/") or ".." in parsed.parts or not parsed.name:
-            raise ValueError(f"must be absolute host file paths without '..', got {path!r}")
-    return paths
+    return _strings_that(value, _host_glob, "must be absolute host file paths without '..'")
 
 
 def module_names(value: Any) -> tuple[str, ...]:
-    names = strings(value)
-    for name in names:
-        if not _MODULE.fullmatch(name):
-            raise ValueError(f"must be kernel module names (letters, digits, _, -), got {name!r}")
-    return names
+    return _strings_that(
+        value, _MODULE.fullmatch, "must be kernel module names (letters, digits, _, -)"
+    )
 
 
 def pci_ids(value: Any) -> tuple[str, ...]:
-    ids = strings(value)
-    for pci in ids:
-        if not _PCI_ID.fullmatch(pci):
-            raise ValueError(f"must be PCI vendor:device ids like 10de:22a3, got {pci!r}")
-    return ids
+    return _strings_that(value, _PCI_ID.fullmatch, "must be PCI vendor:device ids like 10de:22a3")
 
 
 @dataclass(frozen=True)

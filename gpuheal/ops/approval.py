@@ -132,23 +132,34 @@ async def answerable(
     return record
 
 
+async def write_checked(
+    ctx: Context, prog: str, record: FaultRecord, patch: dict[str, Any], meanwhile: str
+) -> bytes | int:
+    """The record's status as written with `patch` (which carries the resourceVersion
+    that was checked), or the exit code after saying that the record changed meanwhile
+    (`meanwhile`: how it may have)."""
+    try:
+        return await ctx.api.patch(gpufault_path(record.name, status=True), patch)
+    except ApiError as err:
+        if err.code != 409:
+            raise
+        ctx.err.print(
+            f"{prog}: GPUFault {record.name} changed meanwhile ({meanwhile}): "
+            f"see kubectl get gf {record.name} -o yaml"
+        )
+        return exitcodes.ERROR
+
+
 async def answer(ctx: Context, wanted: str, decision: str) -> int:
     prog = "gpuheal approve" if decision == APPROVED else "gpuheal reject"
     record = await answerable(ctx, prog, wanted, refusal)
     if isinstance(record, int):
         return record
     by, at = await whoami(ctx), iso(ctx.now().astimezone(dt.UTC))
-    try:
-        body = answer_patch(record, decision, by, at)
-        written = await ctx.api.patch(gpufault_path(record.name, status=True), body)
-    except ApiError as err:
-        if err.code != 409:
-            raise
-        ctx.err.print(
-            f"{prog}: GPUFault {record.name} changed meanwhile (answered, expired or cleared): "
-            f"see kubectl get gf {record.name} -o yaml"
-        )
-        return exitcodes.ERROR
+    body = answer_patch(record, decision, by, at)
+    written = await write_checked(ctx, prog, record, body, "answered, expired or cleared")
+    if isinstance(written, int):
+        return written
     # The plan as the record holds it: the resourceVersion guard means the one checked.
     planned = msgspec.json.decode(written, type=_Planned).status
     plan = (planned.plan if planned else None) or {}

@@ -52,6 +52,15 @@ async def get_node(api: KubeApi, name: str) -> NodeJson | None:
         raise
 
 
+async def node_named(ctx: Context, prog: str, name: str) -> NodeJson | int:
+    """The node a command was given, or NOT_FOUND after `prog` said it is not there."""
+    node = await get_node(ctx.api, name)
+    if node is None:
+        ctx.err.print(Text(f"{prog}: node {name} not found", style="bold red"))
+        return exitcodes.NOT_FOUND
+    return node
+
+
 async def pods_on(api: KubeApi, node: str) -> list[PodJson]:
     return await list_all(api, ALL_PODS, PodJson, "Pod", field_selector=f"spec.nodeName={node}")
 
@@ -181,10 +190,9 @@ async def judge_node(
 async def run_gate(ctx: Context, name: str, *, validate: bool = False) -> int:
     """Print the checks, exit 0 or 64 | the failing checks' bits. Read-only, but for
     `validate`'s Job (deleted once read)."""
-    node = await get_node(ctx.api, name)
-    if node is None:
-        ctx.err.print(Text(f"gpuheal gate: node {name} not found", style="bold red"))
-        return exitcodes.NOT_FOUND
+    node = await node_named(ctx, "gpuheal gate", name)
+    if isinstance(node, int):
+        return node
     since = maintenance_since(node.metadata.annotations, ctx)
     result = await judge_node(ctx, node, since, validate=validate)
     render(GateReport(result, since), ctx.output, ctx.out)

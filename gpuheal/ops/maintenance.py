@@ -54,6 +54,7 @@ from gpuheal.ops.gate import (
     get_node,
     judge_node,
     maintenance_since,
+    node_named,
 )
 from gpuheal.ops.output import Notes, Table, render
 from gpuheal.values import label_text
@@ -497,10 +498,9 @@ async def take_out(ctx: Context, node: NodeJson, how: TakeOut) -> StartReport | 
 
 async def start(ctx: Context, args: argparse.Namespace) -> int:
     name: str = args.node
-    node = await get_node(ctx.api, name)
-    if node is None:
-        ctx.err.print(Text(f"gpuheal maintenance start: node {name} not found", style="bold red"))
-        return exitcodes.NOT_FOUND
+    node = await node_named(ctx, "gpuheal maintenance start", name)
+    if isinstance(node, int):
+        return node
     how = TakeOut(
         reason=args.reason,
         checkpoint=args.checkpoint,
@@ -524,10 +524,9 @@ async def start(ctx: Context, args: argparse.Namespace) -> int:
 
 async def finish(ctx: Context, args: argparse.Namespace) -> int:
     name: str = args.node
-    node = await get_node(ctx.api, name)
-    if node is None:
-        ctx.err.print(Text(f"gpuheal maintenance finish: node {name} not found", style="bold red"))
-        return exitcodes.NOT_FOUND
+    node = await node_named(ctx, "gpuheal maintenance finish", name)
+    if isinstance(node, int):
+        return node
     left = leftovers(node, ctx.config)
     if not left:
         ctx.err.print(

@@ -17,10 +17,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpuheal.clock import iso
-from gpuheal.kube.api import ApiError, gpufault_path
 from gpuheal.model import FaultRecord
 from gpuheal.ops import exitcodes
-from gpuheal.ops.approval import answerable, whoami
+from gpuheal.ops.approval import answerable, whoami, write_checked
 from gpuheal.ops.output import Notes, Table, render
 from gpuheal.policy.release import refusal, release_patch
 
@@ -64,15 +63,9 @@ async def release(ctx: Context, wanted: str) -> int:
     if isinstance(record, int):
         return record
     by, at = await whoami(ctx), iso(ctx.now().astimezone(dt.UTC))
-    try:
-        await ctx.api.patch(gpufault_path(record.name, status=True), release_patch(record, by, at))
-    except ApiError as err:
-        if err.code != 409:
-            raise
-        ctx.err.print(
-            f"{PROG}: GPUFault {record.name} changed meanwhile (released, quarantined or "
-            f"cleared): see kubectl get gf {record.name} -o yaml"
-        )
-        return exitcodes.ERROR
+    body = release_patch(record, by, at)
+    written = await write_checked(ctx, PROG, record, body, "released, quarantined or cleared")
+    if isinstance(written, int):
+        return written
     render(Released(record, by, at), ctx.output, ctx.out)
     return exitcodes.OK

@@ -356,22 +356,30 @@ async def _set_phase(
     return written
 
 
-async def pause(ctx: Context, args: argparse.Namespace) -> int:
-    done = await _set_phase(
-        ctx,
-        args.pool,
-        "pause",
-        {Phase.RUNNING: Phase.PAUSED, Phase.PAUSED: Phase.PAUSED},
-        f"paused by {ctx.actor}: no node is taken out; nodes in flight finish",
-    )
+async def _stop(
+    ctx: Context, pool: str, verb: str, allowed: Mapping[Phase, Phase], message: str
+) -> int:
+    """Pause or abort: the phase set (_set_phase), then the roll-out as it now stands;
+    unlike resume, this drives nothing."""
+    done = await _set_phase(ctx, pool, verb, allowed, message)
     if isinstance(done, int):
         return done
     render(RolloutReport(done), ctx.output, ctx.out)
     return exitcodes.OK
 
 
+async def pause(ctx: Context, args: argparse.Namespace) -> int:
+    return await _stop(
+        ctx,
+        args.pool,
+        "pause",
+        {Phase.RUNNING: Phase.PAUSED, Phase.PAUSED: Phase.PAUSED},
+        f"paused by {ctx.actor}: no node is taken out; nodes in flight finish",
+    )
+
+
 async def abort(ctx: Context, args: argparse.Namespace) -> int:
-    done = await _set_phase(
+    return await _stop(
         ctx,
         args.pool,
         "abort",
@@ -380,10 +388,6 @@ async def abort(ctx: Context, args: argparse.Namespace) -> int:
         "the nodes in flight through; held ones stay in maintenance "
         "(gpuheal maintenance finish returns each)",
     )
-    if isinstance(done, int):
-        return done
-    render(RolloutReport(done), ctx.output, ctx.out)
-    return exitcodes.OK
 
 
 async def resume(ctx: Context, args: argparse.Namespace) -> int:

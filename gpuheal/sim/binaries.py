@@ -36,11 +36,16 @@ class Binaries:
     node_problem_detector = _Binary("node-problem-detector")  # testenv/npd/build.sh
 
 
+def _built(env: str, cache: str) -> Path:
+    """Where a testenv build script put its output: $`env`, else .cache/`cache` in the
+    source tree (the scripts' default)."""
+    base = os.environ.get(env)
+    return Path(base) if base else _REPO_ROOT / ".cache" / cache
+
+
 def default_binaries() -> Binaries:
     """$GPUHEAL_TESTENV_DIR/bin, else .cache/testenv/bin in the source tree."""
-    base = os.environ.get(ENV_DIR)
-    root = Path(base) if base else _REPO_ROOT / ".cache" / "testenv"
-    return Binaries(root / "bin")
+    return Binaries(_built(ENV_DIR, "testenv") / "bin")
 
 
 # -- the NVML stand-in (testenv/nvml/build.sh) ---------------------------------
@@ -94,8 +99,7 @@ class NvmlStandIn:
 
 def default_nvml() -> NvmlStandIn:
     """$GPUHEAL_NVML_DIR, else .cache/nvml in the source tree."""
-    base = os.environ.get(NVML_ENV_DIR)
-    return NvmlStandIn(Path(base) if base else _REPO_ROOT / ".cache" / "nvml")
+    return NvmlStandIn(_built(NVML_ENV_DIR, "nvml"))
 
 
 # -- kured, the real reboot daemon (testenv/kured/build.sh) ---------------------
@@ -138,5 +142,4 @@ class KuredBuild:
 
 def default_kured() -> KuredBuild:
     """$GPUHEAL_KURED_DIR, else .cache/kured in the source tree."""
-    base = os.environ.get(KURED_ENV_DIR)
-    return KuredBuild(Path(base) if base else _REPO_ROOT / ".cache" / "kured")
+    return KuredBuild(_built(KURED_ENV_DIR, "kured"))

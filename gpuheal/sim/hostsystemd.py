@@ -20,11 +20,18 @@ import shlex
 import shutil
 from pathlib import Path
 
-from gpuheal.sim.kured import UNSHARE_FLAGS, ConfinementError, namespaces_problem, own_namespaces
+from gpuheal.sim.kured import (
+    CONFINEMENT_CHECK,
+    UNSHARE_FLAGS,
+    ConfinementError,
+    namespaces_problem,
+    own_namespaces,
+)
 
 SYSTEMCTL = (Path("/bin/systemctl"), Path("/usr/bin/systemctl"))
 
-JAIL = r"""#!/bin/sh
+JAIL = (
+    r"""#!/bin/sh
 # PID 1 of the agent's own PID namespace, in its own mount namespace
 # (gpuheal/sim/hostsystemd.py starts it under unshare): covers systemctl with the
 # simulated one, then execs the agent. Refuses unless confined so.
@@ -33,14 +40,9 @@ set -eu
 fake=$1 test_mnt=$2 test_pid=$3
 shift 3
 refuse() { echo "host-systemd jail: refusing to start the agent: $*" >&2; exit 70; }
-[ "$$" = 1 ] || refuse "this shell is PID $$, not PID 1 of a PID namespace of its own"
-mnt=$(readlink /proc/self/ns/mnt)
-pid=$(readlink /proc/self/ns/pid)
-[ "$mnt" != "$test_mnt" ] || refuse "it runs in the test's own mount namespace ($mnt)"
-[ "$pid" != "$test_pid" ] || refuse "it runs in the test's own PID namespace ($pid)"
-[ "$(readlink /proc/1/ns/pid)" = "$pid" ] || refuse "/proc/1 is not this PID namespace's init"
-[ "$(readlink /proc/1/ns/mnt)" = "$mnt" ] || refuse "/proc/1 is not in this mount namespace"
-[ -e /bin/systemctl ] || refuse "no /bin/systemctl to cover with the simulated one"
+"""
+    + CONFINEMENT_CHECK
+    + r"""[ -e /bin/systemctl ] || refuse "no /bin/systemctl to cover with the simulated one"
 for path in /bin/systemctl /usr/bin/systemctl; do
   [ -e "$path" ] || continue
   mount --bind "$fake" "$path"
@@ -49,6 +51,7 @@ done
 echo "host-systemd jail: PID 1 of $pid in $mnt (the test: $test_pid, $test_mnt)" >&2
 exec "$@"
 """
+)
 
 # /bin/systemctl in the jail: reboots nothing; one line per call, with its arguments
 # and the namespaces it ran in.

@@ -74,8 +74,25 @@ LOCK_ANNOTATION = "weave.works/kured-node-lock"  # its default --lock-annotation
 DS_NAME = "kured"  # its default --ds-name, and the name its RBAC's Role allows to update
 SERVICE_ACCOUNT = "kured"  # the ServiceAccount of its manifests
 
+# What each jail script (this one, and sim/hostsystemd.py's) checks before it starts
+# what it confines, once it has defined refuse() and read $test_mnt and $test_pid: it
+# is PID 1 of a PID namespace of its own, in a mount namespace that is not the test's;
+# it leaves $mnt and $pid set to its own, for the rest of the script.
+CONFINEMENT_CHECK = r"""# confined as it must be? (gpuheal/sim/kured.py's CONFINEMENT_CHECK)
+[ "$$" = 1 ] || refuse "this shell is PID $$, not PID 1 of a PID namespace of its own"
+mnt=$(readlink /proc/self/ns/mnt)
+pid=$(readlink /proc/self/ns/pid)
+[ "$mnt" != "$test_mnt" ] || refuse "it runs in the test's own mount namespace ($mnt)"
+[ "$pid" != "$test_pid" ] || refuse "it runs in the test's own PID namespace ($pid)"
+# What it starts runs its commands through nsenter -m/proc/1/ns/mnt: /proc must be this
+# PID namespace's, its 1 this shell (what it starts, once exec'd), in this mount namespace.
+[ "$(readlink /proc/1/ns/pid)" = "$pid" ] || refuse "/proc/1 is not this PID namespace's init"
+[ "$(readlink /proc/1/ns/mnt)" = "$mnt" ] || refuse "/proc/1 is not in this mount namespace"
+"""
+
 # PID 1 of kured's PID namespace, in its own mount namespace; execs kured.
-JAIL = r"""#!/bin/sh
+JAIL = (
+    r"""#!/bin/sh
 # PID 1 of kured's own PID namespace, in its own mount namespace (gpuheal/sim/kured.py
 # starts it under unshare). Refuses to start kured unless it is confined so; then puts
 # the service-account files on a tmpfs and execs kured, which becomes PID 1.
@@ -84,16 +101,9 @@ set -eu
 test_mnt=$1 test_pid=$2 sa=$3 source=$4 workdir=$5
 shift 5
 refuse() { echo "kured jail: refusing to start kured: $*" >&2; exit 70; }
-[ "$$" = 1 ] || refuse "this shell is PID $$, not PID 1 of a PID namespace of its own"
-mnt=$(readlink /proc/self/ns/mnt)
-pid=$(readlink /proc/self/ns/pid)
-[ "$mnt" != "$test_mnt" ] || refuse "it runs in the test's own mount namespace ($mnt)"
-[ "$pid" != "$test_pid" ] || refuse "it runs in the test's own PID namespace ($pid)"
-# kured runs its commands through nsenter -m/proc/1/ns/mnt: /proc must be this PID
-# namespace's, its 1 this shell (kured once exec'd), in this mount namespace.
-[ "$(readlink /proc/1/ns/pid)" = "$pid" ] || refuse "/proc/1 is not this PID namespace's init"
-[ "$(readlink /proc/1/ns/mnt)" = "$mnt" ] || refuse "/proc/1 is not in this mount namespace"
-run=$(readlink -f /var/run)
+"""
+    + CONFINEMENT_CHECK
+    + r"""run=$(readlink -f /var/run)
 mount -t tmpfs -o size=1m,mode=0755 "$source" "$run"
 grep -qF " - tmpfs $source " /proc/self/mountinfo || refuse "no tmpfs $source on $run"
 dir=/var/run/secrets/kubernetes.io/serviceaccount
@@ -107,6 +117,7 @@ exec env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin KURED_NODE_ID="$KURED_NODE_ID" \
   KUBERNETES_SERVICE_HOST="$KUBERNETES_SERVICE_HOST" \
   KUBERNETES_SERVICE_PORT="$KUBERNETES_SERVICE_PORT" "$@"
 """
+)
 
 # kured's --reboot-command here: no reboot, one line saying kured asked, and from where.
 _REBOOT = """#!/bin/sh

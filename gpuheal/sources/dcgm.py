@@ -450,26 +450,9 @@ def last_value_query(query: Query, matchers: str, step_ms: int, window_ms: int) 
     return f"last_over_time((max by ({_BY_GPU}) ({now}))[{window_ms}ms:{step_ms}ms])"
 
 
-def run_starts(query: Query, result: object) -> dict[str, int]:
-    """A run_starts_query result -> finding key -> start (ms), the latest per key."""
-    starts: dict[str, int] = {}
-    for labels, value in _series(result):
-        named = identity(labels)
-        try:
-            seconds = float(value[1])
-        except (TypeError, ValueError, OverflowError):
-            continue
-        if named is None or not math.isfinite(seconds):
-            continue
-        node, _, gpu = named
-        key = finding_key(node, query.name, gpu)
-        starts[key] = max(starts.get(key, 0), round(seconds * 1000))
-    return starts
-
-
-def last_values(query: Query, result: object) -> dict[str, float]:
-    """A last_value_query result -> finding key -> its value."""
-    found: dict[str, float] = {}
+def _gpu_numbers(result: object) -> Iterator[tuple[str, str, float]]:
+    """(node, GPU, value) of each series of a helper query's result (run starts, last
+    values) that has a host and a finite number; the others are skipped."""
     for labels, value in _series(result):
         named = identity(labels)
         try:
@@ -478,8 +461,23 @@ def last_values(query: Query, result: object) -> dict[str, float]:
             continue
         if named is not None and math.isfinite(number):
             node, _, gpu = named
-            found[finding_key(node, query.name, gpu)] = number
-    return found
+            yield node, gpu, number
+
+
+def run_starts(query: Query, result: object) -> dict[str, int]:
+    """A run_starts_query result -> finding key -> start (ms), the latest per key."""
+    starts: dict[str, int] = {}
+    for node, gpu, seconds in _gpu_numbers(result):
+        key = finding_key(node, query.name, gpu)
+        starts[key] = max(starts.get(key, 0), round(seconds * 1000))
+    return starts
+
+
+def last_values(query: Query, result: object) -> dict[str, float]:
+    """A last_value_query result -> finding key -> its value."""
+    return {
+        finding_key(node, query.name, gpu): number for node, gpu, number in _gpu_numbers(result)
+    }
 
 
 # -- the Xid gauge ------------------------------------------------------------
