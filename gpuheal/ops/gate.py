@@ -34,7 +34,7 @@ from gpuheal.ops.fleet import (
     quantity,
 )
 from gpuheal.ops.output import Notes, Table, render
-from gpuheal.policy.gate import DevicePluginPod, GateFacts, GateResult, Result, evaluate
+from gpuheal.policy.gate import CheckResult, DevicePluginPod, GateFacts, GateResult, evaluate
 from gpuheal.policy.pools import NO_POOL, driver_version, pool_of
 
 if TYPE_CHECKING:
@@ -128,7 +128,7 @@ def gate_exit_code(result: GateResult) -> int:
     return exitcodes.OK if result.passed else exitcodes.GATE_FAILED | result.bits
 
 
-_STYLE = {Result.PASS: "ok", Result.FAIL: "bad", Result.SKIPPED: ""}
+_STYLE = {CheckResult.PASS: "ok", CheckResult.FAIL: "bad", CheckResult.SKIPPED: ""}
 
 
 @dataclass(frozen=True)

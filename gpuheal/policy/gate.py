@@ -72,7 +72,9 @@ CHECK_BITS: Mapping[str, int] = {
 }
 
 
-class Result(StrEnum):
+class CheckResult(StrEnum):
+    """One check's result (the gate's as a whole: GateResult.passed)."""
+
     PASS = "pass"  # noqa: S105 -- a check's result, not a password
     FAIL = "fail"
     SKIPPED = "skipped"
@@ -81,7 +83,7 @@ class Result(StrEnum):
 @dataclass(frozen=True)
 class Check:
     name: str
-    result: Result
+    result: CheckResult
     reason: str
 
     @property
@@ -100,7 +102,7 @@ class GateResult:
 
     @property
     def failing(self) -> tuple[Check, ...]:
-        return tuple(c for c in self.checks if c.result is Result.FAIL)
+        return tuple(c for c in self.checks if c.result is CheckResult.FAIL)
 
     @property
     def bits(self) -> int:
@@ -205,10 +207,10 @@ def evaluate(
 
 def _ready(facts: GateFacts) -> Check:
     if facts.ready is True:
-        return Check(READY, Result.PASS, "the node is Ready")
+        return Check(READY, CheckResult.PASS, "the node is Ready")
     if facts.ready is False:
-        return Check(READY, Result.FAIL, "the node's Ready condition is False")
-    return Check(READY, Result.FAIL, "the node's Ready condition is Unknown or missing")
+        return Check(READY, CheckResult.FAIL, "the node's Ready condition is False")
+    return Check(READY, CheckResult.FAIL, "the node's Ready condition is Unknown or missing")
 
 
 def _gpu_count(facts: GateFacts, config: Config) -> Check:
@@ -221,13 +223,13 @@ def _gpu_count(facts: GateFacts, config: Config) -> Check:
     if expected is None:
         return Check(
             GPU_COUNT,
-            Result.SKIPPED,
+            CheckResult.SKIPPED,
             f"no expected GPU count: set pools.byName.<pool>.gpusPerNode or the node label "
             f"{config.pools.expected_gpus_label}",
         )
     problem = mig_layout_problem(facts.labels, facts.annotations.get(MIG_LAYOUT, ""))
     if problem:
-        return Check(GPU_COUNT, Result.FAIL, problem)
+        return Check(GPU_COUNT, CheckResult.FAIL, problem)
     offers = expected_offers(expected, resource, facts.labels, facts.allocatable)
     wrong = [
         f"{facts.allocatable.get(name, 0)} {name} allocatable, expected {want}"
@@ -235,12 +237,12 @@ def _gpu_count(facts: GateFacts, config: Config) -> Check:
         if facts.allocatable.get(name, 0) != want
     ]
     if wrong:
-        return Check(GPU_COUNT, Result.FAIL, "; ".join(wrong))
+        return Check(GPU_COUNT, CheckResult.FAIL, "; ".join(wrong))
     how = sharing(facts.labels)
     shown = ", ".join(f"{want} {name}" for name, want in offers.items())
     if how.shared:
         shown += f" ({expected} GPUs x {how.replicas} {how.strategy} replicas)"
-    return Check(GPU_COUNT, Result.PASS, f"{shown} allocatable, as expected")
+    return Check(GPU_COUNT, CheckResult.PASS, f"{shown} allocatable, as expected")
 
 
 def _driver(facts: GateFacts, config: Config) -> Check:
@@ -259,18 +261,22 @@ def _driver(facts: GateFacts, config: Config) -> Check:
     if not expected:
         if have:
             return Check(
-                DRIVER, Result.SKIPPED, f"driver {have}; no version known for {where} to compare"
+                DRIVER,
+                CheckResult.SKIPPED,
+                f"driver {have}; no version known for {where} to compare",
             )
-        return Check(DRIVER, Result.SKIPPED, "no driver version known for the node or its pool")
+        return Check(
+            DRIVER, CheckResult.SKIPPED, "no driver version known for the node or its pool"
+        )
     if not have:
         return Check(
             DRIVER,
-            Result.FAIL,
+            CheckResult.FAIL,
             f"the node reports no driver version; {where} runs {expected}",
         )
     if have != expected:
-        return Check(DRIVER, Result.FAIL, f"driver {have}, but {where} runs {expected}")
-    return Check(DRIVER, Result.PASS, f"driver {have}, as {where}")
+        return Check(DRIVER, CheckResult.FAIL, f"driver {have}, but {where} runs {expected}")
+    return Check(DRIVER, CheckResult.PASS, f"driver {have}, as {where}")
 
 
 # -- gpu-errors -----------------------------------------------------------------------
@@ -329,15 +335,17 @@ def parse_baseline(value: str) -> Baseline:
 def _gpu_errors(facts: GateFacts, since: dt.datetime | None) -> Check:
     annotations = facts.annotations
     if not any(k in annotations for k in (XID_ERRORS, ECC_ERRORS, COUNTERS_SINCE, LAST_GPU_ERROR)):
-        return Check(GPU_ERRORS, Result.SKIPPED, "the agent reports no error counters on this node")
+        return Check(
+            GPU_ERRORS, CheckResult.SKIPPED, "the agent reports no error counters on this node"
+        )
     try:
         trouble = _new_errors(annotations, since)
     except MalformedError as err:
-        return Check(GPU_ERRORS, Result.FAIL, f"cannot tell: {err}")
+        return Check(GPU_ERRORS, CheckResult.FAIL, f"cannot tell: {err}")
     if trouble:
-        return Check(GPU_ERRORS, Result.FAIL, trouble)
+        return Check(GPU_ERRORS, CheckResult.FAIL, trouble)
     after = f" since {iso(since, 'seconds')}" if since is not None else ""
-    return Check(GPU_ERRORS, Result.PASS, f"no Xid or uncorrectable ECC error{after}")
+    return Check(GPU_ERRORS, CheckResult.PASS, f"no Xid or uncorrectable ECC error{after}")
 
 
 def _new_errors(annotations: Mapping[str, str], since: dt.datetime | None) -> str:
@@ -386,24 +394,24 @@ def _diagnostics(
     value = facts.annotations.get(DIAGNOSTICS)
     required = "healthGate.diagnosticsRequired" if gate.diagnostics_required else "not required"
     if value is None:
-        result = Result.FAIL if gate.diagnostics_required else Result.SKIPPED
+        result = CheckResult.FAIL if gate.diagnostics_required else CheckResult.SKIPPED
         return Check(DIAGNOSTICS_CHECK, result, f"no diagnostics result recorded; {required}")
     try:
         outcome, at, tool = _parse_diagnostics(value)
     except MalformedError as err:
-        return Check(DIAGNOSTICS_CHECK, Result.FAIL, str(err))
+        return Check(DIAGNOSTICS_CHECK, CheckResult.FAIL, str(err))
     what = f"{tool or 'diagnostics'} {outcome} at {iso(at, 'seconds')}"
     if outcome != "pass":
-        return Check(DIAGNOSTICS_CHECK, Result.FAIL, f"{what}: not passing")
+        return Check(DIAGNOSTICS_CHECK, CheckResult.FAIL, f"{what}: not passing")
     stale = ""
     if (now - at).total_seconds() > gate.diagnostics_max_age_seconds:
         stale = f"older than {gate.diagnostics_max_age_seconds:g}s"
     elif since is not None and at < since:
         stale = f"from before {iso(since, 'seconds')}"
     if not stale:
-        return Check(DIAGNOSTICS_CHECK, Result.PASS, what)
+        return Check(DIAGNOSTICS_CHECK, CheckResult.PASS, what)
     # An old result says nothing about the node now: it counts only when required.
-    result = Result.FAIL if gate.diagnostics_required else Result.SKIPPED
+    result = CheckResult.FAIL if gate.diagnostics_required else CheckResult.SKIPPED
     return Check(DIAGNOSTICS_CHECK, result, f"{what}: {stale}; {required}")
 
 
@@ -421,17 +429,21 @@ def _device_plugin(facts: GateFacts, config: Config) -> Check:
     pods = facts.device_plugin_pods
     ready = [p.name for p in pods if p.ready]
     if ready:
-        return Check(DEVICE_PLUGIN, Result.PASS, f"device-plugin pod {ready[0]} is Ready")
+        return Check(DEVICE_PLUGIN, CheckResult.PASS, f"device-plugin pod {ready[0]} is Ready")
     if pods:
-        return Check(DEVICE_PLUGIN, Result.FAIL, f"device-plugin pod {pods[0].name} is not Ready")
+        return Check(
+            DEVICE_PLUGIN, CheckResult.FAIL, f"device-plugin pod {pods[0].name} is not Ready"
+        )
     selector = ",".join(f"{k}={v}" for k, v in config.health_gate.device_plugin_selector.items())
     if config.health_gate.device_plugin_required:
         return Check(
             DEVICE_PLUGIN,
-            Result.FAIL,
+            CheckResult.FAIL,
             f"no device-plugin pod ({selector}) on the node; healthGate.devicePluginRequired",
         )
-    return Check(DEVICE_PLUGIN, Result.SKIPPED, f"no device-plugin pod ({selector}); not required")
+    return Check(
+        DEVICE_PLUGIN, CheckResult.SKIPPED, f"no device-plugin pod ({selector}); not required"
+    )
 
 
 def _environment(facts: GateFacts, config: Config) -> Check:
@@ -441,19 +453,19 @@ def _environment(facts: GateFacts, config: Config) -> Check:
     gate = config.health_gate
     required = gate.environment_required
     if set(gate.environment_ignored) >= set(ENVIRONMENT_FACTS):
-        return Check(ENVIRONMENT, Result.SKIPPED, "healthGate.environmentIgnored: every fact")
+        return Check(ENVIRONMENT, CheckResult.SKIPPED, "healthGate.environmentIgnored: every fact")
     value = facts.annotations.get(NODE_ENVIRONMENT)
     if value is None:
         if required:
             why = f"the agent reports no {NODE_ENVIRONMENT}; healthGate.environmentRequired"
-            return Check(ENVIRONMENT, Result.FAIL, why)
-        return Check(ENVIRONMENT, Result.SKIPPED, f"the agent reports no {NODE_ENVIRONMENT}")
+            return Check(ENVIRONMENT, CheckResult.FAIL, why)
+        return Check(ENVIRONMENT, CheckResult.SKIPPED, f"the agent reports no {NODE_ENVIRONMENT}")
     try:
         found = {
             n: f for n, f in environment.parse(value).items() if n not in gate.environment_ignored
         }
     except ValueError as err:
-        return Check(ENVIRONMENT, Result.FAIL, f"cannot tell: {NODE_ENVIRONMENT}: {err}")
+        return Check(ENVIRONMENT, CheckResult.FAIL, f"cannot tell: {NODE_ENVIRONMENT}: {err}")
     unknown = environment.Fact(environment.UNKNOWN)
     bad = [environment.describe(n, f) for n, f in found.items() if f.bad]
     bad += [
@@ -462,9 +474,9 @@ def _environment(facts: GateFacts, config: Config) -> Check:
         if found.get(name, unknown).unknown
     ]
     if bad:
-        return Check(ENVIRONMENT, Result.FAIL, "; ".join(bad))
+        return Check(ENVIRONMENT, CheckResult.FAIL, "; ".join(bad))
     said = ", ".join(environment.describe(n, f) for n, f in found.items())
-    return Check(ENVIRONMENT, Result.PASS, said or "no start-order fact reported")
+    return Check(ENVIRONMENT, CheckResult.PASS, said or "no start-order fact reported")
 
 
 def _validation(facts: GateFacts, config: Config) -> Check:
@@ -476,6 +488,8 @@ def _validation(facts: GateFacts, config: Config) -> Check:
             else "healthGate.validation.enabled is false"
         )
         return Check(
-            VALIDATION, Result.SKIPPED, f"no validation Job run ({why}; --validate runs one)"
+            VALIDATION, CheckResult.SKIPPED, f"no validation Job run ({why}; --validate runs one)"
         )
-    return Check(VALIDATION, Result.PASS if verdict.passed else Result.FAIL, verdict.reason)
+    return Check(
+        VALIDATION, CheckResult.PASS if verdict.passed else CheckResult.FAIL, verdict.reason
+    )

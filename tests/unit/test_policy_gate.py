@@ -24,10 +24,10 @@ from gpuheal.model import (
 )
 from gpuheal.policy.gate import (
     CHECK_BITS,
+    CheckResult,
     DevicePluginPod,
     GateFacts,
     GateResult,
-    Result,
     Validated,
     bits_of,
     checks_of,
@@ -56,7 +56,7 @@ def facts(**changes: object) -> GateFacts:
     return replace(base, **changes)  # type: ignore[arg-type]
 
 
-def check(result: GateResult, name: str) -> tuple[Result, str]:
+def check(result: GateResult, name: str) -> tuple[CheckResult, str]:
     found = next(c for c in result.checks if c.name == name)
     return found.result, found.reason
 
@@ -70,14 +70,14 @@ def test_a_plain_healthy_node_passes_with_what_cannot_be_checked_skipped() -> No
     assert result.passed and result.bits == 0
     states = {c.name: c.result for c in result.checks}
     assert states == {
-        "ready": Result.PASS,
-        "gpu-count": Result.PASS,
-        "driver": Result.SKIPPED,
-        "gpu-errors": Result.SKIPPED,
-        "diagnostics": Result.SKIPPED,
-        "device-plugin": Result.SKIPPED,
-        "environment": Result.SKIPPED,
-        "validation": Result.SKIPPED,
+        "ready": CheckResult.PASS,
+        "gpu-count": CheckResult.PASS,
+        "driver": CheckResult.SKIPPED,
+        "gpu-errors": CheckResult.SKIPPED,
+        "diagnostics": CheckResult.SKIPPED,
+        "device-plugin": CheckResult.SKIPPED,
+        "environment": CheckResult.SKIPPED,
+        "validation": CheckResult.SKIPPED,
     }
     assert [c.name for c in result.checks] == list(CHECK_BITS)
 
@@ -92,7 +92,7 @@ def test_gpu_count_below_the_label_fails_bit_2() -> None:
     result = run(facts(allocatable={"nvidia.com/gpu": 7}))
     assert result.bits == 2
     assert check(result, "gpu-count") == (
-        Result.FAIL,
+        CheckResult.FAIL,
         "7 nvidia.com/gpu allocatable, expected 8",
     )
 
@@ -108,13 +108,17 @@ def test_gpu_count_from_pool_config_and_its_mig_resource() -> None:
 def test_gpu_count_without_an_expectation_is_skipped_saying_how_to_declare_one() -> None:
     result = run(facts(labels={}, allocatable={}))
     state, reason = check(result, "gpu-count")
-    assert state is Result.SKIPPED and "gpusPerNode" in reason and "nvidia.com/gpu.count" in reason
+    assert (
+        state is CheckResult.SKIPPED
+        and "gpusPerNode" in reason
+        and "nvidia.com/gpu.count" in reason
+    )
 
 
 def test_driver_against_the_prevailing_version_of_the_pool() -> None:
     peers = {"550.54.15": 2}
     same = facts(annotations={DRIVER_VERSION: "550.54.15"}, pool_drivers=peers)
-    assert check(run(same), "driver")[0] is Result.PASS
+    assert check(run(same), "driver")[0] is CheckResult.PASS
     drifted = facts(annotations={DRIVER_VERSION: "535.161.08"}, pool_drivers=peers)
     result = run(drifted)
     assert result.bits == 4
@@ -139,7 +143,10 @@ def test_driver_unknown_on_the_node_fails_when_the_pool_knows_one() -> None:
 
 def test_no_error_counters_is_skipped() -> None:
     state, reason = check(run(facts()), "gpu-errors")
-    assert state is Result.SKIPPED and reason == "the agent reports no error counters on this node"
+    assert (
+        state is CheckResult.SKIPPED
+        and reason == "the agent reports no error counters on this node"
+    )
 
 
 def counters(xid: int, ecc: int, since: dt.datetime, **more: str) -> dict[str, str]:
@@ -187,7 +194,7 @@ def test_malformed_counters_fail_naming_the_annotation() -> None:
         annotations = counters(0, 0, SINCE - dt.timedelta(days=1)) | {key: bad}
         result = run(facts(annotations=annotations))
         state, reason = check(result, "gpu-errors")
-        assert state is Result.FAIL and key in reason, (key, reason)
+        assert state is CheckResult.FAIL and key in reason, (key, reason)
 
 
 def diag(result: str, at: dt.datetime, **more: object) -> dict[str, str]:
@@ -196,7 +203,7 @@ def diag(result: str, at: dt.datetime, **more: object) -> dict[str, str]:
 
 def test_diagnostics_fresh_and_passing_pass() -> None:
     state, reason = check(run(facts(annotations=diag("pass", NOW))), "diagnostics")
-    assert state is Result.PASS and "dcgmi pass" in reason
+    assert state is CheckResult.PASS and "dcgmi pass" in reason
 
 
 def test_diagnostics_failing_fail_bit_16() -> None:
@@ -207,7 +214,7 @@ def test_diagnostics_failing_fail_bit_16() -> None:
 def test_stale_diagnostics_fail_only_when_required() -> None:
     required = Config(health_gate=HealthGateConfig(diagnostics_required=True))
     before = facts(annotations=diag("pass", SINCE - dt.timedelta(minutes=5)))
-    assert check(run(before), "diagnostics")[0] is Result.SKIPPED
+    assert check(run(before), "diagnostics")[0] is CheckResult.SKIPPED
     assert run(before, required).bits == 16
     too_old = facts(annotations=diag("pass", NOW - dt.timedelta(days=2)))
     assert run(too_old, required, since=None).bits == 16
@@ -217,17 +224,17 @@ def test_stale_diagnostics_fail_only_when_required() -> None:
 def test_malformed_diagnostics_fail_naming_the_annotation() -> None:
     for bad in ("{", "[]", json.dumps({"time": stamp(NOW)}), json.dumps({"result": "pass"})):
         state, reason = check(run(facts(annotations={DIAGNOSTICS: bad})), "diagnostics")
-        assert state is Result.FAIL and DIAGNOSTICS in reason
+        assert state is CheckResult.FAIL and DIAGNOSTICS in reason
 
 
 def test_device_plugin() -> None:
     ready = facts(device_plugin_pods=(DevicePluginPod("kube-system/dp-1", ready=True),))
-    assert check(run(ready), "device-plugin")[0] is Result.PASS
+    assert check(run(ready), "device-plugin")[0] is CheckResult.PASS
     starting = facts(device_plugin_pods=(DevicePluginPod("kube-system/dp-1", ready=False),))
     assert run(starting).bits == 32
     required = Config(health_gate=HealthGateConfig(device_plugin_required=True))
     assert run(facts(), required).bits == 32
-    assert check(run(facts()), "device-plugin")[0] is Result.SKIPPED
+    assert check(run(facts()), "device-plugin")[0] is CheckResult.SKIPPED
 
 
 def test_every_failing_check_is_in_the_bits_and_the_summary() -> None:
@@ -321,7 +328,7 @@ def test_facts_from_the_controllers_views() -> None:
 def test_validation_is_skipped_unless_run_and_fails_on_bit_16_with_its_reason() -> None:
     skipped = check(run(facts()), "validation")
     assert skipped == (
-        Result.SKIPPED,
+        CheckResult.SKIPPED,
         "no validation Job run (healthGate.validation.enabled is false; --validate runs one)",
     )
     failed = run(
@@ -330,4 +337,4 @@ def test_validation_is_skipped_unless_run_and_fails_on_bit_16_with_its_reason() 
     assert failed.bits == 16
     assert "validation: dcgmi-diag: Memory test failed" in failed.summary()
     passed = run(facts(validation=Validated(True, "dcgmi-diag: pass")))
-    assert passed.passed and check(passed, "validation") == (Result.PASS, "dcgmi-diag: pass")
+    assert passed.passed and check(passed, "validation") == (CheckResult.PASS, "dcgmi-diag: pass")

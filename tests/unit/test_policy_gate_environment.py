@@ -14,8 +14,8 @@ from gpuheal.model import ENVIRONMENT_FACTS, NODE_ENVIRONMENT
 from gpuheal.ops.exitcodes import GATE_FAILED
 from gpuheal.policy.gate import (
     CHECK_BITS,
+    CheckResult,
     GateFacts,
-    Result,
     checks_of,
     evaluate,
     facts_from_views,
@@ -27,7 +27,7 @@ ALL_OK = "modules=ok;persistenced=ok;fabricmanager=ok;runtimehook=ok"
 
 def gate(
     value: str | None, *required: str, ignored: tuple[str, ...] = ()
-) -> tuple[Result, str, int]:
+) -> tuple[CheckResult, str, int]:
     annotations = {} if value is None else {NODE_ENVIRONMENT: value}
     facts = GateFacts(node="n1", ready=True, annotations=annotations)
     health_gate = HealthGateConfig(environment_required=required, environment_ignored=ignored)
@@ -39,7 +39,7 @@ def gate(
 
 def test_all_ok_passes_and_says_each_fact() -> None:
     result, reason, bits = gate(ALL_OK.replace("fabricmanager=ok", "fabricmanager=n/a"))
-    assert (result, bits) == (Result.PASS, 0)
+    assert (result, bits) == (CheckResult.PASS, 0)
     assert reason == (
         "modules ok, persistenced ok, fabricmanager n/a (no NVSwitch), runtimehook ok"
     )
@@ -47,7 +47,7 @@ def test_all_ok_passes_and_says_each_fact() -> None:
 
 def test_fabric_manager_stopped_fails_on_the_device_plugins_bit() -> None:
     result, reason, bits = gate(ALL_OK.replace("fabricmanager=ok", "fabricmanager=stopped"))
-    assert result is Result.FAIL
+    assert result is CheckResult.FAIL
     assert reason == "Fabric Manager (nv-fabricmanager) is not running on an NVSwitch system"
     assert bits == CHECK_BITS["environment"] == CHECK_BITS["device-plugin"] == 32
     assert "environment" in checks_of(bits) and GATE_FAILED | bits == 96
@@ -56,7 +56,7 @@ def test_fabric_manager_stopped_fails_on_the_device_plugins_bit() -> None:
 def test_every_bad_fact_is_named() -> None:
     value = "modules=missing:nvidia_uvm;persistenced=stopped;fabricmanager=n/a;runtimehook=missing"
     result, reason, _ = gate(value)
-    assert result is Result.FAIL
+    assert result is CheckResult.FAIL
     assert reason.split("; ") == [
         "kernel modules not loaded: nvidia_uvm",
         "the persistence daemon (nvidia-persistenced) is not running",
@@ -68,37 +68,37 @@ def test_every_bad_fact_is_named() -> None:
 def test_unknown_passes_unless_required() -> None:
     unseen = "modules=ok;persistenced=unknown;fabricmanager=unknown;runtimehook=ok"
     result, reason, _ = gate(unseen)
-    assert result is Result.PASS and "persistenced unknown (the agent cannot see it)" in reason
+    assert result is CheckResult.PASS and "persistenced unknown (the agent cannot see it)" in reason
     result, reason, bits = gate(unseen, "fabricmanager")
-    assert (result, bits) == (Result.FAIL, 32)
+    assert (result, bits) == (CheckResult.FAIL, 32)
     assert reason == "fabricmanager unknown; healthGate.environmentRequired"
     assert gate("modules=ok", "runtimehook")[:2] == (
-        Result.FAIL,
+        CheckResult.FAIL,
         "runtimehook unknown; healthGate.environmentRequired",
     )  # not reported at all: unknown too
 
 
 def test_no_report_is_skipped_unless_required() -> None:
-    assert gate(None)[:2] == (Result.SKIPPED, f"the agent reports no {NODE_ENVIRONMENT}")
+    assert gate(None)[:2] == (CheckResult.SKIPPED, f"the agent reports no {NODE_ENVIRONMENT}")
     result, reason, _ = gate(None, "modules")
-    assert result is Result.FAIL and "healthGate.environmentRequired" in reason
+    assert result is CheckResult.FAIL and "healthGate.environmentRequired" in reason
 
 
 @pytest.mark.parametrize("value", ["", "ok", "modules=ok;persistenced", "modules=OK"])
 def test_a_value_the_gate_cannot_read_fails_naming_the_annotation(value: str) -> None:
     result, reason, _ = gate(value)
-    assert result is Result.FAIL and reason.startswith(f"cannot tell: {NODE_ENVIRONMENT}: ")
+    assert result is CheckResult.FAIL and reason.startswith(f"cannot tell: {NODE_ENVIRONMENT}: ")
 
 
 def test_ignored_facts_are_not_looked_at() -> None:
     """A fleet without the NVIDIA container runtime (GKE) or without the daemon."""
     value = "modules=ok;persistenced=stopped;fabricmanager=n/a;runtimehook=missing"
-    assert gate(value)[0] is Result.FAIL
+    assert gate(value)[0] is CheckResult.FAIL
     result, reason, bits = gate(value, ignored=("persistenced", "runtimehook"))
-    assert (result, bits) == (Result.PASS, 0)
+    assert (result, bits) == (CheckResult.PASS, 0)
     assert reason == "modules ok, fabricmanager n/a (no NVSwitch)"
     result, reason, _ = gate(None, ignored=ENVIRONMENT_FACTS)
-    assert (result, reason) == (Result.SKIPPED, "healthGate.environmentIgnored: every fact")
+    assert (result, reason) == (CheckResult.SKIPPED, "healthGate.environmentIgnored: every fact")
 
 
 def test_a_fact_cannot_be_both_required_and_ignored() -> None:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from gpuheal.config import Config, PoolConfig, PoolsConfig
 from gpuheal.model import DRIVER_VERSION
-from gpuheal.policy.gate import GateFacts, Result, evaluate
+from gpuheal.policy.gate import CheckResult, GateFacts, evaluate
 from gpuheal.policy.rollout import (
     Budget,
     NodeProgress,
@@ -133,7 +133,7 @@ def test_the_target_says_what_is_missing() -> None:
 
 def gate(
     have: str, peers: dict[str, int], rollout: RolloutDriver | None, config: Config = CONFIG
-) -> tuple[Result, str]:
+) -> tuple[CheckResult, str]:
     facts = GateFacts(
         node="n1",
         ready=True,
@@ -148,21 +148,21 @@ def gate(
 
 def test_a_rolled_node_must_run_the_target_not_the_pools_majority() -> None:
     rolled = RolloutDriver(NEW, rolled=True)
-    assert gate(NEW, {OLD: 11}, None)[0] is Result.FAIL  # the rule before roll-outs
+    assert gate(NEW, {OLD: 11}, None)[0] is CheckResult.FAIL  # the rule before roll-outs
     assert gate(NEW, {OLD: 11}, rolled) == (
-        Result.PASS,
+        CheckResult.PASS,
         f"driver {NEW}, as pool H100 (rolled to {NEW})",
     )
-    assert gate(OLD, {OLD: 11}, rolled)[0] is Result.FAIL
+    assert gate(OLD, {OLD: 11}, rolled)[0] is CheckResult.FAIL
 
 
 def test_a_node_not_rolled_yet_runs_what_the_pool_ran_before_even_once_outnumbered() -> None:
     waiting = RolloutDriver(NEW, rolled=False)
-    assert gate(OLD, {NEW: 9, OLD: 2}, waiting)[0] is Result.PASS
-    assert gate(NEW, {NEW: 9, OLD: 2}, waiting)[0] is Result.FAIL
-    assert gate(OLD, {NEW: 11}, waiting)[0] is Result.FAIL  # everyone else moved on
+    assert gate(OLD, {NEW: 9, OLD: 2}, waiting)[0] is CheckResult.PASS
+    assert gate(NEW, {NEW: 9, OLD: 2}, waiting)[0] is CheckResult.FAIL
+    assert gate(OLD, {NEW: 11}, waiting)[0] is CheckResult.FAIL  # everyone else moved on
     config = Config(pools=PoolsConfig(by_name={"H100": PoolConfig(driver_version=OLD)}))
-    assert gate(OLD, {NEW: 11}, waiting, config)[0] is Result.PASS  # configured wins
+    assert gate(OLD, {NEW: 11}, waiting, config)[0] is CheckResult.PASS  # configured wins
 
 
 def test_the_gates_view_of_a_roll_out_per_node() -> None:
