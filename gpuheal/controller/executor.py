@@ -27,8 +27,8 @@ from gpuheal.controller.effects.context import EffectContext, PassOutcome, Write
 from gpuheal.kube.api import KubeApi
 from gpuheal.kube.events import EventRecorder
 from gpuheal.metrics.controller import ControllerMetrics
+from gpuheal.policy.actions import Action, Emit, Evict, NodeState, Plan, RequestCheckpoint
 from gpuheal.policy.devices import DeviceAction, DevicePlan
-from gpuheal.policy.plan import Action, Emit, Evict, NodeState, Plan, RequestCheckpoint
 
 log = logging.getLogger(__name__)
 

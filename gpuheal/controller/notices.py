@@ -13,13 +13,7 @@ from collections.abc import Callable, Sequence
 from gpuheal.controller.effects.context import PassOutcome
 from gpuheal.controller.notify import Notice
 from gpuheal.model import FaultRecord, Phase
-from gpuheal.policy.devices import (
-    CreateCanary,
-    CreateDeviceRecord,
-    DeviceAction,
-    MarkDevices,
-)
-from gpuheal.policy.plan import (
+from gpuheal.policy.actions import (
     Action,
     AddTaint,
     CreateRecord,
@@ -28,6 +22,12 @@ from gpuheal.policy.plan import (
     Evict,
     RemoveTaint,
     UpdateRecord,
+)
+from gpuheal.policy.devices import (
+    CreateCanary,
+    CreateDeviceRecord,
+    DeviceAction,
+    MarkDevices,
 )
 from gpuheal.vocabulary import Entry, said
 

@@ -35,19 +35,12 @@ from gpuheal.kube.informer import Store
 from gpuheal.kube.rollouts import RolloutState
 from gpuheal.metrics.controller import ControllerMetrics, DeviceCounts
 from gpuheal.model import CanaryView, FaultRecord, NodeView, PodView
+from gpuheal.policy.actions import Action, NodeState, Plan
 from gpuheal.policy.backoff import Blocked, refused_again
 from gpuheal.policy.dedupe import BoundedSet
 from gpuheal.policy.devices import DeviceAction, DevicePlan, DeviceState, plan_devices
 from gpuheal.policy.nodes import in_maintenance
-from gpuheal.policy.plan import (
-    Action,
-    NodeState,
-    Plan,
-    current_signal,
-    plan,
-    plan_node_gone,
-    reported,
-)
+from gpuheal.policy.plan import current_signal, plan, plan_node_gone, reported
 from gpuheal.policy.pools import NO_POOL, pool_of
 from gpuheal.policy.ratelimit import TokenBucket
 from gpuheal.policy.recent import HandledFaults

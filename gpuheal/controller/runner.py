@@ -1,4 +1,4 @@
-"""Carry out one node's plan, step by step (gpuheal/policy/plan.py::Plan.steps).
+"""Carry out one node's plan, step by step (gpuheal/policy/actions.py::Plan.steps).
 
 The policy decides the steps, their guards and what follows each; this module
 only interprets them. A guarded step runs under the one breaker lock, where the
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from gpuheal.controller.effects.context import PassOutcome, Replan
 from gpuheal.controller.executor import Executor
 from gpuheal.controller.result import DONE, Result
-from gpuheal.policy.plan import Action, Guard, NodeState, Plan, PlanStep, Then
+from gpuheal.policy.actions import Action, Guard, NodeState, Plan, PlanStep, Then
 
 log = logging.getLogger(__name__)
 

@@ -48,8 +48,8 @@ from gpuheal.model import (
     Severity,
     fault_record_name,
 )
+from gpuheal.policy.actions import Emit, Evict, UpdateRecord
 from gpuheal.policy.history import opened_at
-from gpuheal.policy.plan import Emit, Evict, UpdateRecord
 from gpuheal.policy.sharing import GPU, physical_gpus
 from gpuheal.vocabulary import Entry, Reason
 

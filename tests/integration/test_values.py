@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lightkube import ApiError, Client, codecs
+from lightkube.resources.core_v1 import Namespace
 from lightkube.types import PatchType
 
 from gpuheal import values
@@ -49,6 +50,7 @@ from gpuheal.policy.devices import canary_name
 from gpuheal.policy.plan import current_signal
 from gpuheal.sim.nodes import gpu_node
 from gpuheal.sim.resources import GPUFault
+from gpuheal.sim.workloads import create_namespace
 from gpuheal.sources import Seen
 from gpuheal.sources.alertmanager import Webhook, interpret
 from tests.corpus import NODE_NAMES, alert, webhook
@@ -73,6 +75,10 @@ TIMES = st.one_of(
 DEVICES = st.lists(st.text(alphabet=string.printable, max_size=300), max_size=100)
 
 
+# Where the canary pods' dry runs go (the device-health canary namespace's stand-in).
+CANARIES = unique("canaries")
+
+
 @pytest.fixture(scope="module")
 def parked_record(kube: Client, crds: None) -> Iterator[str]:
     """A real GPUFault: status writes are validated by dry-run patches of it."""
@@ -84,8 +90,10 @@ def parked_record(kube: Client, crds: None) -> Iterator[str]:
         source="test",
     )
     kube.create(codecs.from_dict(fault_record(name, signal, Mode.OBSERVE)))
+    create_namespace(kube, CANARIES)  # with its default ServiceAccount, as pods need
     yield name
     kube.delete(GPUFault, name)
+    kube.delete(Namespace, CANARIES)
 
 
 def dry_run_create(kube: Client, body: dict[str, Any]) -> None:
@@ -119,7 +127,7 @@ def dry_run_all(kube: Client, parked: str, signal: FaultSignal) -> None:
     cfg = Config().device_health
     canary = canary_pod(
         canary_name(name, 1),
-        "default",
+        CANARIES,
         node,
         name,
         "nvidia.com/gpu",

@@ -10,9 +10,9 @@ import pytest
 from gpuheal.controller.effects import HANDLERS, handler_for
 from gpuheal.kube.writes import news_patch, taint_patch
 from gpuheal.model import HANDLED_FAULT_ID, STATE_LABEL, ActionEntry, NodeView, Phase
+from gpuheal.policy.actions import STATE_QUARANTINED, Action, state_label_with_taint
 from gpuheal.policy.devices import DeviceAction
 from gpuheal.policy.history import with_evictions
-from gpuheal.policy.plan import STATE_QUARANTINED, Action, state_label_with_taint
 
 pytestmark = pytest.mark.unit
 

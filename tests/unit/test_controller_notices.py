@@ -6,8 +6,7 @@ from gpuheal.controller.effects.context import PassOutcome
 from gpuheal.controller.notices import notice_for
 from gpuheal.controller.notify import Notice
 from gpuheal.model import ActionEntry, FaultRecord, FaultSignal, Mode, Phase, PodView
-from gpuheal.policy.devices import CreateDeviceRecord, DeviceAction, MarkDevices
-from gpuheal.policy.plan import (
+from gpuheal.policy.actions import (
     Action,
     AddTaint,
     AwaitApproval,
@@ -19,6 +18,7 @@ from gpuheal.policy.plan import (
     RemoveTaint,
     UpdateRecord,
 )
+from gpuheal.policy.devices import CreateDeviceRecord, DeviceAction, MarkDevices
 from gpuheal.policy.repair import RequestRepair
 from gpuheal.policy.repairwire import RepairRequest, fault_digest
 from gpuheal.policy.validation import DeleteValidationJob

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from gpuheal.controller.executor import _steps
 from gpuheal.model import ActionEntry, Phase, PodView
+from gpuheal.policy.actions import Action, AddTaint, Emit, Evict, MarkHandled, UpdateRecord
 from gpuheal.policy.devices import DeviceAction
-from gpuheal.policy.plan import Action, AddTaint, Emit, Evict, MarkHandled, UpdateRecord
 from tests.corpus import EKS_NODE
 
 

@@ -8,15 +8,15 @@ from dataclasses import replace
 from gpuheal.clock import iso
 from gpuheal.config import ApprovalConfig
 from gpuheal.model import APPROVED, REJECTED, ActionEntry, FaultRecord, Mode, Phase, Severity
-from gpuheal.policy.plan import (
+from gpuheal.policy.actions import (
     AwaitApproval,
     Emit,
     NodeState,
     Plan,
     UpdateRecord,
     WouldQuarantine,
-    plan,
 )
+from gpuheal.policy.plan import plan
 from gpuheal.values import taint_value
 from gpuheal.vocabulary import Entry
 from tests.unit.test_policy_plan import (

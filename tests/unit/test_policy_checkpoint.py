@@ -11,8 +11,9 @@ import pytest
 from gpuheal.clock import iso
 from gpuheal.config import CheckpointConfig, ConfigError, parse_config
 from gpuheal.model import FAULT_REASON, FAULT_SEVERITY, ActionEntry, Phase, PodView, Severity
+from gpuheal.policy.actions import Emit, Evict, NodeState, Plan, RequestCheckpoint, UpdateRecord
 from gpuheal.policy.checkpoint import CheckpointStep, next_look, where
-from gpuheal.policy.plan import Emit, Evict, NodeState, Plan, RequestCheckpoint, UpdateRecord, plan
+from gpuheal.policy.plan import plan
 from gpuheal.vocabulary import Entry, Reason
 from tests.unit.test_policy_plan import CONFIG, NOW, faulty, gpu_pod, kinds, record, tainted
 

@@ -26,6 +26,7 @@ from gpuheal.model import (
     PodView,
     Taint,
 )
+from gpuheal.policy.actions import Emit, Evict, UpdateRecord
 from gpuheal.policy.devices import (
     CreateCanary,
     CreateDeviceRecord,
@@ -37,7 +38,6 @@ from gpuheal.policy.devices import (
     canary_name,
     plan_devices,
 )
-from gpuheal.policy.plan import Emit, Evict, UpdateRecord
 from gpuheal.sources.escalation import escalation_signal
 from gpuheal.vocabulary import Reason
 

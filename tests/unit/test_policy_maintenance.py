@@ -30,7 +30,8 @@ from gpuheal.model import (
     Taint,
     fault_record_name,
 )
-from gpuheal.policy.plan import Emit, NodeState, RemoveTaint, UpdateRecord, plan
+from gpuheal.policy.actions import Emit, NodeState, RemoveTaint, UpdateRecord
+from gpuheal.policy.plan import plan
 from gpuheal.vocabulary import Reason
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, 0, tzinfo=dt.UTC)

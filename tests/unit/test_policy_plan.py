@@ -29,9 +29,7 @@ from gpuheal.model import (
     Taint,
     fault_record_name,
 )
-from gpuheal.policy.backoff import Blocked
-from gpuheal.policy.breaker import quarantine_capacity
-from gpuheal.policy.plan import (
+from gpuheal.policy.actions import (
     AddTaint,
     CreateRecord,
     DeletePod,
@@ -41,9 +39,10 @@ from gpuheal.policy.plan import (
     NodeState,
     RemoveTaint,
     UpdateRecord,
-    current_signal,
-    plan,
 )
+from gpuheal.policy.backoff import Blocked
+from gpuheal.policy.breaker import quarantine_capacity
+from gpuheal.policy.plan import current_signal, plan
 from gpuheal.sources import Seen
 from gpuheal.values import taint_value
 from tests.corpus import EKS_NODES

@@ -31,8 +31,7 @@ from gpuheal.model import (
     PodView,
     Taint,
 )
-from gpuheal.policy.breaker import quarantine_capacity
-from gpuheal.policy.plan import (
+from gpuheal.policy.actions import (
     AddTaint,
     CreateRecord,
     DeletePod,
@@ -42,8 +41,9 @@ from gpuheal.policy.plan import (
     NodeState,
     RemoveTaint,
     UpdateRecord,
-    plan,
 )
+from gpuheal.policy.breaker import quarantine_capacity
+from gpuheal.policy.plan import plan
 
 # Real-shaped: fault ids built from them pass a taint value's 63 characters (and
 # the 253-character FQDN's, the record's 256), as an EKS agent's do.

@@ -19,7 +19,8 @@ from gpuheal.model import (
     Phase,
     Severity,
 )
-from gpuheal.policy.plan import NodeState, plan
+from gpuheal.policy.actions import NodeState
+from gpuheal.policy.plan import plan
 from gpuheal.policy.recent import HandledFaults, handled_lately
 from gpuheal.sources import Seen
 from gpuheal.sources import annotations as contract

@@ -7,7 +7,8 @@ from dataclasses import replace
 
 from gpuheal.clock import iso
 from gpuheal.model import TAINT_KEY, ActionEntry, FaultRecord, Phase, Taint
-from gpuheal.policy.plan import AddTaint, Emit, NodeState, Plan, UpdateRecord, plan
+from gpuheal.policy.actions import AddTaint, Emit, NodeState, Plan, UpdateRecord
+from gpuheal.policy.plan import plan
 from gpuheal.policy.release import refusal, release_patch, released
 from gpuheal.values import taint_value
 from gpuheal.vocabulary import Entry, Reason

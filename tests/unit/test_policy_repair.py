@@ -34,8 +34,9 @@ from gpuheal.model import (
     Taint,
     fault_record_name,
 )
+from gpuheal.policy.actions import Emit, NodeState, Plan, UpdateRecord
 from gpuheal.policy.breaker import repair_capacity
-from gpuheal.policy.plan import Emit, NodeState, Plan, UpdateRecord, plan
+from gpuheal.policy.plan import plan
 from gpuheal.policy.repair import RequestRepair, recommended, repair_metric
 from gpuheal.policy.repairwire import (
     Outcome,

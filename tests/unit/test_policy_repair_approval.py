@@ -23,8 +23,9 @@ from gpuheal.model import (
     Phase,
     RepairApproval,
 )
+from gpuheal.policy.actions import UpdateRecord
 from gpuheal.policy.approval import answer_patch, refusal
-from gpuheal.policy.plan import UpdateRecord, plan
+from gpuheal.policy.plan import plan
 from gpuheal.policy.repair import awaiting_approval, repair_metric
 from gpuheal.policy.repairwire import RepairRequest, decode_request
 from gpuheal.vocabulary import Entry, Reason

@@ -11,7 +11,8 @@ from dataclasses import replace
 from gpuheal.clock import iso
 from gpuheal.config import ReplaceConfig, parse_config
 from gpuheal.model import ActionEntry
-from gpuheal.policy.plan import Plan, ReplaceIntent, UpdateRecord, plan
+from gpuheal.policy.actions import Plan, ReplaceIntent, UpdateRecord
+from gpuheal.policy.plan import plan
 from gpuheal.policy.repair import repair_metric
 from gpuheal.policy.replace import CallReplace, idempotency_key
 from gpuheal.vocabulary import Entry, Reason

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from gpuheal.clock import iso
 from gpuheal.model import STATE_LABEL, Mode, Phase
-from gpuheal.policy.plan import (
+from gpuheal.policy.actions import (
     AddTaint,
     CreateRecord,
     Emit,
@@ -22,8 +22,8 @@ from gpuheal.policy.plan import (
     RemoveTaint,
     Then,
     UpdateRecord,
-    plan,
 )
+from gpuheal.policy.plan import plan
 from tests.unit.test_policy_plan import CONFIG, NOW, faulty, gpu_pod, record, tainted
 
 

@@ -24,8 +24,9 @@ from gpuheal.model import (
     Taint,
     fault_record_name,
 )
+from gpuheal.policy.actions import NodeState, RemoveTaint
 from gpuheal.policy.gate import Validated
-from gpuheal.policy.plan import NodeState, RemoveTaint, plan
+from gpuheal.policy.plan import plan
 from gpuheal.policy.validation import (
     CreateValidationJob,
     DeleteValidationJob,

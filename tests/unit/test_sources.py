@@ -20,7 +20,8 @@ from gpuheal.clock import iso
 from gpuheal.config import ConditionRule, DeviceHealthConfig
 from gpuheal.controller.intake import ControllerIntake
 from gpuheal.model import ActionEntry, Condition, FaultRecord, FaultSignal, Phase, Severity
-from gpuheal.policy.plan import AddTaint, CreateRecord, NodeState, current_signal, plan, reported
+from gpuheal.policy.actions import AddTaint, CreateRecord, NodeState
+from gpuheal.policy.plan import current_signal, plan, reported
 from gpuheal.sources import (
     SOURCES,
     Seen,

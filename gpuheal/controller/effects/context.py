@@ -28,7 +28,7 @@ from gpuheal.model import (
     PodView,
     RepairApproval,
 )
-from gpuheal.policy.plan import Emit, NodeState, Planned, UpdateRecord
+from gpuheal.policy.actions import Emit, NodeState, Planned, UpdateRecord
 
 # A write refused for a stale resourceVersion is read again and retried this often.
 CONFLICT_RETRIES = 5

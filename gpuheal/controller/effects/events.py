@@ -7,7 +7,7 @@ from __future__ import annotations
 from gpuheal.controller.effects.context import EffectContext, Handler, PassOutcome
 from gpuheal.kube.events import ObjectRef, fault_ref, pod_ref
 from gpuheal.model import PodView
-from gpuheal.policy.plan import Emit, NodeState
+from gpuheal.policy.actions import Emit, NodeState
 from gpuheal.vocabulary import Reason
 
 

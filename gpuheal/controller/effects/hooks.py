@@ -7,7 +7,7 @@ import datetime as dt
 from gpuheal.controller.effects.context import EffectContext, Handler, PassOutcome
 from gpuheal.controller.effects.records import gather
 from gpuheal.controller.replace import call_hook
-from gpuheal.policy.plan import Emit, NodeState, UpdateRecord
+from gpuheal.policy.actions import Emit, NodeState, UpdateRecord
 from gpuheal.policy.replace import CallReplace
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gpuheal.controller.effects.context import EffectContext, Handler, PassOutcome
 from gpuheal.kube import validation
-from gpuheal.policy.plan import NodeState
+from gpuheal.policy.actions import NodeState
 from gpuheal.policy.validation import CreateValidationJob, DeleteValidationJob
 
 

@@ -19,14 +19,14 @@ from gpuheal.kube import writes
 from gpuheal.kube.api import ApiError, node_path
 from gpuheal.kube.projections import decode_node
 from gpuheal.model import FAULT_TIME, HANDLED_FAULT_ID, REPAIR_REQUEST, STATE_LABEL, NodeView
-from gpuheal.policy.devices import MarkDevices
-from gpuheal.policy.plan import (
+from gpuheal.policy.actions import (
     AddTaint,
     MarkHandled,
     NodeState,
     RemoveTaint,
     state_label_with_taint,
 )
+from gpuheal.policy.devices import MarkDevices
 from gpuheal.policy.repair import RequestRepair
 
 

@@ -19,8 +19,8 @@ from gpuheal.kube import writes
 from gpuheal.kube.api import ApiError, pod_path
 from gpuheal.kube.projections import decode_meta
 from gpuheal.model import CHECKPOINT_REQUESTED, CanaryView, PodView
+from gpuheal.policy.actions import DeletePod, Evict, NodeState, RequestCheckpoint
 from gpuheal.policy.devices import CreateCanary, DeleteCanary
-from gpuheal.policy.plan import DeletePod, Evict, NodeState, RequestCheckpoint
 from gpuheal.vocabulary import Reason
 
 # What the Eviction API says when a budget refuses (policy/v1 DisruptionBudgetCause):

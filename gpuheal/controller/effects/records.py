@@ -21,8 +21,8 @@ from gpuheal.kube.api import ApiError, gpufault_path
 from gpuheal.kube.projections import decode_fault
 from gpuheal.model import ActionEntry, FaultRecord, FaultSignal
 from gpuheal.policy import history
+from gpuheal.policy.actions import CreateRecord, NodeState, ReplaceIntent, UpdateRecord
 from gpuheal.policy.devices import CreateDeviceRecord, DeviceReleased
-from gpuheal.policy.plan import CreateRecord, NodeState, ReplaceIntent, UpdateRecord
 from gpuheal.policy.repair import repair_metric
 from gpuheal.vocabulary import Entry
 
