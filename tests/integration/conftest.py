@@ -252,6 +252,24 @@ def faults_of(kube: Client, node: str) -> list[Any]:
     return [r for r in listed if r.spec and r.spec.get("node") == node]
 
 
+def record_entries(record: Any, action: str = "") -> list[dict[str, Any]]:
+    """A GPUFault record's status.actions entries as read (a listed or fetched
+    record), in the order written; with `action`, only those of that action."""
+    listed: list[dict[str, Any]] = (record.status or {}).get("actions", [])
+    return [entry for entry in listed if not action or entry["action"] == action]
+
+
+def entries_of(
+    kube: Client, action: str, *, name: str = "", node: str = ""
+) -> list[dict[str, Any]]:
+    """Read now: the `action` entries of the GPUFault record `name`, or of every
+    record of `node` (none while it has none), as the server lists them."""
+    if bool(name) == bool(node):
+        raise TypeError("entries_of: give the record's name or its node, one of them")
+    records = [kube.get(GPUFault, name)] if name else faults_of(kube, node)
+    return [entry for record in records for entry in record_entries(record, action)]
+
+
 def handled_fault(kube: Client, node: str) -> str | None:
     """The node's gpuheal.io/handled-fault-id annotation."""
     meta = kube.get(Node, node).metadata
