@@ -30,6 +30,8 @@ from tests.conftest import AUDITED_CONTROLLER
 from tests.helpers import unique, wait_for
 
 StartController = Callable[..., ControllerProcess]
+# start_agent(node, config=None, **options) -> a started AgentProcess
+StartAgent = Callable[..., AgentProcess]
 # `gpuheal ...` run in-process: (exit code, stdout, stderr).
 Cli = Callable[..., tuple[int, str, str]]
 
@@ -225,6 +227,38 @@ def agents(control_plane: ControlPlane, tmp_path: Path) -> Iterator[list[AgentPr
     for agent in started:
         agent.stop()
         print(f"--- agent {agent.node} log (tail) ---\n{agent.log()[-3000:]}")
+
+
+@pytest.fixture
+def start_agent(
+    control_plane: ControlPlane, tmp_path: Path, agents: list[AgentProcess]
+) -> StartAgent:
+    """Factory: `start_agent(node, config=None, **options)` starts the agent of a
+    node as the admin (AgentProcess's options: gpus, nvml_lib_dir, wrap); stopped after the
+    test, its log shown (it joins `agents`)."""
+
+    def start(node: str, config: dict[str, Any] | None = None, **options: Any) -> AgentProcess:
+        agent = AgentProcess(tmp_path, control_plane.kubeconfig, node, config, **options)
+        agents.append(agent)
+        return agent.start()
+
+    return start
+
+
+def node_annotations(kube: Client, node: str) -> dict[str, str]:
+    """The node's annotations, read now."""
+    meta = kube.get(Node, node).metadata
+    return dict((meta.annotations if meta else None) or {})
+
+
+def gpu_healthy(kube: Client, node: str) -> tuple[str, str, str]:
+    """The node's GPUHealthy condition, read now: (status, reason, message); all
+    three "" while the node has none."""
+    status = kube.get(Node, node).status
+    found = next(
+        (c for c in (status.conditions if status else None) or [] if c.type == "GPUHealthy"), None
+    )
+    return (found.status, found.reason or "", found.message or "") if found else ("", "", "")
 
 
 def in_process_cli(kubeconfig: Path, capsys: pytest.CaptureFixture[str], *options: str) -> Cli:

@@ -35,6 +35,7 @@ from tests.helpers import FakeNodes, wait_for
 from tests.integration.conftest import (
     StartController,
     events_for,
+    node_annotations,
     our_taint,
     pods_on,
     record_entries,
@@ -42,7 +43,6 @@ from tests.integration.conftest import (
 from tests.integration.test_repair import (
     AGENT,
     XID_79,
-    node_annotations,
     one_record,
     phase,
     repair_config,

@@ -38,6 +38,7 @@ from tests.integration.conftest import (
     controller_config,
     events_for,
     faults_of,
+    node_annotations,
     our_taint,
     pods_on,
     pods_told_evicted,
@@ -46,11 +47,6 @@ from tests.integration.conftest import (
 pytestmark = pytest.mark.timeout(240)
 
 XID_79 = "NVRM: Xid (PCI:0000:18:00): 79, pid=2843, name=python3, GPU has fallen off the bus."
-
-
-def node_annotations(kube: Client, node: str) -> dict[str, str]:
-    meta = kube.get(Node, node).metadata
-    return dict((meta.annotations if meta else None) or {})
 
 
 def phase(record: Any) -> str:

@@ -43,6 +43,7 @@ from tests.integration.conftest import (
     controller_config,
     events_for,
     faults_of,
+    node_annotations,
     our_taint,
     pods_on,
     record_entries,
@@ -66,11 +67,6 @@ def repair_config(pool: dict[str, str], **repair: Any) -> dict[str, Any]:
         p1EscalationSeconds=0,  # a P1 fault is acted on at once here
         repair={"enabled": True, "mode": "act", "settleSeconds": 1, **repair},
     )
-
-
-def node_annotations(kube: Client, node: str) -> dict[str, str]:
-    meta = kube.get(Node, node).metadata
-    return dict((meta.annotations if meta else None) or {})
 
 
 def phase(kube: Client, name: str) -> str:

@@ -18,20 +18,20 @@ from gpuheal.model import FAULT_ID, FAULT_SEVERITY, STATUS, TAINT_KEY
 from gpuheal.sim.workloads import apply, gpu_pod, wait_pods_running
 from tests.helpers import FakeNodes, wait_for
 from tests.integration.conftest import (
+    StartAgent,
     StartController,
     controller_config,
     events_for,
     faults_of,
+    node_annotations,
     our_taint,
     pods_on,
     pods_told_evicted,
     record_entries,
     record_of,
 )
-from tests.integration.test_agent import StartAgent, node_annotations, start_agent
 
 pytestmark = pytest.mark.timeout(240)
-__all__ = ["start_agent"]  # fixtures used here
 
 WINDOW_S = 12  # p1EscalationSeconds
 XID79 = "NVRM: Xid (PCI:0000:1c:00): 79, pid=2843, name=python3, GPU has fallen off the bus."
