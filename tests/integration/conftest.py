@@ -275,6 +275,19 @@ def in_process_cli(kubeconfig: Path, capsys: pytest.CaptureFixture[str], *option
     return run
 
 
+@pytest.fixture
+def cli(
+    control_plane: ControlPlane,
+    config_file: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> Cli:
+    """`gpuheal ARGS... --config F` in-process against the test control plane, F
+    the test module's own `config_file` fixture: (exit code, stdout, stderr)."""
+    monkeypatch.setenv("COLUMNS", "240")  # rich wraps tables at the terminal's width
+    return in_process_cli(control_plane.kubeconfig, capsys, "--config", str(config_file))
+
+
 def record_of(kube: Client, node: str) -> Any:
     """The node's one GPUFault record, read now."""
     (record,) = faults_of(kube, node)

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from lightkube import Client
 
-from gpuheal.cli import main
 from gpuheal.sim import ControlPlane
 from gpuheal.sim.controller import ControllerProcess
 from gpuheal.sim.controlplane import ADMIN
@@ -28,6 +27,7 @@ from tests.integration.conftest import (
     entries_of,
     events_for,
     faults_of,
+    in_process_cli,
     our_taint,
     pods_on,
     report_fault,
@@ -57,10 +57,8 @@ def the_record(kube: Client, node: str, phase: str) -> str:
 def gpuheal(
     control_plane: ControlPlane, capsys: pytest.CaptureFixture[str], *args: str
 ) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main([*args, "--kubeconfig", str(control_plane.kubeconfig), "-o", "json"])
-    out = capsys.readouterr()
-    return code, out.out, out.err
+    """`gpuheal ARGS... -o json` in this process, as the admin: (exit code, stdout, stderr)."""
+    return in_process_cli(control_plane.kubeconfig, capsys, "-o", "json")(*args)
 
 
 def post(controller: ControllerProcess, path: str) -> tuple[int, Any]:

@@ -53,7 +53,6 @@ from tests.integration.conftest import (
     controller_config,
     events_for,
     faults_of,
-    in_process_cli,
     our_taint,
     report_fault,
 )
@@ -70,19 +69,6 @@ def config_file(tmp_path: Path, pool: dict[str, str]) -> Path:
     config["maintenance"] = {"evictionRetrySeconds": 0.5}
     path.write_text(yaml.safe_dump(config))
     return path
-
-
-@pytest.fixture
-def cli(
-    control_plane: ControlPlane,
-    config_file: Path,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
-) -> Cli:
-    """Run `gpuheal ...` in-process against the test control plane: (exit, stdout, stderr)."""
-    monkeypatch.setenv("COLUMNS", "240")  # rich wraps tables at the terminal's width
-
-    return in_process_cli(control_plane.kubeconfig, capsys, "--config", str(config_file))
 
 
 class Background:

@@ -18,7 +18,6 @@ import pytest
 from lightkube import Client
 from lightkube.resources.core_v1 import Node
 
-from gpuheal.cli import main
 from gpuheal.model import (
     FAULT_DEVICES,
     FAULT_ID,
@@ -48,7 +47,7 @@ from tests.integration.conftest import (
     pods_on,
     record_entries,
 )
-from tests.integration.test_approval import TOKEN, post
+from tests.integration.test_approval import TOKEN, gpuheal, post
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -315,15 +314,6 @@ def test_propose_mode_records_what_would_be_done_and_asks_nothing_of_the_agent(
     assert REPAIR_REQUEST not in node_annotations(kube, node)
     assert len(record_entries(one_record(kube, node), "would-repair")) == 1
     assert len(events_for(kube, node, "GPUFaultRepairProposed", at_least=1)) == 1
-
-
-def gpuheal(
-    control_plane: ControlPlane, capsys: pytest.CaptureFixture[str], *args: str
-) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main([*args, "--kubeconfig", str(control_plane.kubeconfig), "-o", "json"])
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def awaiting(kube: Client, node: str) -> Any:
