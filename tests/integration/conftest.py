@@ -143,6 +143,11 @@ def report_fault(kube: Client, node: str, fault_id: str, reason: str = "XidCriti
     kube.patch(Node, node, {"metadata": {"annotations": annotations}})
 
 
+def annotate(kube: Client, node: str, annotations: dict[str, str | None]) -> None:
+    """Set (a value) or remove (None) annotations of the node."""
+    kube.patch(Node, node, {"metadata": {"annotations": annotations}})
+
+
 def clear_fault(kube: Client, node: str) -> None:
     annotations = {STATUS: None, FAULT_ID: None, FAULT_TIME: None, FAULT_REASON: None}
     kube.patch(Node, node, {"metadata": {"annotations": annotations}})
@@ -304,6 +309,11 @@ def record_entries(record: Any, action: str = "") -> list[dict[str, Any]]:
     record), in the order written; with `action`, only those of that action."""
     listed: list[dict[str, Any]] = (record.status or {}).get("actions", [])
     return [entry for entry in listed if not action or entry["action"] == action]
+
+
+def record_phase(record: Any) -> str:
+    """A GPUFault record's status.phase as read ("" before the controller sets one)."""
+    return str((record.status or {}).get("phase", ""))
 
 
 def entries_of(

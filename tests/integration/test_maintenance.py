@@ -49,6 +49,7 @@ from tests.helpers import FakeNodes, wait_for
 from tests.integration.conftest import (
     Cli,
     StartController,
+    annotate,
     clear_fault,
     controller_config,
     events_for,
@@ -132,10 +133,6 @@ def taint_keys(node: Node) -> set[str]:
 def set_allocatable(kube: Client, node: str, gpus: int) -> None:
     """What the kubelet reports when the device plugin sees fewer GPUs."""
     kube.patch(NodeStatus, node, {"status": {"allocatable": {"nvidia.com/gpu": str(gpus)}}})
-
-
-def annotate(kube: Client, node: str, annotations: dict[str, str | None]) -> None:
-    kube.patch(Node, node, {"metadata": {"annotations": annotations}})
 
 
 def cordon(kube: Client, node: str, on: bool) -> None:

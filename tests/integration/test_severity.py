@@ -29,16 +29,13 @@ from tests.integration.conftest import (
     pods_told_evicted,
     record_entries,
     record_of,
+    record_phase,
 )
 
 pytestmark = pytest.mark.timeout(240)
 
 WINDOW_S = 12  # p1EscalationSeconds
 XID79 = "NVRM: Xid (PCI:0000:1c:00): 79, pid=2843, name=python3, GPU has fallen off the bus."
-
-
-def phase(record: Any) -> str:
-    return str((record.status or {}).get("phase", ""))
 
 
 def seconds_between(first: dict[str, str], then: dict[str, str]) -> float:
@@ -85,14 +82,16 @@ def test_a_hot_gpu_is_watched_for_the_p1_window_then_drained_once_or_resolved_wh
     # One cools inside the window, one throws Xid 79 on top of the heat.
     agents[cools].set_device(4, temperature=41)
     agents[worsens].kernel(XID79)
-    wait_for("the cooled fault resolved", lambda: phase(record_of(kube, cools)) == "Resolved")
+    wait_for(
+        "the cooled fault resolved", lambda: record_phase(record_of(kube, cools)) == "Resolved"
+    )
     wait_for("the worse one tainted", lambda: our_taint(kube, worsens) is not None)
     hot = record_of(kube, stays_hot)
     opened = parse_time(record_entries(hot, "detect")[0]["time"])
     assert opened is not None
     inside = (dt.datetime.now(dt.UTC) - opened).total_seconds()
     assert inside < WINDOW_S, f"the cooling and the Xid took {inside:.1f}s: no window left to test"
-    assert phase(hot) == "Detected" and our_taint(kube, stays_hot) is None
+    assert record_phase(hot) == "Detected" and our_taint(kube, stays_hot) is None
     assert pods_on(kube, namespace, stays_hot) == {"trainer-0"}
 
     worse = record_of(kube, worsens)
@@ -105,7 +104,7 @@ def test_a_hot_gpu_is_watched_for_the_p1_window_then_drained_once_or_resolved_wh
     # The one still hot: drained once, after the window.
     wait_for("the hot node tainted", lambda: our_taint(kube, stays_hot) is not None, 60)
     wait_for("its pod evicted", lambda: not pods_on(kube, namespace, stays_hot), 60)
-    wait_for("drained", lambda: phase(record_of(kube, stays_hot)) == "Drained", 60)
+    wait_for("drained", lambda: record_phase(record_of(kube, stays_hot)) == "Drained", 60)
     hot = record_of(kube, stays_hot)
     assert record_entries(hot, "escalate")[0]["detail"] == f"still present after {WINDOW_S}s"
     assert (
@@ -123,7 +122,7 @@ def test_a_hot_gpu_is_watched_for_the_p1_window_then_drained_once_or_resolved_wh
     left = WINDOW_S - (dt.datetime.now(dt.UTC) - opened).total_seconds()
     time.sleep(max(0.0, left + 2))
     cooled = record_of(kube, cools)
-    assert phase(cooled) == "Resolved" and not record_entries(cooled, "taint")
+    assert record_phase(cooled) == "Resolved" and not record_entries(cooled, "taint")
     assert record_entries(cooled, "recovered")[0]["detail"] == "fault cleared before quarantine"
     assert our_taint(kube, cools) is None and pods_on(kube, namespace, cools) == {"trainer-1"}
     assert events_for(kube, cools, "GPUFaultQuarantined") == []
@@ -160,7 +159,7 @@ def test_p1_taint_fences_a_watched_fault_with_noschedule_then_applies_the_taint_
         "the NoSchedule fence", lambda: taint_of(kube, node) == ("npd-gpu-hot-7", "NoSchedule")
     )
     assert pods_on(kube, namespace, node) == {"trainer"}
-    assert phase(record_of(kube, node)) == "Quarantined"
+    assert record_phase(record_of(kube, node)) == "Quarantined"
     wait_for(
         "the configured effect", lambda: taint_of(kube, node) == ("npd-gpu-hot-7", "NoExecute"), 30
     )
