@@ -53,7 +53,21 @@ def plan_entries(plan: Plan, action: str = "") -> list[ActionEntry]:
     ]
 
 
-__all__ = ["FakeNodes", "pid_alive", "plan_entries", "unique", "wait_for"]
+def gpufault_spec(node: str, fault_id: str) -> dict[str, str]:
+    """A GPUFault's spec as the controller writes it for an agent's P0 report of
+    Xid 79 (`fault_id`) on `node`."""
+    return {
+        "node": node,
+        "faultID": fault_id,
+        "scope": "node",
+        "source": "agent",
+        "reason": "XidCritical79",
+        "severity": "P0",
+        "detectedAt": "2026-12-01T02:30:12Z",
+    }
+
+
+__all__ = ["FakeNodes", "gpufault_spec", "pid_alive", "plan_entries", "unique", "wait_for"]
 
 
 _REFUSAL = re.compile(r"\b403\b|Forbidden")
