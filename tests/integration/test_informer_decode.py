@@ -20,12 +20,7 @@ from gpuheal.sim import ControlPlane
 from gpuheal.sim.resources import GPUFault
 from gpuheal.values import node_label
 from tests import corpus
-from tests.helpers import (
-    FakeNodes,
-    gpufault_spec,
-    unique,
-    wait_for,
-)
+from tests.helpers import FakeNodes, gpufault_spec, unique, wait_for
 from tests.integration.conftest import (
     StartController,
     controller_config,

@@ -40,13 +40,7 @@ from tests.integration.conftest import (
     pods_on,
     record_entries,
 )
-from tests.integration.test_repair import (
-    AGENT,
-    XID_79,
-    one_record,
-    phase,
-    repair_config,
-)
+from tests.integration.test_repair import AGENT, XID_79, one_record, phase, repair_config
 
 # kured waits 30-90 s before its first look at its lock (a fixed 1-minute delaytick),
 # at each start, then half a period to one and a half before its first sentinel check.
