@@ -9,7 +9,6 @@ The run writes the screenshots docs/console.md shows."""
 from __future__ import annotations
 
 import json
-import shutil
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -20,7 +19,7 @@ from typing import Any
 import pytest
 from lightkube import Client
 from lightkube.resources.core_v1 import Node
-from playwright.sync_api import Browser, BrowserContext, Dialog, Page, expect, sync_playwright
+from playwright.sync_api import Browser, BrowserContext, Dialog, Page, expect
 
 from gpuheal.api.console.routes import CSP
 from gpuheal.sim.controller import ControllerProcess
@@ -47,18 +46,6 @@ TOKEN = "console-act-token-7d2e91c4b5a0"
 VIEW_TOKEN = "console-view-token-3a8f0e6d1c27"
 XSS = "<img src=x onerror=alert(1)>"
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-# Debian's chromium, installed by `make browser`; never a downloaded one.
-CHROMIUM = "/usr/bin/chromium"
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    assert shutil.which("chromium"), "chromium missing: run `make browser`"
-    with sync_playwright() as playwright:
-        # As root (CI, containers) chromium runs only without its sandbox.
-        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield launched
-        launched.close()
 
 
 @pytest.fixture
