@@ -4,12 +4,14 @@ set of fake GPU nodes per test. Tier markers come from the test's folder."""
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from lightkube import Client
 from lightkube.resources.core_v1 import Namespace
+from playwright.sync_api import Browser, sync_playwright
 
 from gpuheal.sim import ControlPlane, ControlPlaneConfig
 from gpuheal.sim.nodes import create_gpu_nodes, delete_nodes, wait_nodes_ready
@@ -19,6 +21,8 @@ from tests.helpers import FakeNodes, unique
 
 _TIERS = ("unit", "integration", "e2e", "chaos")
 AUDITED_CONTROLLER = "gpuheal-controller"  # one of gpuheal.sim's static identities
+# Debian's chromium, installed by `make browser`; never a downloaded one.
+CHROMIUM = "/usr/bin/chromium"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -75,3 +79,14 @@ def fake_gpu_nodes(kube: Client) -> Iterator[FakeNodes]:
 
     yield make
     delete_nodes(kube, created)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """Chromium under playwright, one per test module (the console's browser tests)."""
+    assert shutil.which("chromium"), "chromium missing: run `make browser`"
+    with sync_playwright() as playwright:
+        # As root (CI, containers) chromium runs only without its sandbox.
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield launched
+        launched.close()

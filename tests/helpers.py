@@ -8,6 +8,9 @@ import uuid
 from collections.abc import Callable
 from typing import TypeVar
 
+from gpuheal.model import ActionEntry
+from gpuheal.policy.actions import Plan, UpdateRecord
+
 T = TypeVar("T")
 
 # fake_gpu_nodes(count, **options) -> node names
@@ -40,7 +43,31 @@ def pid_alive(pid: int) -> bool:
     return state != "Z"
 
 
-__all__ = ["FakeNodes", "pid_alive", "unique", "wait_for"]
+def plan_entries(plan: Plan, action: str = "") -> list[ActionEntry]:
+    """The record entries a Plan writes (its UpdateRecord actions'), stage by stage
+    in order; with `action`, only those of that action."""
+    return [
+        a.entry
+        for a in plan.actions
+        if isinstance(a, UpdateRecord) and (not action or a.entry.action == action)
+    ]
+
+
+def gpufault_spec(node: str, fault_id: str) -> dict[str, str]:
+    """A GPUFault's spec as the controller writes it for an agent's P0 report of
+    Xid 79 (`fault_id`) on `node`."""
+    return {
+        "node": node,
+        "faultID": fault_id,
+        "scope": "node",
+        "source": "agent",
+        "reason": "XidCritical79",
+        "severity": "P0",
+        "detectedAt": "2026-12-01T02:30:12Z",
+    }
+
+
+__all__ = ["FakeNodes", "gpufault_spec", "pid_alive", "plan_entries", "unique", "wait_for"]
 
 
 _REFUSAL = re.compile(r"\b403\b|Forbidden")

@@ -7,7 +7,6 @@ its page is its GPUFault record's. Ctrl-C then stops everything."""
 from __future__ import annotations
 
 import re
-import shutil
 import signal
 import subprocess
 import threading
@@ -18,7 +17,7 @@ from typing import IO, Any
 
 import pytest
 from lightkube import Client, KubeConfig
-from playwright.sync_api import Browser, expect, sync_playwright
+from playwright.sync_api import Browser, expect
 
 from gpuheal.sim.resources import GPUFault
 from tests.e2e.test_demo import _gpuheal, _gpuheal_processes
@@ -26,8 +25,6 @@ from tests.helpers import wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
-# Debian's chromium, installed by `make browser`; never a downloaded one.
-CHROMIUM = "/usr/bin/chromium"
 CONSOLE_LINE = re.compile(
     r"The console: (\S+)/console/ \(sign in with any name and the token '([^']+)'\)"
 )
@@ -78,16 +75,6 @@ class DemoOutput:
     def text(self) -> str:
         with self.changed:
             return "\n".join(self.lines)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    assert shutil.which("chromium"), "chromium missing: run `make browser`"
-    with sync_playwright() as playwright:
-        # As root (CI, containers) chromium runs only without its sandbox.
-        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield launched
-        launched.close()
 
 
 @pytest.fixture

@@ -30,6 +30,8 @@ from tests.conftest import AUDITED_CONTROLLER
 from tests.helpers import unique, wait_for
 
 StartController = Callable[..., ControllerProcess]
+# start_agent(node, config=None, **options) -> a started AgentProcess
+StartAgent = Callable[..., AgentProcess]
 # `gpuheal ...` run in-process: (exit code, stdout, stderr).
 Cli = Callable[..., tuple[int, str, str]]
 
@@ -141,6 +143,11 @@ def report_fault(kube: Client, node: str, fault_id: str, reason: str = "XidCriti
     kube.patch(Node, node, {"metadata": {"annotations": annotations}})
 
 
+def annotate(kube: Client, node: str, annotations: dict[str, str | None]) -> None:
+    """Set (a value) or remove (None) annotations of the node."""
+    kube.patch(Node, node, {"metadata": {"annotations": annotations}})
+
+
 def clear_fault(kube: Client, node: str) -> None:
     annotations = {STATUS: None, FAULT_ID: None, FAULT_TIME: None, FAULT_REASON: None}
     kube.patch(Node, node, {"metadata": {"annotations": annotations}})
@@ -227,6 +234,38 @@ def agents(control_plane: ControlPlane, tmp_path: Path) -> Iterator[list[AgentPr
         print(f"--- agent {agent.node} log (tail) ---\n{agent.log()[-3000:]}")
 
 
+@pytest.fixture
+def start_agent(
+    control_plane: ControlPlane, tmp_path: Path, agents: list[AgentProcess]
+) -> StartAgent:
+    """Factory: `start_agent(node, config=None, **options)` starts the agent of a
+    node as the admin (AgentProcess's options: gpus, nvml_lib_dir, wrap); stopped after the
+    test, its log shown (it joins `agents`)."""
+
+    def start(node: str, config: dict[str, Any] | None = None, **options: Any) -> AgentProcess:
+        agent = AgentProcess(tmp_path, control_plane.kubeconfig, node, config, **options)
+        agents.append(agent)
+        return agent.start()
+
+    return start
+
+
+def node_annotations(kube: Client, node: str) -> dict[str, str]:
+    """The node's annotations, read now."""
+    meta = kube.get(Node, node).metadata
+    return dict((meta.annotations if meta else None) or {})
+
+
+def gpu_healthy(kube: Client, node: str) -> tuple[str, str, str]:
+    """The node's GPUHealthy condition, read now: (status, reason, message); all
+    three "" while the node has none."""
+    status = kube.get(Node, node).status
+    found = next(
+        (c for c in (status.conditions if status else None) or [] if c.type == "GPUHealthy"), None
+    )
+    return (found.status, found.reason or "", found.message or "") if found else ("", "", "")
+
+
 def in_process_cli(kubeconfig: Path, capsys: pytest.CaptureFixture[str], *options: str) -> Cli:
     """`gpuheal ARGS... --kubeconfig K OPTIONS...` run in this process, its output
     captured: (exit code, stdout, stderr). Set COLUMNS first: rich wraps tables at
@@ -241,6 +280,19 @@ def in_process_cli(kubeconfig: Path, capsys: pytest.CaptureFixture[str], *option
     return run
 
 
+@pytest.fixture
+def cli(
+    control_plane: ControlPlane,
+    config_file: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> Cli:
+    """`gpuheal ARGS... --config F` in-process against the test control plane, F
+    the test module's own `config_file` fixture: (exit code, stdout, stderr)."""
+    monkeypatch.setenv("COLUMNS", "240")  # rich wraps tables at the terminal's width
+    return in_process_cli(control_plane.kubeconfig, capsys, "--config", str(config_file))
+
+
 def record_of(kube: Client, node: str) -> Any:
     """The node's one GPUFault record, read now."""
     (record,) = faults_of(kube, node)
@@ -250,6 +302,29 @@ def record_of(kube: Client, node: str) -> Any:
 def faults_of(kube: Client, node: str) -> list[Any]:
     listed = kube.list(GPUFault, labels={NODE_LABEL: node_label(node)})
     return [r for r in listed if r.spec and r.spec.get("node") == node]
+
+
+def record_entries(record: Any, action: str = "") -> list[dict[str, Any]]:
+    """A GPUFault record's status.actions entries as read (a listed or fetched
+    record), in the order written; with `action`, only those of that action."""
+    listed: list[dict[str, Any]] = (record.status or {}).get("actions", [])
+    return [entry for entry in listed if not action or entry["action"] == action]
+
+
+def record_phase(record: Any) -> str:
+    """A GPUFault record's status.phase as read ("" before the controller sets one)."""
+    return str((record.status or {}).get("phase", ""))
+
+
+def entries_of(
+    kube: Client, action: str, *, name: str = "", node: str = ""
+) -> list[dict[str, Any]]:
+    """Read now: the `action` entries of the GPUFault record `name`, or of every
+    record of `node` (none while it has none), as the server lists them."""
+    if bool(name) == bool(node):
+        raise TypeError("entries_of: give the record's name or its node, one of them")
+    records = [kube.get(GPUFault, name)] if name else faults_of(kube, node)
+    return [entry for record in records for entry in record_entries(record, action)]
 
 
 def handled_fault(kube: Client, node: str) -> str | None:

@@ -7,9 +7,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from lightkube import Client
@@ -33,39 +31,16 @@ from gpuheal.model import (
 from gpuheal.sim import ControlPlane
 from gpuheal.sim.agent import AgentProcess
 from tests.helpers import FakeNodes, wait_for
-from tests.integration.conftest import StartController, controller_config, our_taint
+from tests.integration.conftest import (
+    StartAgent,
+    StartController,
+    controller_config,
+    gpu_healthy,
+    node_annotations,
+    our_taint,
+)
 
 pytestmark = pytest.mark.timeout(240)
-
-StartAgent = Callable[..., AgentProcess]
-
-
-@pytest.fixture
-def start_agent(control_plane: ControlPlane, tmp_path: Path) -> Iterator[StartAgent]:
-    started: list[AgentProcess] = []
-
-    def start(node: str, config: dict[str, Any] | None = None) -> AgentProcess:
-        agent = AgentProcess(tmp_path, control_plane.kubeconfig, node, config)
-        started.append(agent)
-        return agent.start()
-
-    yield start
-    for agent in started:
-        agent.stop()
-        print(f"--- agent {agent.node} log (tail) ---\n{agent.log()[-3000:]}")
-
-
-def condition(kube: Client, node: str) -> tuple[str, str]:
-    status = kube.get(Node, node).status
-    found = next(
-        (c for c in (status.conditions if status else None) or [] if c.type == "GPUHealthy"), None
-    )
-    return (found.status, found.reason or "") if found else ("", "")
-
-
-def node_annotations(kube: Client, node: str) -> dict[str, str]:
-    meta = kube.get(Node, node).metadata
-    return dict((meta.annotations if meta else None) or {})
 
 
 def test_injected_faults_are_reported_after_n_rounds_kept_stable_and_cleared(
@@ -75,7 +50,7 @@ def test_injected_faults_are_reported_after_n_rounds_kept_stable_and_cleared(
     agents = [start_agent(n, {"failRounds": 3, "healthyRounds": 3}) for n in nodes]
 
     def all_healthy() -> bool:
-        return all(condition(kube, n) == ("True", "GPUsHealthy") for n in nodes)
+        return all(gpu_healthy(kube, n)[:2] == ("True", "GPUsHealthy") for n in nodes)
 
     wait_for("GPUHealthy=True everywhere", all_healthy)
 
@@ -83,7 +58,7 @@ def test_injected_faults_are_reported_after_n_rounds_kept_stable_and_cleared(
     agent.set_device(5, eccUncorrectedVolatile=3)
     wait_for("the fault reported", lambda: node_annotations(kube, sick).get(STATUS) == "faulty")
     assert '"failing_rounds": 3' in agent.log()  # after exactly 3 failing rounds
-    assert condition(kube, sick) == ("False", "EccUncorrectable")
+    assert gpu_healthy(kube, sick)[:2] == ("False", "EccUncorrectable")
     fault_id = node_annotations(kube, sick)[FAULT_ID]
     assert (
         node_annotations(kube, sick)["gpuheal.io/fault-devices"] == agent.spec["devices"][5]["uuid"]
@@ -99,7 +74,7 @@ def test_injected_faults_are_reported_after_n_rounds_kept_stable_and_cleared(
     kube.patch(Node, sick, {"metadata": {"annotations": {HANDLED_FAULT_ID: fault_id}}})
     agent.set_device(5, eccUncorrectedVolatile=0)
     wait_for("the fault cleared", lambda: STATUS not in node_annotations(kube, sick))
-    assert condition(kube, sick) == ("True", "GPUsHealthy")
+    assert gpu_healthy(kube, sick)[:2] == ("True", "GPUsHealthy")
     assert node_annotations(kube, sick)[HANDLED_FAULT_ID] == fault_id
     for node in (nodes[0], nodes[2]):
         assert STATUS not in node_annotations(kube, node)  # neighbours untouched
@@ -112,7 +87,7 @@ def test_a_restarted_agent_does_not_report_old_kernel_lines_again(
     config = {"failRounds": 2, "healthyRounds": 2, "xidHoldSeconds": 1}
     agent = start_agent(node, config)
     agent.kernel("NVRM: Xid (PCI:0000:1a:00): 79, pid=<unknown>, GPU has fallen off the bus.")
-    wait_for("the Xid reported", lambda: condition(kube, node) == ("False", "XidCritical79"))
+    wait_for("the Xid reported", lambda: gpu_healthy(kube, node)[:2] == ("False", "XidCritical79"))
     wait_for("cleared after the hold", lambda: STATUS not in node_annotations(kube, node))
     agent.stop()
 
@@ -121,7 +96,7 @@ def test_a_restarted_agent_does_not_report_old_kernel_lines_again(
     try:
         time.sleep(2)  # ten rounds
         assert STATUS not in node_annotations(kube, node)
-        assert condition(kube, node) == ("True", "GPUsHealthy")
+        assert gpu_healthy(kube, node)[:2] == ("True", "GPUsHealthy")
         assert again.metric("gpuheal_agent_xid_total") == 0
     finally:
         again.stop()
@@ -132,9 +107,9 @@ def test_a_hung_nvml_call_times_out_and_the_node_is_reported_unknown(
 ) -> None:
     (node,) = fake_gpu_nodes(1)
     agent = start_agent(node, {"nvmlTimeoutSeconds": 0.3})
-    wait_for("healthy", lambda: condition(kube, node)[0] == "True")
+    wait_for("healthy", lambda: gpu_healthy(kube, node)[0] == "True")
     agent.set_device(0, hangSeconds=30)
-    wait_for("Unknown", lambda: condition(kube, node)[0] == "Unknown")
+    wait_for("Unknown", lambda: gpu_healthy(kube, node)[0] == "Unknown")
     assert STATUS not in node_annotations(kube, node)  # Unknown is not Unhealthy
     assert agent.metric('gpuheal_agent_probe_failures_total{probe="nvml"}') >= 1
 
@@ -144,7 +119,7 @@ def test_the_agent_survives_an_api_outage_and_reports_afterwards(
 ) -> None:
     (node,) = fake_gpu_nodes(1)
     agent = start_agent(node, {"failRounds": 2})
-    wait_for("healthy", lambda: condition(kube, node)[0] == "True")
+    wait_for("healthy", lambda: gpu_healthy(kube, node)[0] == "True")
     apiserver = control_plane.pids["kube-apiserver"]
     os.kill(apiserver, signal.SIGSTOP)
     try:
@@ -155,7 +130,7 @@ def test_the_agent_survives_an_api_outage_and_reports_afterwards(
         os.kill(apiserver, signal.SIGCONT)
     wait_for(
         "reported after the outage",
-        lambda: condition(kube, node) == ("False", "GpuLost"),
+        lambda: gpu_healthy(kube, node)[:2] == ("False", "GpuLost"),
         timeout_s=60,
     )
     assert agent.metric("gpuheal_agent_report_failures_total") >= 1

@@ -9,13 +9,12 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from lightkube import Client
-from lightkube.resources.core_v1 import Node
 
 from gpuheal.cli import main
 from gpuheal.model import AGENT_ACCESS, STATUS
@@ -25,6 +24,7 @@ from gpuheal.sim.agent import AgentProcess
 from gpuheal.sim.monitoring import Monitoring
 from tests.helpers import FakeNodes, wait_for
 from tests.integration.chart import alert_rules, firing
+from tests.integration.conftest import gpu_healthy, node_annotations
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -32,8 +32,11 @@ INTERVAL_S = 1.0
 
 
 @pytest.fixture
-def agents(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Callable[..., AgentProcess]]:
-    started: list[AgentProcess] = []
+def new_agent(
+    control_plane: ControlPlane, tmp_path: Path, agents: list[AgentProcess]
+) -> Callable[..., AgentProcess]:
+    """Factory: the agent of a node, probing every INTERVAL_S, not started yet
+    (stopped after the test, as `agents` are)."""
 
     def make(node: str, config: dict[str, Any] | None = None) -> AgentProcess:
         agent = AgentProcess(
@@ -42,26 +45,10 @@ def agents(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Callable[...
             node,
             {"intervalSeconds": INTERVAL_S, **(config or {})},
         )
-        started.append(agent)
+        agents.append(agent)
         return agent
 
-    yield make
-    for agent in started:
-        agent.stop()
-        print(f"--- agent {agent.node} log (tail) ---\n{agent.log()[-3000:]}")
-
-
-def gpu_healthy(kube: Client, node: str) -> tuple[str, str, str]:
-    status = kube.get(Node, node).status
-    found = next(
-        (c for c in (status.conditions if status else None) or [] if c.type == "GPUHealthy"), None
-    )
-    return (found.status, found.reason or "", found.message or "") if found else ("", "", "")
-
-
-def node_annotations(kube: Client, node: str) -> dict[str, str]:
-    meta = kube.get(Node, node).metadata
-    return dict((meta.annotations if meta else None) or {})
+    return make
 
 
 def scrape(agent: AgentProcess) -> str:
@@ -89,11 +76,11 @@ def test_no_nvml_and_no_kernel_log_say_why_within_one_interval_and_alert(
     control_plane: ControlPlane,
     capsys: pytest.CaptureFixture[str],
     fake_gpu_nodes: FakeNodes,
-    agents: Callable[..., AgentProcess],
+    new_agent: Callable[..., AgentProcess],
     tmp_path: Path,
 ) -> None:
     (node,) = fake_gpu_nodes(1)
-    agent = agents(node, {"kmsgPath": str(tmp_path / "no-such-kmsg")})
+    agent = new_agent(node, {"kmsgPath": str(tmp_path / "no-such-kmsg")})
     agent.spec_path.unlink()  # no libnvidia-ml: nvmlInit answers LIBRARY_NOT_FOUND
     agent.start()
     ready = time.monotonic()
@@ -187,10 +174,10 @@ def test_no_nvml_and_no_kernel_log_say_why_within_one_interval_and_alert(
 
 
 def test_nvml_that_sees_no_gpu_on_a_node_offering_eight_is_unknown_not_a_fault(
-    kube: Client, fake_gpu_nodes: FakeNodes, agents: Callable[..., AgentProcess]
+    kube: Client, fake_gpu_nodes: FakeNodes, new_agent: Callable[..., AgentProcess]
 ) -> None:
     (node,) = fake_gpu_nodes(1)
-    agent = agents(node, {"failRounds": 1})
+    agent = new_agent(node, {"failRounds": 1})
     agent.spec["devices"] = []  # NVIDIA_VISIBLE_DEVICES not honoured: no device in the container
     agent.write_spec()
     agent.start()
@@ -208,10 +195,10 @@ def test_a_healthy_agent_says_what_it_reaches(
     control_plane: ControlPlane,
     capsys: pytest.CaptureFixture[str],
     fake_gpu_nodes: FakeNodes,
-    agents: Callable[..., AgentProcess],
+    new_agent: Callable[..., AgentProcess],
 ) -> None:
     (node,) = fake_gpu_nodes(1)
-    agent = agents(node).start()
+    agent = new_agent(node).start()
     wait_for("healthy", lambda: gpu_healthy(kube, node)[:2] == ("True", "GPUsHealthy"))
     wait_for("the access fact", lambda: AGENT_ACCESS in node_annotations(kube, node))
     reach = access.decode(node_annotations(kube, node)[AGENT_ACCESS])
@@ -226,11 +213,11 @@ def test_the_agent_alerts_stay_silent_on_a_healthy_agent_and_one_fires_when_it_d
     kube: Client,
     control_plane: ControlPlane,
     fake_gpu_nodes: FakeNodes,
-    agents: Callable[..., AgentProcess],
+    new_agent: Callable[..., AgentProcess],
     tmp_path: Path,
 ) -> None:
     (node,) = fake_gpu_nodes(1)
-    agent = agents(node).start()
+    agent = new_agent(node).start()
     wait_for("healthy", lambda: gpu_healthy(kube, node)[:2] == ("True", "GPUsHealthy"))
     rules = alert_rules(control_plane, "gpuheal-agent")
     assert {r["alert"] for r in rules} >= {"GPUHealAgentDown", "GPUHealAgentStuck"}

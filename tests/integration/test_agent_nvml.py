@@ -6,52 +6,18 @@ with the kernel log off, and a node without the library at all."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from lightkube import Client
-from lightkube.resources.core_v1 import Node
 
 from gpuheal.model import AGENT_ACCESS, FAULT_DEVICES, FAULT_REASON, FAULT_SEVERITY, STATUS
 from gpuheal.policy import access
-from gpuheal.sim import ControlPlane
-from gpuheal.sim.agent import AgentProcess
 from gpuheal.xid import classify
 from tests.helpers import FakeNodes, wait_for
+from tests.integration.conftest import StartAgent, gpu_healthy, node_annotations
 
 pytestmark = pytest.mark.timeout(240)
-
-StartAgent = Callable[..., AgentProcess]
-
-
-@pytest.fixture
-def start_agent(control_plane: ControlPlane, tmp_path: Path) -> Iterator[StartAgent]:
-    started: list[AgentProcess] = []
-
-    def start(node: str, config: dict[str, Any] | None = None, **kw: Any) -> AgentProcess:
-        agent = AgentProcess(tmp_path, control_plane.kubeconfig, node, config, **kw)
-        started.append(agent)
-        return agent.start()
-
-    yield start
-    for agent in started:
-        agent.stop()
-        print(f"--- agent {agent.node} log (tail) ---\n{agent.log()[-3000:]}")
-
-
-def condition(kube: Client, node: str) -> tuple[str, str, str]:
-    status = kube.get(Node, node).status
-    found = next(
-        (c for c in (status.conditions if status else None) or [] if c.type == "GPUHealthy"), None
-    )
-    return (found.status, found.reason or "", found.message or "") if found else ("", "", "")
-
-
-def node_annotations(kube: Client, node: str) -> dict[str, str]:
-    meta = kube.get(Node, node).metadata
-    return dict((meta.annotations if meta else None) or {})
 
 
 def test_a_gpu_lost_mid_run_is_a_gpu_lost_fault_of_that_gpu(
@@ -59,7 +25,7 @@ def test_a_gpu_lost_mid_run_is_a_gpu_lost_fault_of_that_gpu(
 ) -> None:
     (node,) = fake_gpu_nodes(1)
     agent = start_agent(node, {"failRounds": 2})
-    wait_for("healthy", lambda: condition(kube, node)[:2] == ("True", "GPUsHealthy"))
+    wait_for("healthy", lambda: gpu_healthy(kube, node)[:2] == ("True", "GPUsHealthy"))
     value = node_annotations(kube, node)[AGENT_ACCESS]
     # The stand-in is the library the agent's dynamic loader mapped, by NVML's own name.
     assert f"library={agent.nvml.library}" in value and value.startswith("nvml=ok;gpus=8/8")
@@ -70,7 +36,7 @@ def test_a_gpu_lost_mid_run_is_a_gpu_lost_fault_of_that_gpu(
     assert (found[FAULT_REASON], found[FAULT_SEVERITY]) == ("GpuLost", "P0")
     # NVML answers nothing of it now; the probe names it by the UUID it answered before.
     assert found[FAULT_DEVICES] == agent.spec["devices"][3]["uuid"]
-    assert condition(kube, node)[:2] == ("False", "GpuLost")
+    assert gpu_healthy(kube, node)[:2] == ("False", "GpuLost")
 
 
 def test_a_lost_gpu_that_still_answers_its_uuid_is_named_by_it(
@@ -78,7 +44,7 @@ def test_a_lost_gpu_that_still_answers_its_uuid_is_named_by_it(
 ) -> None:
     (node,) = fake_gpu_nodes(1)
     agent = start_agent(node, {"failRounds": 2})
-    wait_for("healthy", lambda: condition(kube, node)[0] == "True")
+    wait_for("healthy", lambda: gpu_healthy(kube, node)[0] == "True")
     # The handle and UUID still answer; the health queries say the GPU is gone.
     agent.set_device(3, errors={"nvmlDeviceGetTotalEccErrors": "GPU_IS_LOST"})
     wait_for("reported", lambda: node_annotations(kube, node).get(STATUS) == "faulty")
@@ -93,7 +59,7 @@ def test_an_xid_79_from_the_nvml_event_set_reaches_the_node_with_its_gpu(
     (node,) = fake_gpu_nodes(1)
     # No kernel log: the Xid can only come through nvmlEventSetWait.
     agent = start_agent(node, {"kmsgEnabled": False, "failRounds": 2})
-    wait_for("healthy", lambda: condition(kube, node)[0] == "True")
+    wait_for("healthy", lambda: gpu_healthy(kube, node)[0] == "True")
     assert "kmsg=off" in node_annotations(kube, node)[AGENT_ACCESS]
 
     agent.set_spec(xidEvents=[{"id": 1, "device": 3, "xid": 79}])
@@ -116,10 +82,10 @@ def test_without_the_library_the_agent_runs_and_says_nvml_is_unavailable(
     agent = start_agent(node, {"kmsgEnabled": False}, nvml_lib_dir=empty)
     wait_for(
         "the reason on the condition",
-        lambda: condition(kube, node)[1] == access.NVML_LIBRARY_NOT_FOUND,
+        lambda: gpu_healthy(kube, node)[1] == access.NVML_LIBRARY_NOT_FOUND,
         timeout_s=30,
     )
-    state, _, message = condition(kube, node)
+    state, _, message = gpu_healthy(kube, node)
     assert state == "Unknown"
     assert "NVML unavailable" in message and "libnvidia-ml.so.1" in message
     wait_for(

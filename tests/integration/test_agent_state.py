@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 from lightkube import Client
-from lightkube.resources.core_v1 import Node
 
 from gpuheal.sim import ControlPlane
 from gpuheal.sim.agent import AgentProcess
 from tests.helpers import FakeNodes, wait_for
+from tests.integration.conftest import gpu_healthy
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -46,14 +46,8 @@ BROKEN = {
 }
 
 
-def gpu_condition(kube: Client, node: str) -> tuple[str, str]:
-    status = kube.get(Node, node).status
-    found = [c for c in (status.conditions if status else None) or [] if c.type == "GPUHealthy"]
-    return (found[0].status, found[0].reason or "") if found else ("", "")
-
-
 def reports_xid_79(kube: Client, node: str) -> bool:
-    return gpu_condition(kube, node) == ("False", "XidCritical79")
+    return gpu_healthy(kube, node)[:2] == ("False", "XidCritical79")
 
 
 @pytest.mark.parametrize("shape", list(BROKEN))

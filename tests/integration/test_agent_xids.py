@@ -6,45 +6,21 @@ from __future__ import annotations
 
 import re
 import urllib.request
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 from lightkube import Client
 from lightkube.resources.core_v1 import Node
 
 from gpuheal.model import FAULT_REASON, FAULT_SEVERITY, STATUS, XID_ERRORS
-from gpuheal.sim import ControlPlane
 from gpuheal.sim.agent import AgentProcess
 from gpuheal.xid import VERSION
 from tests.helpers import FakeNodes, wait_for
+from tests.integration.conftest import StartAgent, node_annotations
 
 pytestmark = pytest.mark.timeout(240)
 
-StartAgent = Callable[..., AgentProcess]
 # The fake NVML's GPU 0 is at PCI 0000:18:00 (gpuheal/sim/agent.py::gpu_spec).
 GPU0, GPU1 = "PCI:0000:18:00", "PCI:0000:19:00"
-
-
-@pytest.fixture
-def start_agent(control_plane: ControlPlane, tmp_path: Path) -> Iterator[StartAgent]:
-    started: list[AgentProcess] = []
-
-    def start(node: str, config: dict[str, Any] | None = None) -> AgentProcess:
-        agent = AgentProcess(tmp_path, control_plane.kubeconfig, node, config)
-        started.append(agent)
-        return agent.start()
-
-    yield start
-    for agent in started:
-        agent.stop()
-        print(f"--- agent {agent.node} log (tail) ---\n{agent.log()[-3000:]}")
-
-
-def node_annotations(kube: Client, node: str) -> dict[str, str]:
-    meta = kube.get(Node, node).metadata
-    return dict((meta.annotations if meta else None) or {})
 
 
 def metrics(agent: AgentProcess) -> str:

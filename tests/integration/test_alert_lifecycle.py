@@ -23,6 +23,7 @@ from tests.integration.conftest import (
     controller_config,
     our_taint,
     record_of,
+    record_phase,
 )
 from tests.integration.test_api import TOKEN, call
 
@@ -40,10 +41,6 @@ def xid_alert(node: str, status: str = "firing") -> dict[str, Any]:
     """dcgm-exporter's Xid series, alerted on by a rule labelled critical."""
     labels = {**dcgm_labels(node, 3), "alertname": "GPUXidError", "severity": "critical"}
     return webhook([alert(labels, status=status)])
-
-
-def phase(record: Any) -> str:
-    return str((record.status or {}).get("phase", ""))
 
 
 def entry_time(record: Any, action: str) -> float:
@@ -82,13 +79,13 @@ def test_a_resolved_alert_lifts_the_quarantine_only_with_resolved_alert_clears(
     if clears:
         wait_for("the taint lifted", lambda: our_taint(kube, node) is None, timeout_s=30)
         record = record_of(kube, node)
-        assert phase(record) == "Resolved"
+        assert record_phase(record) == "Resolved"
         assert entry_time(record, "untaint") - entry_time(record, "recovering") >= 1 - 0.01
     else:
         time.sleep(4)  # the recovery window (1 s) four times over
         assert our_taint(kube, node) is not None
         record = record_of(kube, node)
-        assert phase(record) == "Drained"
+        assert record_phase(record) == "Drained"
         assert "recovering" not in {e["action"] for e in record.status["actions"]}
     assert answer["resolved"][0]["withdrawn"] is clears
 
@@ -108,11 +105,11 @@ def test_an_alert_signal_that_expires_wakes_its_node_which_then_recovers(
     controller = start_controller(config).wait_leading()  # resyncSeconds: 300, not in play
     sent = time.time()
     quarantine_by_alert(controller, kube, node)
-    wait_for("drained", lambda: phase(record_of(kube, node)) == "Drained", timeout_s=30)
+    wait_for("drained", lambda: record_phase(record_of(kube, node)) == "Drained", timeout_s=30)
 
     wait_for("the taint lifted", lambda: our_taint(kube, node) is None, timeout_s=30)
     record = record_of(kube, node)
-    assert phase(record) == "Resolved"
+    assert record_phase(record) == "Resolved"
     woke = entry_time(record, "recovering") - sent
     print(f"the node's recovery began {woke:.2f}s after the alert (ttl {ttl}s)")
     assert ttl - 0.5 <= woke <= ttl + 2  # at the expiry, not before, not at some later event

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from lightkube import Client
 
-from gpuheal.cli import main
 from gpuheal.sim import ControlPlane
 from gpuheal.sim.controller import ControllerProcess
 from gpuheal.sim.controlplane import ADMIN
@@ -25,8 +24,10 @@ from tests.integration.conftest import (
     StartController,
     clear_fault,
     controller_config,
+    entries_of,
     events_for,
     faults_of,
+    in_process_cli,
     our_taint,
     pods_on,
     report_fault,
@@ -53,17 +54,11 @@ def the_record(kube: Client, node: str, phase: str) -> str:
     return str(faults_of(kube, node)[0].metadata.name)
 
 
-def entries(kube: Client, name: str, action: str) -> list[dict[str, Any]]:
-    return [a for a in status_of(kube, name).get("actions", []) if a["action"] == action]
-
-
 def gpuheal(
     control_plane: ControlPlane, capsys: pytest.CaptureFixture[str], *args: str
 ) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main([*args, "--kubeconfig", str(control_plane.kubeconfig), "-o", "json"])
-    out = capsys.readouterr()
-    return code, out.out, out.err
+    """`gpuheal ARGS... -o json` in this process, as the admin: (exit code, stdout, stderr)."""
+    return in_process_cli(control_plane.kubeconfig, capsys, "-o", "json")(*args)
 
 
 def post(controller: ControllerProcess, path: str) -> tuple[int, Any]:
@@ -119,14 +114,14 @@ def test_nothing_moves_until_approved_then_exactly_one_remediation(
     wait_for("the taint", lambda: our_taint(kube, node) is not None, timeout_s=30)
     wait_for("the drain", lambda: not pods_on(kube, namespace, node), timeout_s=30)
     the_record(kube, node, "Drained")
-    (approved,) = entries(kube, name, "approved")
+    (approved,) = entries_of(kube, "approved", name=name)
     assert f"by {ADMIN}" in approved["detail"]
-    assert len(entries(kube, name, "taint")) == 1
+    assert len(entries_of(kube, "taint", name=name)) == 1
     assert len(events_for(kube, node, "GPUFaultApproved", at_least=1)) == 1
     # Answered and acted on: a second answer is refused, and changes nothing.
     code, _, err = gpuheal(control_plane, capsys, "approve", "xid-79-gpu-fell-off-the-bus")
     assert code == 2 and "not awaiting approval" in err
-    assert len(entries(kube, name, "approved")) == 1
+    assert len(entries_of(kube, "approved", name=name)) == 1
 
 
 def test_a_rejection_and_an_expiry_are_recorded_and_nothing_moves(
@@ -159,13 +154,13 @@ def test_a_rejection_and_an_expiry_are_recorded_and_nothing_moves(
 
     the_record(kube, rejected, "Resolved")
     the_record(kube, by_api, "Resolved")
-    (entry,) = entries(kube, names[rejected], "rejected")
+    (entry,) = entries_of(kube, "rejected", name=names[rejected])
     assert f"by {ADMIN}" in entry["detail"]
-    assert "by api-token" in entries(kube, names[by_api], "rejected")[0]["detail"]
+    assert "by api-token" in entries_of(kube, "rejected", name=names[by_api])[0]["detail"]
     assert events_for(kube, rejected, "GPUFaultRejected", at_least=1)
 
     the_record(kube, ignored, "Failed")  # expirySeconds: 8
-    (expired,) = entries(kube, names[ignored], "approval-expired")
+    (expired,) = entries_of(kube, "approval-expired", name=names[ignored])
     assert expired["result"] == "expired"
     assert events_for(kube, ignored, "GPUFaultApprovalExpired", at_least=1)
     for i, node in enumerate((rejected, ignored, by_api)):
@@ -192,7 +187,7 @@ def test_an_approval_for_a_fault_that_cleared_meanwhile_does_nothing(
     name = the_record(kube, node, "AwaitingApproval")
     clear_fault(kube, node)
     the_record(kube, node, "Resolved")
-    (cleared,) = entries(kube, name, "recovered")
+    (cleared,) = entries_of(kube, "recovered", name=name)
     assert "before approval" in cleared["detail"]
 
     code, _, err = gpuheal(control_plane, capsys, "approve", name)
@@ -226,11 +221,14 @@ def test_an_approval_sent_to_the_standby_is_the_leaders_once(
     assert code == 200, body
     assert body["decision"] == "approved"
     wait_for("the drain", lambda: not pods_on(kube, namespace, node), timeout_s=30)
-    assert len(entries(kube, name, "approved")) == 1 and len(entries(kube, name, "taint")) == 1
+    assert (
+        len(entries_of(kube, "approved", name=name)) == 1
+        and len(entries_of(kube, "taint", name=name)) == 1
+    )
     # Again through the standby: the leader's answer, passed back as it came.
     code, body = post(standby, f"/api/v1/faults/{name}/approve")
     assert code == 409, body
-    assert len(entries(kube, name, "approved")) == 1
+    assert len(entries_of(kube, "approved", name=name)) == 1
     # Unauthenticated, the standby refuses it itself: nothing reaches the leader.
     request = urllib.request.Request(  # noqa: S310
         f"{standby.url}/api/v1/faults/{name}/reject", data=b"", method="POST"

@@ -21,6 +21,7 @@ from gpuheal.sim import ControlPlane
 from gpuheal.sim.resources import GPUFault
 from gpuheal.sim.workloads import gpu_pod, wait_pods_running
 from tests.helpers import FakeNodes, wait_for
+from tests.integration.conftest import annotate
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -192,10 +193,6 @@ def test_status_counts_nodes_by_state_gpus_per_pool_faults_and_the_breaker(
 
     code, out = cli("status", "-o", "yaml")
     assert code == 0 and yaml.safe_load(out)["breaker"]["remaining"] == 0
-
-
-def annotate(kube: Client, node: str, annotations: dict[str, str | None]) -> None:
-    kube.patch(Node, node, {"metadata": {"annotations": annotations}})
 
 
 def set_allocatable_gpus(kube: Client, node: str, gpus: int) -> None:

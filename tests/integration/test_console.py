@@ -9,7 +9,6 @@ The run writes the screenshots docs/console.md shows."""
 from __future__ import annotations
 
 import json
-import shutil
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -20,7 +19,7 @@ from typing import Any
 import pytest
 from lightkube import Client
 from lightkube.resources.core_v1 import Node
-from playwright.sync_api import Browser, BrowserContext, Dialog, Page, expect, sync_playwright
+from playwright.sync_api import Browser, BrowserContext, Dialog, Page, expect
 
 from gpuheal.api.console.routes import CSP
 from gpuheal.sim.controller import ControllerProcess
@@ -31,6 +30,7 @@ from tests.helpers import FakeNodes, wait_for
 from tests.integration.conftest import (
     StartController,
     controller_config,
+    entries_of,
     events_for,
     faults_of,
     our_taint,
@@ -46,18 +46,6 @@ TOKEN = "console-act-token-7d2e91c4b5a0"
 VIEW_TOKEN = "console-view-token-3a8f0e6d1c27"
 XSS = "<img src=x onerror=alert(1)>"
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-# Debian's chromium, installed by `make browser`; never a downloaded one.
-CHROMIUM = "/usr/bin/chromium"
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    assert shutil.which("chromium"), "chromium missing: run `make browser`"
-    with sync_playwright() as playwright:
-        # As root (CI, containers) chromium runs only without its sandbox.
-        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield launched
-        launched.close()
 
 
 @pytest.fixture
@@ -105,11 +93,6 @@ def record_of(kube: Client, node: str, phase: str) -> dict[str, Any]:
 
 def name_of(record: dict[str, Any]) -> str:
     return str(record["metadata"]["name"])
-
-
-def entries(kube: Client, name: str, action: str) -> list[dict[str, Any]]:
-    status = kube.get(GPUFault, name).get("status") or {}
-    return [a for a in status.get("actions", []) if a["action"] == action]
 
 
 def post(
@@ -197,7 +180,7 @@ def test_a_fault_appears_live_and_an_approval_from_the_page_remediates_once(
     # Someone is on it: said in the record and an Event, nothing else moves.
     page.click("button.acknowledge")
     page.wait_for_url(f"**/console/faults/{name}")
-    (acknowledged,) = entries(kube, name, "acknowledged")
+    (acknowledged,) = entries_of(kube, "acknowledged", name=name)
     assert acknowledged["detail"] == "by console:night-oncall"
     (told,) = events_for(kube, node, "GPUFaultAcknowledged", at_least=1)
     assert told.message == "fault xid-79-gpu-fell-off-the-bus acknowledged by console:night-oncall"
@@ -215,9 +198,9 @@ def test_a_fault_appears_live_and_an_approval_from_the_page_remediates_once(
     assert not pods_on(kube, namespace, node)
     status = kube.get(GPUFault, name).get("status") or {}
     assert status["approval"]["by"] == "console:night-oncall"
-    (approved,) = entries(kube, name, "approved")
+    (approved,) = entries_of(kube, "approved", name=name)
     assert "by console:night-oncall" in approved["detail"]
-    assert len(entries(kube, name, "taint")) == 1
+    assert len(entries_of(kube, "taint", name=name)) == 1
     assert len(events_for(kube, node, "GPUFaultApproved", at_least=1)) == 1
     assert pods_told_evicted(kube, node, at_least=1) == [f"{namespace}/trainer-0"]
     wait_for("the timeline as recorded", timeline_is_the_records, timeout_s=15)
@@ -392,7 +375,7 @@ def test_no_session_no_csrf_token_or_a_view_session_cannot_act(
         viewer.close()
     status = kube.get(GPUFault, name).get("status") or {}
     assert status["phase"] == "AwaitingApproval" and "approval" not in status
-    assert not entries(kube, name, "acknowledged")
+    assert not entries_of(kube, "acknowledged", name=name)
     assert our_taint(kube, node) is None
 
 
@@ -455,9 +438,9 @@ def test_a_held_fault_released_from_the_page_is_remediated_once_and_a_viewer_can
     assert page.locator("button.release").count() == 0
     status = kube.get(GPUFault, held[second]).get("status") or {}
     assert status["release"]["by"] == "console:night-oncall"
-    (released,) = entries(kube, held[second], "released")
+    (released,) = entries_of(kube, "released", name=held[second])
     assert released["detail"].startswith("by console:night-oncall at ")
-    assert len(entries(kube, held[second], "taint")) == 1
+    assert len(entries_of(kube, "taint", name=held[second])) == 1
     assert len(events_for(kube, second, "GPUFaultReleased", at_least=1)) == 1
     assert pods_told_evicted(kube, second, at_least=1) == [f"{namespace}/trainer-0"]
     assert our_taint(kube, second) is not None and not pods_on(kube, namespace, second)
@@ -500,8 +483,8 @@ def test_on_the_standby_a_person_signs_in_and_approves_and_the_leader_acts_once(
     expect(page.locator("#phase")).to_have_text("Drained", timeout=30_000)
     status = kube.get(GPUFault, name).get("status") or {}
     assert status["approval"]["by"] == "console:night-oncall"
-    assert len(entries(kube, name, "approved")) == 1
-    assert len(entries(kube, name, "taint")) == 1
+    assert len(entries_of(kube, "approved", name=name)) == 1
+    assert len(entries_of(kube, "taint", name=name)) == 1
     assert pods_told_evicted(kube, node, at_least=1) == [f"{namespace}/trainer-0"]
     assert '"forwarded to the leader"' in standby.log()
     assert '"console action"' in leader.log() and '"console action"' not in standby.log()

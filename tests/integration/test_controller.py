@@ -34,6 +34,7 @@ from tests.integration.conftest import (
     our_taint,
     pods_on,
     pods_told_evicted,
+    record_phase,
     report_fault,
 )
 
@@ -44,10 +45,6 @@ def cpu_pod(name: str, namespace: str, node: str) -> dict[str, Any]:
     manifest = gpu_pod(name, namespace, node_name=node)
     manifest["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
     return manifest
-
-
-def phase(record: Any) -> str:
-    return str((record.status or {}).get("phase", ""))
 
 
 def test_fault_quarantines_node_and_evicts_only_its_gpu_pods(
@@ -79,7 +76,7 @@ def test_fault_quarantines_node_and_evicts_only_its_gpu_pods(
     (record,) = faults_of(kube, bad)
     assert record.spec["faultID"] == "manual-001"
     name = record.metadata.name
-    wait_for("record Drained", lambda: phase(kube.get(GPUFault, name)) == "Drained")
+    wait_for("record Drained", lambda: record_phase(kube.get(GPUFault, name)) == "Drained")
     record = kube.get(GPUFault, name)
     status: Any = record.status or {}
     assert sorted(status["evictedPods"]) == [f"{namespace}/train-0", f"{namespace}/train-1"]
@@ -141,7 +138,8 @@ def test_recovery_after_the_window_and_a_manual_untaint_is_respected(
     assert time.monotonic() - started >= 1.5  # not before the health window
     # The taint goes first, then the record: two writes a busy machine can part.
     wait_for(
-        "the record Resolved", lambda: [phase(r) for r in faults_of(kube, healed)] == ["Resolved"]
+        "the record Resolved",
+        lambda: [record_phase(r) for r in faults_of(kube, healed)] == ["Resolved"],
     )
     wait_for("the Event", lambda: events_for(kube, healed, "GPUFaultRecovered"))
     assert len(events_for(kube, healed, "GPUFaultRecovered", at_least=1)) == 1
@@ -178,7 +176,7 @@ def test_a_record_a_person_deletes_while_quarantined_is_restored_and_the_node_re
     started = time.monotonic()
     wait_for("the node returned", lambda: our_taint(kube, node) is None, timeout_s=30)
     assert time.monotonic() - started >= 1.5  # through the recovery window, not at once
-    wait_for("Resolved", lambda: [phase(r) for r in faults_of(kube, node)] == ["Resolved"])
+    wait_for("Resolved", lambda: [record_phase(r) for r in faults_of(kube, node)] == ["Resolved"])
     (restored,) = faults_of(kube, node)
     assert restored.metadata.name == record.metadata.name  # the fault's own name again
     assert restored.spec["reason"] == "RecordRestored"
@@ -265,7 +263,7 @@ def test_breaker_holds_faults_beyond_the_cap_and_releases_them_as_nodes_recover(
         return [n for n in faulty if our_taint(kube, n)]
 
     def held() -> list[str]:
-        return [n for n in faulty if any(phase(r) == "Held" for r in faults_of(kube, n))]
+        return [n for n in faulty if any(record_phase(r) == "Held" for r in faults_of(kube, n))]
 
     wait_for("5 quarantined and 10 held", lambda: len(tainted()) == 5 and len(held()) == 10)
     time.sleep(1.5)
@@ -305,7 +303,7 @@ def test_pdb_blocks_eviction_it_is_retried_not_deleted(
     assert pods_on(kube, namespace, node) == {"guarded"}  # not deleted
     assert len(evictions_from(kube, node, blocked, at_least=1)) == 1
     (record,) = faults_of(kube, node)
-    assert phase(record) == "Draining"
+    assert record_phase(record) == "Draining"
 
     # The budget is lifted: the retry goes through.
     kube.delete(PodDisruptionBudget, "guarded", namespace=namespace)

@@ -25,8 +25,9 @@ from tests.integration.conftest import (
     StartController,
     controller_config,
     events_for,
-    faults_of,
     pods_on,
+    record_entries,
+    record_of,
     report_fault,
 )
 
@@ -46,11 +47,6 @@ def requested(kube: Client, namespace: str, pod: str) -> str:
     ]
     meta = found[0].metadata if found else None
     return str(((meta.annotations if meta else None) or {}).get(CHECKPOINT_REQUESTED, ""))
-
-
-def entries(kube: Client, node: str) -> list[dict[str, str]]:
-    (record,) = faults_of(kube, node)
-    return list((record.status or {}).get("actions", []))
 
 
 def asks_and_evictions(
@@ -96,8 +92,10 @@ def test_pods_are_asked_once_and_evicted_when_done_or_at_their_deadline_across_a
     deadline = parse_time(asked["trainer-1"])
     assert deadline is not None
     assert asked["trainer-0"] == asked["trainer-1"]  # one request round, one deadline
-    wait_for("the request recorded", lambda: any(
-        e["action"] == Entry.CHECKPOINT_REQUESTED for e in entries(kube, node)))  # fmt: skip
+    wait_for(
+        "the request recorded",
+        lambda: record_entries(record_of(kube, node), Entry.CHECKPOINT_REQUESTED),
+    )
     wait_for("its Event", lambda: events_for(kube, node, Reason.CHECKPOINT_REQUESTED))
     assert pods_on(kube, namespace, node) == {"trainer-0", "trainer-1"}  # none moved yet
 
@@ -118,7 +116,7 @@ def test_pods_are_asked_once_and_evicted_when_done_or_at_their_deadline_across_a
     assert evicted["trainer-0"][0] < deadline
     assert evicted["trainer-1"][0] >= deadline  # the first request's deadline, kept
 
-    said = [(e["action"], e["result"], e["detail"]) for e in entries(kube, node)]
+    said = [(e["action"], e["result"], e["detail"]) for e in record_entries(record_of(kube, node))]
     assert [a for a, _, _ in said].count(Entry.CHECKPOINT_REQUESTED) == 1, said
     assert (Entry.CHECKPOINTED, "ok", f"{namespace}/trainer-0: said done") in said
     assert (
@@ -153,8 +151,10 @@ def test_killed_between_a_request_and_its_record_the_next_controller_does_not_as
     assert any(before.values())
 
     start_controller(config, user=AUDITED_CONTROLLER)
-    wait_for("the request recorded", lambda: any(
-        e["action"] == Entry.CHECKPOINT_REQUESTED for e in entries(kube, node)))  # fmt: skip
+    wait_for(
+        "the request recorded",
+        lambda: record_entries(record_of(kube, node), Entry.CHECKPOINT_REQUESTED),
+    )
     for pod, value in before.items():
         if value:  # asked before the kill: that request (and its deadline) stands
             assert requested(kube, namespace, pod) in (value, "")  # "" once evicted
@@ -164,7 +164,7 @@ def test_killed_between_a_request_and_its_record_the_next_controller_does_not_as
     for pod in ("trainer-0", "trainer-1"):
         assert patches[pod].count(200) == 1, patches
         assert len(evicted[pod]) == 1, evicted
-    said = [e["action"] for e in entries(kube, node)]
+    said = [e["action"] for e in record_entries(record_of(kube, node))]
     assert said.count(Entry.CHECKPOINT_TIMEOUT) == 2, said
 
 
@@ -191,5 +191,5 @@ def test_a_fault_that_does_not_match_evicts_at_once_and_asks_nothing(
     patches, evicted = asks_and_evictions(control_plane, since)
     assert patches == {}
     assert sorted(evicted) == ["trainer-0", "trainer-1"]
-    said = [e["action"] for e in entries(kube, node)]
+    said = [e["action"] for e in record_entries(record_of(kube, node))]
     assert Entry.CHECKPOINT_REQUESTED not in said and "evict" in said

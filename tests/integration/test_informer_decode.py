@@ -20,7 +20,7 @@ from gpuheal.sim import ControlPlane
 from gpuheal.sim.resources import GPUFault
 from gpuheal.values import node_label
 from tests import corpus
-from tests.helpers import FakeNodes, unique, wait_for
+from tests.helpers import FakeNodes, gpufault_spec, unique, wait_for
 from tests.integration.conftest import (
     StartController,
     controller_config,
@@ -41,15 +41,7 @@ def create_record(
         "apiVersion": "gpuheal.io/v1alpha1",
         "kind": "GPUFault",
         "metadata": {"name": name, "labels": {"gpuheal.io/node": node_label(node), **labels}},
-        "spec": {
-            "node": node,
-            "faultID": fault_id,
-            "scope": "node",
-            "source": "agent",
-            "reason": "XidCritical79",
-            "severity": "P0",
-            "detectedAt": "2026-12-01T02:30:12Z",
-        },
+        "spec": gpufault_spec(node, fault_id),
     }
     kube.create(GPUFault.from_dict(record))
     set_status(kube, name, status)

@@ -32,16 +32,15 @@ from gpuheal.sim.kured import KuredProcess
 from gpuheal.sim.workloads import WORKLOAD_IMAGE, apply, gpu_pod, wait_pods_running
 from gpuheal.xid import Action
 from tests.helpers import FakeNodes, wait_for
-from tests.integration.conftest import StartController, events_for, our_taint, pods_on
-from tests.integration.test_repair import (
-    AGENT,
-    XID_79,
-    entries,
+from tests.integration.conftest import (
+    StartController,
+    events_for,
     node_annotations,
-    one_record,
-    phase,
-    repair_config,
+    our_taint,
+    pods_on,
+    record_entries,
 )
+from tests.integration.test_repair import AGENT, XID_79, one_record, phase, repair_config
 
 # kured waits 30-90 s before its first look at its lock (a fixed 1-minute delaytick),
 # at each start, then half a period to one and a half before its first sentinel check.
@@ -181,9 +180,11 @@ def test_kured_reboots_the_node_gpuheal_asked_to_once_and_gpuheal_returns_it(
     assert daemon.log().count("Running command:") == 1
     assert daemon.log().count("Acquired reboot lock") == 1
     record = one_record(kube, node)
-    assert len(entries(record, "repair-requested")) == 1
-    assert [e["detail"].split(":")[0] for e in entries(record, "repaired")] == ["reboot attempt 1"]
-    assert not entries(record, "repair-failed")
+    assert len(record_entries(record, "repair-requested")) == 1
+    assert [e["detail"].split(":")[0] for e in record_entries(record, "repaired")] == [
+        "reboot attempt 1"
+    ]
+    assert not record_entries(record, "repair-failed")
     assert not (record.status or {}).get("contactSupport")
     result = decode_result(node_annotations(kube, node)[REPAIR_RESULT])
     assert result is not None and result.outcome is Outcome.DONE and "rebooted" in result.detail

@@ -49,11 +49,11 @@ from tests.helpers import FakeNodes, wait_for
 from tests.integration.conftest import (
     Cli,
     StartController,
+    annotate,
     clear_fault,
     controller_config,
     events_for,
     faults_of,
-    in_process_cli,
     our_taint,
     report_fault,
 )
@@ -70,19 +70,6 @@ def config_file(tmp_path: Path, pool: dict[str, str]) -> Path:
     config["maintenance"] = {"evictionRetrySeconds": 0.5}
     path.write_text(yaml.safe_dump(config))
     return path
-
-
-@pytest.fixture
-def cli(
-    control_plane: ControlPlane,
-    config_file: Path,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
-) -> Cli:
-    """Run `gpuheal ...` in-process against the test control plane: (exit, stdout, stderr)."""
-    monkeypatch.setenv("COLUMNS", "240")  # rich wraps tables at the terminal's width
-
-    return in_process_cli(control_plane.kubeconfig, capsys, "--config", str(config_file))
 
 
 class Background:
@@ -146,10 +133,6 @@ def taint_keys(node: Node) -> set[str]:
 def set_allocatable(kube: Client, node: str, gpus: int) -> None:
     """What the kubelet reports when the device plugin sees fewer GPUs."""
     kube.patch(NodeStatus, node, {"status": {"allocatable": {"nvidia.com/gpu": str(gpus)}}})
-
-
-def annotate(kube: Client, node: str, annotations: dict[str, str | None]) -> None:
-    kube.patch(Node, node, {"metadata": {"annotations": annotations}})
 
 
 def cordon(kube: Client, node: str, on: bool) -> None:

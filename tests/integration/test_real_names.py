@@ -11,7 +11,6 @@ characters) went unchanged into the taint value, the API server refused it
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 from lightkube import Client
@@ -38,23 +37,16 @@ from tests.integration.conftest import (
     controller_config,
     events_for,
     faults_of,
+    node_annotations,
     our_taint,
     pods_on,
     pods_told_evicted,
+    record_phase,
 )
 
 pytestmark = pytest.mark.timeout(240)
 
 XID_79 = "NVRM: Xid (PCI:0000:18:00): 79, pid=2843, name=python3, GPU has fallen off the bus."
-
-
-def node_annotations(kube: Client, node: str) -> dict[str, str]:
-    meta = kube.get(Node, node).metadata
-    return dict((meta.annotations if meta else None) or {})
-
-
-def phase(record: Any) -> str:
-    return str((record.status or {}).get("phase", ""))
 
 
 @pytest.mark.parametrize("shape", ["eks", "fqdn-253"])
@@ -111,7 +103,7 @@ def test_an_xid_79_on_a_real_shaped_node_is_quarantined_evicted_once_and_recover
         agent.start()
         wait_for("the node returned", lambda: our_taint(kube, bad) is None, timeout_s=90)
         name = record.metadata.name
-        wait_for("record Resolved", lambda: phase(kube.get(GPUFault, name)) == "Resolved")
+        wait_for("record Resolved", lambda: record_phase(kube.get(GPUFault, name)) == "Resolved")
         assert len(faults_of(kube, bad)) == 1
         assert len(pods_told_evicted(kube, bad, at_least=2)) == 2
         assert len(events_for(kube, bad, "GPUFaultRecovered", at_least=1)) == 1

@@ -20,13 +20,14 @@ from tests.integration.conftest import (
     StartController,
     clear_fault,
     controller_config,
+    entries_of,
     events_for,
     our_taint,
     pods_on,
     pods_told_evicted,
     report_fault,
 )
-from tests.integration.test_approval import TOKEN, entries, gpuheal, post, status_of, the_record
+from tests.integration.test_approval import TOKEN, gpuheal, post, status_of, the_record
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -68,9 +69,9 @@ def test_a_released_fault_is_remediated_once_past_the_breaker_and_the_others_sta
     wait_for("the released taint", lambda: our_taint(kube, second) is not None, timeout_s=30)
     wait_for("the drain", lambda: not pods_on(kube, namespace, second), timeout_s=30)
     the_record(kube, second, "Drained")
-    (entry,) = entries(kube, held[second], "released")
+    (entry,) = entries_of(kube, "released", name=held[second])
     assert entry["detail"] == f"by {ADMIN} at {released['at']}"
-    assert len(entries(kube, held[second], "taint")) == 1
+    assert len(entries_of(kube, "taint", name=held[second])) == 1
     assert len(events_for(kube, second, "GPUFaultReleased", at_least=1)) == 1
     assert len(events_for(kube, second, "GPUFaultQuarantined", at_least=1)) == 1
     assert pods_told_evicted(kube, second, at_least=1) == [
@@ -92,7 +93,7 @@ def test_a_released_fault_is_remediated_once_past_the_breaker_and_the_others_sta
     assert post(controller, f"/api/v1/faults/{held[third]}/release")[0] == 409
     wait_for("the API's taint", lambda: our_taint(kube, third) is not None, timeout_s=30)
     the_record(kube, third, "Drained")
-    (entry,) = entries(kube, held[third], "released")
+    (entry,) = entries_of(kube, "released", name=held[third])
     assert entry["detail"].startswith("by api-token at ")
     assert len(events_for(kube, third, "GPUFaultReleased", at_least=1)) == 1
 

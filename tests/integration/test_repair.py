@@ -18,7 +18,6 @@ import pytest
 from lightkube import Client
 from lightkube.resources.core_v1 import Node
 
-from gpuheal.cli import main
 from gpuheal.model import (
     FAULT_DEVICES,
     FAULT_ID,
@@ -43,10 +42,12 @@ from tests.integration.conftest import (
     controller_config,
     events_for,
     faults_of,
+    node_annotations,
     our_taint,
     pods_on,
+    record_entries,
 )
-from tests.integration.test_approval import TOKEN, post
+from tests.integration.test_approval import TOKEN, gpuheal, post
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -65,15 +66,6 @@ def repair_config(pool: dict[str, str], **repair: Any) -> dict[str, Any]:
         p1EscalationSeconds=0,  # a P1 fault is acted on at once here
         repair={"enabled": True, "mode": "act", "settleSeconds": 1, **repair},
     )
-
-
-def node_annotations(kube: Client, node: str) -> dict[str, str]:
-    meta = kube.get(Node, node).metadata
-    return dict((meta.annotations if meta else None) or {})
-
-
-def entries(record: Any, action: str) -> list[dict[str, str]]:
-    return [a for a in (record.status or {}).get("actions", []) if a["action"] == action]
 
 
 def phase(kube: Client, name: str) -> str:
@@ -95,7 +87,7 @@ def held(kube: Client, node: str) -> Any:
 
 def proposed(kube: Client, node: str) -> Any:
     records = faults_of(kube, node)  # none yet until the controller sees the report
-    return records[0] if len(records) == 1 and entries(records[0], "would-repair") else None
+    return records[0] if len(records) == 1 and record_entries(records[0], "would-repair") else None
 
 
 def test_xid_95_is_reset_by_the_agent_once_through_a_controller_kill_and_an_agent_restart(
@@ -140,10 +132,10 @@ def test_xid_95_is_reset_by_the_agent_once_through_a_controller_kill_and_an_agen
     assert decode_request(final[REPAIR_REQUEST]) == request  # never asked again
     result = decode_result(final[REPAIR_RESULT])
     assert result is not None and result.answers(request) and result.outcome is Outcome.DONE
-    assert len(entries(record, "repair-requested")) == 1
-    (repaired,) = entries(record, "repaired")
+    assert len(record_entries(record, "repair-requested")) == 1
+    (repaired,) = record_entries(record, "repaired")
     assert repaired["detail"].startswith("reset-gpu attempt 1:") and gpu in repaired["detail"]
-    assert not entries(record, "repair-failed")
+    assert not record_entries(record, "repair-failed")
     assert len(events_for(kube, node, "GPUFaultRepaired", at_least=1)) == 1
     assert len(events_for(kube, node, "GPUFaultRecovered", at_least=1)) == 1
     assert FAULT_ID not in final  # the agent's next rounds cleared the fault
@@ -179,7 +171,9 @@ def test_xid_79_is_repaired_by_a_reboot_and_the_node_returned(
     record = one_record(kube, node)
     result = decode_result(node_annotations(kube, node)[REPAIR_RESULT])
     assert result is not None and result.outcome is Outcome.DONE and "rebooted" in result.detail
-    assert [e["detail"].split(":")[0] for e in entries(record, "repaired")] == ["reboot attempt 1"]
+    assert [e["detail"].split(":")[0] for e in record_entries(record, "repaired")] == [
+        "reboot attempt 1"
+    ]
     assert agent.resets() == []
 
 
@@ -314,27 +308,20 @@ def test_propose_mode_records_what_would_be_done_and_asks_nothing_of_the_agent(
     start_controller(repair_config(pool, mode="propose"))
     report(kube, node, "proposed-fault")
     record = wait_for("the proposal", lambda: proposed(kube, node), timeout_s=30)
-    (proposal,) = entries(record, "would-repair")
+    (proposal,) = record_entries(record, "would-repair")
     assert proposal["detail"] == f"reset-gpu attempt 1: reset {GPU_UUIDS[0]}"
     time.sleep(1.5)
     assert REPAIR_REQUEST not in node_annotations(kube, node)
-    assert len(entries(one_record(kube, node), "would-repair")) == 1
+    assert len(record_entries(one_record(kube, node), "would-repair")) == 1
     assert len(events_for(kube, node, "GPUFaultRepairProposed", at_least=1)) == 1
-
-
-def gpuheal(
-    control_plane: ControlPlane, capsys: pytest.CaptureFixture[str], *args: str
-) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main([*args, "--kubeconfig", str(control_plane.kubeconfig), "-o", "json"])
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def awaiting(kube: Client, node: str) -> Any:
     """The node's record once its repair awaits approval."""
     records = faults_of(kube, node)
-    return records[0] if records and entries(records[0], "repair-awaiting-approval") else None
+    return (
+        records[0] if records and record_entries(records[0], "repair-awaiting-approval") else None
+    )
 
 
 def test_an_approval_required_reset_waits_for_gpuheal_approve_then_is_done_once(
@@ -359,7 +346,7 @@ def test_an_approval_required_reset_waits_for_gpuheal_approve_then_is_done_once(
     name = record.metadata.name
     assert record.status["repairApproval"]["attempt"] == 1
     assert record.status["repairApproval"]["action"] == "reset-gpu"
-    (asked,) = entries(record, "repair-awaiting-approval")
+    (asked,) = record_entries(record, "repair-awaiting-approval")
     assert asked["detail"] == f"reset-gpu attempt 1: reset {gpu}"
     wait_for("the Event", lambda: events_for(kube, node, "GPUFaultRepairAwaitingApproval"))
     time.sleep(2)  # whatever the controller would do unasked, it would have done by now
@@ -376,12 +363,12 @@ def test_an_approval_required_reset_waits_for_gpuheal_approve_then_is_done_once(
     wait_for("record Resolved", lambda: phase(kube, name) == "Resolved")
     record = one_record(kube, node)
     assert agent.resets() == [(gpu, "ok")]  # one reset, after the approval
-    assert len(entries(record, "repair-requested")) == 1
-    (approved,) = entries(record, "repair-approved")
+    assert len(record_entries(record, "repair-requested")) == 1
+    (approved,) = record_entries(record, "repair-approved")
     assert approved["detail"].startswith(f"reset-gpu attempt 1: approved by {ADMIN} at ")
     assert record.status["repairApproval"]["by"] == ADMIN
     assert len(events_for(kube, node, "GPUFaultRepairApproved", at_least=1)) == 1
-    assert len(entries(record, "repaired")) == 1
+    assert len(record_entries(record, "repaired")) == 1
     # Answered and acted on: a second answer is refused, and changes nothing.
     code, _, err = gpuheal(control_plane, capsys, "approve", name)
     assert code == 2 and "not awaiting approval" in err, err
@@ -408,16 +395,16 @@ def test_a_repair_rejected_through_the_api_is_recorded_nothing_is_asked_and_the_
     assert code == 200, body
     assert body["repair"] == {"action": "reset-gpu", "attempt": 1}
     record = wait_for("contact support", lambda: held(kube, node), timeout_s=30)
-    (rejected,) = entries(record, "repair-rejected")
+    (rejected,) = record_entries(record, "repair-rejected")
     assert rejected["detail"].startswith("reset-gpu attempt 1: rejected by api-token at ")
-    (exhausted,) = entries(record, "repair-exhausted")
+    (exhausted,) = record_entries(record, "repair-exhausted")
     assert exhausted["result"] == "contact-support"
     assert len(events_for(kube, node, "GPUFaultRepairRejected", at_least=1)) == 1
     assert len(events_for(kube, node, "GPUContactSupport", at_least=1)) == 1
     time.sleep(1.5)
     assert REPAIR_REQUEST not in node_annotations(kube, node)  # nothing asked of the node
     assert our_taint(kube, node) is not None
-    assert not entries(one_record(kube, node), "repair-requested")
+    assert not record_entries(one_record(kube, node), "repair-requested")
     # Answered once: a second answer is refused.
     code, body = post(controller, f"/api/v1/faults/{name}/approve")
     assert code == 409 and "already rejected" in body["error"]

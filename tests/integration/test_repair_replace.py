@@ -27,9 +27,10 @@ from tests.integration.conftest import (
     events_for,
     faults_of,
     our_taint,
+    record_entries,
     record_of,
 )
-from tests.integration.test_repair import entries, held, phase, repair_config, report
+from tests.integration.test_repair import held, phase, repair_config, report
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -108,13 +109,15 @@ def test_the_hook_is_called_once_per_attempt_through_a_controller_kill_then_the_
     report(kube, node, "replace-me")
     assert doomed.wait_exit(60) == -9, "the controller was not killed after the intent"
     record = record_of(kube, node)
-    (intent,) = entries(record, "replace-requested")
-    assert not entries(record, "replace-accepted") and receiver.calls == []
+    (intent,) = record_entries(record, "replace-requested")
+    assert not record_entries(record, "replace-accepted") and receiver.calls == []
     key = idempotency_key("replace-me", 1)
     assert intent["detail"] == f"replace attempt 1: key {key}"
 
     survivor = start_controller(config)
-    wait_for("accepted", lambda: entries(record_of(kube, node), "replace-accepted"), timeout_s=30)
+    wait_for(
+        "accepted", lambda: record_entries(record_of(kube, node), "replace-accepted"), timeout_s=30
+    )
     # At least once, never under another key: one distinct key for the one attempt.
     assert set(receiver.keys()) == {key} and 1 <= len(receiver.calls) <= 2
     _, body = receiver.calls[0]
@@ -127,8 +130,8 @@ def test_the_hook_is_called_once_per_attempt_through_a_controller_kill_then_the_
         "idempotencyKey": key,
     }
     record = record_of(kube, node)
-    assert len(entries(record, "replace-requested")) == 1
-    (accepted,) = entries(record, "replace-accepted")
+    assert len(record_entries(record, "replace-requested")) == 1
+    (accepted,) = record_entries(record, "replace-accepted")
     assert "HTTP 202" in accepted["detail"] and SECRET not in json.dumps(record.status)
     assert len(events_for(kube, node, "GPUNodeReplaceAccepted", at_least=1)) == 1
     assert our_taint(kube, node) is not None  # quarantined until the provider acts
@@ -137,7 +140,7 @@ def test_the_hook_is_called_once_per_attempt_through_a_controller_kill_then_the_
     kube.delete(Node, node)  # the provider replaced it
     name = record.metadata.name
     wait_for("record closed", lambda: phase(kube, name) == "Resolved", timeout_s=30)
-    assert entries(kube.get(GPUFault, name), "node-deleted")
+    assert record_entries(kube.get(GPUFault, name), "node-deleted")
     assert len(receiver.calls) == calls
     assert SECRET not in doomed.log() + survivor.log()
 
@@ -158,12 +161,12 @@ def test_a_failing_hook_is_retried_with_backoff_a_bounded_number_of_times_then_a
     record = wait_for("contact support", lambda: held(kube, node), timeout_s=60)
     keys = [idempotency_key("provider-down", n) for n in (1, 2, 3)]
     assert receiver.keys() == keys  # one call per attempt, each its own key
-    failed = entries(record, "replace-failed")
+    failed = record_entries(record, "replace-failed")
     assert [f["detail"].split(":")[0] for f in failed] == [
         f"replace attempt {n}" for n in (1, 2, 3)
     ]
     assert all("HTTP 500" in f["detail"] for f in failed)
-    (exhausted,) = entries(record, "repair-exhausted")
+    (exhausted,) = record_entries(record, "repair-exhausted")
     assert "3 replace call(s) failed" in exhausted["detail"]
     assert len(events_for(kube, node, "GPUNodeReplaceFailed", at_least=3)) == 3
     assert len(events_for(kube, node, "GPUContactSupport", at_least=1)) == 1

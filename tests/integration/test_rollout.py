@@ -39,7 +39,6 @@ from tests.integration.conftest import (
     clear_fault,
     controller_config,
     events_for,
-    in_process_cli,
     our_taint,
     report_fault,
 )
@@ -65,18 +64,6 @@ def config_file(tmp_path: Path, pool: dict[str, str]) -> Path:
     }
     path.write_text(yaml.safe_dump(config))
     return path
-
-
-@pytest.fixture
-def cli(
-    control_plane: ControlPlane,
-    config_file: Path,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
-) -> Cli:
-    monkeypatch.setenv("COLUMNS", "240")
-
-    return in_process_cli(control_plane.kubeconfig, capsys, "--config", str(config_file))
 
 
 @pytest.fixture

@@ -18,34 +18,24 @@ from gpuheal.model import FAULT_ID, FAULT_SEVERITY, STATUS, TAINT_KEY
 from gpuheal.sim.workloads import apply, gpu_pod, wait_pods_running
 from tests.helpers import FakeNodes, wait_for
 from tests.integration.conftest import (
+    StartAgent,
     StartController,
     controller_config,
     events_for,
     faults_of,
+    node_annotations,
     our_taint,
     pods_on,
     pods_told_evicted,
+    record_entries,
     record_of,
+    record_phase,
 )
-from tests.integration.test_agent import StartAgent, node_annotations, start_agent
 
 pytestmark = pytest.mark.timeout(240)
-__all__ = ["start_agent"]  # fixtures used here
 
 WINDOW_S = 12  # p1EscalationSeconds
 XID79 = "NVRM: Xid (PCI:0000:1c:00): 79, pid=2843, name=python3, GPU has fallen off the bus."
-
-
-def phase(record: Any) -> str:
-    return str((record.status or {}).get("phase", ""))
-
-
-def entries(record: Any) -> dict[str, dict[str, str]]:
-    """The record's action entries by action (the first of each)."""
-    found: dict[str, dict[str, str]] = {}
-    for entry in (record.status or {}).get("actions", []):
-        found.setdefault(entry["action"], entry)
-    return found
 
 
 def seconds_between(first: dict[str, str], then: dict[str, str]) -> float:
@@ -92,30 +82,35 @@ def test_a_hot_gpu_is_watched_for_the_p1_window_then_drained_once_or_resolved_wh
     # One cools inside the window, one throws Xid 79 on top of the heat.
     agents[cools].set_device(4, temperature=41)
     agents[worsens].kernel(XID79)
-    wait_for("the cooled fault resolved", lambda: phase(record_of(kube, cools)) == "Resolved")
+    wait_for(
+        "the cooled fault resolved", lambda: record_phase(record_of(kube, cools)) == "Resolved"
+    )
     wait_for("the worse one tainted", lambda: our_taint(kube, worsens) is not None)
     hot = record_of(kube, stays_hot)
-    opened = parse_time(entries(hot)["detect"]["time"])
+    opened = parse_time(record_entries(hot, "detect")[0]["time"])
     assert opened is not None
     inside = (dt.datetime.now(dt.UTC) - opened).total_seconds()
     assert inside < WINDOW_S, f"the cooling and the Xid took {inside:.1f}s: no window left to test"
-    assert phase(hot) == "Detected" and our_taint(kube, stays_hot) is None
+    assert record_phase(hot) == "Detected" and our_taint(kube, stays_hot) is None
     assert pods_on(kube, namespace, stays_hot) == {"trainer-0"}
 
     worse = record_of(kube, worsens)
-    escalated = entries(worse)["escalate"]
+    escalated = record_entries(worse, "escalate")[0]
     assert escalated["detail"] == "now reported P0"
-    assert seconds_between(entries(worse)["detect"], escalated) < WINDOW_S
+    assert seconds_between(record_entries(worse, "detect")[0], escalated) < WINDOW_S
     assert node_annotations(kube, worsens)[FAULT_SEVERITY] == "P0"
     wait_for("its pod evicted", lambda: not pods_on(kube, namespace, worsens))
 
     # The one still hot: drained once, after the window.
     wait_for("the hot node tainted", lambda: our_taint(kube, stays_hot) is not None, 60)
     wait_for("its pod evicted", lambda: not pods_on(kube, namespace, stays_hot), 60)
-    wait_for("drained", lambda: phase(record_of(kube, stays_hot)) == "Drained", 60)
+    wait_for("drained", lambda: record_phase(record_of(kube, stays_hot)) == "Drained", 60)
     hot = record_of(kube, stays_hot)
-    assert entries(hot)["escalate"]["detail"] == f"still present after {WINDOW_S}s"
-    assert seconds_between(entries(hot)["detect"], entries(hot)["escalate"]) >= WINDOW_S - 1
+    assert record_entries(hot, "escalate")[0]["detail"] == f"still present after {WINDOW_S}s"
+    assert (
+        seconds_between(record_entries(hot, "detect")[0], record_entries(hot, "escalate")[0])
+        >= WINDOW_S - 1
+    )
     assert (hot.status or {})["evictedPods"] == [f"{namespace}/trainer-0"]
     time.sleep(2)  # let any repeat show itself
     for node in (stays_hot, worsens):
@@ -127,8 +122,8 @@ def test_a_hot_gpu_is_watched_for_the_p1_window_then_drained_once_or_resolved_wh
     left = WINDOW_S - (dt.datetime.now(dt.UTC) - opened).total_seconds()
     time.sleep(max(0.0, left + 2))
     cooled = record_of(kube, cools)
-    assert phase(cooled) == "Resolved" and "taint" not in entries(cooled)
-    assert entries(cooled)["recovered"]["detail"] == "fault cleared before quarantine"
+    assert record_phase(cooled) == "Resolved" and not record_entries(cooled, "taint")
+    assert record_entries(cooled, "recovered")[0]["detail"] == "fault cleared before quarantine"
     assert our_taint(kube, cools) is None and pods_on(kube, namespace, cools) == {"trainer-1"}
     assert events_for(kube, cools, "GPUFaultQuarantined") == []
     assert FAULT_SEVERITY not in node_annotations(kube, cools)  # cleared with the fault
@@ -164,11 +159,14 @@ def test_p1_taint_fences_a_watched_fault_with_noschedule_then_applies_the_taint_
         "the NoSchedule fence", lambda: taint_of(kube, node) == ("npd-gpu-hot-7", "NoSchedule")
     )
     assert pods_on(kube, namespace, node) == {"trainer"}
-    assert phase(record_of(kube, node)) == "Quarantined"
+    assert record_phase(record_of(kube, node)) == "Quarantined"
     wait_for(
         "the configured effect", lambda: taint_of(kube, node) == ("npd-gpu-hot-7", "NoExecute"), 30
     )
     wait_for("the drain", lambda: not pods_on(kube, namespace, node), 30)
     record = record_of(kube, node)
-    assert seconds_between(entries(record)["detect"], entries(record)["escalate"]) >= window - 1
+    assert (
+        seconds_between(record_entries(record, "detect")[0], record_entries(record, "escalate")[0])
+        >= window - 1
+    )
     assert len(events_for(kube, node, "GPUFaultQuarantined", at_least=1)) == 1

@@ -26,6 +26,7 @@ from tests.integration.conftest import (
     StartController,
     clear_fault,
     controller_config,
+    entries_of,
     events_for,
     faults_of,
     our_taint,
@@ -48,13 +49,6 @@ def validating(pool: dict[str, str], env: dict[str, str], **validation: Any) -> 
     return controller_config(pool, healthGate={"validation": {**settings, "env": env}})
 
 
-def entries(kube: Client, node: str, action: str) -> list[dict[str, Any]]:
-    found = []
-    for record in faults_of(kube, node):
-        found += [a for a in (record.status or {}).get("actions", []) if a["action"] == action]
-    return found
-
-
 def jobs_of(kube: Client, node: str) -> list[Job]:
     return list(kube.list(Job, namespace=NAMESPACE, labels={"gpuheal.io/node": node_label(node)}))
 
@@ -74,11 +68,13 @@ def test_a_passing_validation_returns_the_node(
     recover(kube, node, "f-pass")
 
     wait_for("untainted", lambda: our_taint(kube, node) is None)
-    (started,) = entries(kube, node, "validation-start")
+    (started,) = entries_of(kube, "validation-start", node=node)
     assert "on 8 nvidia.com/gpu" in started["detail"]
-    (passed,) = wait_for("passed in the record", lambda: entries(kube, node, "validation-passed"))
+    (passed,) = wait_for(
+        "passed in the record", lambda: entries_of(kube, "validation-passed", node=node)
+    )
     assert "dcgmi-diag: dcgmi diag -r 2: 8 GPUs, all tests pass: pass" in passed["detail"]
-    assert entries(kube, node, "untaint")
+    assert entries_of(kube, "untaint", node=node)
     assert events_for(kube, node, "GPUValidationStarted", at_least=1)
     assert events_for(kube, node, "GPUValidationPassed", at_least=1)
     wait_for("the Job deleted", lambda: not jobs_of(kube, node))
@@ -91,7 +87,9 @@ def test_a_failing_validation_keeps_the_node_out_with_the_failure_in_its_record(
     start_controller(validating(pool, {EXIT_CODE_ENV: "1", MESSAGE_ENV: json.dumps(FAIL)}))
     recover(kube, node, "f-fail")
 
-    (failed,) = wait_for("failed in the record", lambda: entries(kube, node, "validation-failed"))
+    (failed,) = wait_for(
+        "failed in the record", lambda: entries_of(kube, "validation-failed", node=node)
+    )
     assert (
         "dcgmi-diag: Memory test failed on GPU 3: HBM row remap: fail (exited 1"
         in (failed["detail"])
@@ -103,7 +101,9 @@ def test_a_failing_validation_keeps_the_node_out_with_the_failure_in_its_record(
     assert our_taint(kube, node) is not None
     (record,) = faults_of(kube, node)
     assert record.status["phase"] == "Recovering"
-    assert len(entries(kube, node, "validation-start")) == 1  # retried after retrySeconds only
+    assert (
+        len(entries_of(kube, "validation-start", node=node)) == 1
+    )  # retried after retrySeconds only
 
 
 def test_a_validation_that_never_finishes_times_out_and_says_so(
@@ -125,7 +125,9 @@ def test_a_validation_that_never_finishes_times_out_and_says_so(
     assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "8"}
 
     (failed,) = wait_for(
-        "timed out in the record", lambda: entries(kube, node, "validation-failed"), timeout_s=30
+        "timed out in the record",
+        lambda: entries_of(kube, "validation-failed", node=node),
+        timeout_s=30,
     )
     assert "timed out after 4s without a result: its pod Running" in failed["detail"]
     wait_for("the Job deleted", lambda: not jobs_of(kube, node))
@@ -145,7 +147,9 @@ def test_a_validation_pod_that_cannot_start_keeps_the_node_out_and_says_why(
     start_controller(validation)
     recover(kube, node, "f-unschedulable")
 
-    (failed,) = wait_for("failed in the record", lambda: entries(kube, node, "validation-failed"))
+    (failed,) = wait_for(
+        "failed in the record", lambda: entries_of(kube, "validation-failed", node=node)
+    )
     assert "the validation pod cannot start after 3s: 0/1 nodes are available" in failed["detail"]
     assert "untolerated taint" in failed["detail"]
     wait_for("the Job deleted", lambda: not jobs_of(kube, node))
@@ -168,7 +172,9 @@ def test_a_restart_after_the_job_is_created_makes_no_second_job(
     )
     recover(kube, node, "f-crash")
     assert doomed.wait_exit(60) == -9, "the crashpoint was not reached"
-    assert not entries(kube, node, "validation-start")  # killed before the record was written
+    assert not entries_of(
+        kube, "validation-start", node=node
+    )  # killed before the record was written
 
     start_controller(config, user=audited_controller_user)
     wait_for("untainted", lambda: our_taint(kube, node) is None)
@@ -179,7 +185,7 @@ def test_a_restart_after_the_job_is_created_makes_no_second_job(
     ]
     # The first controller made it; its successor asked for the same name and found it.
     assert creates == [201, 409]
-    assert len(entries(kube, node, "validation-start")) == 1
+    assert len(entries_of(kube, "validation-start", node=node)) == 1
 
 
 def gate(

@@ -20,6 +20,7 @@ from gpuheal.kube.projections import (
 )
 from gpuheal.model import FaultRecord, NodeView, fault_record_name
 from tests import corpus
+from tests.helpers import gpufault_spec
 
 
 def informer() -> Informer[NodeJson, NodeView]:
@@ -69,15 +70,7 @@ def gpufault(node: str, fault_id: str, rv: str, **status: Any) -> dict[str, Any]
             "creationTimestamp": "2026-12-01T02:30:14Z",
             "labels": {"gpuheal.io/node": node},
         },
-        "spec": {
-            "node": node,
-            "faultID": fault_id,
-            "scope": "node",
-            "source": "agent",
-            "reason": "XidCritical79",
-            "severity": "P0",
-            "detectedAt": "2026-12-01T02:30:12Z",
-        },
+        "spec": gpufault_spec(node, fault_id),
         "status": {"phase": "Quarantined", **status},
     }
 

@@ -11,10 +11,11 @@ import pytest
 from gpuheal.clock import iso
 from gpuheal.config import CheckpointConfig, ConfigError, parse_config
 from gpuheal.model import FAULT_REASON, FAULT_SEVERITY, ActionEntry, Phase, PodView, Severity
-from gpuheal.policy.actions import Emit, Evict, NodeState, Plan, RequestCheckpoint, UpdateRecord
+from gpuheal.policy.actions import Emit, Evict, NodeState, Plan, RequestCheckpoint
 from gpuheal.policy.checkpoint import CheckpointStep, next_look, where
 from gpuheal.policy.plan import plan
 from gpuheal.vocabulary import Entry, Reason
+from tests.helpers import plan_entries
 from tests.unit.test_policy_plan import CONFIG, NOW, faulty, gpu_pod, kinds, record, tainted
 
 WAIT = 300.0
@@ -36,12 +37,9 @@ def draining(*pods: PodView, entries: tuple[ActionEntry, ...] = ()) -> NodeState
     return NodeState(tainted(faulty()), pods=pods, records=(rec,), gpu_nodes=10)
 
 
-def entries(p: Plan) -> list[tuple[str, str, str]]:
-    return [
-        (a.entry.action, a.entry.result, a.entry.detail)
-        for a in p.actions
-        if isinstance(a, UpdateRecord)
-    ]
+def said(p: Plan) -> list[tuple[str, str, str]]:
+    """What the plan's record entries say, their times aside: (action, result, detail)."""
+    return [(e.action, e.result, e.detail) for e in plan_entries(p)]
 
 
 def evicted(p: Plan) -> list[str]:
@@ -163,7 +161,7 @@ def test_a_matching_faults_first_drain_asks_every_gpu_pod_records_it_and_evicts_
     assert kinds(Plan(drain=p.drain)) == [
         *("RequestCheckpoint", "RequestCheckpoint", "UpdateRecord", "Emit"),
     ]
-    (entry,) = entries(Plan(drain=p.drain))
+    (entry,) = said(Plan(drain=p.drain))
     assert entry == (
         Entry.CHECKPOINT_REQUESTED,
         "waiting",
@@ -189,7 +187,7 @@ def test_a_pod_saying_done_is_evicted_at_once_and_the_record_says_checkpointed()
     )
     p = plan(state, ASKED, later(30))
     assert evicted(p) == ["a"]
-    assert (Entry.CHECKPOINTED, "ok", "ml/a: said done") in entries(p)
+    assert (Entry.CHECKPOINTED, "ok", "ml/a: said done") in said(p)
     assert p.requeue_after is not None and p.requeue_after <= 270  # b's deadline, or sooner
 
 
@@ -201,7 +199,7 @@ def test_at_the_deadline_the_rest_are_evicted_and_the_record_says_timed_out() ->
         Entry.CHECKPOINT_TIMEOUT,
         "timed-out",
         "ml/b: not done by 2026-11-29T12:05:00Z",
-    ) in entries(p)
+    ) in said(p)
 
 
 def test_a_restart_mid_wait_neither_asks_again_nor_moves_the_deadline() -> None:
@@ -217,7 +215,7 @@ def test_a_request_the_record_lost_is_recorded_without_asking_again() -> None:
     # Stopped between the pods' annotations and the record's write.
     p = plan(draining(asked(gpu_pod("a"))), ASKED, later(5))
     assert kinds(p) == ["UpdateRecord", "Emit"]
-    assert entries(p)[0][0] == Entry.CHECKPOINT_REQUESTED
+    assert said(p)[0][0] == Entry.CHECKPOINT_REQUESTED
 
 
 def test_a_blocked_eviction_tried_again_does_not_repeat_the_checkpoint_outcome() -> None:
@@ -225,7 +223,7 @@ def test_a_blocked_eviction_tried_again_does_not_repeat_the_checkpoint_outcome()
     state = draining(asked(gpu_pod("b")), entries=(REQUEST_ENTRY, told))
     p = plan(state, ASKED, later(400))
     assert evicted(p) == ["b"]
-    assert [e[0] for e in entries(p)] == ["evict"]
+    assert [e[0] for e in said(p)] == ["evict"]
 
 
 def test_a_pod_that_leaves_on_its_own_needs_no_eviction() -> None:

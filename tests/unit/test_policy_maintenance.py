@@ -33,6 +33,7 @@ from gpuheal.model import (
 from gpuheal.policy.actions import Emit, NodeState, RemoveTaint, UpdateRecord
 from gpuheal.policy.plan import plan
 from gpuheal.vocabulary import Reason
+from tests.unit.test_policy_plan import kinds
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, 0, tzinfo=dt.UTC)
 CONFIG = Config(breaker_max_nodes=100, breaker_max_percent=100, recovery_window_seconds=60)
@@ -75,10 +76,6 @@ def recovering(*actions: ActionEntry) -> FaultRecord:
         recovering_since=iso(NOW - dt.timedelta(seconds=61)),
         actions=actions,
     )
-
-
-def kinds(p: object) -> list[str]:
-    return [type(a).__name__ for a in p.actions]  # type: ignore[attr-defined]
 
 
 def test_a_faulty_node_in_maintenance_is_no_fault() -> None:

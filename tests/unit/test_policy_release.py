@@ -13,6 +13,7 @@ from gpuheal.policy.release import refusal, release_patch, released
 from gpuheal.values import taint_value
 from gpuheal.vocabulary import Entry, Reason
 from tests.corpus import EKS_NODES
+from tests.helpers import plan_entries
 from tests.unit.test_policy_plan import CONFIG, F1, N1, NOW, faulty, gpu_pod, healthy, record
 
 BY, AT = "alice@example.com", "2026-11-29T11:58:00Z"
@@ -49,8 +50,7 @@ def test_a_held_fault_stays_held_while_the_breaker_is_full() -> None:
 def test_a_released_held_fault_is_quarantined_past_the_full_breaker_once() -> None:
     p = looks(held(released_by=BY, released_at=AT))
     assert [t.node for t in taints(p)] == [N1] and p.new_quarantine
-    entries = [a.entry for a in p.actions if isinstance(a, UpdateRecord)]
-    assert [(e.action, e.detail) for e in entries][:2] == [
+    assert [(e.action, e.detail) for e in plan_entries(p)][:2] == [
         (Entry.RELEASED, f"by {BY} at {AT}"),
         ("taint", ""),
     ]
@@ -72,9 +72,7 @@ def test_the_release_is_said_once_even_when_the_taint_waits_a_pass() -> None:
     p = looks(replace(rec, actions=(*rec.actions, said)))
     assert taints(p)
     assert Reason.RELEASED not in [a.reason for a in p.actions if isinstance(a, Emit)]
-    assert Entry.RELEASED not in [
-        a.entry.action for a in p.actions if isinstance(a, UpdateRecord) and a.entry
-    ]
+    assert not plan_entries(p, Entry.RELEASED)
 
 
 def test_only_the_released_fault_passes_every_other_held_fault_stays_held() -> None:

@@ -50,6 +50,7 @@ from gpuheal.values import taint_value
 from gpuheal.vocabulary import Entry, Reason
 from gpuheal.xid import Action
 from tests.corpus import EKS_NODES, GPU_UUIDS
+from tests.helpers import plan_entries
 
 NOW = dt.datetime(2026, 12, 1, 9, 30, 0, tzinfo=dt.UTC)
 N1 = EKS_NODES[0]
@@ -101,8 +102,8 @@ def requests(p: Plan) -> list[RequestRepair]:
     return [a for a in p.actions if isinstance(a, RequestRepair)]
 
 
-def entries(p: Plan, action: str) -> list[ActionEntry]:
-    return [a.entry for a in p.actions if isinstance(a, UpdateRecord) and a.entry.action == action]
+# tests/unit/test_policy_repair_approval.py imports it by this name.
+entries = plan_entries
 
 
 def events(p: Plan, reason: str) -> list[Emit]:
@@ -134,7 +135,7 @@ def test_a_drained_reset_fault_asks_the_agent_once_for_its_gpus() -> None:
         Action.RESET_GPU, DIGEST, 1, iso(NOW, "seconds")
     )
     assert p.new_repair
-    (said,) = entries(p, Entry.REPAIR_REQUESTED)
+    (said,) = plan_entries(p, Entry.REPAIR_REQUESTED)
     assert said.detail == f"reset-gpu attempt 1: reset {GPU}"
     assert len(events(p, Reason.REPAIR_REQUESTED)) == 1
     # The request comes before its record entry (the durable note follows the act).
@@ -158,7 +159,7 @@ def test_a_request_the_record_does_not_show_is_recorded_not_repeated() -> None:
     on_node = node(**{REPAIR_REQUEST: asked(Action.RESET_GPU, 1)})
     p = plan(state(on_node, drained()), CONFIG, NOW)
     assert not requests(p)
-    assert len(entries(p, Entry.REPAIR_REQUESTED)) == 1
+    assert len(plan_entries(p, Entry.REPAIR_REQUESTED)) == 1
     assert not events(p, Reason.REPAIR_REQUESTED)
 
 
@@ -171,15 +172,15 @@ def test_a_done_result_is_recorded_once_and_given_time_to_clear() -> None:
     )
     recorded = drained(entry(Entry.REPAIR_REQUESTED, "reset-gpu attempt 1: x", "waiting"))
     p = plan(state(on_node, recorded), CONFIG, NOW)
-    assert len(entries(p, Entry.REPAIRED)) == 1 and len(events(p, Reason.REPAIRED)) == 1
+    assert len(plan_entries(p, Entry.REPAIRED)) == 1 and len(events(p, Reason.REPAIRED)) == 1
     assert not requests(p)
-    again = replace(recorded, actions=(*recorded.actions, entries(p, Entry.REPAIRED)[0]))
+    again = replace(recorded, actions=(*recorded.actions, plan_entries(p, Entry.REPAIRED)[0]))
     p = plan(state(on_node, again), CONFIG, NOW + dt.timedelta(seconds=10))
     assert not p.actions and p.suppressed == "settling"
     # Still reported after settleSeconds: ineffective, and the next attempt.
     late = NOW + dt.timedelta(seconds=CONFIG.repair.settle_seconds + 1)
     p = plan(state(on_node, again), CONFIG, late)
-    assert [e.result for e in entries(p, Entry.REPAIR_FAILED)] == ["ineffective"]
+    assert [e.result for e in plan_entries(p, Entry.REPAIR_FAILED)] == ["ineffective"]
     (request,) = requests(p)
     assert decode_request(request.value) == RepairRequest(
         Action.RESET_GPU, DIGEST, 2, iso(late, "seconds")
@@ -217,7 +218,7 @@ def test_a_failed_reset_is_retried_then_escalates_to_reboot_then_to_a_person() -
     on_node, recorded = _after_failures(Action.RESET_GPU, Action.RESET_GPU, Action.REBOOT)
     p = plan(state(on_node, recorded), CONFIG, NOW)
     assert not requests(p)
-    (held,) = entries(p, Entry.REPAIR_EXHAUSTED)
+    (held,) = plan_entries(p, Entry.REPAIR_EXHAUSTED)
     assert held.result == "contact-support"
     assert all(a.contact_support for a in p.repair if isinstance(a, UpdateRecord))
     assert len(events(p, Reason.CONTACT_SUPPORT)) == 1
@@ -231,10 +232,10 @@ def test_a_failure_is_recorded_once_with_its_event() -> None:
     on_node, recorded = _after_failures(Action.RESET_GPU)
     fresh = replace(recorded, actions=recorded.actions[:-1])  # the failure not yet recorded
     p = plan(state(on_node, fresh), CONFIG, NOW)
-    assert [e.result for e in entries(p, Entry.REPAIR_FAILED)] == ["failed"]
+    assert [e.result for e in plan_entries(p, Entry.REPAIR_FAILED)] == ["failed"]
     assert len(events(p, Reason.REPAIR_FAILED)) == 1
     p = plan(state(on_node, recorded), CONFIG, NOW)
-    assert not entries(p, Entry.REPAIR_FAILED) and not events(p, Reason.REPAIR_FAILED)
+    assert not plan_entries(p, Entry.REPAIR_FAILED) and not events(p, Reason.REPAIR_FAILED)
 
 
 def test_no_result_within_the_timeout_is_a_failed_attempt() -> None:
@@ -242,7 +243,7 @@ def test_no_result_within_the_timeout_is_a_failed_attempt() -> None:
     on_node = node(**{REPAIR_REQUEST: asked(Action.RESET_GPU, 1, long_ago)})
     recorded = drained(entry(Entry.REPAIR_REQUESTED, "reset-gpu attempt 1: x", "waiting", long_ago))
     p = plan(state(on_node, recorded), CONFIG, NOW)
-    assert [e.result for e in entries(p, Entry.REPAIR_FAILED)] == ["timed-out"]
+    assert [e.result for e in plan_entries(p, Entry.REPAIR_FAILED)] == ["timed-out"]
     assert decode_request(requests(p)[0].value).attempt == 2  # type: ignore[union-attr]
 
 
@@ -260,7 +261,7 @@ def test_a_reboot_waits_for_its_result_as_long_as_the_reboot_daemon_takes_to_loo
             reason="XidCritical79",
         )
         p = plan(state(on_node, recorded), CONFIG, NOW)
-        assert bool(entries(p, Entry.REPAIR_FAILED)) is failed, waited
+        assert bool(plan_entries(p, Entry.REPAIR_FAILED)) is failed, waited
         if not failed:
             assert p.requeue_after == pytest.approx(cfg.result_timeout("reboot") - waited)
 
@@ -288,7 +289,7 @@ def test_the_budget_is_cluster_wide_and_within_the_breaker() -> None:
     busy = frozenset({"other-1", "other-2"})  # maxConcurrent: 2
     p = plan(state(node(), drained(), repairing=busy), CONFIG, NOW)
     assert not requests(p) and p.suppressed == "repair-budget"
-    (held,) = entries(p, Entry.REPAIR_HELD)
+    (held,) = plan_entries(p, Entry.REPAIR_HELD)
     assert "2 repairs in flight (budget 2)" in held.detail
     told = drained(held)
     assert not plan(state(node(), told, repairing=busy), CONFIG, NOW).actions  # said once
@@ -314,7 +315,7 @@ def test_a_node_that_keeps_needing_repairs_goes_to_a_person() -> None:
     )
     p = plan(NodeState(node=node(), records=(drained(), earlier), gpu_nodes=10), cfg, NOW)
     assert not requests(p)
-    assert "maxAttemptsPerNode 2" in entries(p, Entry.REPAIR_EXHAUSTED)[0].detail
+    assert "maxAttemptsPerNode 2" in plan_entries(p, Entry.REPAIR_EXHAUSTED)[0].detail
     # Outside the window they do not count.
     later = NOW + dt.timedelta(seconds=cfg.repair.window_seconds + 1)
     assert requests(
@@ -326,7 +327,7 @@ def test_propose_mode_writes_nothing_to_the_node() -> None:
     cfg = replace(CONFIG, repair=RepairConfig(enabled=True))
     p = plan(state(node(), drained()), cfg, NOW)
     assert not requests(p) and not p.new_repair
-    (said,) = entries(p, Entry.WOULD_REPAIR)
+    (said,) = plan_entries(p, Entry.WOULD_REPAIR)
     assert said.detail == f"reset-gpu attempt 1: reset {GPU}"
     assert len(events(p, Reason.REPAIR_PROPOSED)) == 1
     told = drained(said)
@@ -361,8 +362,8 @@ def test_a_result_that_comes_as_the_fault_clears_is_recorded() -> None:
     )
     recorded = drained(entry(Entry.REPAIR_REQUESTED, "reset-gpu attempt 1: x", "waiting"))
     p = plan(state(cleared, recorded), CONFIG, NOW)
-    assert len(entries(p, Entry.REPAIRED)) == 1
-    assert entries(p, "recovering")  # and recovery begins, as for any cleared fault
+    assert len(plan_entries(p, Entry.REPAIRED)) == 1
+    assert plan_entries(p, "recovering")  # and recovery begins, as for any cleared fault
     assert not requests(p)
 
 

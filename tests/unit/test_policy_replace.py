@@ -17,6 +17,7 @@ from gpuheal.policy.repair import repair_metric
 from gpuheal.policy.replace import CallReplace, idempotency_key
 from gpuheal.vocabulary import Entry, Reason
 from gpuheal.xid import Action
+from tests.helpers import plan_entries
 from tests.unit.test_policy_repair import (
     CONFIG,
     F1,
@@ -24,7 +25,6 @@ from tests.unit.test_policy_repair import (
     NOW,
     _after_failures,
     drained,
-    entries,
     events,
     node,
     requests,
@@ -45,7 +45,7 @@ def test_after_the_ladder_the_hook_is_called_after_its_intent() -> None:
     on_node, recorded = _after_failures(Action.RESET_GPU, Action.RESET_GPU, Action.REBOOT)
     on_node = replace(on_node, provider_id=PROVIDER_ID)
     p = plan(state(on_node, recorded), REPLACING, NOW)
-    assert not entries(p, Entry.REPAIR_EXHAUSTED) and not requests(p)
+    assert not plan_entries(p, Entry.REPAIR_EXHAUSTED) and not requests(p)
     (call,) = calls(p)
     assert (call.attempt, call.key, call.node) == (1, KEY_1, N1)
     assert call.body() == {
@@ -109,7 +109,7 @@ def test_a_failed_call_is_retried_with_backoff_then_a_person_is_asked() -> None:
         state(on_node, replace(recorded, actions=tuple(said))), REPLACING, at + dt.timedelta(days=1)
     )
     assert not calls(p)
-    (held,) = entries(p, Entry.REPAIR_EXHAUSTED)
+    (held,) = plan_entries(p, Entry.REPAIR_EXHAUSTED)
     assert f"{HOOK.max_attempts} replace call(s) failed" in held.detail
     assert all(a.contact_support for a in p.repair if isinstance(a, UpdateRecord))
 
