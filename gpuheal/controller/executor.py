@@ -5,8 +5,8 @@ is there, evicting a pod that is gone — all end in the same state. Every
 write's response is fed back into the caches (write-through), so the next
 plan sees our own writes even before the watch delivers them.
 
-A pass writes each record's status once: its UpdateRecord actions (and a new
-record's `detect` entry) are gathered and written together when the pass ends
+A pass writes each record's status once: its UpdateRecord actions (a new
+record's `detect` entry among them) are gathered and written together when the pass ends
 (`flush`), after the actions they record; its Events are sent then too, one
 per Emit, and one for all the pods the pass evicted. So nothing but the record
 (the lock) and the taint stands between a fault and its fence.

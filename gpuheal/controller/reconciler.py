@@ -217,6 +217,7 @@ class Reconciler:
         self.device_counts.pop(name, None)
         self.blocked.pop(name, None)
         self.handled.forget(name)
+        self.runner.held.pop(name, None)  # a deleted node's Events: nothing to point to
 
     async def _reconcile_devices(self, node: NodeView, now: dt.datetime) -> Result:
         config = self.config()

@@ -10,9 +10,12 @@ REPAIR_BUDGET runs the new plan whole, under the lock.
 
 A pass writes each record's status once, and sends its Events, when it ends
 (the executor's flush): nothing but the record and the taint stands between a
-fault and its fence. Actions a pass already ran are not run again when a
-guarded step's plan is made again: the plans share their `now`, so an action
-already run is equal to its repeat.
+fault and its fence. A pass that ends on the node's next turn (a new
+quarantine's fence, whose record status the drain's pass writes) holds its
+Events until that turn's flush, so a storm's fences are not slowed by them.
+Actions a pass already ran are not run again when a guarded step's plan is
+made again: the plans share their `now`, so an action already run is equal to
+its repeat.
 """
 
 from __future__ import annotations
@@ -26,13 +29,16 @@ from dataclasses import dataclass
 from gpuheal.controller.effects.context import PassOutcome, Replan
 from gpuheal.controller.executor import Executor
 from gpuheal.controller.result import DONE, Result
-from gpuheal.policy.actions import Action, Guard, NodeState, Plan, PlanStep, Then
+from gpuheal.policy.actions import Action, Emit, Guard, NodeState, Plan, PlanStep, Then
 
 log = logging.getLogger(__name__)
 
-# Look again at once (at the end of the queue): the world moved under the pass's
-# plan, or a new quarantine's drain waits for the node's next turn.
+# Look again at once (at the end of the queue): the world moved under the pass's plan.
 AT_ONCE = Result(requeue_after=0.0)
+# The node's next turn (Then.NEXT_TURN): a new quarantine's drain, behind every node
+# queued for a fresh look, so that a storm's nodes are all fenced before any worker
+# evicts (the queue's lane behind, bounded in how long it waits).
+NEXT_TURN = Result(requeue_after=0.0, behind=True)
 
 # The plan made again, from the caches, for a node (None: it is gone or unmanaged).
 Replanner = Callable[[str, dt.datetime], tuple[Plan, NodeState] | None]
@@ -61,15 +67,21 @@ class Runner:
         self.replan = replan
         self.take_token = take_token  # 0.0, or the seconds until a token is there
         self.lock = asyncio.Lock()  # the breaker's and the repair budget's, one for both
+        # Events of a pass that ended on Then.NEXT_TURN, by node: sent with the record
+        # status that turn writes (they follow the record they point to). Lost with the
+        # process, as any Event queued is (at most once).
+        self.held: dict[str, list[Emit]] = {}
 
     async def carry_out(
         self, decided: Plan, state: NodeState, now: dt.datetime
     ) -> Carried | Result:
         """Run the plan's steps: a Carried when the pass ran to a step's end, a bare
         Result when a guard sent it back (no token yet, node gone, plan changed)."""
+        outcome, index, then = PassOutcome(emits=self.held.pop(state.node.name, [])), 0, Then.LATER
         if not decided.actions:
+            if outcome.emits:
+                await self.executor.flush(outcome, state)
             return Result(decided.requeue_after)
-        outcome, index, then = PassOutcome(), 0, Then.LATER
         done: tuple[Action, ...] = ()
         try:
             while index < len(decided.steps):
@@ -98,8 +110,10 @@ class Runner:
         except Exception:
             await self.executor.flush_after_failure(outcome, state)
             raise
+        if then is Then.NEXT_TURN:
+            self.held[state.node.name], outcome.emits = outcome.emits, []
         await self.executor.flush(outcome, state)
-        result = AT_ONCE if then is Then.NEXT_TURN else Result(decided.requeue_after)
+        result = NEXT_TURN if then is Then.NEXT_TURN else Result(decided.requeue_after)
         return Carried(result, decided, done, outcome)
 
     async def _guarded(

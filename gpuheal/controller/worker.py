@@ -90,7 +90,8 @@ def requeue(queue: WorkQueue, key: str, result: Result) -> None:
     else:
         queue.forget(key)
     if result.requeue_after is not None:
-        queue.add_after(key, result.requeue_after)  # the earliest pending look wins
+        # The earliest pending look wins; a look at once may wait behind fresh work.
+        queue.add_after(key, result.requeue_after, behind=result.behind)
 
 
 async def work(

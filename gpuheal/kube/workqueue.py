@@ -11,6 +11,10 @@
   eviction) keeps its schedule in the state it plans from, not in this queue.
 - Per-key failure count feeds exponential backoff (base, doubling, capped,
   less up to `jitter` of it); `forget` resets it.
+- A key added `behind` waits behind every key added plainly (controller-runtime's
+  low priority): a storm's drains start once its nodes are fenced. It is handed
+  out anyway once it has waited `behind_max_s`, so a busy queue cannot starve it;
+  a plain add of a key waiting behind moves it to the front lane.
 """
 
 from __future__ import annotations
@@ -31,11 +35,17 @@ class WorkQueue:
         backoff_max_s: float = 60.0,
         jitter: float = 0.0,
         rand: Callable[[], float] = random.random,
+        behind_max_s: float = 10.0,
     ) -> None:
         self._queue: deque[str] = deque()
         self._queued: set[str] = set()
+        # The lane behind: (key, when it was added), in order; a key is in one lane only.
+        self._behind: deque[tuple[str, float]] = deque()
+        self._queued_behind: set[str] = set()
+        self._behind_max_s = behind_max_s
         self._processing: set[str] = set()
         self._dirty: set[str] = set()
+        self._dirty_ahead: set[str] = set()  # dirty by a plain add: back in the front lane
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._failures: dict[str, int] = {}
         self._wakeup = asyncio.Condition()
@@ -47,7 +57,7 @@ class WorkQueue:
         self.coalesced = 0
 
     def __len__(self) -> int:
-        return len(self._queue)
+        return len(self._queue) + len(self._behind)
 
     def set_backoff(self, base_s: float, max_s: float) -> None:
         """Take a reloaded config's backoff; keys already waiting keep their delay."""
@@ -60,24 +70,34 @@ class WorkQueue:
             return None
         return max(timer.when() - asyncio.get_running_loop().time(), 0.0)
 
-    def add(self, key: str) -> None:
+    def add(self, key: str, *, behind: bool = False) -> None:
         self.adds += 1
         timer = self._timers.pop(key, None)
         if timer:
             timer.cancel()
         if key in self._processing:
             self._dirty.add(key)
+            if not behind:
+                self._dirty_ahead.add(key)
             return
-        if key in self._queued:
+        if key in self._queued or (behind and key in self._queued_behind):
             self.coalesced += 1
             return
-        self._queued.add(key)
-        self._queue.append(key)
+        if key in self._queued_behind:  # a plain add: to the front lane
+            self.coalesced += 1
+            self._queued_behind.discard(key)
+            self._behind = deque(e for e in self._behind if e[0] != key)
+        if behind:
+            self._queued_behind.add(key)
+            self._behind.append((key, asyncio.get_running_loop().time()))
+        else:
+            self._queued.add(key)
+            self._queue.append(key)
         asyncio.get_running_loop().create_task(self._notify())
 
-    def add_after(self, key: str, delay_s: float) -> None:
+    def add_after(self, key: str, delay_s: float, *, behind: bool = False) -> None:
         if delay_s <= 0:
-            self.add(key)
+            self.add(key, behind=behind)
             return
         loop = asyncio.get_running_loop()
         when = loop.time() + delay_s
@@ -112,9 +132,14 @@ class WorkQueue:
 
     async def get(self) -> str:
         async with self._wakeup:
-            await self._wakeup.wait_for(lambda: bool(self._queue))
-            key = self._queue.popleft()
-            self._queued.discard(key)
+            await self._wakeup.wait_for(lambda: bool(self._queue or self._behind))
+            waited = asyncio.get_running_loop().time() - self._behind[0][1] if self._behind else 0.0
+            if self._queue and waited < self._behind_max_s:
+                key = self._queue.popleft()
+                self._queued.discard(key)
+            else:
+                key, _ = self._behind.popleft()
+                self._queued_behind.discard(key)
             self._processing.add(key)
             return key
 
@@ -122,7 +147,9 @@ class WorkQueue:
         self._processing.discard(key)
         if key in self._dirty:
             self._dirty.discard(key)
-            self.add(key)
+            ahead = key in self._dirty_ahead
+            self._dirty_ahead.discard(key)
+            self.add(key, behind=not ahead)
 
     def shutdown(self) -> None:
         for timer in self._timers.values():

@@ -167,11 +167,14 @@ def taint_patch(
     *,
     state: str | None,
     handled_at: str | None = None,
+    added_at: str | None = None,
 ) -> dict[str, Any]:
     """A merge patch setting our taint for `fault_id` (None: removing it) with the
     node's resourceVersion as precondition: everyone else's taints are kept as read.
     `state`: the gpuheal.io/state label to set, "" to remove it, None to leave it.
-    `handled_at`: the fault's handled mark goes in the same write (AddTaint.with_mark)."""
+    `handled_at`: the fault's handled mark goes in the same write (AddTaint.with_mark).
+    `added_at`: the taint's timeAdded (the API server keeps whole seconds): the
+    record's `taint` entry, when written after the fact, is dated from it."""
     taints = [
         {"key": t.key, "effect": t.effect, "value": t.value}
         | ({"timeAdded": t.time_added} if t.time_added else {})
@@ -179,7 +182,8 @@ def taint_patch(
         if t.key != TAINT_KEY
     ]
     if fault_id is not None:
-        taints.append({"key": TAINT_KEY, "value": values.taint_value(fault_id), "effect": effect})
+        ours = {"key": TAINT_KEY, "value": values.taint_value(fault_id), "effect": effect}
+        taints.append(ours | ({"timeAdded": added_at} if added_at else {}))
     metadata: dict[str, Any] = {"resourceVersion": node.resource_version}
     if state is not None:
         metadata["labels"] = {STATE_LABEL: state or None}

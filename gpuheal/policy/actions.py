@@ -217,14 +217,20 @@ class Plan:
         A new quarantine: the record (the fault's own lock, no budget of the
         breaker's) first; then, under the breaker, the fence (the plan is made again
         there, from caches that hold every taint so far); the drain on the node's
-        next turn when it moves pods (in a storm every faulty node is fenced before
-        any worker evicts), else at once. A new repair request: the whole plan under
-        the repair budget. Anything else: the whole plan, unguarded."""
+        next turn when it moves pods (behind every node queued for a fresh look: in
+        a storm every faulty node is fenced before any worker evicts), else at once.
+        When the drain waits for that turn, so does the record's status: the fence's
+        pass writes the record and the taint alone, and the drain's plan writes the
+        entries from what it sees (a record without status, our taint on the node:
+        the rules that also mend a controller stopped between the two), in the one
+        status write the drain makes anyway. A new repair request: the whole plan
+        under the repair budget. Anything else: the whole plan, unguarded."""
         if self.new_quarantine:
             if self.moves_pods:
+                record = _unwritten(self.record)
                 return (
-                    PlanStep(self.record, Guard.NONE, Then.CONTINUE),
-                    PlanStep(self.record + self.fence, Guard.BREAKER, Then.NEXT_TURN),
+                    PlanStep(record, Guard.NONE, Then.CONTINUE),
+                    PlanStep(record + _unwritten(self.fence), Guard.BREAKER, Then.NEXT_TURN),
                 )
             return (
                 PlanStep(self.record, Guard.NONE, Then.CONTINUE),
@@ -234,6 +240,11 @@ class Plan:
         if self.new_repair:
             return (PlanStep(self.actions, Guard.REPAIR_BUDGET, Then.LATER),)
         return (PlanStep(self.actions, Guard.NONE, Then.LATER),)
+
+
+def _unwritten(actions: tuple[Action, ...]) -> tuple[Action, ...]:
+    """The actions but the record's status entries (left to the drain's pass)."""
+    return tuple(a for a in actions if not isinstance(a, UpdateRecord))
 
 
 class Guard(StrEnum):
@@ -249,7 +260,9 @@ class Guard(StrEnum):
 
 class Then(StrEnum):
     """What follows a step: the next step at once (CONTINUE), the node's next turn
-    in the queue (NEXT_TURN), or the plan's requeue_after (LATER: the last step)."""
+    in the queue (NEXT_TURN: behind the nodes queued for a fresh look; the pass's
+    Events wait for that turn's record status), or the plan's requeue_after (LATER:
+    the last step)."""
 
     CONTINUE = "continue"
     NEXT_TURN = "next-turn"

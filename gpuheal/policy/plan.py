@@ -35,6 +35,7 @@ from gpuheal.model import (
     Phase,
     PodView,
     Severity,
+    Taint,
     fault_record_name,
 )
 from gpuheal.policy import validation
@@ -82,6 +83,28 @@ def _entry(now: dt.datetime, action: str, result: str = "ok", detail: str = "") 
     return ActionEntry(
         time=iso(now), action=action, result=result, detail=values.text(detail, values.DETAIL_MAX)
     )
+
+
+def _created(
+    name: str, signal: FaultSignal, phase: Phase, mode: Mode, now: dt.datetime
+) -> list[Action]:
+    """A new record (the fault's lock) and its first entry, `detect`: the record's
+    status comes with the rest of the pass (a create cannot carry a subresource)."""
+    return [
+        CreateRecord(name, signal, phase, mode),
+        UpdateRecord(name, phase, _entry(now, Entry.DETECT, detail=signal.source)),
+    ]
+
+
+def _detected_later(record: FaultRecord | None, now: dt.datetime) -> list[Action]:
+    """The `detect` entry of a record whose status was never written (no entry,
+    the phase a status-less record reads as): a new quarantine's fence pass leaves
+    it to the drain pass (Plan.steps), and a controller may stop between the record
+    and its status. Dated when the record was made (whole seconds)."""
+    if record is None or record.actions or record.phase is not Phase.DETECTED:
+        return []
+    at = parse_time(record.created_at) or now
+    return [UpdateRecord(record.name, record.phase, _entry(at, Entry.DETECT, detail=record.source))]
 
 
 def plan(
@@ -231,6 +254,7 @@ def _remediate(  # noqa: PLR0911 -- one return per rule reads best here
         handled=node.annotations.get(HANDLED_FAULT_ID) == signal.fault_id,
     )
     base = Plan(fault_id=signal.fault_id)
+    actions += _detected_later(record, now)
     watching = _watching(record, signal, config, now)
     if record is not None and record.open and not watching:
         actions += _escalation(fault, config, now)
@@ -315,7 +339,7 @@ def _first_sight(  # noqa: PLR0911 -- one return per rule, as in _remediate
     if watching and mode is not Mode.OBSERVE:
         # P1: notify now, act only if it is still there after the observation window.
         fence = _p1_fence(fault, config, now)
-        actions += [CreateRecord(name, signal, Phase.DETECTED, mode), *announced]
+        actions += [*_created(name, signal, Phase.DETECTED, mode, now), *announced]
         return _with(
             base,
             actions,
@@ -325,25 +349,25 @@ def _first_sight(  # noqa: PLR0911 -- one return per rule, as in _remediate
         )
     if mode is Mode.OBSERVE:
         # Nothing is written to the node: the record is the fault's only trace (and lock).
-        actions += [CreateRecord(name, signal, Phase.DETECTED, mode), *announced]
+        actions += [*_created(name, signal, Phase.DETECTED, mode, now), *announced]
         if signal.severity is Severity.P0:
             actions.append(_would_quarantine(fault, config, now))
         return _with(base, actions, requeue_after=_p1_pending(fault, config, now))
     if _needs_approval(fault, config):
         actions += [
-            CreateRecord(name, signal, Phase.DETECTED, mode),
+            *_created(name, signal, Phase.DETECTED, mode, now),
             *announced,
             *_request_approval(fault, config, now),
         ]
         return _with(base, actions, requeue_after=config.approval.expiry_seconds)
     if not _may_quarantine(fault.state, config):
         actions += [
-            CreateRecord(name, signal, Phase.HELD, mode),
+            *_created(name, signal, Phase.HELD, mode, now),
             *announced,
             Emit(Reason.HELD, _held_note(fault.state, config), node.name, name, warning=True),
         ]
         return _with(base, actions, requeue_after=config.hold_retry_seconds)
-    actions += [CreateRecord(name, signal, Phase.DETECTED, mode), *announced]
+    actions += [*_created(name, signal, Phase.DETECTED, mode, now), *announced]
     return None
 
 
@@ -699,8 +723,9 @@ def _quarantine_step(
         if record.phase not in TAINTED_PHASES:
             actions.append(UpdateRecord(record.name, Phase.QUARANTINED, _entry(now, Entry.TAINT)))
     elif record.phase not in TAINTED_PHASES:
-        # The taint is there but its record is not: we stopped between the two.
-        actions.append(UpdateRecord(record.name, Phase.QUARANTINED, _entry(now, Entry.TAINT)))
+        # The taint is there but its record does not say so: the fence's pass left
+        # the status to this one (Plan.steps), or we stopped between the two.
+        actions.append(_taint_noted(record, taint, now))
     elif record.severity is Severity.P1 and taint.effect == P1_TAINT_EFFECT != effect:
         # The watched P1's NoSchedule taint (p1Taint), now that it is handled as P0.
         actions += [
@@ -878,7 +903,7 @@ def _evict_or_delete(
     return Evict(pod, fault.signal.fault_id)
 
 
-def _restore(state: NodeState, config: Config) -> Plan | None:
+def _restore(state: NodeState, config: Config, now: dt.datetime) -> Plan | None:
     """gpuheal's taint on a node without an open record: a person deleted the record
     (the fault's lock and its history) while the node was quarantined. Nothing would
     ever lift the taint, so the record is made again, Quarantined, and the node
@@ -906,17 +931,41 @@ def _restore(state: NodeState, config: Config) -> Plan | None:
         "record was deleted; restored, the node returns through the recovery window and "
         "the health gate"
     )
-    create = CreateRecord(name, signal, Phase.QUARANTINED, config.mode_for(RESTORED_REASON))
+    create = _created(name, signal, Phase.QUARANTINED, config.mode_for(RESTORED_REASON), now)
     # Looked at again soon: the restored record's recovery must not wait on its watch
     # event alone (one coalesced with this reconcile leaves the node tainted).
     return Plan(
-        record=(create, Emit(Reason.RESTORED, note, node.name, name, warning=True)),
+        record=(*create, Emit(Reason.RESTORED, note, node.name, name, warning=True)),
         requeue_after=config.hold_retry_seconds,
     )
 
 
+def _fenced(node: NodeView, record: FaultRecord) -> bool:
+    """Our taint for the record's fault is on the node, whatever the record says yet
+    (a fence's pass leaves the status to the drain's: Plan.steps): it returns the
+    way every quarantined node does."""
+    taint = node.taint()
+    return taint is not None and taint.value == values.taint_value(record.fault_id)
+
+
+def _fence_unwritten(node: NodeView, record: FaultRecord, now: dt.datetime) -> list[Action]:
+    """A fenced record's first entries when the fault cleared before the drain's
+    pass wrote them (its status is then written by the recovery)."""
+    taint = node.taint()
+    if record.phase in TAINTED_PHASES or taint is None:
+        return []
+    return [*_detected_later(record, now), _taint_noted(record, taint, now)]
+
+
+def _taint_noted(record: FaultRecord, taint: Taint, now: dt.datetime) -> UpdateRecord:
+    """The `taint` entry written after the fact: dated when the taint was added
+    (whole seconds), where the taint says (ours does: writes.taint_patch)."""
+    at = parse_time(taint.time_added) or now
+    return UpdateRecord(record.name, Phase.QUARANTINED, _entry(at, Entry.TAINT))
+
+
 def _recover(state: NodeState, config: Config, now: dt.datetime) -> Plan:
-    restored = _restore(state, config)
+    restored = _restore(state, config, now)
     if restored is not None:
         return restored
     node = state.node
@@ -928,12 +977,13 @@ def _recover(state: NodeState, config: Config, now: dt.datetime) -> Plan:
         if record.source.split("/", 1)[0] in state.unsettled:
             requeue = _soonest(requeue, config.hold_retry_seconds)
             continue  # its source has not looked again since this controller started
-        if record.phase not in TAINTED_PHASES:
+        if record.phase not in TAINTED_PHASES and not _fenced(node, record):
             actions += [
                 UpdateRecord(record.name, Phase.RESOLVED, _cleared(record, now)),
                 Emit(Reason.RECOVERED, f"fault {record.fault_id} cleared", node.name, record.name),
             ]
             continue
+        actions += _fence_unwritten(node, record, now)
         # A repair's result that came as the fault cleared is recorded all the same.
         told = outcome_only(_subject(state, record, None), now)
         actions += _repair_actions(told, node.name, record)

@@ -432,5 +432,11 @@ def test_each_fault_gets_one_record_one_taint_one_eviction_per_pod_never_past_th
         # One quarantine per node and fault: at most one per taint the store saw.
         per_node = Counter(n for n, _ in api.ledger.taints_set)
         assert all(quarantined[n] <= per_node[n] for n in quarantined), (quarantined, per_node)
+        # The audit trail: a record says its detection and its taint once each, however
+        # the passes that wrote them (the fence's leaves the status to the drain's) died.
+        for path, stored in api.objects.items():
+            if path.startswith(FAULTS + "/"):
+                said = Counter(a["action"] for a in stored.get("status", {}).get("actions", ()))
+                assert said["detect"] <= 1 and said["taint"] <= 1, (path, said)
 
     asyncio.run(run())

@@ -97,3 +97,49 @@ def test_an_add_replaces_a_pending_delay_with_a_turn_now() -> None:
         assert await asyncio.wait_for(queue.get(), 1) == "n1"
 
     asyncio.run(run())
+
+
+def test_a_key_added_behind_waits_for_every_plain_key_and_a_plain_add_brings_it_forward() -> None:
+    async def run() -> None:
+        queue = WorkQueue()
+        queue.add("drain-1", behind=True)
+        queue.add("fence-1")
+        queue.add("drain-2", behind=True)
+        queue.add("fence-2")
+        queue.add("drain-2")  # news about it: it goes with the fresh work now
+        queue.add("drain-1", behind=True)  # coalesced, keeps its place
+        assert len(queue) == 4
+        order = [await queue.get() for _ in range(4)]
+        assert order == ["fence-1", "fence-2", "drain-2", "drain-1"]
+
+    asyncio.run(run())
+
+
+def test_a_key_behind_is_handed_out_once_it_has_waited_its_bound() -> None:
+    async def run() -> None:
+        queue = WorkQueue(behind_max_s=0.05)
+        queue.add("drain", behind=True)
+        await asyncio.sleep(0.06)
+        queue.add("fresh")
+        assert await queue.get() == "drain"  # not starved by a busy front lane
+        assert await queue.get() == "fresh"
+
+    asyncio.run(run())
+
+
+def test_an_add_behind_while_processing_requeues_behind_and_a_plain_one_ahead() -> None:
+    async def run() -> None:
+        queue = WorkQueue()
+        queue.add("a")
+        queue.add("b")
+        assert await queue.get() == "a"
+        assert await queue.get() == "b"
+        queue.add("a", behind=True)  # the fence pass asks for its drain turn
+        queue.add("b", behind=True)
+        queue.add("b")  # and an event about b came meanwhile
+        queue.add("c")
+        queue.done("a")
+        queue.done("b")
+        assert [await queue.get() for _ in range(3)] == ["c", "b", "a"]
+
+    asyncio.run(run())

@@ -52,7 +52,7 @@ def reasons(p: Plan) -> list[str]:
 
 def test_a_fault_that_needs_approval_records_its_plan_and_touches_nothing() -> None:
     p = plan(NodeState(faulty(), pods=PODS, gpu_nodes=4), APPROVING, NOW)
-    assert kinds(p) == ["CreateRecord", "Emit", "AwaitApproval", "Emit"]
+    assert kinds(p) == ["CreateRecord", "UpdateRecord", "Emit", "AwaitApproval", "Emit"]
     awaiting = next(a for a in p.actions if isinstance(a, AwaitApproval))
     assert awaiting.phase is Phase.AWAITING_APPROVAL
     assert awaiting.plan is not None

@@ -45,6 +45,7 @@ from gpuheal.policy.breaker import quarantine_capacity
 from gpuheal.policy.plan import current_signal, plan
 from gpuheal.sources import Seen
 from gpuheal.values import taint_value
+from gpuheal.vocabulary import Entry
 from tests.corpus import EKS_NODES
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, 0, tzinfo=dt.UTC)
@@ -92,6 +93,10 @@ def gpu_pod(name: str, node: str = N1) -> PodView:
 
 
 def record(phase: Phase, node: str = N1, fault_id: str = F1, **kw: object) -> FaultRecord:
+    if phase is Phase.DETECTED:
+        # As the controller writes one: a Detected record without entries is one whose
+        # status was never written (test_a_status_left_to_the_drain_pass_...).
+        kw.setdefault("actions", (ActionEntry(iso(NOW), Entry.DETECT, "ok", "node-annotation"),))
     return FaultRecord(
         name=fault_record_name(node, fault_id),
         node=node,
@@ -150,7 +155,7 @@ def test_new_fault_in_full_mode_records_taints_then_evicts_gpu_pods_only() -> No
     )
     p = plan(NodeState(faulty(), pods=pods, gpu_nodes=10), CONFIG, NOW)
     assert kinds(p) == [
-        *("CreateRecord", "Emit", "AddTaint", "UpdateRecord", "Emit"),
+        *("CreateRecord", "UpdateRecord", "Emit", "AddTaint", "UpdateRecord", "Emit"),
         *("Evict", "Evict", "UpdateRecord"),
     ]
     assert [a.pod.name for a in p.actions if isinstance(a, Evict)] == ["a", "b"]
@@ -195,7 +200,7 @@ def test_observe_mode_records_and_notifies_only() -> None:
     p = plan(NodeState(faulty(), pods=(gpu_pod("a"),)), config, NOW)
     # Nothing for the node (not even the handled-* annotations): the record notes
     # what the other modes would have done.
-    assert kinds(p) == ["CreateRecord", "Emit", "WouldQuarantine"]
+    assert kinds(p) == ["CreateRecord", "UpdateRecord", "Emit", "WouldQuarantine"]
 
 
 def test_quarantine_mode_taints_without_evicting() -> None:
@@ -208,7 +213,7 @@ def test_breaker_holds_a_fault_beyond_the_cap() -> None:
     config = replace(CONFIG, breaker_max_nodes=10, breaker_max_percent=10)
     full = frozenset(f"q{i}" for i in range(2))
     p = plan(NodeState(faulty(), gpu_nodes=20, quarantined=full), config, NOW)
-    assert kinds(p) == ["CreateRecord", "Emit", "Emit"]
+    assert kinds(p) == ["CreateRecord", "UpdateRecord", "Emit", "Emit"]
     assert p.actions[0].phase is Phase.HELD  # type: ignore[union-attr]
     assert [a.reason for a in p.actions if isinstance(a, Emit)] == [
         "GPUFaultDetected",
@@ -292,7 +297,7 @@ def test_our_taint_without_an_open_record_restores_the_record_never_lifts_it_unc
     the node goes through the recovery window and the gate like any other."""
     node = tainted(healthy(**{HANDLED_FAULT_ID: F1}))
     restored = plan(NodeState(node), CONFIG, NOW)
-    assert kinds(restored) == ["CreateRecord", "Emit"]
+    assert kinds(restored) == ["CreateRecord", "UpdateRecord", "Emit"]
     create = restored.actions[0]
     assert isinstance(create, CreateRecord) and create.phase is Phase.QUARANTINED
     assert create.name == fault_record_name(N1, F1) and create.signal.reason == "RecordRestored"
@@ -455,14 +460,14 @@ def test_an_external_signal_drives_the_same_policy_and_the_nodes_own_report_wins
 
 def test_p2_is_recorded_only() -> None:
     p = plan(NodeState(healthy(), external=(_external(Severity.P2),), gpu_nodes=10), CONFIG, NOW)
-    assert kinds(p) == ["CreateRecord", "Emit"]  # nothing on the node
+    assert kinds(p) == ["CreateRecord", "UpdateRecord", "Emit"]  # nothing on the node
 
 
 def test_p1_notifies_then_escalates_after_the_window() -> None:
     config = replace(CONFIG, p1_escalation_seconds=600)
     signal = _external(Severity.P1)
     first = plan(NodeState(healthy(), external=(signal,), gpu_nodes=10), config, NOW)
-    assert kinds(first) == ["CreateRecord", "Emit"] and first.requeue_after == 600
+    assert kinds(first) == ["CreateRecord", "UpdateRecord", "Emit"] and first.requeue_after == 600
     watched = record(Phase.DETECTED, fault_id="am-1", created_at=iso(NOW), severity=Severity.P1)
     state = NodeState(healthy(), external=(signal,), records=(watched,), gpu_nodes=10)
     early = plan(state, config, NOW + dt.timedelta(seconds=599))
@@ -490,7 +495,7 @@ def test_the_agents_p1_annotation_is_watched_like_a_p1_from_the_api() -> None:
     assert fault_signal(hot, P1_CONFIG).severity is Severity.P1  # type: ignore[union-attr]
     pods = (gpu_pod("trainer-0"),)
     first = plan(NodeState(hot, pods=pods, gpu_nodes=10), P1_CONFIG, NOW)
-    assert kinds(first) == ["CreateRecord", "Emit"] and first.requeue_after == 600
+    assert kinds(first) == ["CreateRecord", "UpdateRecord", "Emit"] and first.requeue_after == 600
     created = first.actions[0]
     assert isinstance(created, CreateRecord) and created.signal.severity is Severity.P1
     assert not first.new_quarantine
@@ -508,7 +513,7 @@ def test_the_agents_p1_annotation_is_watched_like_a_p1_from_the_api() -> None:
 
 def test_an_annotated_p2_is_recorded_only_and_absent_severity_is_p0() -> None:
     p2 = plan(NodeState(faulty(**{FAULT_SEVERITY: "p2"}), gpu_nodes=10), CONFIG, NOW)
-    assert kinds(p2) == ["CreateRecord", "Emit"]  # nothing on the node
+    assert kinds(p2) == ["CreateRecord", "UpdateRecord", "Emit"]  # nothing on the node
     # `kubectl annotate` without a severity: P0, as before, with nothing to say about it.
     sig = fault_signal(faulty(), CONFIG)
     assert sig is not None and sig.severity is Severity.P0 and sig.altered == ()
@@ -558,8 +563,15 @@ def test_p1_taint_fences_a_watched_fault_with_noschedule_and_escalation_applies_
     hot = faulty(**{FAULT_REASON: "Thermal", FAULT_SEVERITY: "P1"})
     pods = (gpu_pod("trainer-0"),)
     first = plan(NodeState(hot, pods=pods, gpu_nodes=10), config, NOW)
-    assert kinds(first) == ["CreateRecord", "Emit", "AddTaint", "UpdateRecord", "Emit"]
-    assert first.actions[2] == AddTaint(N1, F1, "NoSchedule") and first.new_quarantine
+    assert kinds(first) == [
+        "CreateRecord",
+        "UpdateRecord",
+        "Emit",
+        "AddTaint",
+        "UpdateRecord",
+        "Emit",
+    ]
+    assert first.actions[3] == AddTaint(N1, F1, "NoSchedule") and first.new_quarantine
     assert first.requeue_after == 600
     # Inside the window, once fenced: nothing more, no eviction.
     fenced = record(Phase.QUARANTINED, created_at=iso(NOW), severity=Severity.P1)
@@ -571,6 +583,6 @@ def test_p1_taint_fences_a_watched_fault_with_noschedule_and_escalation_applies_
     # A full breaker: watched without the fence.
     tight = replace(config, breaker_max_nodes=1)
     full = NodeState(hot, pods=pods, gpu_nodes=10, quarantined=frozenset({"other"}))
-    assert kinds(plan(full, tight, NOW)) == ["CreateRecord", "Emit"]
+    assert kinds(plan(full, tight, NOW)) == ["CreateRecord", "UpdateRecord", "Emit"]
     # Off (the default): no taint.
     assert "AddTaint" not in kinds(plan(NodeState(hot, gpu_nodes=10), P1_CONFIG, NOW))

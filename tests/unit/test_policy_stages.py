@@ -24,7 +24,7 @@ from gpuheal.policy.actions import (
     UpdateRecord,
 )
 from gpuheal.policy.plan import plan
-from tests.unit.test_policy_plan import CONFIG, NOW, faulty, gpu_pod, record, tainted
+from tests.unit.test_policy_plan import CONFIG, NOW, faulty, gpu_pod, healthy, record, tainted
 
 
 def names(actions: tuple[object, ...]) -> list[str]:
@@ -38,7 +38,7 @@ def every_stage(p: Plan) -> tuple[object, ...]:
 def test_a_new_fault_in_full_mode_records_fences_then_drains() -> None:
     pods = (gpu_pod("a"), gpu_pod("b"))
     p = plan(NodeState(faulty(), pods=pods, gpu_nodes=10), CONFIG, NOW)
-    assert names(p.record) == ["CreateRecord", "Emit"]
+    assert names(p.record) == ["CreateRecord", "UpdateRecord", "Emit"]
     assert names(p.fence) == ["AddTaint", "UpdateRecord", "Emit"]
     assert names(p.drain) == ["Evict", "Evict", "UpdateRecord"]
     assert p.mark == () and p.release == ()
@@ -74,7 +74,7 @@ def test_pods_only_terminating_make_a_drain_that_moves_none() -> None:
 def test_a_full_breaker_holds_the_fault_in_its_record_stage_alone() -> None:
     config = replace(CONFIG, breaker_max_nodes=0)
     p = plan(NodeState(faulty(), gpu_nodes=10), config, NOW)
-    assert names(p.record) == ["CreateRecord", "Emit", "Emit"]
+    assert names(p.record) == ["CreateRecord", "UpdateRecord", "Emit", "Emit"]
     assert p.fence == p.drain == p.mark == () and not p.new_quarantine
 
 
@@ -105,13 +105,48 @@ def test_a_new_quarantine_that_moves_pods_is_its_record_then_its_fence_then_the_
     pods = (gpu_pod("a"), gpu_pod("b"))
     p = plan(NodeState(faulty(), pods=pods, gpu_nodes=10), CONFIG, NOW)
     first, fence = p.steps
-    assert (first.actions, first.guard, first.then) == (p.record, Guard.NONE, Then.CONTINUE)
-    assert (fence.actions, fence.guard, fence.then) == (
-        p.record + p.fence,
-        Guard.BREAKER,
-        Then.NEXT_TURN,
-    )
+    unwritten = tuple(a for a in p.record if not isinstance(a, UpdateRecord))
+    assert (first.actions, first.guard, first.then) == (unwritten, Guard.NONE, Then.CONTINUE)
+    assert names(fence.actions) == ["CreateRecord", "Emit", "AddTaint", "Emit"]
+    assert (fence.guard, fence.then) == (Guard.BREAKER, Then.NEXT_TURN)
     assert not any(isinstance(a, Evict) for s in p.steps for a in s.actions)  # the next turn's
+    # The record's status too is the next turn's: the fence's pass writes the record
+    # and the taint alone (its Events go with it).
+    assert not any(isinstance(a, UpdateRecord) for s in p.steps for a in s.actions)
+
+
+def test_the_drain_pass_writes_the_status_the_fence_pass_left_in_one_write() -> None:
+    """What the fence's pass left (a record without status, our taint, dated) is what
+    the drain's plan sees: detect, taint and evict entries, in order, one step."""
+    pods = (gpu_pod("a"), gpu_pod("b"))
+    created = record(Phase.DETECTED, created_at="2026-11-29T12:00:00Z", actions=())
+    node = tainted(faulty())
+    (ours,) = node.taints
+    node = replace(node, taints=(replace(ours, time_added="2026-11-29T12:00:01Z"),))
+    p = plan(NodeState(node, pods=pods, records=(created,), gpu_nodes=10), CONFIG, NOW)
+    assert not p.new_quarantine and len(p.steps) == 1
+    entries = [a for a in p.actions if isinstance(a, UpdateRecord)]
+    assert [(u.entry.action, u.entry.time, u.phase) for u in entries] == [
+        ("detect", "2026-11-29T12:00:00.000Z", Phase.DETECTED),
+        ("taint", "2026-11-29T12:00:01.000Z", Phase.QUARANTINED),
+        ("evict", iso(NOW), Phase.DRAINING),
+    ]
+    assert entries[0].entry.detail == created.source
+    assert names(p.actions).count("Evict") == 2
+    assert "AddTaint" not in names(p.actions) and "Emit" not in names(p.actions)  # said once
+
+
+def test_a_fault_that_clears_before_the_drain_pass_returns_through_recovery_not_resolved() -> None:
+    """The fence's pass left the status; the fault cleared at once: the node is ours
+    and tainted, so it returns the way every quarantined node does (never a record
+    resolved under a taint nobody would lift)."""
+    created = record(Phase.DETECTED, created_at="2026-11-29T12:00:00Z", actions=())
+    node = tainted(healthy())
+    p = plan(NodeState(node, records=(created,), gpu_nodes=10), CONFIG, NOW)
+    entries = [a for a in p.actions if isinstance(a, UpdateRecord)]
+    assert [u.entry.action for u in entries] == ["detect", "taint", "recovering"]
+    assert entries[-1].phase is Phase.RECOVERING
+    assert "RemoveTaint" not in names(p.actions)
 
 
 def test_a_new_quarantine_with_nothing_to_move_ends_in_the_same_pass() -> None:

@@ -61,12 +61,14 @@ async def _set_taint(fx: EffectContext, name: str, add: AddTaint | None, state: 
             return "present"
         if add is None and ours is None and state_label_with_taint(False, label) is None:
             return "absent"
+        moment = dt.datetime.now(dt.UTC)
         body = writes.taint_patch(
             node,
             add.fault_id if add is not None else None,
             add.effect if add is not None else "",
             state=state_label_with_taint(add is not None, label),
-            handled_at=iso(dt.datetime.now(dt.UTC)) if add is not None and add.with_mark else None,
+            handled_at=iso(moment) if add is not None and add.with_mark else None,
+            added_at=iso(moment, "seconds") if add is not None else None,
         )
         try:
             raw = await fx.api.patch(node_path(name), body)

@@ -3,11 +3,9 @@ pass's entries gathered as its news and written in one status PATCH."""
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 from typing import Any
 
-from gpuheal.clock import iso
 from gpuheal.controller.effects.context import (
     CONFLICT_RETRIES,
     EffectContext,
@@ -24,24 +22,21 @@ from gpuheal.policy import history
 from gpuheal.policy.actions import CreateRecord, NodeState, ReplaceIntent, UpdateRecord
 from gpuheal.policy.devices import CreateDeviceRecord, DeviceReleased
 from gpuheal.policy.repair import repair_metric
-from gpuheal.vocabulary import Entry
 
 log = logging.getLogger(__name__)
 
 
 async def create_record(
-    fx: EffectContext, action: CreateRecord, _state: NodeState, outcome: PassOutcome
+    fx: EffectContext, action: CreateRecord, _state: NodeState, _outcome: PassOutcome
 ) -> str:
+    """The record alone: its status (the CRD's subresource: a create cannot carry
+    it), `detect` entry first, is the plan's UpdateRecords, written when the pass
+    ends, or on the drain pass for a new quarantine (Plan.steps)."""
     sig = action.signal
     record = await _create_lock(fx, action.name, writes.fault_record(action.name, sig, action.mode))
     fx.metrics.faults_detected.labels(record.source, record.reason, sig.severity.value).inc()
     if sig.altered:
         _input_altered(fx, sig)
-    # The status (the CRD's subresource: a create cannot carry it) is written
-    # with the rest of the pass: after the taint, not before it.
-    now = iso(dt.datetime.now(dt.UTC))
-    entry = ActionEntry(time=now, action=Entry.DETECT, result="ok", detail=sig.source)
-    outcome.news[action.name] = RecordNews(action.phase, [(entry, False)])
     return "created"
 
 

@@ -1,0 +1,57 @@
+"""A new quarantine's two passes on the controller that ships (real Reconciler,
+runner, Executor and informers over test_controller_properties' in-memory API
+server): the fence's pass sends the record and the taint alone; the drain's pass
+writes the record's whole status once and then the Events both passes held."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+from gpuheal.vocabulary import Reason
+from tests.unit.test_controller_properties import FAULTS, NODES, MemoryApi, cluster, report, start
+
+
+def _what(verb: str, path: str) -> str:
+    for suffix in ("status", "eviction"):
+        if path.endswith("/" + suffix):
+            return f"{verb} {suffix}"
+    return f"{verb} {'gpufaults' if path.startswith(FAULTS) else 'nodes'}"
+
+
+def test_the_fence_pass_sends_the_record_and_the_taint_alone_and_the_drain_pass_the_rest() -> None:
+    async def run() -> None:
+        api = MemoryApi(itertools.cycle([0]), crash_at=None)
+        cluster(api)
+        process = await start(api)
+        node = NODES[0]
+        report(api, process, node, "xid-79-a")
+        sent: list[str] = []
+        for verb in ("create", "patch"):
+            original = getattr(api, verb)
+
+            async def counted(path: str, *a: object, _f=original, _v=verb, **k: object) -> bytes:  # type: ignore[no-untyped-def]
+                sent.append(_what(_v, path))
+                answer: bytes = await _f(path, *a, **k)
+                return answer
+
+            setattr(api, verb, counted)
+
+        fenced = await process.reconciler.reconcile(node)
+        assert sent == ["create gpufaults", "patch nodes"]
+        assert (fenced.requeue_after, fenced.behind) == (0.0, True)  # behind fresh work
+        assert process.told.sent == []  # its Events wait for the record's status
+        (record,) = [o for p, o in api.objects.items() if p.startswith(FAULTS + "/")]
+        assert "status" not in record
+
+        sent.clear()
+        drained = await process.reconciler.reconcile(node)
+        assert sent == ["create eviction", "create eviction", "patch status"], sent
+        (record,) = [o for p, o in api.objects.items() if p.startswith(FAULTS + "/")]
+        said = [a["action"] for a in record["status"]["actions"]]
+        assert said == ["detect", "taint", "evict"] and record["status"]["phase"] == "Draining"
+        reasons = [reason for reason, _ in process.told.sent]
+        assert reasons == [Reason.DETECTED, Reason.QUARANTINED, Reason.EVICTED], reasons
+        assert drained.behind is False
+
+    asyncio.run(run())
