@@ -214,27 +214,32 @@ class Plan:
         """The plan as the controller carries it out (controller/runner.py): its
         actions in steps, each with the guard it runs under and what follows it.
 
-        A new quarantine: the record (the fault's own lock, no budget of the
-        breaker's) first; then, under the breaker, the fence (the plan is made again
-        there, from caches that hold every taint so far); the drain on the node's
-        next turn when it moves pods (behind every node queued for a fresh look: in
-        a storm every faulty node is fenced before any worker evicts), else at once.
-        When the drain waits for that turn, so does the record's status: the fence's
-        pass writes the record and the taint alone, and the drain's plan writes the
+        A new quarantine: the taint first, alone, under the breaker (the plan is
+        made again there, from caches that hold every taint so far): it is
+        idempotent (its value is the fault id, written under the node's
+        resourceVersion), so it needs no lock of its own and nothing stands before
+        it. Then the record (the fault's lock, for everything after the taint that
+        is not idempotent: Events, evictions, repairs) with the fence's entry and
+        Event; a controller that stops between the two finds our taint and makes
+        the record (plan._first_sight). The drain on the node's next turn when it
+        moves pods (behind every node queued for a fresh look: in a storm every
+        faulty node is fenced before any worker evicts), else at once. When the
+        drain waits for that turn, so does the record's status: the fence's pass
+        writes the taint and the record alone, and the drain's plan writes the
         entries from what it sees (a record without status, our taint on the node:
         the rules that also mend a controller stopped between the two), in the one
         status write the drain makes anyway. A new repair request: the whole plan
         under the repair budget. Anything else: the whole plan, unguarded."""
         if self.new_quarantine:
+            taint = tuple(a for a in self.fence if isinstance(a, AddTaint))
             if self.moves_pods:
-                record = _unwritten(self.record)
                 return (
-                    PlanStep(record, Guard.NONE, Then.CONTINUE),
-                    PlanStep(record + _unwritten(self.fence), Guard.BREAKER, Then.NEXT_TURN),
+                    PlanStep(taint, Guard.BREAKER, Then.CONTINUE),
+                    PlanStep(_unwritten(self.record + self.fence), Guard.NONE, Then.NEXT_TURN),
                 )
             return (
-                PlanStep(self.record, Guard.NONE, Then.CONTINUE),
-                PlanStep(self.record + self.fence, Guard.BREAKER, Then.CONTINUE),
+                PlanStep(taint, Guard.BREAKER, Then.CONTINUE),
+                PlanStep(self.record + self.fence, Guard.NONE, Then.CONTINUE),
                 PlanStep(self.drain + self.mark + self.release, Guard.NONE, Then.LATER),
             )
         if self.new_repair:

@@ -319,11 +319,15 @@ def _first_sight(  # noqa: PLR0911 -- one return per rule, as in _remediate
     base: Plan,
 ) -> Plan | None:
     """A fault without a record yet: the plan, or None to go on and quarantine it
-    (its CreateRecord + Emit already added to `actions`)."""
+    (its CreateRecord + Emit already added to `actions`). A node that already
+    carries our taint for it (the taint goes first: Plan.steps; the controller
+    stopped before the record) is past the rules that could refuse a quarantine:
+    only its record is missing."""
     node, signal, name, mode = fault.state.node, fault.signal, fault.record.name, fault.mode
-    if fault.handled:
+    fenced = _fenced(node, fault.record)
+    if fault.handled and not fenced:
         return _with(base, actions, suppressed="handled")
-    last = parse_time(node.annotations.get(LAST_PROCESS_TIME, ""))
+    last = None if fenced else parse_time(node.annotations.get(LAST_PROCESS_TIME, ""))
     if last is not None:
         remaining = (last - now).total_seconds() + config.cooldown_seconds
         if remaining > 0:
@@ -353,7 +357,7 @@ def _first_sight(  # noqa: PLR0911 -- one return per rule, as in _remediate
         if signal.severity is Severity.P0:
             actions.append(_would_quarantine(fault, config, now))
         return _with(base, actions, requeue_after=_p1_pending(fault, config, now))
-    if _needs_approval(fault, config):
+    if _needs_approval(fault, config) and not fenced:
         actions += [
             *_created(name, signal, Phase.DETECTED, mode, now),
             *announced,

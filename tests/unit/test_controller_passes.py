@@ -1,15 +1,24 @@
 """A new quarantine's two passes on the controller that ships (real Reconciler,
 runner, Executor and informers over test_controller_properties' in-memory API
-server): the fence's pass sends the record and the taint alone; the drain's pass
+server): the fence's pass sends the taint, then the record, alone; the drain's pass
 writes the record's whole status once and then the Events both passes held."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 
 from gpuheal.vocabulary import Reason
-from tests.unit.test_controller_properties import FAULTS, NODES, MemoryApi, cluster, report, start
+from tests.unit.test_controller_properties import (
+    FAULTS,
+    NODES,
+    Crash,
+    MemoryApi,
+    cluster,
+    report,
+    start,
+)
 
 
 def _what(verb: str, path: str) -> str:
@@ -38,7 +47,7 @@ def test_the_fence_pass_sends_the_record_and_the_taint_alone_and_the_drain_pass_
             setattr(api, verb, counted)
 
         fenced = await process.reconciler.reconcile(node)
-        assert sent == ["create gpufaults", "patch nodes"]
+        assert sent == ["patch nodes", "create gpufaults"]  # the taint first
         assert (fenced.requeue_after, fenced.behind) == (0.0, True)  # behind fresh work
         assert process.told.sent == []  # its Events wait for the record's status
         (record,) = [o for p, o in api.objects.items() if p.startswith(FAULTS + "/")]
@@ -53,5 +62,31 @@ def test_the_fence_pass_sends_the_record_and_the_taint_alone_and_the_drain_pass_
         reasons = [reason for reason, _ in process.told.sent]
         assert reasons == [Reason.DETECTED, Reason.QUARANTINED, Reason.EVICTED], reasons
         assert drained.behind is False
+
+    asyncio.run(run())
+
+
+def test_a_crash_between_the_taint_and_its_record_leaves_nothing_undone() -> None:
+    async def run() -> None:
+        api = MemoryApi(itertools.cycle([0]), crash_at=1)
+        api.crash_after_write = True  # dies once the taint is stored, before the record
+        cluster(api)
+        process = await start(api)
+        node = NODES[0]
+        report(api, process, node, "xid-79-a")
+        with contextlib.suppress(Crash):
+            await process.reconciler.reconcile(node)
+        assert api.tainted() == {node}
+        assert not [p for p in api.objects if p.startswith(FAULTS + "/")]
+
+        process = await start(api)  # a new process: it remembers nothing
+        for _ in range(3):
+            await process.reconciler.reconcile(node)
+        ledger = api.ledger
+        assert list(ledger.record_creates.values()) == [1]
+        assert list(ledger.taints_set.values()) == [1]
+        assert sorted(ledger.evictions.values()) == [1, 1]
+        (record,) = [o for p, o in api.objects.items() if p.startswith(FAULTS + "/")]
+        assert [a["action"] for a in record["status"]["actions"]] == ["detect", "taint", "evict"]
 
     asyncio.run(run())

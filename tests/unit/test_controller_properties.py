@@ -390,9 +390,21 @@ CRASH_MID_DRAIN = [
 ]
 
 
+# A crash once the taint is stored, before its record: the taint goes first (no lock
+# needed: it is idempotent); the new process makes the record, and taints nothing again.
+CRASH_BEFORE_RECORD = [
+    ("report", EKS_NODES[0], "a"),
+    ("crash", EKS_NODES[0], "a1"),  # after the taint's PATCH is stored
+    ("work", EKS_NODES[0], ""),
+    ("kubelet", "", ""),
+    ("work", EKS_NODES[0], ""),
+]
+
+
 @settings(max_examples=300, deadline=None, database=None)
 @example(RACE, [1])
 @example(CRASH_MID_DRAIN, [0])
+@example(CRASH_BEFORE_RECORD, [0])
 @given(
     st.lists(step, min_size=3, max_size=25),
     st.lists(st.integers(0, 3), min_size=1, max_size=50),

@@ -8,7 +8,7 @@ import datetime as dt
 from dataclasses import replace
 
 from gpuheal.clock import iso
-from gpuheal.model import STATE_LABEL, Mode, Phase
+from gpuheal.model import HANDLED_FAULT_ID, LAST_PROCESS_TIME, STATE_LABEL, Mode, Phase
 from gpuheal.policy.actions import (
     AddTaint,
     CreateRecord,
@@ -24,7 +24,7 @@ from gpuheal.policy.actions import (
     UpdateRecord,
 )
 from gpuheal.policy.plan import plan
-from tests.unit.test_policy_plan import CONFIG, NOW, faulty, gpu_pod, healthy, record, tainted
+from tests.unit.test_policy_plan import CONFIG, F1, NOW, faulty, gpu_pod, healthy, record, tainted
 
 
 def names(actions: tuple[object, ...]) -> list[str]:
@@ -101,18 +101,42 @@ def test_recovery_and_our_label_are_the_release() -> None:
 # -- the plan as steps (what controller/runner.py carries out) ----------------------
 
 
-def test_a_new_quarantine_that_moves_pods_is_its_record_then_its_fence_then_the_next_turn() -> None:
+def test_a_new_quarantine_that_moves_pods_is_its_taint_then_its_record_then_the_next_turn() -> None:
     pods = (gpu_pod("a"), gpu_pod("b"))
     p = plan(NodeState(faulty(), pods=pods, gpu_nodes=10), CONFIG, NOW)
-    first, fence = p.steps
-    unwritten = tuple(a for a in p.record if not isinstance(a, UpdateRecord))
-    assert (first.actions, first.guard, first.then) == (unwritten, Guard.NONE, Then.CONTINUE)
-    assert names(fence.actions) == ["CreateRecord", "Emit", "AddTaint", "Emit"]
-    assert (fence.guard, fence.then) == (Guard.BREAKER, Then.NEXT_TURN)
+    fence, record_step = p.steps
+    # Nothing before the taint, and nothing beside it under the breaker's lock.
+    assert (names(fence.actions), fence.guard, fence.then) == (
+        ["AddTaint"],
+        Guard.BREAKER,
+        Then.CONTINUE,
+    )
+    assert names(record_step.actions) == ["CreateRecord", "Emit", "AddTaint", "Emit"]
+    assert (record_step.guard, record_step.then) == (Guard.NONE, Then.NEXT_TURN)
     assert not any(isinstance(a, Evict) for s in p.steps for a in s.actions)  # the next turn's
-    # The record's status too is the next turn's: the fence's pass writes the record
-    # and the taint alone (its Events go with it).
+    # The record's status too is the next turn's: the fence's pass writes the taint
+    # and the record alone (its Events go with the status).
     assert not any(isinstance(a, UpdateRecord) for s in p.steps for a in s.actions)
+
+
+def test_our_taint_without_its_record_is_past_every_rule_that_could_refuse_it() -> None:
+    """The controller stopped between the taint and the record: the handled mark the
+    taint carried (nothing to move), a cooldown, approval: none of them stops the
+    record that is missing, and no second taint is asked for."""
+    marked = tainted(faulty())
+    marked = replace(
+        marked,
+        annotations=marked.annotations
+        | {HANDLED_FAULT_ID: F1, LAST_PROCESS_TIME: iso(NOW - dt.timedelta(seconds=5))},
+    )
+    approving = replace(
+        CONFIG, cooldown_seconds=600, approval=replace(CONFIG.approval, required=True)
+    )
+    for config in (CONFIG, approving):
+        p = plan(NodeState(marked, gpu_nodes=10), config, NOW)
+        assert names(p.record)[:2] == ["CreateRecord", "UpdateRecord"], (config, p)
+        assert "AddTaint" not in names(p.actions) and "AwaitApproval" not in names(p.actions)
+        assert not p.new_quarantine and p.suppressed is None
 
 
 def test_the_drain_pass_writes_the_status_the_fence_pass_left_in_one_write() -> None:
@@ -151,8 +175,9 @@ def test_a_fault_that_clears_before_the_drain_pass_returns_through_recovery_not_
 
 def test_a_new_quarantine_with_nothing_to_move_ends_in_the_same_pass() -> None:
     p = plan(NodeState(faulty(), gpu_nodes=10), CONFIG, NOW)
-    _, fence, rest = p.steps
+    fence, record_step, rest = p.steps
     assert fence.guard is Guard.BREAKER and fence.then is Then.CONTINUE
+    assert record_step == PlanStep(p.record + p.fence, Guard.NONE, Then.CONTINUE)
     assert rest == PlanStep(p.drain + p.mark + p.release, Guard.NONE, Then.LATER)
     # The taint's PATCH carries the handled mark: the policy merged them.
     (taint,) = [a for a in fence.actions if isinstance(a, AddTaint)]
