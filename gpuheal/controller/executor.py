@@ -8,8 +8,8 @@ plan sees our own writes even before the watch delivers them.
 A pass writes each record's status once: its UpdateRecord actions (a new
 record's `detect` entry among them) are gathered and written together when the pass ends
 (`flush`), after the actions they record; its Events are sent then too, one
-per Emit, and one for all the pods the pass evicted. So nothing but the record
-(the lock) and the taint stands between a fault and its fence.
+per Emit, and one for all the pods the pass evicted. So nothing stands between
+a fault and its taint, which a new quarantine writes first (Plan.steps).
 """
 
 from __future__ import annotations

@@ -121,16 +121,19 @@ def notice_for(
     outcome: PassOutcome,
     record: Callable[[str], FaultRecord | None],
     fault_id: str = "",
+    *,
+    reason: str = "",
 ) -> Notice | None:
     """The Notice of one remediation step, or None when it wrote nothing worth telling
-    (only Events, or only the node's device marks)."""
+    (only Events, or only the node's device marks). `reason`: what is wrong, when no
+    record the step touched says (a new quarantine's fence pass is the taint alone)."""
     steps = tuple(
         dict.fromkeys(type(a).__name__ for a in ran if not isinstance(a, Emit | MarkDevices))
     )
     if not steps:
         return None
     faults = _faults(ran, record)
-    what = ", ".join(dict.fromkeys(w for _, w in faults if w)) or "fault"
+    what = ", ".join(dict.fromkeys(w for _, w in faults if w)) or reason or "fault"
     done = ", ".join(_verbs(ran, outcome)) or ", ".join(steps)
     fault = fault_id or next((f for f, _ in faults), "")
     return Notice(

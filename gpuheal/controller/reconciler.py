@@ -217,7 +217,6 @@ class Reconciler:
         self.device_counts.pop(name, None)
         self.blocked.pop(name, None)
         self.handled.forget(name)
-        self.runner.held.pop(name, None)  # a deleted node's Events: nothing to point to
 
     async def _reconcile_devices(self, node: NodeView, now: dt.datetime) -> Result:
         config = self.config()
@@ -321,9 +320,10 @@ class Reconciler:
         fault_id: str,
         ran: tuple[Action | DeviceAction, ...],
         outcome: PassOutcome,
+        reason: str = "",
     ) -> None:
         """Tell the sinks about one remediation step, node or device."""
-        notice = notice_for(name, ran, outcome, self.records.get, fault_id)
+        notice = notice_for(name, ran, outcome, self.records.get, fault_id, reason=reason)
         if notice is not None:
             self.notify(notice)
 
@@ -366,4 +366,4 @@ class Reconciler:
             self.blocked.pop(name, None)
         if outcome.handled:
             self.handled.add(name, decided.fault_id, time.monotonic(), config.dedupe_ttl_seconds)
-        self._notify(name, decided.fault_id, ran, outcome)
+        self._notify(name, decided.fault_id, ran, outcome, decided.reason)

@@ -9,10 +9,8 @@ quarantine and a rate-limit token is there, else the new plan whole;
 REPAIR_BUDGET runs the new plan whole, under the lock.
 
 A pass writes each record's status once, and sends its Events, when it ends
-(the executor's flush): nothing but the record and the taint stands between a
-fault and its fence. A pass that ends on the node's next turn (a new
-quarantine's fence, whose record status the drain's pass writes) holds its
-Events until that turn's flush, so a storm's fences are not slowed by them.
+(the executor's flush): nothing stands between a fault and its taint, written
+first (a new quarantine's fence pass is the taint alone when a drain follows).
 Actions a pass already ran are not run again when a guarded step's plan is
 made again: the plans share their `now`, so an action already run is equal to
 its repeat.
@@ -29,7 +27,7 @@ from dataclasses import dataclass
 from gpuheal.controller.effects.context import PassOutcome, Replan
 from gpuheal.controller.executor import Executor
 from gpuheal.controller.result import DONE, Result
-from gpuheal.policy.actions import Action, Emit, Guard, NodeState, Plan, PlanStep, Then
+from gpuheal.policy.actions import Action, Guard, NodeState, Plan, PlanStep, Then
 
 log = logging.getLogger(__name__)
 
@@ -67,21 +65,15 @@ class Runner:
         self.replan = replan
         self.take_token = take_token  # 0.0, or the seconds until a token is there
         self.lock = asyncio.Lock()  # the breaker's and the repair budget's, one for both
-        # Events of a pass that ended on Then.NEXT_TURN, by node: sent with the record
-        # status that turn writes (they follow the record they point to). Lost with the
-        # process, as any Event queued is (at most once).
-        self.held: dict[str, list[Emit]] = {}
 
     async def carry_out(
         self, decided: Plan, state: NodeState, now: dt.datetime
     ) -> Carried | Result:
         """Run the plan's steps: a Carried when the pass ran to a step's end, a bare
         Result when a guard sent it back (no token yet, node gone, plan changed)."""
-        outcome, index, then = PassOutcome(emits=self.held.pop(state.node.name, [])), 0, Then.LATER
         if not decided.actions:
-            if outcome.emits:
-                await self.executor.flush(outcome, state)
             return Result(decided.requeue_after)
+        outcome, index, then = PassOutcome(), 0, Then.LATER
         done: tuple[Action, ...] = ()
         try:
             while index < len(decided.steps):
@@ -110,8 +102,6 @@ class Runner:
         except Exception:
             await self.executor.flush_after_failure(outcome, state)
             raise
-        if then is Then.NEXT_TURN:
-            self.held[state.node.name], outcome.emits = outcome.emits, []
         await self.executor.flush(outcome, state)
         result = NEXT_TURN if then is Then.NEXT_TURN else Result(decided.requeue_after)
         return Carried(result, decided, done, outcome)

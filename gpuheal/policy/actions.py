@@ -180,8 +180,8 @@ class Plan:
     untaint) and our state label following our taint.
 
     The controller carries the stages out as `steps`, each under its guard: a new
-    quarantine's fence under the breaker, its drain on the node's next turn
-    (docs/architecture.md#the-plan-and-its-stages)."""
+    quarantine's taint first under the breaker, then its record, its drain on the
+    node's next turn (docs/architecture.md#the-plan-and-its-stages)."""
 
     record: tuple[Action, ...] = ()
     fence: tuple[Action, ...] = ()
@@ -198,6 +198,7 @@ class Plan:
     # The plan asks for a repair: the repair budget's lock applies (as the breaker's).
     new_repair: bool = False
     fault_id: str = ""
+    reason: str = ""  # the fault's, for the notices of a pass that names no record
 
     @property
     def actions(self) -> tuple[Action, ...]:
@@ -220,23 +221,19 @@ class Plan:
         resourceVersion), so it needs no lock of its own and nothing stands before
         it. Then the record (the fault's lock, for everything after the taint that
         is not idempotent: Events, evictions, repairs) with the fence's entry and
-        Event; a controller that stops between the two finds our taint and makes
-        the record (plan._first_sight). The drain on the node's next turn when it
-        moves pods (behind every node queued for a fresh look: in a storm every
-        faulty node is fenced before any worker evicts), else at once. When the
-        drain waits for that turn, so does the record's status: the fence's pass
-        writes the taint and the record alone, and the drain's plan writes the
-        entries from what it sees (a record without status, our taint on the node:
-        the rules that also mend a controller stopped between the two), in the one
-        status write the drain makes anyway. A new repair request: the whole plan
-        under the repair budget. Anything else: the whole plan, unguarded."""
+        Event, and the rest at once. When the drain moves pods the fence's pass is
+        the taint alone, and everything else is the node's next turn (behind every
+        node queued for a fresh look: a storm's nodes are all fenced before any
+        worker makes a record or evicts): its plan sees our taint on a node without
+        the fault's record and makes the record (plan._first_sight), its entries
+        and Events (plan._taint_noted) and the drain, in one status write. Those
+        are the rules that also mend a controller stopped between the taint and
+        the record. A new repair request: the whole plan under the repair budget.
+        Anything else: the whole plan, unguarded."""
         if self.new_quarantine:
             taint = tuple(a for a in self.fence if isinstance(a, AddTaint))
             if self.moves_pods:
-                return (
-                    PlanStep(taint, Guard.BREAKER, Then.CONTINUE),
-                    PlanStep(_unwritten(self.record + self.fence), Guard.NONE, Then.NEXT_TURN),
-                )
+                return (PlanStep(taint, Guard.BREAKER, Then.NEXT_TURN),)
             return (
                 PlanStep(taint, Guard.BREAKER, Then.CONTINUE),
                 PlanStep(self.record + self.fence, Guard.NONE, Then.CONTINUE),
@@ -245,11 +242,6 @@ class Plan:
         if self.new_repair:
             return (PlanStep(self.actions, Guard.REPAIR_BUDGET, Then.LATER),)
         return (PlanStep(self.actions, Guard.NONE, Then.LATER),)
-
-
-def _unwritten(actions: tuple[Action, ...]) -> tuple[Action, ...]:
-    """The actions but the record's status entries (left to the drain's pass)."""
-    return tuple(a for a in actions if not isinstance(a, UpdateRecord))
 
 
 class Guard(StrEnum):
@@ -265,9 +257,8 @@ class Guard(StrEnum):
 
 class Then(StrEnum):
     """What follows a step: the next step at once (CONTINUE), the node's next turn
-    in the queue (NEXT_TURN: behind the nodes queued for a fresh look; the pass's
-    Events wait for that turn's record status), or the plan's requeue_after (LATER:
-    the last step)."""
+    in the queue (NEXT_TURN: behind the nodes queued for a fresh look), or the
+    plan's requeue_after (LATER: the last step)."""
 
     CONTINUE = "continue"
     NEXT_TURN = "next-turn"

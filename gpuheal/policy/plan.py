@@ -4,7 +4,8 @@ Level-triggered and re-runnable: the plan is computed from what is observed
 (the node, its pods, its GPUFault records), so running it again after a crash
 or a duplicate event continues where the world is, never repeating a finished
 step. The order of actions inside a plan is the order of the safety rules:
-the record (the lock) first, the durable record of an action after the action.
+the record (the lock) before anything that is not idempotent (the taint is:
+Plan.steps runs it first), the durable record of an action after the action.
 """
 
 from __future__ import annotations
@@ -253,7 +254,7 @@ def _remediate(  # noqa: PLR0911 -- one return per rule reads best here
         mode=Mode.OBSERVE if signal.severity is Severity.P2 else config.mode_for(signal.reason),
         handled=node.annotations.get(HANDLED_FAULT_ID) == signal.fault_id,
     )
-    base = Plan(fault_id=signal.fault_id)
+    base = Plan(fault_id=signal.fault_id, reason=signal.reason)
     actions += _detected_later(record, now)
     watching = _watching(record, signal, config, now)
     if record is not None and record.open and not watching:
@@ -713,13 +714,7 @@ def _quarantine_step(
         actions += [
             AddTaint(node.name, signal.fault_id, effect),
             UpdateRecord(record.name, Phase.QUARANTINED, _entry(now, Entry.TAINT, detail=detail)),
-            Emit(
-                Reason.QUARANTINED,
-                f"tainted {effect} for {signal.reason} ({signal.severity}), "
-                f"fault {signal.fault_id}",
-                node.name,
-                record.name,
-            ),
+            _quarantined(effect, signal, record.name),
         ]
     elif taint.value != values.taint_value(signal.fault_id):
         # Our taint from an earlier fault of this node: carry it over to this one.
@@ -727,9 +722,9 @@ def _quarantine_step(
         if record.phase not in TAINTED_PHASES:
             actions.append(UpdateRecord(record.name, Phase.QUARANTINED, _entry(now, Entry.TAINT)))
     elif record.phase not in TAINTED_PHASES:
-        # The taint is there but its record does not say so: the fence's pass left
-        # the status to this one (Plan.steps), or we stopped between the two.
-        actions.append(_taint_noted(record, taint, now))
+        # The taint is there but its record does not say so: the fence's pass was
+        # the taint alone (Plan.steps), or we stopped between the two.
+        actions += _taint_noted(record.name, taint, signal, now)
     elif record.severity is Severity.P1 and taint.effect == P1_TAINT_EFFECT != effect:
         # The watched P1's NoSchedule taint (p1Taint), now that it is handled as P0.
         actions += [
@@ -958,14 +953,28 @@ def _fence_unwritten(node: NodeView, record: FaultRecord, now: dt.datetime) -> l
     taint = node.taint()
     if record.phase in TAINTED_PHASES or taint is None:
         return []
-    return [*_detected_later(record, now), _taint_noted(record, taint, now)]
+    signal = FaultSignal(node.name, record.fault_id, record.reason, record.source, record.severity)
+    return [*_detected_later(record, now), *_taint_noted(record.name, taint, signal, now)]
 
 
-def _taint_noted(record: FaultRecord, taint: Taint, now: dt.datetime) -> UpdateRecord:
-    """The `taint` entry written after the fact: dated when the taint was added
-    (whole seconds), where the taint says (ours does: writes.taint_patch)."""
+def _taint_noted(name: str, taint: Taint, signal: FaultSignal, now: dt.datetime) -> list[Action]:
+    """The `taint` entry and its Event after the fact, with the pass that writes the
+    record's status: dated when the taint was added (whole seconds), where the
+    taint says (ours does: writes.taint_patch)."""
     at = parse_time(taint.time_added) or now
-    return UpdateRecord(record.name, Phase.QUARANTINED, _entry(at, Entry.TAINT))
+    return [
+        UpdateRecord(name, Phase.QUARANTINED, _entry(at, Entry.TAINT)),
+        _quarantined(taint.effect, signal, name),
+    ]
+
+
+def _quarantined(effect: str, signal: FaultSignal, record: str) -> Emit:
+    return Emit(
+        Reason.QUARANTINED,
+        f"tainted {effect} for {signal.reason} ({signal.severity}), fault {signal.fault_id}",
+        signal.node,
+        record,
+    )
 
 
 def _recover(state: NodeState, config: Config, now: dt.datetime) -> Plan:
@@ -1121,6 +1130,7 @@ def _with(
         new_quarantine=new_quarantine,
         new_repair=new_repair,
         fault_id=base.fault_id,
+        reason=base.reason,
     )
 
 

@@ -1,7 +1,7 @@
 """A new quarantine's two passes on the controller that ships (real Reconciler,
 runner, Executor and informers over test_controller_properties' in-memory API
-server): the fence's pass sends the taint, then the record, alone; the drain's pass
-writes the record's whole status once and then the Events both passes held."""
+server): the fence's pass sends the taint alone; the drain's pass makes the record,
+evicts, writes the record's whole status once and then sends the Events."""
 
 from __future__ import annotations
 
@@ -47,15 +47,16 @@ def test_the_fence_pass_sends_the_record_and_the_taint_alone_and_the_drain_pass_
             setattr(api, verb, counted)
 
         fenced = await process.reconciler.reconcile(node)
-        assert sent == ["patch nodes", "create gpufaults"]  # the taint first
+        assert sent == ["patch nodes"]  # the taint alone
         assert (fenced.requeue_after, fenced.behind) == (0.0, True)  # behind fresh work
-        assert process.told.sent == []  # its Events wait for the record's status
-        (record,) = [o for p, o in api.objects.items() if p.startswith(FAULTS + "/")]
-        assert "status" not in record
+        assert process.told.sent == []
+        assert not [p for p in api.objects if p.startswith(FAULTS + "/")]  # the next turn's
 
         sent.clear()
         drained = await process.reconciler.reconcile(node)
-        assert sent == ["create eviction", "create eviction", "patch status"], sent
+        assert sent == [
+            *("create gpufaults", "create eviction", "create eviction", "patch status")
+        ], sent
         (record,) = [o for p, o in api.objects.items() if p.startswith(FAULTS + "/")]
         said = [a["action"] for a in record["status"]["actions"]]
         assert said == ["detect", "taint", "evict"] and record["status"]["phase"] == "Draining"

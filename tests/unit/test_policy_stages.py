@@ -101,22 +101,17 @@ def test_recovery_and_our_label_are_the_release() -> None:
 # -- the plan as steps (what controller/runner.py carries out) ----------------------
 
 
-def test_a_new_quarantine_that_moves_pods_is_its_taint_then_its_record_then_the_next_turn() -> None:
+def test_a_new_quarantine_that_moves_pods_is_its_taint_alone_then_the_next_turn() -> None:
     pods = (gpu_pod("a"), gpu_pod("b"))
     p = plan(NodeState(faulty(), pods=pods, gpu_nodes=10), CONFIG, NOW)
-    fence, record_step = p.steps
-    # Nothing before the taint, and nothing beside it under the breaker's lock.
+    # Nothing before the taint, nothing beside it: the record, its entries, the
+    # Events and the drain are the next turn's (the plan made there from the taint).
+    (fence,) = p.steps
     assert (names(fence.actions), fence.guard, fence.then) == (
         ["AddTaint"],
         Guard.BREAKER,
-        Then.CONTINUE,
+        Then.NEXT_TURN,
     )
-    assert names(record_step.actions) == ["CreateRecord", "Emit", "AddTaint", "Emit"]
-    assert (record_step.guard, record_step.then) == (Guard.NONE, Then.NEXT_TURN)
-    assert not any(isinstance(a, Evict) for s in p.steps for a in s.actions)  # the next turn's
-    # The record's status too is the next turn's: the fence's pass writes the taint
-    # and the record alone (its Events go with the status).
-    assert not any(isinstance(a, UpdateRecord) for s in p.steps for a in s.actions)
 
 
 def test_our_taint_without_its_record_is_past_every_rule_that_could_refuse_it() -> None:
@@ -140,24 +135,43 @@ def test_our_taint_without_its_record_is_past_every_rule_that_could_refuse_it() 
 
 
 def test_the_drain_pass_writes_the_status_the_fence_pass_left_in_one_write() -> None:
-    """What the fence's pass left (a record without status, our taint, dated) is what
-    the drain's plan sees: detect, taint and evict entries, in order, one step."""
+    """What the fence's pass left (our taint, dated; no record) is what the drain's
+    plan sees: the record, its detect, taint and evict entries in order, both
+    Events, the evictions, in one step."""
     pods = (gpu_pod("a"), gpu_pod("b"))
-    created = record(Phase.DETECTED, created_at="2026-11-29T12:00:00Z", actions=())
     node = tainted(faulty())
     (ours,) = node.taints
     node = replace(node, taints=(replace(ours, time_added="2026-11-29T12:00:01Z"),))
-    p = plan(NodeState(node, pods=pods, records=(created,), gpu_nodes=10), CONFIG, NOW)
+    p = plan(NodeState(node, pods=pods, gpu_nodes=10), CONFIG, NOW)
     assert not p.new_quarantine and len(p.steps) == 1
+    assert names(p.actions) == [
+        *("CreateRecord", "UpdateRecord", "Emit", "UpdateRecord", "Emit"),
+        *("Evict", "Evict", "UpdateRecord"),
+    ]
     entries = [a for a in p.actions if isinstance(a, UpdateRecord)]
     assert [(u.entry.action, u.entry.time, u.phase) for u in entries] == [
-        ("detect", "2026-11-29T12:00:00.000Z", Phase.DETECTED),
+        ("detect", iso(NOW), Phase.DETECTED),
         ("taint", "2026-11-29T12:00:01.000Z", Phase.QUARANTINED),
         ("evict", iso(NOW), Phase.DRAINING),
     ]
+    said = [a.reason for a in p.actions if isinstance(a, Emit)]
+    assert said == ["GPUFaultDetected", "GPUFaultQuarantined"]
+
+
+def test_a_record_whose_status_was_never_written_gets_its_first_entries() -> None:
+    """A controller stopped between a record and its status: the next pass writes
+    `detect` (dated when the record was made) and `taint` (from the taint)."""
+    pods = (gpu_pod("a"),)
+    created = record(Phase.DETECTED, created_at="2026-11-29T12:00:00Z", actions=())
+    node = tainted(faulty())
+    p = plan(NodeState(node, pods=pods, records=(created,), gpu_nodes=10), CONFIG, NOW)
+    entries = [a for a in p.actions if isinstance(a, UpdateRecord)]
+    assert [(u.entry.action, u.entry.time) for u in entries][:2] == [
+        ("detect", "2026-11-29T12:00:00.000Z"),
+        ("taint", iso(NOW)),  # a taint without timeAdded: dated now
+    ]
     assert entries[0].entry.detail == created.source
-    assert names(p.actions).count("Evict") == 2
-    assert "AddTaint" not in names(p.actions) and "Emit" not in names(p.actions)  # said once
+    assert "AddTaint" not in names(p.actions) and "CreateRecord" not in names(p.actions)
 
 
 def test_a_fault_that_clears_before_the_drain_pass_returns_through_recovery_not_resolved() -> None:
