@@ -112,7 +112,8 @@ def _verbs(ran: Sequence[Action | DeviceAction], outcome: PassOutcome) -> list[s
     if outcome.blocked:
         by = sorted({outcome.blocked_by.get(k, "?") for k in outcome.blocked})
         verbs.append(f"eviction of {_pods(sorted(outcome.blocked))} refused by {', '.join(by)}")
-    return list(dict.fromkeys(verbs))
+    # "detected" first, however the step ordered its writes (the taint goes first).
+    return sorted(dict.fromkeys(verbs), key=lambda verb: verb != "detected")
 
 
 def notice_for(

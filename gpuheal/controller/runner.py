@@ -75,6 +75,7 @@ class Runner:
             return Result(decided.requeue_after)
         outcome, index, then = PassOutcome(), 0, Then.LATER
         done: tuple[Action, ...] = ()
+        step: PlanStep | None = None
         try:
             while index < len(decided.steps):
                 # The steps are read again each time: a guard may have made the plan again.
@@ -99,7 +100,9 @@ class Runner:
             log.info("replanning", extra={"node": state.node.name, "why": str(why)})
             await self.executor.flush_after_failure(outcome, state)
             return AT_ONCE
-        except Exception:
+        except Exception as err:
+            if step is not None and step.otherwise:
+                await self._otherwise(decided, state, step.otherwise, done, outcome, err=err)
             await self.executor.flush_after_failure(outcome, state)
             raise
         await self.executor.flush(outcome, state)
@@ -140,6 +143,26 @@ class Runner:
         fenced = decided.steps[index]
         ran = await self._run(decided, state, fenced.actions, done, outcome)
         return decided, state, ran, fenced.then
+
+    async def _otherwise(
+        self,
+        decided: Plan,
+        state: NodeState,
+        actions: tuple[Action, ...],
+        done: tuple[Action, ...],
+        outcome: PassOutcome,
+        *,
+        err: Exception,
+    ) -> None:
+        """A failed step's `otherwise`, best effort: the step's own error is the
+        one the worker reports and backs off on."""
+        try:
+            await self._run(decided, state, actions, done, outcome)
+        except Exception as failed:  # the step's error follows
+            log.warning(
+                "otherwise failed too",
+                extra={"node": state.node.name, "error": str(failed), "after": str(err)},
+            )
 
     async def _run(
         self,

@@ -228,14 +228,17 @@ class Plan:
         the fault's record and makes the record (plan._first_sight), its entries
         and Events (plan._taint_noted) and the drain, in one status write. Those
         are the rules that also mend a controller stopped between the taint and
-        the record. A new repair request: the whole plan under the repair budget.
-        Anything else: the whole plan, unguarded."""
+        the record. A taint the API server refuses (admission, RBAC) leaves the
+        fault on record all the same: the record stage runs instead
+        (PlanStep.otherwise) and the taint is retried after the node's backoff. A
+        new repair request: the whole plan under the repair budget. Anything else:
+        the whole plan, unguarded."""
         if self.new_quarantine:
             taint = tuple(a for a in self.fence if isinstance(a, AddTaint))
             if self.moves_pods:
-                return (PlanStep(taint, Guard.BREAKER, Then.NEXT_TURN),)
+                return (PlanStep(taint, Guard.BREAKER, Then.NEXT_TURN, self.record),)
             return (
-                PlanStep(taint, Guard.BREAKER, Then.CONTINUE),
+                PlanStep(taint, Guard.BREAKER, Then.CONTINUE, self.record),
                 PlanStep(self.record + self.fence, Guard.NONE, Then.CONTINUE),
                 PlanStep(self.drain + self.mark + self.release, Guard.NONE, Then.LATER),
             )
@@ -270,6 +273,10 @@ class PlanStep:
     actions: tuple[Action, ...]
     guard: Guard
     then: Then
+    # Run instead of what follows when the step fails (the API server refused it,
+    # an outage): a new quarantine's record, so that a fault whose taint is refused
+    # is still on record (Detected) while its fence is retried.
+    otherwise: tuple[Action, ...] = ()
 
 
 @dataclass(frozen=True)

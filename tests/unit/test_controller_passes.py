@@ -8,7 +8,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+from typing import Any
 
+import pytest
+
+from gpuheal.kube.api import ApiError, node_path
 from gpuheal.vocabulary import Reason
 from tests.unit.test_controller_properties import (
     FAULTS,
@@ -89,5 +93,39 @@ def test_a_crash_between_the_taint_and_its_record_leaves_nothing_undone() -> Non
         assert sorted(ledger.evictions.values()) == [1, 1]
         (record,) = [o for p, o in api.objects.items() if p.startswith(FAULTS + "/")]
         assert [a["action"] for a in record["status"]["actions"]] == ["detect", "taint", "evict"]
+
+    asyncio.run(run())
+
+
+def test_a_refused_taint_leaves_the_fault_on_record_and_is_retried() -> None:
+    """Admission refuses our taint: the pass fails (the worker backs off and says
+    so), and the fault is on record all the same, Detected, its one Event sent."""
+
+    async def run() -> None:
+        api = MemoryApi(itertools.cycle([0]), crash_at=None)
+        cluster(api)
+        process = await start(api)
+        node = NODES[0]
+        report(api, process, node, "xid-79-a")
+        patch = api.patch
+
+        async def refused(path: str, body: Any, content_type: str = "") -> bytes:
+            if path.startswith(node_path()):
+                raise ApiError(422, "Invalid", "taints on this pool are set by the platform team")
+            return await patch(path, body, content_type)
+
+        api.patch = refused  # type: ignore[method-assign]
+        with pytest.raises(ApiError):
+            await process.reconciler.reconcile(node)
+        (record,) = [o for p, o in api.objects.items() if p.startswith(FAULTS + "/")]
+        assert [a["action"] for a in record["status"]["actions"]] == ["detect"]
+        assert record["status"]["phase"] == "Detected"
+        assert [reason for reason, _ in process.told.sent] == [Reason.DETECTED]
+        assert not api.tainted()
+
+        api.patch = patch  # type: ignore[method-assign]  # the policy is lifted: the retry fences
+        await process.reconciler.reconcile(node)
+        assert api.tainted() == {node}
+        assert list(api.ledger.record_creates.values()) == [1]
 
     asyncio.run(run())

@@ -70,8 +70,9 @@ FAULTS = gpufault_path()
 NOW = "2026-12-02T00:00:00Z"
 
 
-class Crash(Exception):  # noqa: N818 -- a process dying, not an error to handle
-    """The controller process dies here (SIGKILL): nothing after this request runs."""
+class Crash(BaseException):  # a process dying, not an error to handle
+    """The controller process dies here (SIGKILL): nothing after this request runs,
+    not even the code that handles errors (`except Exception` does not catch it)."""
 
 
 def _merge(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
