@@ -321,12 +321,15 @@ def _first_sight(  # noqa: PLR0911 -- one return per rule, as in _remediate
 ) -> Plan | None:
     """A fault without a record yet: the plan, or None to go on and quarantine it
     (its CreateRecord + Emit already added to `actions`). A node that already
-    carries our taint for it (the taint goes first: Plan.steps; the controller
-    stopped before the record) is past the rules that could refuse a quarantine:
-    only its record is missing."""
+    carries our taint for it (the taint goes first: Plan.steps; the next turn, or
+    a controller that stopped, makes the record) is past the cooldown and approval:
+    only its record is missing. A fault marked handled stays so: its record was
+    deleted by a person (or the controller stopped right after a taint that
+    carried the mark), and the record comes back restored once the fault clears
+    (_restore)."""
     node, signal, name, mode = fault.state.node, fault.signal, fault.record.name, fault.mode
     fenced = _fenced(node, fault.record)
-    if fault.handled and not fenced:
+    if fault.handled:
         return _with(base, actions, suppressed="handled")
     last = None if fenced else parse_time(node.annotations.get(LAST_PROCESS_TIME, ""))
     if last is not None:

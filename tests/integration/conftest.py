@@ -294,8 +294,9 @@ def cli(
 
 
 def record_of(kube: Client, node: str) -> Any:
-    """The node's one GPUFault record, read now."""
-    (record,) = faults_of(kube, node)
+    """The node's one GPUFault record, read now. It waits (up to 10 s) until there is
+    one: a new quarantine's record follows its taint by a turn of the queue."""
+    (record,) = wait_for(f"the GPUFault of {node}", lambda: faults_of(kube, node), timeout_s=10)
     return kube.get(GPUFault, str(record.metadata.name))
 
 

@@ -31,7 +31,13 @@ from tests.corpus import GPU_UUIDS, dcgm_labels, unique_eks_node, unique_fqdn
 from tests.corpus import alert as alert_of
 from tests.corpus import webhook as webhook_of
 from tests.helpers import FakeNodes, wait_for
-from tests.integration.conftest import StartController, controller_config, faults_of, our_taint
+from tests.integration.conftest import (
+    StartController,
+    controller_config,
+    faults_of,
+    our_taint,
+    record_of,
+)
 
 pytestmark = pytest.mark.timeout(240)
 TOKEN = "s3cret-token-for-tests"
@@ -259,7 +265,7 @@ def test_an_xid_named_by_an_alert_or_a_person_is_the_catalogues_whatever_its_sev
         code, answer = call(controller, "/api/v1/process", {"node": spared, **wrong})
         assert code == 400 and field in answer["error"], (wrong, answer)
     wait_for("the taints", lambda: our_taint(kube, by_alert) and our_taint(kube, by_person))
-    (record,) = faults_of(kube, by_alert)
+    record = record_of(kube, by_alert)
     assert (record.spec["reason"], record.spec["severity"]) == ("Xid31OnOurFleet", "P0")
     time.sleep(2)
     assert our_taint(kube, spared) is None and faults_of(kube, spared) == []

@@ -34,6 +34,7 @@ from tests.integration.conftest import (
     our_taint,
     pods_on,
     pods_told_evicted,
+    record_of,
     record_phase,
     report_fault,
 )
@@ -385,7 +386,7 @@ def test_a_condition_from_another_detector_is_mapped_to_a_fault_by_config(
         patch_type=PatchType.STRATEGIC,
     )
     wait_for("the taint", lambda: our_taint(kube, node) is not None)
-    (record,) = faults_of(kube, node)
+    record = record_of(kube, node)
     assert record.spec["reason"] == "NvidiaXID79Error"
     assert record.spec["severity"] == "P0"
     assert record.spec["source"] == "node-condition/AcceleratedHardwareReady"

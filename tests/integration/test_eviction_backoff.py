@@ -27,9 +27,9 @@ from tests.helpers import wait_for
 from tests.integration.conftest import (
     StartController,
     controller_config,
-    faults_of,
     our_taint,
     pods_on,
+    record_of,
     report_fault,
 )
 
@@ -85,7 +85,7 @@ def test_a_budget_that_allows_no_disruption_is_backed_off_and_named_in_the_recor
     wait_for("the taint", lambda: our_taint(kube, eks_node) is not None, timeout_s=30)
     time.sleep(max(0.0, SETTLE_S + WINDOW_S - (dt.datetime.now(dt.UTC) - started).total_seconds()))
 
-    (record,) = faults_of(kube, eks_node)
+    record = record_of(kube, eks_node)
     name = str(record.metadata.name)
     evictions: list[float] = []
     writes: list[float] = []

@@ -29,6 +29,7 @@ from tests.integration.conftest import (
     events_for,
     faults_of,
     our_taint,
+    record_of,
 )
 
 pytestmark = pytest.mark.timeout(240)
@@ -156,7 +157,7 @@ def test_npd_conditions_quarantine_an_xid_79_once_and_an_application_xid_never(
         cond = condition(kube, node, "NVIDIAXid")
         assert cond.reason == "NVIDIAXidNodeFault" and cond.message == XID_79
         wait_for("the taint", lambda: our_taint(kube, node) is not None)
-        (record,) = faults_of(kube, node)
+        record = record_of(kube, node)
         assert record.spec["reason"] == "XidCritical79"
         assert record.spec["severity"] == "P0"
         assert record.spec["source"] == "node-condition/NVIDIAXid"
@@ -234,7 +235,7 @@ def test_npd_decoded_xids_sxids_and_a_gpu_off_the_bus_read_as_the_agent_reads_th
             on_switch.kernel(line)
         wait_for("the SXid's taint", lambda: our_taint(kube, switch_node) is not None)
         assert condition(kube, switch_node, "NVSwitchSXid").message == SXID_12028[0]
-        (record,) = faults_of(kube, switch_node)
+        record = record_of(kube, switch_node)
         assert (record.spec["reason"], record.spec["severity"]) == ("NvswitchFatal12028", "P0")
         assert record.spec["source"] == "node-condition/NVSwitchSXid"
         assert record.spec["devices"] == ["nvidia-nvswitch0"]
@@ -243,7 +244,7 @@ def test_npd_decoded_xids_sxids_and_a_gpu_off_the_bus_read_as_the_agent_reads_th
             off_bus.kernel(line)
         wait_for("the off-the-bus taint", lambda: our_taint(kube, bus_node) is not None)
         assert condition(kube, bus_node, "NVIDIAXid").message == "\n".join(OFF_THE_BUS_RECORDS)
-        (record,) = faults_of(kube, bus_node)
+        record = record_of(kube, bus_node)
         assert (record.spec["reason"], record.spec["severity"]) == ("GpuFellOffBus", "P0")
         assert record.spec["devices"] == ["0000:b3:00"]
         time.sleep(3)

@@ -114,24 +114,33 @@ def test_a_new_quarantine_that_moves_pods_is_its_taint_alone_then_the_next_turn(
     )
 
 
-def test_our_taint_without_its_record_is_past_every_rule_that_could_refuse_it() -> None:
-    """The controller stopped between the taint and the record: the handled mark the
-    taint carried (nothing to move), a cooldown, approval: none of them stops the
-    record that is missing, and no second taint is asked for."""
-    marked = tainted(faulty())
-    marked = replace(
-        marked,
-        annotations=marked.annotations
-        | {HANDLED_FAULT_ID: F1, LAST_PROCESS_TIME: iso(NOW - dt.timedelta(seconds=5))},
+def test_our_taint_without_its_record_is_past_the_cooldown_and_approval() -> None:
+    """The taint went first and its record is the next turn's (or the controller
+    stopped between the two): a cooldown or approval does not stop the record that
+    is missing, and no second taint is asked for."""
+    fenced = tainted(faulty())
+    fenced = replace(
+        fenced,
+        annotations=fenced.annotations | {LAST_PROCESS_TIME: iso(NOW - dt.timedelta(seconds=5))},
     )
     approving = replace(
         CONFIG, cooldown_seconds=600, approval=replace(CONFIG.approval, required=True)
     )
     for config in (CONFIG, approving):
-        p = plan(NodeState(marked, gpu_nodes=10), config, NOW)
+        p = plan(NodeState(fenced, gpu_nodes=10), config, NOW)
         assert names(p.record)[:2] == ["CreateRecord", "UpdateRecord"], (config, p)
         assert "AddTaint" not in names(p.actions) and "AwaitApproval" not in names(p.actions)
         assert not p.new_quarantine and p.suppressed is None
+
+
+def test_a_handled_fault_whose_record_a_person_deleted_stays_handled() -> None:
+    """Our taint, the fault marked handled, no record: a person deleted it. Nothing
+    is made again while the fault is reported; once it clears the record is
+    restored (test_policy_plan's restore test)."""
+    marked = tainted(faulty())
+    marked = replace(marked, annotations=marked.annotations | {HANDLED_FAULT_ID: F1})
+    p = plan(NodeState(marked, gpu_nodes=10), CONFIG, NOW)
+    assert p.actions == () and p.suppressed == "handled"
 
 
 def test_the_drain_pass_writes_the_status_the_fence_pass_left_in_one_write() -> None:
