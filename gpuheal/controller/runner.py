@@ -102,7 +102,14 @@ class Runner:
             return AT_ONCE
         except Exception as err:
             if step is not None and step.otherwise:
-                await self._otherwise(decided, state, step.otherwise, done, outcome, err=err)
+                # Best effort: the step's own error is the one the worker reports.
+                try:
+                    await self._run(decided, state, step.otherwise, done, outcome)
+                except Exception as failed:
+                    log.warning(
+                        "otherwise failed too",
+                        extra={"node": state.node.name, "error": str(failed), "after": str(err)},
+                    )
             await self.executor.flush_after_failure(outcome, state)
             raise
         await self.executor.flush(outcome, state)
@@ -143,26 +150,6 @@ class Runner:
         fenced = decided.steps[index]
         ran = await self._run(decided, state, fenced.actions, done, outcome)
         return decided, state, ran, fenced.then
-
-    async def _otherwise(
-        self,
-        decided: Plan,
-        state: NodeState,
-        actions: tuple[Action, ...],
-        done: tuple[Action, ...],
-        outcome: PassOutcome,
-        *,
-        err: Exception,
-    ) -> None:
-        """A failed step's `otherwise`, best effort: the step's own error is the
-        one the worker reports and backs off on."""
-        try:
-            await self._run(decided, state, actions, done, outcome)
-        except Exception as failed:  # the step's error follows
-            log.warning(
-                "otherwise failed too",
-                extra={"node": state.node.name, "error": str(failed), "after": str(err)},
-            )
 
     async def _run(
         self,

@@ -19,10 +19,22 @@ from tests.unit.test_controller_properties import (
     NODES,
     Crash,
     MemoryApi,
+    Process,
     cluster,
     report,
     start,
 )
+
+
+async def _reported(crash_at: int | None = None) -> tuple[MemoryApi, Process, str]:
+    """The fleet in the in-memory API server, a process started over it, and an
+    Xid 79 reported on its first node (an EKS name of 41 characters)."""
+    api = MemoryApi(itertools.cycle([0]), crash_at=crash_at)
+    cluster(api)
+    process = await start(api)
+    node = NODES[0]
+    report(api, process, node, f"xid-79-{node}-20261203T061000Z")
+    return api, process, node
 
 
 def _what(verb: str, path: str) -> str:
@@ -32,13 +44,9 @@ def _what(verb: str, path: str) -> str:
     return f"{verb} {'gpufaults' if path.startswith(FAULTS) else 'nodes'}"
 
 
-def test_the_fence_pass_sends_the_record_and_the_taint_alone_and_the_drain_pass_the_rest() -> None:
+def test_the_fence_pass_sends_the_taint_alone_and_the_drain_pass_the_rest() -> None:
     async def run() -> None:
-        api = MemoryApi(itertools.cycle([0]), crash_at=None)
-        cluster(api)
-        process = await start(api)
-        node = NODES[0]
-        report(api, process, node, "xid-79-a")
+        api, process, node = await _reported()
         sent: list[str] = []
         for verb in ("create", "patch"):
             original = getattr(api, verb)
@@ -102,11 +110,7 @@ def test_a_refused_taint_leaves_the_fault_on_record_and_is_retried() -> None:
     so), and the fault is on record all the same, Detected, its one Event sent."""
 
     async def run() -> None:
-        api = MemoryApi(itertools.cycle([0]), crash_at=None)
-        cluster(api)
-        process = await start(api)
-        node = NODES[0]
-        report(api, process, node, "xid-79-a")
+        api, process, node = await _reported()
         patch = api.patch
 
         async def refused(path: str, body: Any, content_type: str = "") -> bytes:
