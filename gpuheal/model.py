@@ -99,6 +99,26 @@ CHECKPOINT_DONE = "gpuheal.io/checkpoint-done"
 REPAIR_REQUEST = "gpuheal.io/repair-request"
 REPAIR_RESULT = "gpuheal.io/repair-result"
 
+# The autoscalers' "leave this node alone" annotations (Cluster Autoscaler's, and
+# Karpenter's from v0.32 and before it), which the controller sets on a node while
+# a repair, the gate or a roll-out step is in progress there, and the ones of them
+# it set (comma-separated: only those it removes after): policy/disruption.py.
+SCALE_DOWN_DISABLED = "cluster-autoscaler.kubernetes.io/scale-down-disabled"
+DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
+DO_NOT_CONSOLIDATE = "karpenter.sh/do-not-consolidate"
+DISRUPTION_KEYS = (SCALE_DOWN_DISABLED, DO_NOT_DISRUPT, DO_NOT_CONSOLIDATE)
+DISRUPTION_GUARD = "gpuheal.io/disruption-guard"
+
+# gpu-operator's driver upgrade controller (k8s-operator-libs pkg/upgrade): the
+# node's upgrade state label, the label that opts a node out of it, and the
+# annotation gpu-operator v25+ puts on every GPU node while
+# ClusterPolicy spec.driver.upgradePolicy.autoUpgrade is on: policy/operator.py.
+DRIVER_UPGRADE_STATE = "nvidia.com/gpu-driver-upgrade-state"
+DRIVER_UPGRADE_SKIP = "nvidia.com/gpu-driver-upgrade.skip"
+DRIVER_UPGRADE_ENABLED = "nvidia.com/gpu-driver-upgrade-enabled"
+# Annotations of other systems the caches keep beside gpuheal.io/ ones.
+FOREIGN_ANNOTATIONS = frozenset((*DISRUPTION_KEYS, DRIVER_UPGRADE_ENABLED))
+
 TAINT_KEY = "gpuheal.io/gpu-fault"
 # On each GPUFault: its node, as a label value (gpuheal.values.node_label).
 NODE_LABEL = "gpuheal.io/node"
@@ -213,7 +233,7 @@ class NodeView:
     resource_version: str
     uid: str = ""  # metadata.uid: Events name it, so `kubectl describe node` finds them
     labels: dict[str, str] = field(default_factory=dict)
-    # Only gpuheal.io/* annotations are kept.
+    # Only gpuheal.io/* annotations are kept, and FOREIGN_ANNOTATIONS.
     annotations: dict[str, str] = field(default_factory=dict)
     taints: tuple[Taint, ...] = ()
     unschedulable: bool = False

@@ -8,10 +8,15 @@ import uuid
 from collections.abc import Callable
 from typing import TypeVar
 
+from gpuheal.config import AutoscalersConfig
 from gpuheal.model import ActionEntry
 from gpuheal.policy.actions import Plan, UpdateRecord
 
 T = TypeVar("T")
+
+# No disruption guard: for the policy tests of other rules, whose plans would
+# otherwise carry its actions too (tests/unit/test_policy_disruption.py has them).
+NO_GUARD = AutoscalersConfig(do_not_disrupt=())
 
 # fake_gpu_nodes(count, **options) -> node names
 FakeNodes = Callable[..., list[str]]

@@ -52,9 +52,12 @@ from gpuheal.config.urls import url_origin as url_origin
 from gpuheal.config.urls import without_url_secrets as without_url_secrets
 from gpuheal.config.xids import xid_rows
 from gpuheal.model import (
+    DISRUPTION_KEYS,
+    DO_NOT_DISRUPT,
     ENVIRONMENT_FACTS,
     GPU_HEALTHY_CONDITION,
     MAINTENANCE_TAINT_KEY,
+    SCALE_DOWN_DISABLED,
     Mode,
     Severity,
     Taint,
@@ -591,6 +594,26 @@ class Runtime:
     leader_election: LeaderElection = section(LeaderElection)
 
 
+def disruption_keys(value: object) -> tuple[str, ...]:
+    """The autoscaler annotations to set on a node under work (model.DISRUPTION_KEYS:
+    the ones whose meaning gpuheal knows, and which its caches keep)."""
+    parse = one_of(*DISRUPTION_KEYS)
+    return tuple(dict.fromkeys(parse(v) for v in strings(value)))
+
+
+@dataclass(frozen=True)
+class AutoscalersConfig:
+    """Cluster Autoscaler and Karpenter see a drained, quarantined node as idle and
+    may remove it: while a repair, the health gate (its validation included) or a
+    roll-out step is in progress on a node, the controller sets these annotations
+    on it ("true"), and removes the ones it set when the step ends
+    (docs/controller.md, "Autoscalers"). Empty: none."""
+
+    do_not_disrupt: tuple[str, ...] = setting(
+        disruption_keys, (SCALE_DOWN_DISABLED, DO_NOT_DISRUPT)
+    )
+
+
 @dataclass(frozen=True)
 class Config(Scope, Remediation, Eviction, Pace, Signals, HttpApi, Runtime):
     """The whole document: the top-level keys of each concern, and the sections."""
@@ -601,6 +624,7 @@ class Config(Scope, Remediation, Eviction, Pace, Signals, HttpApi, Runtime):
     maintenance: MaintenanceConfig = section(MaintenanceConfig)
     retention: RetentionConfig = section(RetentionConfig)
     repair: RepairConfig = section(RepairConfig)
+    autoscalers: AutoscalersConfig = section(AutoscalersConfig)
 
 
 # Every section's keys by its place in the document ("": the top level).

@@ -22,6 +22,7 @@ from gpuheal.model import (
     CHECKPOINT_DONE,
     CHECKPOINT_REQUESTED,
     DECISIONS,
+    FOREIGN_ANNOTATIONS,
     ActionEntry,
     CanaryView,
     Condition,
@@ -237,7 +238,11 @@ def node_view(node: NodeJson, gpu_resource: str = "nvidia.com/gpu") -> NodeView:
         resource_version=meta.resourceVersion,
         uid=meta.uid,
         labels=meta.labels,
-        annotations={k: v for k, v in meta.annotations.items() if k.startswith(ANNOTATION_PREFIX)},
+        annotations={
+            k: v
+            for k, v in meta.annotations.items()
+            if k.startswith(ANNOTATION_PREFIX) or k in FOREIGN_ANNOTATIONS
+        },
         taints=tuple(
             Taint(key=t.key, effect=t.effect, value=t.value, time_added=t.timeAdded)
             for t in node.spec.taints

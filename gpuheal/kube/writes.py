@@ -17,6 +17,7 @@ from gpuheal.clock import parse_time
 from gpuheal.model import (
     CANARY_LABEL,
     CHECKPOINT_REQUESTED,
+    DISRUPTION_GUARD,
     GPUFAULT_API_VERSION,
     GPUFAULT_KIND,
     HANDLED_AT,
@@ -208,6 +209,18 @@ def handled_patch(fault_id: str, now: str) -> dict[str, Any]:
 def repair_request(value: str) -> dict[str, Any]:
     """The node's repair request (gpuheal.io/repair-request: the agent's to carry out)."""
     return {"metadata": {"annotations": {REPAIR_REQUEST: value}}}
+
+
+def disruption_guard(node: NodeView, add: Sequence[str], remove: Sequence[str]) -> dict[str, Any]:
+    """The autoscalers' annotations set ("true", named in the guard annotation) or
+    taken back (those the guard named, and the guard), under the node's
+    resourceVersion: an annotation a person set meanwhile is never taken for ours."""
+    if add:
+        annotations: dict[str, str | None] = dict.fromkeys(add, "true")
+        annotations[DISRUPTION_GUARD] = ",".join(add)
+    else:
+        annotations = dict.fromkeys(remove, None) | {DISRUPTION_GUARD: None}
+    return {"metadata": {"resourceVersion": node.resource_version, "annotations": annotations}}
 
 
 def device_marks(

@@ -25,6 +25,7 @@ from gpuheal.model import (
 )
 from gpuheal.policy import validation
 from gpuheal.policy.backoff import Blocked
+from gpuheal.policy.disruption import GuardDisruption
 from gpuheal.policy.repair import RequestRepair
 from gpuheal.policy.replace import CallReplace
 from gpuheal.policy.rollout import RolloutDriver
@@ -163,6 +164,7 @@ Action = (
     | MarkHandled
     | RequestRepair
     | CallReplace
+    | GuardDisruption
     | Emit
     | validation.CreateValidationJob
     | validation.DeleteValidationJob
@@ -240,7 +242,9 @@ class Plan:
             return (
                 PlanStep(taint, Guard.BREAKER, Then.CONTINUE, self.record),
                 PlanStep(self.record + self.fence, Guard.NONE, Then.CONTINUE),
-                PlanStep(self.drain + self.mark + self.release, Guard.NONE, Then.LATER),
+                PlanStep(
+                    self.drain + self.mark + self.repair + self.release, Guard.NONE, Then.LATER
+                ),
             )
         if self.new_repair:
             return (PlanStep(self.actions, Guard.REPAIR_BUDGET, Then.LATER),)

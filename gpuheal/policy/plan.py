@@ -23,6 +23,7 @@ from gpuheal.model import (
     FAULT_SEVERITY,
     HANDLED_FAULT_ID,
     LAST_PROCESS_TIME,
+    MAINTENANCE_ROLLOUT,
     MANAGED_LABEL,
     REJECTED,
     STATE_LABEL,
@@ -39,7 +40,7 @@ from gpuheal.model import (
     Taint,
     fault_record_name,
 )
-from gpuheal.policy import validation
+from gpuheal.policy import disruption, validation
 from gpuheal.policy.actions import (
     STATE_QUARANTINED,
     Action,
@@ -67,7 +68,7 @@ from gpuheal.policy.history import opened_at
 from gpuheal.policy.nodes import in_maintenance
 from gpuheal.policy.recent import handled_lately
 from gpuheal.policy.release import released
-from gpuheal.policy.repair import RepairStep, Subject, outcome_only
+from gpuheal.policy.repair import RepairStep, RequestRepair, Subject, outcome_only
 from gpuheal.policy.repair import step as repair_step
 from gpuheal.sources import SOURCES, Seen, Source
 from gpuheal.vocabulary import Entry, Reason
@@ -112,6 +113,10 @@ def plan(
     state: NodeState, config: Config, now: dt.datetime, sources: Sequence[Source] = SOURCES
 ) -> Plan:
     """The node's plan; its current signal is decided here, once, from `sources`."""
+    return _guard_follows_work(state, config, _decided(state, config, now, sources))
+
+
+def _decided(state: NodeState, config: Config, now: dt.datetime, sources: Sequence[Source]) -> Plan:
     node = state.node
     seen = Seen(node, config, state.external, (*state.records, *state.device_records))
     signal = current_signal(seen, sources)
@@ -134,6 +139,50 @@ def plan(
     else:
         decided = _remediate(state, signal, config, now)
     return _label_follows_taint(node, decided)
+
+
+# Suppressed plans that leave the guard as it is (the plan's rules did not look at
+# the node's work): a maintenance drain's, the memory rule's. An opted-out node's
+# guard is taken back: it is no longer gpuheal's to hold.
+_GUARD_STANDS = frozenset({"maintenance", "memory"})
+
+
+def _guard_follows_work(state: NodeState, config: Config, decided: Plan) -> Plan:
+    """The disruption guard follows the work on the node as it stands once the plan
+    is carried out (policy/disruption.py): set before the step that starts the work
+    (at the head of the repair stage: before the repair request), taken back after
+    the one that ends it (at the tail of the release stage: after the untaint)."""
+    if decided.suppressed in _GUARD_STANDS and not state.node.annotations.get(MAINTENANCE_ROLLOUT):
+        return decided  # the work is paused, not ended: the guard stays as it is
+    updates: dict[str, list[UpdateRecord]] = {}
+    for a in decided.actions:
+        if isinstance(a, UpdateRecord):
+            updates.setdefault(a.name, []).append(a)
+    standing = [_standing(r, updates.get(r.name, [])) for r in state.records if not r.device_scope]
+    untaints = any(isinstance(a, RemoveTaint) for a in decided.actions)
+    taints = any(isinstance(a, AddTaint) for a in decided.actions)
+    work = disruption.work_on(
+        state.node,
+        standing,
+        fenced=taints or (state.node.taint() is not None and not untaints),
+        requesting_repair=any(isinstance(a, RequestRepair) for a in decided.actions),
+        rollouts=config.mode is not Mode.OBSERVE,
+    )
+    guard = disruption.change(state.node, config.autoscalers.do_not_disrupt, work)
+    if guard is None:
+        return decided
+    if guard.add:
+        return replace(decided, repair=(guard, *decided.repair))
+    return replace(decided, release=(*decided.release, guard))
+
+
+def _standing(record: FaultRecord, news: Sequence[UpdateRecord]) -> disruption.Standing:
+    """The record as it stands once the plan's updates of it are written."""
+    return disruption.Standing(
+        phase=news[-1].phase if news else record.phase,
+        entries=(*(e.action for e in record.actions), *(u.entry.action for u in news)),
+        contact_support=record.contact_support or any(u.contact_support for u in news),
+    )
 
 
 def _label_follows_taint(node: NodeView, decided: Plan) -> Plan:

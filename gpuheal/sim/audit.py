@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from lightkube import Client
 
@@ -28,6 +29,8 @@ class Request:
     name: str
     code: int
     at: str  # the stage timestamp, RFC 3339 with microseconds
+    # The request's body, where the policy logs it (node patches): None elsewhere.
+    body: Any = None
 
 
 def requests(
@@ -62,6 +65,7 @@ def requests(
                 name=ref.get("name", ""),
                 code=int(event.get("responseStatus", {}).get("code", 0)),
                 at=event.get("stageTimestamp", ""),
+                body=event.get("requestObject"),
             )
 
 

@@ -321,7 +321,7 @@ class ControlPlane:
         if not self.config.audit_users:
             return []
         policy = self.workdir / "audit-policy.yaml"
-        # JSON is YAML: no serializer needed for a two-rule policy.
+        # JSON is YAML: no serializer needed for a three-rule policy.
         policy.write_text(
             json.dumps(
                 {
@@ -329,6 +329,14 @@ class ControlPlane:
                     "kind": "Policy",
                     "omitStages": ["RequestReceived"],
                     "rules": [
+                        # Node patches with their bodies: which of a node's keys a
+                        # write touched (the disruption guard's, the taint's).
+                        {
+                            "level": "Request",
+                            "users": list(self.config.audit_users),
+                            "verbs": ["patch"],
+                            "resources": [{"group": "", "resources": ["nodes"]}],
+                        },
                         {"level": "Metadata", "users": list(self.config.audit_users)},
                         {"level": "None"},
                     ],

@@ -19,6 +19,8 @@ from lightkube import Client
 from lightkube.resources.core_v1 import Node
 
 from gpuheal.model import (
+    DISRUPTION_GUARD,
+    DO_NOT_DISRUPT,
     FAULT_DEVICES,
     FAULT_ID,
     FAULT_REASON,
@@ -26,10 +28,11 @@ from gpuheal.model import (
     FAULT_TIME,
     REPAIR_REQUEST,
     REPAIR_RESULT,
+    SCALE_DOWN_DISABLED,
     STATUS,
 )
 from gpuheal.policy.repairwire import Outcome, decode_request, decode_result, fault_digest
-from gpuheal.sim import ControlPlane
+from gpuheal.sim import ControlPlane, audit
 from gpuheal.sim.agent import AgentProcess
 from gpuheal.sim.controlplane import ADMIN
 from gpuheal.sim.resources import GPUFault
@@ -57,6 +60,7 @@ XID_95 = (
     "RST: Yes, D-RST: No"
 )
 XID_79 = "NVRM: Xid (PCI:0000:18:00): 79, pid=2843, name=python3, GPU has fallen off the bus."
+GUARD_KEYS = (SCALE_DOWN_DISABLED, DO_NOT_DISRUPT)  # autoscalers.doNotDisrupt's default
 AGENT = {"repairEnabled": True, "repairPollSeconds": 0.2, "repairRebootMethod": "sentinel"}
 
 
@@ -149,16 +153,28 @@ def test_xid_79_is_repaired_by_a_reboot_and_the_node_returned(
     fake_gpu_nodes: FakeNodes,
     agents: list[AgentProcess],
     start_controller: StartController,
+    audited_controller_user: str,
 ) -> None:
+    """The autoscalers are kept off the node from the request until it is returned
+    (the reboot, the recovery window, the gate): one write sets the guard, one takes
+    it back, as the API server's audit log has the controller's node patches."""
     (node,) = fake_gpu_nodes(1, labels=pool)
-    start_controller(repair_config(pool))
+    since = audit.offset(control_plane.audit_log)
+    # The agent's healthy rounds after the reboot come within settleSeconds: the
+    # repair is not taken for an ineffective one (which ends the ladder of one reboot).
+    config = repair_config(pool) | {"repair": repair_config(pool)["repair"] | {"settleSeconds": 30}}
+    start_controller(config, user=audited_controller_user).wait_leading()
     agent = AgentProcess(tmp_path, control_plane.kubeconfig, node, AGENT).start()
     agents.append(agent)
 
     agent.kernel(XID_79)
     wait_for("the reboot asked for", agent.reboot_sentinel.exists, timeout_s=60)
-    request = decode_request(node_annotations(kube, node)[REPAIR_REQUEST])
+    asked = node_annotations(kube, node)
+    request = decode_request(asked[REPAIR_REQUEST])
     assert request is not None and request.action is Action.REBOOT
+    # Set before the request, in the same pass: the node carries both while it reboots.
+    assert {k: asked.get(k) for k in GUARD_KEYS} == dict.fromkeys(GUARD_KEYS, "true")
+    assert asked[DISRUPTION_GUARD] == ",".join(GUARD_KEYS)
     assert REPAIR_RESULT not in node_annotations(kube, node)  # answered once the node is back
     # The reboot daemon's part.
     agent.stop()
@@ -175,6 +191,16 @@ def test_xid_79_is_repaired_by_a_reboot_and_the_node_returned(
         "reboot attempt 1"
     ]
     assert agent.resets() == []
+    # Taken back with the node's return, and only then.
+    wait_for("the guard taken back", lambda: DISRUPTION_GUARD not in node_annotations(kube, node))
+    assert not set(GUARD_KEYS) & set(node_annotations(kube, node))
+    patches = [
+        (r.body or {}).get("metadata", {}).get("annotations", {})
+        for r in audit.requests(control_plane.audit_log, user=audited_controller_user, since=since)
+        if r.verb == "patch" and r.resource == "nodes" and r.name == node and r.code == 200
+    ]
+    guard_writes = [p[DISRUPTION_GUARD] for p in patches if DISRUPTION_GUARD in p]
+    assert guard_writes == [",".join(GUARD_KEYS), None], guard_writes
 
 
 def test_a_reset_that_fails_twice_escalates_to_a_reboot_then_to_a_person(

@@ -49,6 +49,8 @@ from gpuheal.model import (
     CANARY_LABEL,
     CHECKPOINT_REQUESTED,
     DIAGNOSTICS,
+    DISRUPTION_GUARD,
+    DISRUPTION_KEYS,
     DRIVER_VERSION,
     FAULT_ID,
     GPU_HEALTHY_CONDITION,
@@ -66,6 +68,7 @@ from gpuheal.model import (
     QUARANTINED_DEVICES,
     REPAIR_REQUEST,
     REPAIR_RESULT,
+    SCALE_DOWN_DISABLED,
     STATE_LABEL,
     STATUS,
     SUSPECT_DEVICES,
@@ -607,6 +610,15 @@ ACTIONS: tuple[Action, ...] = (
         "controller"),
     act("node: request a repair (gpuheal.io/repair-request)",
         node_change({"metadata": {"annotations": {REPAIR_REQUEST: REPAIR_ASKED}}}), "controller"),
+    act("node: the disruption guard (autoscalers leave the node alone)",
+        node_change({"metadata": {"annotations": dict.fromkeys(DISRUPTION_KEYS, "true")
+                                  | {DISRUPTION_GUARD: ",".join(DISRUPTION_KEYS)}}}),
+        "controller"),
+    act("node: an autoscaler's annotation set to other than true",
+        node_change({"metadata": {"annotations": {SCALE_DOWN_DISABLED: "false"}}})),
+    act("node: another cluster-autoscaler annotation",
+        node_change({"metadata": {"annotations": {
+            "cluster-autoscaler.kubernetes.io/scale-down-unneeded-time": "1m"}}})),
     act("node: answer a repair (gpuheal.io/repair-result), own node",
         node_change({"metadata": {"annotations": {REPAIR_RESULT: REPAIR_DONE}}}), "agent"),
     act("node: answer a repair, another node",
@@ -941,6 +953,7 @@ def test_the_policies_name_exactly_the_keys_the_code_writes(scene: Scene) -> Non
     assert keys("controller-nodes") == {
         HANDLED_FAULT_ID, HANDLED_AT, LAST_PROCESS_TIME,
         QUARANTINED_DEVICES, SUSPECT_DEVICES, UNKNOWN_DEVICES, REPAIR_REQUEST,
+        DISRUPTION_GUARD, *DISRUPTION_KEYS,
     }  # fmt: skip
     assert keys("operator-nodes") == {
         MAINTENANCE_REASON, MAINTENANCE_SINCE, MAINTENANCE_BASELINE, MAINTENANCE_CORDONED,

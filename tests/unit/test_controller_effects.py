@@ -48,6 +48,7 @@ def test_every_action_a_plan_can_hold_has_a_handler() -> None:
         "DeleteValidationJob": "delete_validation_job",
         "DeviceReleased": "count_release",
         "Emit": "queue",
+        "GuardDisruption": "guard_disruption",
         "Evict": "evict",
         "MarkDevices": "mark_devices",
         "MarkHandled": "mark_handled",

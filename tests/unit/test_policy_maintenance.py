@@ -33,10 +33,18 @@ from gpuheal.model import (
 from gpuheal.policy.actions import Emit, NodeState, RemoveTaint, UpdateRecord
 from gpuheal.policy.plan import plan
 from gpuheal.vocabulary import Reason
+from tests.helpers import NO_GUARD
 from tests.unit.test_policy_plan import kinds
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, 0, tzinfo=dt.UTC)
-CONFIG = Config(breaker_max_nodes=100, breaker_max_percent=100, recovery_window_seconds=60)
+# The disruption guard's actions are tests/unit/test_policy_disruption.py's: off
+# here, so that these plans are this module's rules alone.
+CONFIG = Config(
+    breaker_max_nodes=100,
+    breaker_max_percent=100,
+    recovery_window_seconds=60,
+    autoscalers=NO_GUARD,
+)
 READY = Condition("Ready", "True")
 POOL = {"gpuheal.io/pool": "a", "nvidia.com/gpu.count": "8", "nvidia.com/gpu.present": "true"}
 

@@ -47,13 +47,16 @@ from gpuheal.sources import Seen
 from gpuheal.values import taint_value
 from gpuheal.vocabulary import Entry
 from tests.corpus import EKS_NODES
+from tests.helpers import NO_GUARD
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, 0, tzinfo=dt.UTC)
 # As the agent reports them on an EKS node: the fault id is the node name and 24
 # characters, past a taint value's 63 (the controller writes taint_value(F1)).
 N1 = EKS_NODES[0]
 F1 = f"{N1}-20261129T115959Z-4f1c2a"
-CONFIG = Config(breaker_max_nodes=100, breaker_max_percent=100)
+# The disruption guard's actions are tests/unit/test_policy_disruption.py's: off
+# here, so that these plans are this module's rules alone.
+CONFIG = Config(breaker_max_nodes=100, breaker_max_percent=100, autoscalers=NO_GUARD)
 
 
 def faulty(name: str = N1, fault_id: str = F1, **annotations: str) -> NodeView:

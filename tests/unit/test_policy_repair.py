@@ -50,7 +50,7 @@ from gpuheal.values import taint_value
 from gpuheal.vocabulary import Entry, Reason
 from gpuheal.xid import Action
 from tests.corpus import EKS_NODES, GPU_UUIDS
-from tests.helpers import plan_entries
+from tests.helpers import NO_GUARD, plan_entries
 
 NOW = dt.datetime(2026, 12, 1, 9, 30, 0, tzinfo=dt.UTC)
 N1 = EKS_NODES[0]
@@ -58,7 +58,9 @@ F1 = f"{N1}-20261201T092500Z-4f1c2a"
 DIGEST = fault_digest(F1)
 GPU = GPU_UUIDS[0]
 ACT = RepairConfig(enabled=True, mode="act")
-CONFIG = Config(breaker_max_nodes=100, breaker_max_percent=100, repair=ACT)
+# The disruption guard's actions are tests/unit/test_policy_disruption.py's: off
+# here, so that these plans are this module's rules alone.
+CONFIG = Config(breaker_max_nodes=100, breaker_max_percent=100, repair=ACT, autoscalers=NO_GUARD)
 
 
 def node(reason: str = "EccUncontained95", devices: str = GPU, **annotations: str) -> NodeView:

@@ -40,6 +40,7 @@ from gpuheal.policy.validation import (
 from gpuheal.values import taint_value
 from gpuheal.vocabulary import Entry, Reason
 from tests.corpus import EKS_NODES, FQDN_253
+from tests.helpers import NO_GUARD
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, 0, tzinfo=dt.UTC)
 NODE = EKS_NODES[0]
@@ -50,6 +51,7 @@ CONFIG = Config(
     breaker_max_percent=100,
     recovery_window_seconds=60,
     health_gate=HealthGateConfig(validation=VALIDATION),
+    autoscalers=NO_GUARD,  # its actions are tests/unit/test_policy_disruption.py's
 )
 PASS = json.dumps({"result": "pass", "tool": "dcgmi-diag", "detail": "level 2: all tests pass"})
 FAIL = json.dumps({"result": "fail", "tool": "dcgmi-diag", "detail": "Memory: GPU 3 failed"})

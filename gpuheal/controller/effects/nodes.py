@@ -1,5 +1,5 @@
 """Effects on the Node: our taint (the fence) and state label, the fault's handled
-mark, the repair request, the device marks. Every write goes through
+mark, the repair request, the device marks, the disruption guard. Every write goes through
 gpuheal/kube/writes.py and back into the node cache."""
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from gpuheal.policy.actions import (
     state_label_with_taint,
 )
 from gpuheal.policy.devices import MarkDevices
+from gpuheal.policy.disruption import GuardDisruption, guarded_by
 from gpuheal.policy.repair import RequestRepair
 
 
@@ -123,6 +124,29 @@ async def request_repair(
     return "requested"
 
 
+async def guard_disruption(
+    fx: EffectContext, action: GuardDisruption, state: NodeState, _outcome: PassOutcome
+) -> str:
+    """Set or take back the autoscalers' annotations (policy/disruption.py), under the
+    node's resourceVersion; a conflict is a fresh read and a new plan."""
+    node = fx.caches.node(action.node) or state.node
+    ours = guarded_by(node)
+    if action.add and ours:
+        return "present"
+    if not action.add and not ours:
+        return "absent"
+    body = writes.disruption_guard(node, action.add, action.remove)
+    try:
+        raw = await fx.api.patch(node_path(action.node), body)
+    except ApiError as err:
+        if err.code != 409:
+            raise
+        fx.caches.put_node(decode_node(await fx.api.get(node_path(action.node))))
+        raise Replan(f"node {action.node}: written meanwhile") from err
+    fx.caches.put_node(decode_node(raw))
+    return "guarded" if action.add else "unguarded"
+
+
 async def mark_devices(
     fx: EffectContext, action: MarkDevices, _state: NodeState, _outcome: PassOutcome
 ) -> str:
@@ -138,4 +162,5 @@ HANDLERS: dict[type, Handler] = {
     MarkHandled: mark_handled,
     RequestRepair: request_repair,
     MarkDevices: mark_devices,
+    GuardDisruption: guard_disruption,
 }

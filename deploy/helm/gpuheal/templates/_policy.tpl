@@ -12,9 +12,16 @@ change on an object RBAC lets them patch. The key lists are the code's
 {{- toJson (list "gpuheal.io/maintenance-reason" "gpuheal.io/maintenance-since" "gpuheal.io/maintenance-baseline" "gpuheal.io/maintenance-cordoned" "gpuheal.io/maintenance-rollout" "gpuheal.io/diagnostics") -}}
 {{- end -}}
 
-{{/* Node annotations the controller writes (the repair request: only the controller). */}}
+{{/* Node annotations the controller writes (the repair request: only the controller),
+  and the autoscalers' it sets for the disruption guard: any of the three it knows
+  (model.DISRUPTION_KEYS), whatever autoscalers.doNotDisrupt says now, so that a
+  guard set under an earlier config can still be taken back. */}}
 {{- define "gpuheal.controller.nodeAnnotations" -}}
-{{- toJson (list "gpuheal.io/handled-fault-id" "gpuheal.io/handled-at" "gpuheal.io/last-process-time" "gpuheal.io/quarantined-devices" "gpuheal.io/suspect-devices" "gpuheal.io/unknown-devices" "gpuheal.io/repair-request") -}}
+{{- toJson (concat (list "gpuheal.io/handled-fault-id" "gpuheal.io/handled-at" "gpuheal.io/last-process-time" "gpuheal.io/quarantined-devices" "gpuheal.io/suspect-devices" "gpuheal.io/unknown-devices" "gpuheal.io/repair-request" "gpuheal.io/disruption-guard") (include "gpuheal.disruptionKeys" . | fromJsonArray)) -}}
+{{- end -}}
+
+{{- define "gpuheal.disruptionKeys" -}}
+{{- toJson (list "cluster-autoscaler.kubernetes.io/scale-down-disabled" "karpenter.sh/do-not-disrupt" "karpenter.sh/do-not-consolidate") -}}
 {{- end -}}
 
 {{/* Node annotations the agent writes: its verdict, its facts, a repair's result (only the agent). */}}
