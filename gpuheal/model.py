@@ -111,7 +111,7 @@ DISRUPTION_GUARD = "gpuheal.io/disruption-guard"
 
 # gpu-operator's driver upgrade controller (k8s-operator-libs pkg/upgrade): the
 # node's upgrade state label, the label that opts a node out of it, and the
-# annotation gpu-operator v25+ puts on every GPU node while
+# annotation gpu-operator (since v23.3) puts on every GPU node while
 # ClusterPolicy spec.driver.upgradePolicy.autoUpgrade is on: policy/operator.py.
 DRIVER_UPGRADE_STATE = "nvidia.com/gpu-driver-upgrade-state"
 DRIVER_UPGRADE_SKIP = "nvidia.com/gpu-driver-upgrade.skip"

@@ -41,6 +41,8 @@ from gpuheal.kube.rollouts import (
 )
 from gpuheal.kube.snapshot import list_all
 from gpuheal.model import (
+    DRIVER_UPGRADE_ENABLED,
+    DRIVER_UPGRADE_STATE,
     GPUFAULT_API_VERSION,
     GPUROLLOUT_KIND,
     MAINTENANCE_SINCE,
@@ -61,6 +63,7 @@ from gpuheal.ops.maintenance import (
 from gpuheal.ops.output import Notes, Table, render
 from gpuheal.policy.breaker import quarantine_capacity
 from gpuheal.policy.nodes import in_maintenance
+from gpuheal.policy.operator import AUTO_UPGRADE_SETTING, driver_upgrade, upgrades_managed
 from gpuheal.policy.pools import pool_of
 from gpuheal.policy.rollout import (
     FINAL,
@@ -242,9 +245,10 @@ async def start(ctx: Context, args: argparse.Namespace) -> int:
         _fail(ctx, "start", wrong)
         return exitcodes.USAGE
     nodes = in_pool(await gpu_nodes(ctx), pool, ctx.config)
-    if not nodes:
-        _fail(ctx, "start", f"pool {pool} has no GPU nodes (label {ctx.config.pools.label})")
-        return exitcodes.NOT_FOUND
+    refused = _pool_refused(pool, nodes, ctx.config)
+    if refused is not None:
+        _fail(ctx, "start", refused[0])
+        return refused[1]
     name = rollout_name(pool)
     spec: dict[str, Any] = {
         "pool": pool,
@@ -286,6 +290,30 @@ async def start(ctx: Context, args: argparse.Namespace) -> int:
         )
         return exitcodes.USAGE
     return await drive(ctx, name, _drive_options(args))
+
+
+def _pool_refused(
+    pool: str, nodes: Mapping[str, NodeJson], config: Config
+) -> tuple[str, int] | None:
+    """Why the pool is not rolled out by gpuheal, with the exit code: it has no GPU
+    node, or gpu-operator upgrades its drivers itself (policy/operator.py): two
+    drivers of one node's drain and return would race."""
+    if not nodes:
+        return f"pool {pool} has no GPU nodes (label {config.pools.label})", exitcodes.NOT_FOUND
+    managed = sorted(
+        n
+        for n, node in nodes.items()
+        if upgrades_managed(node.metadata.labels, node.metadata.annotations)
+    )
+    if not managed:
+        return None
+    why = (
+        f"pool {pool}: gpu-operator upgrades the driver of {len(managed)} of its "
+        f"{len(nodes)} nodes itself ({DRIVER_UPGRADE_ENABLED}=true or {DRIVER_UPGRADE_STATE} "
+        f"on {managed[0]}): roll out through gpu-operator, or turn {AUTO_UPGRADE_SETTING} "
+        "off to roll out with gpuheal"
+    )
+    return why, exitcodes.USAGE
 
 
 async def _initialize(ctx: Context, rollout: RolloutJson, nodes: Mapping[str, NodeJson]) -> None:
@@ -568,7 +596,8 @@ async def drive_once(ctx: Context, rollout: RolloutJson, options: DriveOptions) 
     started: list[str] = []
     if state.phase is Phase.RUNNING:
         budget = budget_of(rollout, fleet, progress, ctx.config)
-        started = next_to_start(progress, budget)
+        upgrading = {n for n, node in nodes.items() if driver_upgrade(node.metadata.labels)}
+        started = next_to_start(progress, budget, upgrading)
         now = iso(ctx.now(), "seconds")
         for i, p in enumerate(progress):
             if p.name in started:

@@ -25,6 +25,7 @@ from gpuheal.config import Config
 from gpuheal.model import (
     COUNTERS_SINCE,
     DIAGNOSTICS,
+    DRIVER_UPGRADE_STATE,
     ECC_ERRORS,
     ENVIRONMENT_FACTS,
     LAST_GPU_ERROR,
@@ -36,6 +37,7 @@ from gpuheal.model import (
     PodView,
 )
 from gpuheal.policy import environment
+from gpuheal.policy.operator import UPGRADE_FAILED, driver_upgrade
 from gpuheal.policy.pools import (
     NO_POOL,
     driver_version,
@@ -50,6 +52,7 @@ from gpuheal.policy.sharing import expected_offers, mig_layout_problem, sharing
 READY = "ready"
 GPU_COUNT = "gpu-count"
 DRIVER = "driver"
+DRIVER_UPGRADE = "driver-upgrade"
 GPU_ERRORS = "gpu-errors"
 DIAGNOSTICS_CHECK = "diagnostics"
 DEVICE_PLUGIN = "device-plugin"
@@ -59,11 +62,13 @@ VALIDATION = "validation"
 # One bit per check, in the order they run: a failed gate exits 64 | these. Exit
 # codes from 128 up mean a signal, so six bits are all there is: the start-order facts
 # share the device plugin's (both say "the node's GPU software is not up"), the
-# validation Job diagnostics' (both say "the GPUs were tested and failed").
+# validation Job diagnostics' (both say "the GPUs were tested and failed"), gpu-operator's
+# driver upgrade the driver's.
 CHECK_BITS: Mapping[str, int] = {
     READY: 1,
     GPU_COUNT: 2,
     DRIVER: 4,
+    DRIVER_UPGRADE: 4,
     GPU_ERRORS: 8,
     DIAGNOSTICS_CHECK: 16,
     DEVICE_PLUGIN: 32,
@@ -196,6 +201,7 @@ def evaluate(
             _ready(facts),
             _gpu_count(facts, config),
             _driver(facts, config),
+            _driver_upgrade(facts),
             _gpu_errors(facts, since),
             _diagnostics(facts, config, now, since),
             _device_plugin(facts, config),
@@ -280,6 +286,27 @@ def _driver(facts: GateFacts, config: Config) -> Check:
 
 
 # -- gpu-errors -----------------------------------------------------------------------
+
+
+def _driver_upgrade(facts: GateFacts) -> Check:
+    """gpu-operator's driver upgrade of the node, done (policy/operator.py)."""
+    if not facts.labels.get(DRIVER_UPGRADE_STATE):
+        return Check(DRIVER_UPGRADE, CheckResult.SKIPPED, "gpu-operator upgrades no driver here")
+    state = driver_upgrade(facts.labels)
+    if state is None:
+        return Check(DRIVER_UPGRADE, CheckResult.PASS, "gpu-operator's driver upgrade is done")
+    said = f"{DRIVER_UPGRADE_STATE}={state}"
+    if state == UPGRADE_FAILED:
+        return Check(
+            DRIVER_UPGRADE,
+            CheckResult.FAIL,
+            f"gpu-operator's driver upgrade of the node failed ({said}): see the driver pod",
+        )
+    return Check(
+        DRIVER_UPGRADE,
+        CheckResult.FAIL,
+        f"gpu-operator is upgrading the node's driver ({said}): it returns once upgrade-done",
+    )
 
 
 class MalformedError(ValueError):

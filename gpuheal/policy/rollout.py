@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -152,15 +152,22 @@ def current_batch(progress: Sequence[NodeProgress]) -> int | None:
     return min(open_batches) if open_batches else None
 
 
-def next_to_start(progress: Sequence[NodeProgress], budget: Budget) -> list[str]:
+def next_to_start(
+    progress: Sequence[NodeProgress], budget: Budget, upgrading: Collection[str] = ()
+) -> list[str]:
     """The pending nodes to take out now: none while a node is held (the first
-    failure stops the roll-out), only the current batch's, as many as the room."""
+    failure stops the roll-out), only the current batch's, as many as the room; not
+    one gpu-operator is upgrading (`upgrading`, policy/operator.py): it waits."""
     if any(p.step is RolloutStep.FAILED_HELD for p in progress):
         return []
     batch = current_batch(progress)
     if batch is None:
         return []
-    pending = [p.name for p in progress if p.batch == batch and p.step is RolloutStep.PENDING]
+    pending = [
+        p.name
+        for p in progress
+        if p.batch == batch and p.step is RolloutStep.PENDING and p.name not in upgrading
+    ]
     return pending[: budget.room]
 
 

@@ -25,7 +25,13 @@ from lightkube.resources.core_v1 import Node, NodeStatus
 from lightkube.types import PatchType
 
 from gpuheal.cli import main
-from gpuheal.model import DRIVER_VERSION, MAINTENANCE_ROLLOUT, STATE_LABEL
+from gpuheal.model import (
+    DRIVER_UPGRADE_ENABLED,
+    DRIVER_UPGRADE_STATE,
+    DRIVER_VERSION,
+    MAINTENANCE_ROLLOUT,
+    STATE_LABEL,
+)
 from gpuheal.policy.rollout import rollout_name
 from gpuheal.sim import ControlPlane
 from gpuheal.sim.audit import evictions, offset, requests
@@ -463,3 +469,74 @@ def test_a_roll_out_started_with_validate_gates_each_node_with_its_validation_jo
         assert "validation" in held["detail"] and "HBM row remap on GPU 3" in held["detail"]
         assert len(created) == 1  # the canary's; nothing after it started
         assert [n["step"] for n in status["nodes"][1:]] == ["pending", "pending"]
+
+
+class GpuOperator(threading.Thread):
+    """gpu-operator's upgrade controller, as far as its state label goes: it starts
+    upgrading `node` once the roll-out is under way (drain-required) and says
+    upgrade-done once the rest of its batch is done, noting what the roll-out had
+    done with the node meanwhile."""
+
+    def __init__(self, kube: Client, pool: str, node: str, batch: list[str]) -> None:
+        super().__init__(daemon=True)
+        self.kube, self.pool, self.node, self.batch = kube, pool, node, batch
+        self.stop = threading.Event()
+        self.seen_meanwhile: set[str] = set()
+        self.out_of_service = False
+
+    def label(self, state: str) -> None:
+        body = {"metadata": {"labels": {DRIVER_UPGRADE_STATE: state}}}
+        self.kube.patch(Node, self.node, body, patch_type=PatchType.MERGE)
+
+    def run(self) -> None:
+        wait_for("the roll-out under way", lambda: steps(self.kube, self.pool), timeout_s=60)
+        self.label("drain-required")
+        while not self.stop.is_set():
+            now = steps(self.kube, self.pool)
+            self.seen_meanwhile.add(now.get(self.node, ""))
+            self.out_of_service |= out_of_service(self.kube.get(Node, self.node))
+            if all(now.get(n) == "done" for n in self.batch):
+                self.label("upgrade-done")
+                return
+            time.sleep(0.1)
+
+    def __enter__(self) -> GpuOperator:
+        self.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        self.join(5)
+
+
+def test_a_node_gpu_operator_is_upgrading_is_left_alone_until_its_label_says_done(
+    kube: Client, fake_gpu_nodes: FakeNodes, pool: dict[str, str], cli: Cli, rollouts: None
+) -> None:
+    value = pool[POOL_LABEL]
+    canary, upgrading, other = pool_nodes(fake_gpu_nodes, kube, pool, 3)
+    for node in (canary, upgrading, other):  # as gpu-operator leaves a finished node
+        kube.patch(Node, node, {"metadata": {"labels": {DRIVER_UPGRADE_STATE: "upgrade-done"}}})
+    with Tooling(kube, pool), GpuOperator(kube, value, upgrading, [canary, other]) as operator:
+        code, out, err = cli(
+            *START, value, "--driver-version", NEW, "--reason", "r", "--canary", "1",
+            "--batch-size", "2", "--max-unavailable", "2", *FAST,
+        )  # fmt: skip
+    assert code == 0, out + err
+    # Pending all the while gpu-operator upgraded it: never taken out, its batch went on.
+    assert operator.seen_meanwhile <= {"pending"}, operator.seen_meanwhile
+    assert not operator.out_of_service
+    assert set(steps(kube, value).values()) == {"done"}
+
+
+def test_a_pool_whose_upgrades_gpu_operator_manages_is_not_rolled_out(
+    kube: Client, fake_gpu_nodes: FakeNodes, pool: dict[str, str], cli: Cli, rollouts: None
+) -> None:
+    value = pool[POOL_LABEL]
+    first, _ = pool_nodes(fake_gpu_nodes, kube, pool, 2)
+    # What gpu-operator writes on every GPU node while autoUpgrade is on.
+    annotate(kube, first, {DRIVER_UPGRADE_ENABLED: "true"})
+    code, _, err = cli(*START, value, "--driver-version", NEW, "--reason", "r")
+    assert code == 2
+    assert "gpu-operator upgrades the driver of 1 of its 2 nodes itself" in err
+    assert "spec.driver.upgradePolicy.autoUpgrade" in err
+    assert steps(kube, value) == {}  # nothing written

@@ -6,6 +6,7 @@ import datetime as dt
 import json
 from dataclasses import replace
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -13,6 +14,8 @@ from gpuheal.config import Config, HealthGateConfig, PoolConfig, PoolsConfig
 from gpuheal.model import (
     COUNTERS_SINCE,
     DIAGNOSTICS,
+    DRIVER_UPGRADE_SKIP,
+    DRIVER_UPGRADE_STATE,
     DRIVER_VERSION,
     ECC_ERRORS,
     LAST_GPU_ERROR,
@@ -73,6 +76,7 @@ def test_a_plain_healthy_node_passes_with_what_cannot_be_checked_skipped() -> No
         "ready": CheckResult.PASS,
         "gpu-count": CheckResult.PASS,
         "driver": CheckResult.SKIPPED,
+        "driver-upgrade": CheckResult.SKIPPED,
         "gpu-errors": CheckResult.SKIPPED,
         "diagnostics": CheckResult.SKIPPED,
         "device-plugin": CheckResult.SKIPPED,
@@ -80,6 +84,29 @@ def test_a_plain_healthy_node_passes_with_what_cannot_be_checked_skipped() -> No
         "validation": CheckResult.SKIPPED,
     }
     assert [c.name for c in result.checks] == list(CHECK_BITS)
+
+
+@pytest.mark.parametrize(
+    ("state", "bits", "said"),
+    [
+        ("upgrade-required", 4, "gpu-operator is upgrading the node's driver"),
+        ("drain-required", 4, "nvidia.com/gpu-driver-upgrade-state=drain-required"),
+        ("validation-required", 4, "it returns once upgrade-done"),
+        ("upgrade-failed", 4, "driver upgrade of the node failed"),
+        ("upgrade-done", 0, "done"),
+    ],
+)
+def test_a_node_gpu_operator_is_upgrading_stays_until_its_label_says_done(
+    state: str, bits: int, said: str
+) -> None:
+    """k8s-operator-libs' states (pkg/upgrade/consts.go): every one but upgrade-done
+    is an upgrade not done (NVIDIA's isIncompleteDriverUpgradeState)."""
+    result = run(facts(labels=LABELS | {DRIVER_UPGRADE_STATE: state}))
+    assert result.bits == bits
+    assert said in check(result, "driver-upgrade")[1]
+    # A node opted out of gpu-operator's upgrades (.skip=true) is not waited for.
+    skipped = facts(labels=LABELS | {DRIVER_UPGRADE_STATE: state, DRIVER_UPGRADE_SKIP: "true"})
+    assert run(skipped).bits == 0
 
 
 def test_not_ready_fails_bit_1() -> None:
