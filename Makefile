@@ -111,5 +111,6 @@ bench: $(BENCH_STAMP) testenv nvml monitoring
 	$(BIN)/python bench/lists.py --nodes 5000 --rounds 3
 	$(BIN)/python bench/transport.py --nodes 1000 --rounds 3
 	$(BIN)/python bench/profile_storm.py --nodes 200 --seconds 15
+	$(BIN)/python bench/hygiene.py --nodes 1000 5000
 	$(BIN)/python bench/cli.py --nodes 1000
 	$(BIN)/python bench/retention.py --records 5000 --deletes-per-second 20 200

@@ -17,6 +17,11 @@ from gpuheal.logs import setup_logging
 if TYPE_CHECKING:  # --help stays fast: the operator commands import on call
     from gpuheal.ops.context import Context
 
+# The ConfigMap the chart renders for release gpuheal in gpuheal-system (docs/deploy.md):
+# where the operator commands find the running controller's config (ops/configsource.py).
+DEFAULT_CONTROLLER_CONFIG = "gpuheal-system/gpuheal-controller"
+CONTROLLER_CONFIG_ENV = "GPUHEAL_CONTROLLER_CONFIG"
+
 VALIDATE_HELP = (
     "also run the validation Job on the node (healthGate.validation: DCGM diag, NCCL) "
     "once the other checks pass, and wait for it; needs create/get/delete on Jobs "
@@ -97,20 +102,15 @@ def _operator(args: argparse.Namespace) -> int:
     import aiohttp  # noqa: PLC0415
     import msgspec  # noqa: PLC0415
 
-    from gpuheal.config import ConfigError, load_config  # noqa: PLC0415
+    from gpuheal.config import ConfigError  # noqa: PLC0415
     from gpuheal.kube.api import ApiError  # noqa: PLC0415
     from gpuheal.kube.client import operator_api  # noqa: PLC0415
     from gpuheal.kube.credentials import CredentialError  # noqa: PLC0415
     from gpuheal.kube.kubeconfig import KubeconfigError, NoKubeconfigError  # noqa: PLC0415
-    from gpuheal.ops import exitcodes  # noqa: PLC0415
+    from gpuheal.ops import configsource, exitcodes  # noqa: PLC0415
     from gpuheal.ops.context import Context  # noqa: PLC0415
 
     prog = f"gpuheal {args.command}"
-    try:
-        config = load_config(args.config)
-    except ConfigError as err:
-        print(f"{prog}: {err}", file=sys.stderr)
-        return exitcodes.USAGE
     try:
         api = operator_api(args.kubeconfig, args.context)
     except NoKubeconfigError as err:
@@ -122,9 +122,15 @@ def _operator(args: argparse.Namespace) -> int:
 
     async def operate() -> int:
         try:
-            code: int = await args.operate(
-                Context(api=api, config=config, output=args.output), args
-            )
+            try:
+                source = await configsource.resolve(api, args.config, args.controller_config)
+            except ConfigError as err:
+                print(f"{prog}: {err}", file=sys.stderr)
+                return exitcodes.USAGE
+            ctx = Context(api=api, config=source.config, output=args.output)
+            if args.config is None:  # the CLI chose: it says which (a --config is known)
+                ctx.err.print(source.said, style="dim", highlight=False)
+            code: int = await args.operate(ctx, args)
             return code
         finally:
             await api.close()
@@ -189,7 +195,16 @@ def _operator_options() -> argparse.ArgumentParser:
     common.add_argument(
         "--config",
         type=Path,
-        help="the controller's YAML config: pools, health gate, maintenance (default: built-in)",
+        help="a YAML config file to judge pools, the gate and maintenance with, instead "
+        "of the running controller's (--controller-config)",
+    )
+    common.add_argument(
+        "--controller-config",
+        metavar="NAMESPACE/NAME",
+        default=os.environ.get(CONTROLLER_CONFIG_ENV, DEFAULT_CONTROLLER_CONFIG),
+        help="the running controller's ConfigMap, read when no --config is given; "
+        "built-in defaults when it is absent or unreadable, and stderr says which "
+        f"(default: ${CONTROLLER_CONFIG_ENV}, else {DEFAULT_CONTROLLER_CONFIG})",
     )
     return common
 
@@ -345,17 +360,20 @@ def _add_operator_commands(
         help="fleet audit: leaked GPUs, zombie GPU processes, version skew, missing labels",
         description=(
             "Per node: allocatable GPUs against live pods' requests (leaks), GPU processes "
-            "of no live pod, GPU nodes with zero allocatable, driver and CUDA skew within "
-            "a pool, GPU nodes missing the expected taint or labels. Exit 3 on findings."
+            "of no live pod, GPU nodes with zero or dropped allocatable or no device "
+            "plugin, driver and CUDA skew within a pool, GPU nodes missing the expected "
+            "taint or labels: the checks the controller exports as gpuheal_hygiene_findings. "
+            "Exit 3 on findings."
         ),
     )
     _add_selector(audit, "nodes", "pools are judged on those nodes")
     audit.add_argument(
         "--stuck-after",
         type=float,
-        default=60.0,
+        default=None,
         metavar="SECONDS",
-        help="a GPU pod Terminating this long past its grace period is a leak (default 60)",
+        help="a GPU pod Terminating this long past its grace period is a leak "
+        "(default: the config's hygiene.stuckAfterSeconds, 60)",
     )
 
     for verb, operate, what in (

@@ -27,3 +27,18 @@ def parse_time(value: str | None) -> dt.datetime | None:
         return (parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)).astimezone(dt.UTC)
     except (ValueError, OverflowError):
         return None
+
+
+def duration(seconds: float) -> str:
+    """A short human duration: 45s, 12m, 3h12m, 2d4h."""
+    seconds = max(0, int(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, hours, days = seconds // 60, seconds // 3600, seconds // 86400
+    if minutes < 60:
+        return f"{minutes}m"
+    if hours < 24:
+        rest = minutes % 60
+        return f"{hours}h{rest}m" if rest else f"{hours}h"
+    rest = hours % 24
+    return f"{days}d{rest}h" if rest else f"{days}d"

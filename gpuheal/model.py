@@ -227,6 +227,20 @@ def ready(conditions: Iterable[_ConditionLike]) -> bool | None:
     return None
 
 
+# Fleet hygiene's findings that leave a node's GPUs unusable to new pods
+# (gpuheal/policy/hygiene.py): the ones `hygiene.signals` may make fault signals.
+ZERO_ALLOCATABLE = "zero-allocatable"
+ALLOCATABLE_DROP = "allocatable-drop"
+DEVICE_PLUGIN_MISSING = "device-plugin-missing"
+HYGIENE_SIGNAL_KINDS = (ZERO_ALLOCATABLE, ALLOCATABLE_DROP, DEVICE_PLUGIN_MISSING)
+
+
+def scheduled_gpus(containers: Iterable[int], init_containers: Iterable[int]) -> int:
+    """GPUs the scheduler counts for a pod, from its containers' counts: the larger of
+    the containers' sum and the largest init container (they run one at a time, first)."""
+    return max(sum(containers), max(init_containers, default=0))
+
+
 @dataclass(frozen=True)
 class NodeView:
     name: str
@@ -288,10 +302,15 @@ class PodView:
     phase: str
     resource_version: str = ""
     gpu: bool = False  # any container or init container requests a GPU resource
-    # GPUs its containers request (the console's allocated GPUs per pool).
+    # GPUs the scheduler counts for it (scheduled_gpus): the console's allocated GPUs
+    # per pool, the audit's GPUs held.
     gpu_count: int = 0
     daemonset: bool = False
     deleting: bool = False
+    # metadata.deletionTimestamp (the end of its grace period), RFC 3339, and its
+    # finalizers: what the audit says of a pod stuck Terminating.
+    deletion_time: str = ""
+    finalizers: tuple[str, ...] = ()
     canary: bool = False  # one of our canary pods
     devices: tuple[DeviceReport, ...] = ()
     # The latest timestamp in the pod's status (conditions, container states), RFC 3339.

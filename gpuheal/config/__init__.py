@@ -56,6 +56,7 @@ from gpuheal.model import (
     DO_NOT_DISRUPT,
     ENVIRONMENT_FACTS,
     GPU_HEALTHY_CONDITION,
+    HYGIENE_SIGNAL_KINDS,
     MAINTENANCE_TAINT_KEY,
     SCALE_DOWN_DISABLED,
     Mode,
@@ -614,6 +615,35 @@ class AutoscalersConfig:
     )
 
 
+def hygiene_signals(value: object) -> dict[str, Severity]:
+    """The hygiene findings that are fault signals, each with its severity: only the
+    ones that leave a node's GPUs unusable (model.HYGIENE_SIGNAL_KINDS)."""
+    kind = one_of(*HYGIENE_SIGNAL_KINDS)
+    return {kind(k): enum_of(Severity)(v) for k, v in string_map(value).items()}
+
+
+@dataclass(frozen=True)
+class HygieneConfig:
+    """Fleet hygiene (gpuheal/policy/hygiene.py, `gpuheal audit`'s checks): run by
+    every controller replica from its caches and exported as gpuheal_hygiene_findings
+    (docs/controller.md, "Fleet hygiene")."""
+
+    interval_seconds: float = setting(number(1, 3600), 60.0)
+    # Findings that are fault signals (source `hygiene/<kind>`), with their severity.
+    # None by default: a node whose GPUs cannot be allocated takes no new GPU pods
+    # anyway, and its running pods may be fine; draining them is for you to choose.
+    signals: Mapping[str, Severity] = setting(hygiene_signals, factory=dict)
+    # A finding becomes a signal once it has lasted this long (a device plugin restarting
+    # after a driver upgrade is not one).
+    signal_after_seconds: float = setting(number(0, MAX_DELAY_S), 600.0)
+    # A GPU pod still Terminating this long past its grace period is a leak (the
+    # command's --stuck-after, whose default this is).
+    stuck_after_seconds: float = setting(number(0, MAX_DELAY_S), 60.0)
+    # A node Ready for less than this may still be starting its device plugin: no
+    # device-plugin-missing finding yet.
+    device_plugin_grace_seconds: float = setting(number(0, MAX_DELAY_S), 300.0)
+
+
 @dataclass(frozen=True)
 class Config(Scope, Remediation, Eviction, Pace, Signals, HttpApi, Runtime):
     """The whole document: the top-level keys of each concern, and the sections."""
@@ -625,6 +655,7 @@ class Config(Scope, Remediation, Eviction, Pace, Signals, HttpApi, Runtime):
     retention: RetentionConfig = section(RetentionConfig)
     repair: RepairConfig = section(RepairConfig)
     autoscalers: AutoscalersConfig = section(AutoscalersConfig)
+    hygiene: HygieneConfig = section(HygieneConfig)
 
 
 # Every section's keys by its place in the document ("": the top level).

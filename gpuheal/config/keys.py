@@ -217,10 +217,16 @@ def load_yaml(path: Path) -> Any:
         text = path.read_text()
     except OSError as err:
         raise ConfigError(f"cannot read config file {path}: {err.strerror}") from err
+    return loads_yaml(text, f"config file {path}")
+
+
+def loads_yaml(text: str, where: str) -> Any:
+    """Parse a YAML document read elsewhere (`where` names it: a file, a ConfigMap's
+    key); ConfigError when it is broken."""
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise ConfigError(f"config file {path} is not valid YAML: {_yaml_problem(err)}") from err
+        raise ConfigError(f"{where} is not valid YAML: {_yaml_problem(err)}") from err
 
 
 def _yaml_problem(err: yaml.YAMLError) -> str:

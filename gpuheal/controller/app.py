@@ -28,6 +28,7 @@ from gpuheal.controller.effects.context import WriteThrough
 from gpuheal.controller.executor import Crashpoint, Executor
 from gpuheal.controller.fleet import Fleet
 from gpuheal.controller.handlers import EventHandlers
+from gpuheal.controller.hygiene import HygieneLoop
 from gpuheal.controller.intake import ConsoleCaches, ControllerIntake
 from gpuheal.controller.notify import Notifier
 from gpuheal.controller.reconciler import Reconciler
@@ -56,7 +57,7 @@ from gpuheal.kube.workqueue import WorkQueue
 from gpuheal.metrics.controller import ControllerMetrics
 from gpuheal.model import CANARY_LABEL, GPUFAULT_GROUP, CanaryView, FaultRecord, NodeView, PodView
 from gpuheal.policy.validation import VALIDATION_LABEL, ValidationPod
-from gpuheal.sources import dcgm
+from gpuheal.sources import dcgm, hygiene
 from gpuheal.sources.dcgm import Query
 from gpuheal.sources.dcgm import queries as dcgm_queries
 from gpuheal.vocabulary import Reason
@@ -238,6 +239,20 @@ class Controller:
             ),
             changes=self.changes,
         )
+        # Fleet hygiene from the caches: gpuheal_hygiene_* and, as configured, signals.
+        self.external.expect(hygiene.SOURCE)
+        self.hygiene = HygieneLoop(
+            lambda: self.config,
+            nodes=self.nodes.values,
+            pod=self.pods.get,
+            pods_by_node=self.fleet.pods_by_node,
+            records=self.records.values,
+            submit=self.intake.submit,
+            resolve=lambda node, fault_id: self.intake.resolve(node, fault_id, None),
+            managed=lambda node: self.intake.node_status(node) == "managed",
+            looked=lambda: self.external.settled(hygiene.SOURCE),
+        )
+        self.metrics.read_hygiene(lambda: self.hygiene.last)
         self.elector: LeaderElector | None = None
         le = config.leader_election
         if le.enabled:
@@ -535,7 +550,9 @@ class Controller:
             else None
         )
         url = self.config.dcgm_prometheus_url
-        dcgm = asyncio.create_task(self._dcgm(url).run()) if url else None
+        synced = asyncio.Event()
+        dcgm = asyncio.create_task(self._dcgm(url).run(synced)) if url else None
+        examine = asyncio.create_task(self.hygiene.run(synced), name="hygiene")
         informers = [
             asyncio.create_task(i.run(), name=f"informer-{i.name}")
             for i in (*self._informers, self.events)
@@ -547,6 +564,7 @@ class Controller:
             self.elector.address = advertised_address(options.listen_port)
         try:
             await self._wait_synced(stop)
+            synced.set()
             await self._wait_schema(stop)
             if not stop.is_set():
                 log.info("caches synced", extra={"identity": self.identity})
@@ -568,7 +586,9 @@ class Controller:
                 task.cancel()
             await asyncio.gather(*informers, return_exceptions=True)
             self.queue.shutdown()
-            for task in [t for t in (watcher, dcgm, tokens, resync, schema) if t is not None]:
+            for task in [
+                t for t in (watcher, dcgm, examine, tokens, resync, schema) if t is not None
+            ]:
                 task.cancel()
             await self.notifier.stop()
             await self.recorder.flush()

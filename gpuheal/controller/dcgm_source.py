@@ -179,7 +179,13 @@ class DcgmSource:
 
     # -- the loop ----------------------------------------------------------
 
-    async def run(self) -> None:
+    async def run(self, ready: asyncio.Event | None = None) -> None:
+        """Poll until cancelled, the first time once `ready` is set: the node cache
+        has synced. Before, every finding's node is unknown (`managed` says no) and
+        would be dropped, and that look would settle the source with nothing seen,
+        releasing a restarted controller's quarantines of faults still present."""
+        if ready is not None:
+            await ready.wait()
         timeout = aiohttp.ClientTimeout(total=max(5.0, self.interval_s))
         async with aiohttp.ClientSession(timeout=timeout) as session:
             while True:

@@ -278,6 +278,10 @@ def pod_path(namespace: str, name: str = "") -> str:
     return f"{base}/{name}" if name else base
 
 
+def configmap_path(namespace: str, name: str) -> str:
+    return f"/api/v1/namespaces/{namespace}/configmaps/{name}"
+
+
 def gpufault_path(name: str = "", status: bool = False) -> str:
     base = f"/apis/{GPUFAULT_API_VERSION}/{GPUFAULT_PLURAL}"
     if not name:

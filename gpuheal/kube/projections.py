@@ -35,6 +35,7 @@ from gpuheal.model import (
     RepairApproval,
     Severity,
     Taint,
+    scheduled_gpus,
 )
 
 
@@ -309,9 +310,14 @@ def pod_view_factory(
             phase=pod.status.phase,
             resource_version=meta.resourceVersion,
             gpu=any(requests_gpu(c) for c in (*pod.spec.containers, *pod.spec.initContainers)),
-            gpu_count=sum(gpus_requested(c) for c in pod.spec.containers),
+            gpu_count=scheduled_gpus(
+                (gpus_requested(c) for c in pod.spec.containers),
+                (gpus_requested(c) for c in pod.spec.initContainers),
+            ),
             daemonset=any(o.kind == "DaemonSet" for o in meta.ownerReferences),
             deleting=meta.deletionTimestamp is not None,
+            deletion_time=meta.deletionTimestamp or "",
+            finalizers=tuple(meta.finalizers),
             canary=meta.labels.get(CANARY_LABEL) == "true",
             devices=_devices(status, is_gpu_resource),
             status_time=_status_time(status),

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 
 from gpuheal.metrics.declare import Metrics, counter, gauge, histogram
+from gpuheal.metrics.hygiene import HygieneCollector
+from gpuheal.policy.hygiene import Examined
 
 # Seconds: from a fraction of a second to a day, for ages that can be that long.
 AGE_BUCKETS = (1, 10, 30, 60, 300, 900, 3600, 4 * 3600, 86400)
@@ -219,6 +221,10 @@ class ControllerMetrics(Metrics):
         self.held_faults.set_function(held)
         self.breaker_open.set_function(lambda: 1 if held() else 0)
         self.queue_depth.set_function(queued)
+
+    def read_hygiene(self, last: Callable[[], Examined | None]) -> None:
+        """The hygiene gauges read the loop's latest examination when scraped."""
+        self.registry.register(HygieneCollector(last))
 
     def read_devices(self, counts: Callable[[], Collection[DeviceCounts]]) -> None:
         """The device gauges sum the per-node counts when scraped: a reconcile only

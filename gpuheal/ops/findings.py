@@ -12,6 +12,7 @@ import datetime as dt
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from gpuheal.clock import duration
 from gpuheal.kube.details import Node, NodeCondition, Pod, PodDisruptionBudget, ResourceQuota
 from gpuheal.model import FaultRecord
 
@@ -54,21 +55,6 @@ class Facts:
     scheduler_says: Mapping[str, str] = field(default_factory=dict)
     # What could not be read ("PodDisruptionBudgets in ns-a: forbidden"), said as info.
     unread: Sequence[str] = ()
-
-
-def duration(seconds: float) -> str:
-    """A short human duration: 45s, 12m, 3h12m, 2d4h."""
-    seconds = max(0, int(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    minutes, hours, days = seconds // 60, seconds // 3600, seconds // 86400
-    if minutes < 60:
-        return f"{minutes}m"
-    if hours < 24:
-        rest = minutes % 60
-        return f"{hours}h{rest}m" if rest else f"{hours}h"
-    rest = hours % 24
-    return f"{days}d{rest}h" if rest else f"{days}d"
 
 
 def when(moment: dt.datetime | None, now: dt.datetime) -> str:

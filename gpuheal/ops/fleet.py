@@ -10,12 +10,12 @@ only the fuller projections carry.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 from gpuheal.config import Config
 from gpuheal.kube import details
 from gpuheal.kube.projections import Container, NodeJson, PodJson, TaintJson
-from gpuheal.model import ready
+from gpuheal.model import ready, scheduled_gpus
 from gpuheal.policy import nodes
 from gpuheal.values import is_label_value
 
@@ -38,12 +38,6 @@ def wanted_gpus(
 ) -> int:
     """One container's GPUs: for extended resources a limit alone implies an equal request."""
     return gpu_total({**(limits or {}), **(requests or {})}, config)
-
-
-def scheduled_gpus(containers: Iterable[int], init_containers: Iterable[int]) -> int:
-    """GPUs the scheduler counts for a pod, from its containers' counts: the larger of
-    the containers' sum and the largest init container (they run one at a time, first)."""
-    return max(sum(containers), max(init_containers, default=0))
 
 
 def _container_gpus(container: Container, config: Config) -> int:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 
-from gpuheal.clock import parse_time
+from gpuheal.clock import duration, parse_time
 from gpuheal.config import Config
 from gpuheal.kube.projections import NodeJson, node_view
 from gpuheal.kube.snapshot import Snapshot, read_snapshot
@@ -29,7 +29,6 @@ from gpuheal.model import (
     FaultRecord,
 )
 from gpuheal.ops import exitcodes
-from gpuheal.ops.findings import duration
 from gpuheal.ops.fleet import (
     gpu_node,
     gpu_total,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from gpuheal.clock import parse_time
+from gpuheal.clock import duration, parse_time
 from gpuheal.config import Config
 from gpuheal.kube.details import Node, Pod, Taint
 from gpuheal.model import (
@@ -36,7 +36,6 @@ from gpuheal.ops.findings import (
     Facts,
     Finding,
     condition_of,
-    duration,
     plural,
     pod_key,
     said,

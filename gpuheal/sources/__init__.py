@@ -6,7 +6,15 @@ No `from __future__ import annotations` here: it would shadow the annotations
 module (importers elsewhere name it with `as`).
 """
 
-from gpuheal.sources import alertmanager, annotations, conditions, dcgm, escalation, manual
+from gpuheal.sources import (
+    alertmanager,
+    annotations,
+    conditions,
+    dcgm,
+    escalation,
+    hygiene,
+    manual,
+)
 from gpuheal.sources.base import Seen, Source, source_name
 
 SOURCES: tuple[Source, ...] = (
@@ -14,6 +22,7 @@ SOURCES: tuple[Source, ...] = (
     conditions,
     alertmanager,
     dcgm,
+    hygiene,
     manual,
     escalation,
 )
@@ -33,6 +42,7 @@ __all__ = [
     "conditions",
     "dcgm",
     "escalation",
+    "hygiene",
     "manual",
     "registered",
 ]

@@ -122,8 +122,10 @@ def test_the_controllers_recovery_holds_the_node_until_fabric_manager_runs(
 
         tree.processes({2317: "nv-fabricmanage"})
         wait_for("the node returned", lambda: our_taint(kube, node) is None, timeout_s=60)
-        (record,) = faults_of(kube, node)
-        assert record.status["phase"] == "Resolved"
+        # The pass writes the record's status after the actions it records.
+        wait_for(
+            "Resolved", lambda: [r.status["phase"] for r in faults_of(kube, node)] == ["Resolved"]
+        )
     finally:
         agent.stop()
         print(f"--- agent log (tail) ---\n{agent.log()[-3000:]}")

@@ -161,8 +161,14 @@ def test_killed_between_a_request_and_its_record_the_next_controller_does_not_as
     wait_for("drained at the deadline", lambda: not pods_on(kube, namespace, node))
 
     patches, evicted = asks_and_evictions(control_plane, since)
-    for pod in ("trainer-0", "trainer-1"):
-        assert patches[pod].count(200) == 1, patches
+    for pod, value in before.items():
+        asks = patches.get(pod, [])
+        if value:
+            # Asked before the kill, and never again. A request the kill cut short
+            # may be logged 504 by the API server and still have been carried out.
+            assert len(asks) == 1, patches
+        else:
+            assert asks.count(200) == 1, patches  # asked by the next controller
         assert len(evicted[pod]) == 1, evicted
     said = [e["action"] for e in record_entries(record_of(kube, node))]
     assert said.count(Entry.CHECKPOINT_TIMEOUT) == 2, said

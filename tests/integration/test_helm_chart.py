@@ -19,8 +19,9 @@ import pytest
 import yaml
 from lightkube import Client, codecs
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Namespace, Node, Pod, Secret, ServiceAccount
-from lightkube.resources.rbac_authorization_v1 import ClusterRoleBinding
+from lightkube.models.rbac_v1 import RoleRef, Subject
+from lightkube.resources.core_v1 import ConfigMap, Namespace, Node, Pod, Secret, ServiceAccount
+from lightkube.resources.rbac_authorization_v1 import ClusterRoleBinding, RoleBinding
 from lightkube.types import PatchType
 
 from gpuheal.cli import main
@@ -65,7 +66,7 @@ def test_the_chart_renders_for_the_default_and_other_values(control_plane: Contr
     }  # fmt: skip
     assert kinds(default) == {
         "CustomResourceDefinition": 2, "ServiceAccount": 2, "ClusterRole": 4, "ClusterRoleBinding": 2,
-        "Role": 3, "RoleBinding": 3, "ConfigMap": 2, "Secret": 1, "Deployment": 1, "Service": 1,
+        "Role": 4, "RoleBinding": 3, "ConfigMap": 2, "Secret": 1, "Deployment": 1, "Service": 1,
         "PodDisruptionBudget": 1, "ValidatingAdmissionPolicy": 9, "ValidatingAdmissionPolicyBinding": 9,
         "DaemonSet": 1, "ResourceQuota": 1,
     }  # fmt: skip
@@ -136,7 +137,11 @@ def test_the_chart_renders_for_the_default_and_other_values(control_plane: Contr
     assert "DCGM_EXP_XID_ERRORS_COUNT" in fields and "DCGM_FI_DEV_ROW_REMAP_PENDING" in fields
     own = render(control_plane, "gh", "ops", DATA / "values-own-rules.yaml")
     (rule,) = [o for o in own if o["kind"] == "PrometheusRule"]
-    assert [g["name"] for g in rule["spec"]["groups"]] == ["gpuheal-agent", "gpuheal-self"]
+    assert [g["name"] for g in rule["spec"]["groups"]] == [
+        "gpuheal-agent",
+        "gpuheal-self",
+        "gpuheal-hygiene",
+    ]
 
 
 @pytest.fixture
@@ -283,6 +288,30 @@ def test_the_operator_roles_are_enough_for_the_cli_and_no_more(
         assert code == 1 and refusals(out), out
         assert forbidden(lambda: as_viewer.patch(Node, other, {"spec": {"unschedulable": True}}))
         assert forbidden(lambda: list(as_viewer.list(Secret, namespace=system)))
+
+        # The controller's config: unreadable without the config Role (said, and the
+        # defaults used); with it, that one ConfigMap and no other.
+        ref = ("--controller-config", f"{system}/{name}-controller")
+        code, out = cli(capsys, viewer, "status", *ref)
+        assert code == 0 and f"not allowed to read ConfigMap {ref[1]}" in out, out
+        kube.create(
+            RoleBinding(
+                metadata=ObjectMeta(name="viewer-config"),
+                roleRef=RoleRef(
+                    apiGroup="rbac.authorization.k8s.io",
+                    kind="Role",
+                    name=f"{name}-operator-config",
+                ),
+                subjects=[Subject(kind="ServiceAccount", name="viewer", namespace=system)],
+            ),
+            namespace=system,
+        )
+        said = f"config: ConfigMap {ref[1]} (the controller's"
+        wait_for("the config Role", lambda: said in cli(capsys, viewer, "status", *ref)[1])
+        code, out = cli(capsys, viewer, "gate", other, *ref)
+        assert code in (0, 3) and said in out and not refusals(out), out
+        assert forbidden(lambda: as_viewer.get(ConfigMap, "kube-root-ca.crt", namespace=system))
+        assert forbidden(lambda: list(as_viewer.list(ConfigMap, namespace=system)))
     finally:
         for binding in bindings:
             kube.delete(ClusterRoleBinding, binding)

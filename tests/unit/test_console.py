@@ -187,8 +187,9 @@ def test_the_change_feed_wakes_waiters_and_times_out() -> None:
 
 def test_a_pods_gpus_are_what_its_containers_request() -> None:
     """Allocated GPUs per pool: the containers' GPU requests (or limits, which
-    Kubernetes copies to requests for extended resources); an init container's run
-    before them, on the same GPUs."""
+    Kubernetes copies to requests for extended resources); an init container runs
+    before them, on the same GPUs, so it adds none, but the scheduler reserves the
+    larger of the containers' sum and the largest init container for the pod."""
     raw = {
         "metadata": {"name": "trainer-0", "namespace": "ml-train", "uid": "u"},
         "spec": {
@@ -209,7 +210,10 @@ def test_a_pods_gpus_are_what_its_containers_request() -> None:
     }
     pod = msgspec.json.decode(msgspec.json.encode(raw), type=PodJson)
     view = pod_view_factory(Config().is_gpu_resource)(pod)
-    assert (view.gpu, view.gpu_count) == (True, 6)
+    assert (view.gpu, view.gpu_count) == (True, 8)
+    pod.spec.initContainers[0].resources.limits["nvidia.com/gpu"] = "1"
+    small_init = pod
+    assert pod_view_factory(Config().is_gpu_resource)(small_init).gpu_count == 6
 
 
 def test_every_replica_derives_the_same_session_keys_and_a_removed_token_takes_its_own(

@@ -13,6 +13,7 @@ import pytest
 import yaml
 from rich.console import Console
 
+from gpuheal.clock import duration
 from gpuheal.config import Config, ConfigError, parse_config
 from gpuheal.kube.details import (
     Event,
@@ -40,7 +41,7 @@ from gpuheal.model import (
 from gpuheal.ops import exitcodes
 from gpuheal.ops.diagnosis import Diagnosis, diagnose
 from gpuheal.ops.doctor import latest_messages
-from gpuheal.ops.findings import Facts, duration, listed
+from gpuheal.ops.findings import Facts, listed
 from gpuheal.ops.movement import pending_causes
 from gpuheal.ops.neighbours import rack_of
 from gpuheal.ops.output import render

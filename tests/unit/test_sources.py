@@ -19,7 +19,15 @@ from gpuheal.api.server import decode_webhook
 from gpuheal.clock import iso
 from gpuheal.config import ConditionRule, DeviceHealthConfig
 from gpuheal.controller.intake import ControllerIntake
-from gpuheal.model import ActionEntry, Condition, FaultRecord, FaultSignal, Phase, Severity
+from gpuheal.model import (
+    ZERO_ALLOCATABLE,
+    ActionEntry,
+    Condition,
+    FaultRecord,
+    FaultSignal,
+    Phase,
+    Severity,
+)
 from gpuheal.policy.actions import AddTaint, CreateRecord, NodeState
 from gpuheal.policy.plan import current_signal, plan, reported
 from gpuheal.sources import (
@@ -29,6 +37,7 @@ from gpuheal.sources import (
     conditions,
     dcgm,
     escalation,
+    hygiene,
     manual,
     registered,
 )
@@ -213,6 +222,7 @@ def _one_signal_of_each_kind() -> list[FaultSignal]:
         outcome.signal,
         *(_dcgm_signal(q.name) for q in dcgm.queries(85, 95)),
         _manual_signal(),
+        hygiene.signal_for(N1, ZERO_ALLOCATABLE, Severity.P1, "hygiene-zero-allocatable-x", NOW),
     )
     seen = Seen(replace(faulty(), conditions=(cond,)), config, pushed, (_escalated_device(),))
     produced = [s for source in SOURCES for s in source.signals(seen)]

@@ -231,3 +231,38 @@ def test_a_reload_that_drops_a_query_withdraws_its_findings() -> None:
     dcgm.configure(queries(85, 95, application_xids_per_gpu=0), None)
     assert resolved == [(EKS_NODES[0], held.fault_id)] and "appxids" not in dcgm.episodes
     assert "appxids" not in {q.name for q in dcgm.queries}
+
+
+def test_no_look_before_the_node_cache_has_synced() -> None:
+    """Before: the source polled while the controller's node cache was empty, its
+    findings' nodes unknown and dropped, and that empty look settled it: a
+    restarted controller released the quarantine of an Xid still present."""
+    looks: list[str] = []
+    dcgm = DcgmSource(
+        f"http://127.0.0.1:{free_port()}",
+        0.01,
+        queries(85, 95),
+        submit=lambda _: True,
+        resolve=lambda _, __: 0,
+        managed=lambda _: False,
+        metrics=ControllerMetrics(),
+        looked=lambda: looks.append("looked"),
+    )
+
+    async def run() -> tuple[int, int]:
+        synced = asyncio.Event()
+        task = asyncio.create_task(dcgm.run(synced))
+        await asyncio.sleep(0.3)
+        before = dcgm.failures + len(looks)
+        synced.set()
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if dcgm.failures:
+                break
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return before, dcgm.failures
+
+    before, after = asyncio.run(run())
+    assert before == 0  # not one request while the cache had not synced
+    assert after >= 1  # then the first poll (refused: nothing listens)
