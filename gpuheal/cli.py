@@ -422,11 +422,13 @@ def _add_rollout(
         help="roll a driver (or any node change) across a GPU pool: canary, then batches",
         description=(
             "A roll-out of one pool, kept in the cluster as a GPURollout named after the "
-            "pool (one per pool): each node is taken out through maintenance, waits for "
-            "the change (its reported driver version, or the labels/annotations given), "
-            "passes the health gate on the new version and goes back; the canary first, "
-            "then batch by batch, never more nodes out than the budget. The first failure "
-            "stops it with that node held. A killed CLI loses nothing: `resume` carries on."
+            "pool (one per pool) and driven by the leading controller: each node is taken "
+            "out through maintenance, waits for the change (its reported driver version, "
+            "or the labels/annotations given), passes the health gate on the new version "
+            "and goes back; the canary first, then batch by batch, never more nodes out "
+            "than the budget. The first failure stops it with that node held. These "
+            "commands only write and read the object: a closed terminal or a controller "
+            "failover loses nothing."
         ),
     )
     steps = rollout.add_subparsers(dest="step", required=True, metavar="STEP")
@@ -436,22 +438,28 @@ def _add_rollout(
         parser.add_argument("pool", metavar="POOL", help="the pool (the value of pools.label)")
         return parser
 
-    def driving(parser: argparse.ArgumentParser) -> None:
+    def waiting(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--no-wait",
+            dest="wait",
+            action="store_false",
+            help="return once the request is written; `rollout status` shows the progress",
+        )
         parser.add_argument(
             "--poll",
             type=float,
             default=2.0,
             metavar="SECONDS",
-            help="how often the nodes are looked at while waiting (default 2)",
+            help="how often the roll-out is read while waiting (default 2)",
         )
-        _add_eviction_options(parser)
 
     start = step(
         "start",
-        "create the pool's roll-out and drive it (exit 0 completed, 3 a node held)",
-        "Create the GPURollout of POOL and drive it until it completes, fails (a node "
-        "held: exit 3) or is paused or aborted. A second start on the same pool is "
-        "refused (exit 2).",
+        "create the pool's roll-out; the controller drives it (exit 0 completed, 3 a node held)",
+        "Create the GPURollout of POOL; the leading controller drives it. By default wait "
+        "until it completes, fails (a node held: exit 3) or is paused or aborted, showing "
+        "each node's steps; stopping the wait stops nothing. A second start on the same "
+        "pool is refused (exit 2).",
     )
     start.add_argument("--driver-version", help="the driver version nodes must report")
     start.add_argument(
@@ -500,23 +508,17 @@ def _add_rollout(
         "--validate",
         action="store_true",
         help="the gate also runs the validation Job on each changed node "
-        "(healthGate.validation; recorded in the roll-out, so a resumed drive keeps it)",
+        "(healthGate.validation; recorded in the roll-out)",
     )
-    start.add_argument(
-        "--lease",
-        type=float,
-        default=30.0,
-        metavar="SECONDS",
-        help="a killed CLI's hold on the roll-out lapses after this (default 30)",
-    )
-    driving(start)
+    _add_eviction_options(start)  # recorded in the roll-out: the controller drains so
+    waiting(start)
     step("status", "the roll-out's phase and every node's step (exit 3 when failed)")
     step("pause", "take no further node out; nodes in flight finish")
-    driving(
+    waiting(
         step(
             "resume",
-            "drive the roll-out again: after a pause, a failure (held nodes are gated "
-            "again) or a killed CLI",
+            "let the controller drive the roll-out again: after a pause, or a failure "
+            "(held nodes are gated again)",
         )
     )
     step(

@@ -623,6 +623,16 @@ def hygiene_signals(value: object) -> dict[str, Severity]:
 
 
 @dataclass(frozen=True)
+class RolloutsConfig:
+    """GPURollouts (`gpuheal rollout start`), driven by the leader (docs/controller.md,
+    "Roll-outs")."""
+
+    # A pass over each roll-out in progress at least this often (at once after a
+    # pass that moved a node): each costs a LIST of the GPU nodes and a GET.
+    poll_seconds: float = setting(number(0.1, 600), 5.0)
+
+
+@dataclass(frozen=True)
 class HygieneConfig:
     """Fleet hygiene (gpuheal/policy/hygiene.py, `gpuheal audit`'s checks): run by
     every controller replica from its caches and exported as gpuheal_hygiene_findings
@@ -656,6 +666,7 @@ class Config(Scope, Remediation, Eviction, Pace, Signals, HttpApi, Runtime):
     repair: RepairConfig = section(RepairConfig)
     autoscalers: AutoscalersConfig = section(AutoscalersConfig)
     hygiene: HygieneConfig = section(HygieneConfig)
+    rollouts: RolloutsConfig = section(RolloutsConfig)
 
 
 # Every section's keys by its place in the document ("": the top level).

@@ -33,6 +33,7 @@ from gpuheal.controller.intake import ConsoleCaches, ControllerIntake
 from gpuheal.controller.notify import Notifier
 from gpuheal.controller.reconciler import Reconciler
 from gpuheal.controller.retention import RecordCollector
+from gpuheal.controller.rollouts import RolloutLoop
 from gpuheal.controller.signals import ExternalSignals
 from gpuheal.controller.worker import ReconcileFailures, work
 from gpuheal.kube import crds
@@ -65,6 +66,7 @@ from gpuheal.vocabulary import Reason
 log = logging.getLogger(__name__)
 
 GPUFAULT_CRD = f"gpufaults.{GPUFAULT_GROUP}"
+GPUROLLOUT_CRD = f"gpurollouts.{GPUFAULT_GROUP}"
 CRD_CHECK_S = 10.0  # how often the served CRDs are compared with this version's
 
 # Only scheduled, live pods can hold a GPU: the API server filters the rest out.
@@ -121,7 +123,8 @@ class Controller:
         self.records: Informer[FaultJson, FaultRecord] = self._informer(
             "gpufaults", gpufault_path(), FaultJson, fault_record, lambda r: r.name
         )
-        # Roll-outs (`gpuheal rollout`), for the recovery gate's driver rule.
+        # Roll-outs (`gpuheal rollout`): which to drive (controller/rollouts.py), and
+        # the recovery gate's driver rule.
         # Optional: a chart upgrade does not install new CRDs (Helm leaves crds/ alone),
         # and a cluster without this one must still handle faults (unready_reasons).
         self.rollouts: Informer[RolloutJson, RolloutState] = self._informer(
@@ -253,6 +256,14 @@ class Controller:
             looked=lambda: self.external.settled(hygiene.SOURCE),
         )
         self.metrics.read_hygiene(lambda: self.hygiene.last)
+        # GPURollouts, driven by the leader alone (started with the workers).
+        self.rollout_loop = RolloutLoop(
+            lambda: self.config,
+            api,
+            rollouts=self.rollouts.values,
+            identity=identity,
+            schema_ok=lambda: self._current(GPUROLLOUT_CRD),
+        )
         self.elector: LeaderElector | None = None
         le = config.leader_election
         if le.enabled:
@@ -338,7 +349,11 @@ class Controller:
     def schema_ok(self) -> bool:
         """The GPUFault CRD served is this version's (or could not be read: said, not
         held against it). An older one would prune the fields this version writes."""
-        record = self.crds.get(GPUFAULT_CRD)
+        return self._current(GPUFAULT_CRD)
+
+    def _current(self, crd: str) -> bool:
+        """The CRD served is this version's, or could not be read (said, not held)."""
+        record = self.crds.get(crd)
         return record is None or record.state == crds.CURRENT
 
     async def check_crds(self) -> None:
@@ -418,6 +433,7 @@ class Controller:
             )
             for i in range(self.config.workers)
         ]
+        self._workers.append(asyncio.create_task(self.rollout_loop.run(), name="rollouts"))
         # Level-triggered start: look at every node once, whatever happened before we led.
         self.handlers.enqueue_all()
         self._collecting = asyncio.create_task(self.collector.run(), name="retention")

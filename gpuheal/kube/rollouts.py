@@ -1,10 +1,14 @@
 """The GPURollout object (deploy/crds/gpurollouts.gpuheal.io.yaml) as the CLI and
-the controller read it: its JSON decoded, and projected into the policy's terms
-(gpuheal.policy.rollout), so both judge a roll-out the same way."""
+the controller read and write it: its JSON decoded, projected into the policy's
+terms (gpuheal.policy.rollout), so both judge a roll-out the same way, and its
+status written back under its resourceVersion (update_status), so the CLI's
+pause, resume and abort and the controller's passes never overwrite each other."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
@@ -15,11 +19,12 @@ from gpuheal.policy.rollout import (
     RolloutDriver,
     RolloutStep,
     Target,
+    counts,
     driver_rollout_view,
     rollout_name,
 )
+from gpuheal.values import text
 
-DEFAULT_LEASE_S = 30.0
 DEFAULT_CHANGE_TIMEOUT_S = 3600.0
 DEFAULT_GATE_TIMEOUT_S = 600.0
 
@@ -46,8 +51,10 @@ class SpecJson(msgspec.Struct):
     reason: str = ""
     changeTimeoutSeconds: float = DEFAULT_CHANGE_TIMEOUT_S  # noqa: N815
     gateTimeoutSeconds: float = DEFAULT_GATE_TIMEOUT_S  # noqa: N815
-    leaseSeconds: float = DEFAULT_LEASE_S  # noqa: N815
     validate: bool = False  # the gate runs the validation Job too
+    # How the controller drains each node (kubectl drain's flags of those names).
+    deleteEmptyDirData: bool = False  # noqa: N815
+    force: bool = False
 
 
 class NodeStepJson(msgspec.Struct):
@@ -58,11 +65,6 @@ class NodeStepJson(msgspec.Struct):
     detail: str = ""
 
 
-class DriverJson(msgspec.Struct):
-    holder: str = ""
-    renewedAt: str = ""  # noqa: N815
-
-
 class StatusJson(msgspec.Struct):
     phase: str = ""
     message: str = ""
@@ -70,7 +72,7 @@ class StatusJson(msgspec.Struct):
     done: int = 0
     startedAt: str = ""  # noqa: N815
     finishedAt: str = ""  # noqa: N815
-    driver: DriverJson = msgspec.field(default_factory=DriverJson)
+    driver: str = ""  # the controller replica that wrote the status last
     nodes: list[NodeStepJson] = []
 
 
@@ -153,3 +155,56 @@ async def pool_rollout(api: KubeApi, pool: str) -> RolloutState | None:
             return None
         raise
     return state_of(rollout) if rollout is not None else None
+
+
+# -- writing the status ----------------------------------------------------------------
+
+CONFLICT_RETRIES = 10
+
+# Builds the status patch from the object as read; None: nothing to write.
+Mutation = Callable[[RolloutJson], dict[str, Any] | None]
+
+
+class RolloutWriteError(Exception):
+    """The status could not be written: the object kept changing under us."""
+
+
+def progress_json(progress: Sequence[NodeProgress]) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": p.name,
+            "batch": p.batch,
+            "step": p.step.value,
+            **({"since": p.since} if p.since else {}),
+            **({"detail": text(p.detail, 1024)} if p.detail else {}),
+        }
+        for p in progress
+    ]
+
+
+def summary(progress: Sequence[NodeProgress]) -> dict[str, Any]:
+    return {"total": len(progress), "done": counts(progress)[RolloutStep.DONE]}
+
+
+async def update_status(api: KubeApi, name: str, mutate: Mutation) -> RolloutJson | None:
+    """A resourceVersion-guarded merge patch of the status, `mutate` building it from
+    the object as read; on 409 read again and rebuild. Returns the object as
+    written (or as read when nothing was), None when it is gone."""
+    for _ in range(CONFLICT_RETRIES):
+        current = await read_rollout(api, name)
+        if current is None:
+            return None
+        status = mutate(current)
+        if status is None:
+            return current
+        body = {"metadata": {"resourceVersion": current.metadata.resourceVersion}, "status": status}
+        try:
+            return decode(await api.patch(gpurollout_path(name, status=True), body))
+        except ApiError as err:
+            if err.code == 404:
+                return None
+            if err.code != 409:
+                raise
+    raise RolloutWriteError(
+        f"GPURollout {name} kept changing: {CONFLICT_RETRIES} writes conflicted"
+    )

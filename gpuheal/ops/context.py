@@ -34,3 +34,5 @@ class Context:
     now: Callable[[], dt.datetime] = _utcnow
     # Who is acting, for Events and annotations (the kubeconfig user, else "gpuheal-cli").
     actor: str = "gpuheal-cli"
+    # The Events' reportingController: the controller's own when it drives a roll-out.
+    reporting_controller: str = "gpuheal.io/cli"

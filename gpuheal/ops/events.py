@@ -18,7 +18,6 @@ from gpuheal.kube.projections import NodeJson
 if TYPE_CHECKING:
     from gpuheal.ops.context import Context
 
-REPORTING_CONTROLLER = "gpuheal.io/cli"
 EVENTS = f"/apis/events.k8s.io/v1/namespaces/{EVENT_NAMESPACE}/events"
 
 
@@ -37,7 +36,7 @@ async def emit_node_event(
         related=None,
         instance=ctx.actor or "gpuheal-cli",
         now=ctx.now().astimezone(dt.UTC),
-        controller=REPORTING_CONTROLLER,
+        controller=ctx.reporting_controller,
     )
     try:
         await ctx.api.create(EVENTS, body)

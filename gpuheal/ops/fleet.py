@@ -10,14 +10,21 @@ only the fuller projections carry.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from gpuheal.config import Config
 from gpuheal.kube import details
+from gpuheal.kube.api import node_path
 from gpuheal.kube.projections import Container, NodeJson, PodJson, TaintJson
+from gpuheal.kube.snapshot import list_all
 from gpuheal.model import ready, scheduled_gpus
 from gpuheal.policy import nodes
+from gpuheal.policy.pools import pool_of
 from gpuheal.values import is_label_value
+
+if TYPE_CHECKING:
+    from gpuheal.ops.context import Context
 
 
 def quantity(value: str | None) -> int:
@@ -86,3 +93,17 @@ def node_selector_query(config: Config) -> str:
 
 def taint_of(node: NodeJson, key: str) -> TaintJson | None:
     return next((t for t in node.spec.taints if t.key == key), None)
+
+
+async def gpu_nodes(ctx: Context) -> list[NodeJson]:
+    """Every GPU node now, listed with the controller's nodeSelector (the one read
+    of this module: the roll-out driver's and selftest's fleet)."""
+    nodes = await list_all(
+        ctx.api, node_path(), NodeJson, "Node", label_selector=node_selector_query(ctx.config)
+    )
+    return [n for n in nodes if gpu_node(n, ctx.config)]
+
+
+def in_pool(nodes: Iterable[NodeJson], pool: str, config: Config) -> dict[str, NodeJson]:
+    """The nodes of one pool (pools.label), by name."""
+    return {n.metadata.name: n for n in nodes if pool_of(n.metadata.labels, config) == pool}

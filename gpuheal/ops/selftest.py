@@ -23,8 +23,8 @@ from gpuheal.kube.api import ApiError
 from gpuheal.kube.projections import NodeJson
 from gpuheal.ops import exitcodes
 from gpuheal.ops.context import Context
+from gpuheal.ops.fleet import gpu_nodes
 from gpuheal.ops.output import Notes, render
-from gpuheal.ops.rollout import gpu_nodes
 from gpuheal.ops.status import NO_AGENT, agent_access
 
 LEASE_PATH = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"

@@ -1,9 +1,10 @@
-"""`gpuheal rollout` on the real control plane with kwok GPU nodes: a 12-node pool
-rolled canary first, then in batches of 3, never more nodes out than the budget,
-each node gated on the new version; a failing node stopping it, held; a CLI
-SIGKILLed mid-roll-out resuming without draining any node twice; one roll-out
-per pool; a controller failover mid-roll-out, whose recovery gate meanwhile
-follows the roll-out."""
+"""`gpuheal rollout` on the real control plane with kwok GPU nodes, driven by a real
+controller: a 12-node pool rolled canary first, then in batches of 3, never more
+nodes out than the budget, each node gated on the new version; a failing node
+stopping it, held; a CLI SIGKILLed at once, the controller completing the
+roll-out without draining any node twice; two operators starting one pool's
+roll-out at once; a controller failover mid-roll-out, whose recovery gate
+meanwhile follows the roll-out."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from gpuheal.model import (
 from gpuheal.policy.rollout import rollout_name
 from gpuheal.sim import ControlPlane
 from gpuheal.sim.audit import evictions, offset, requests
+from gpuheal.sim.controller import ControllerProcess
 from gpuheal.sim.resources import GPURollout
 from gpuheal.sim.stages import EXIT_CODE_ENV, MESSAGE_ENV
 from gpuheal.sim.workloads import apply, gpu_pod, wait_pods_running
@@ -58,18 +60,31 @@ VALIDATION_PASS = {"result": "pass", "tool": "dcgmi-diag", "detail": "dcgmi diag
 
 
 @pytest.fixture
-def config_file(tmp_path: Path, pool: dict[str, str]) -> Path:
-    path = tmp_path / "gpuheal.yaml"
+def settings(pool: dict[str, str]) -> dict[str, Any]:
+    """The config of the controller that drives the roll-outs (and of the CLI)."""
     config = controller_config(pool, pools={"label": POOL_LABEL, "byName": {}})
     config["pools"]["byName"][pool[POOL_LABEL]] = {"gpusPerNode": 8}
     config["maintenance"] = {"evictionRetrySeconds": 0.5, "checkpoint": "none"}
+    config["rollouts"] = {"pollSeconds": 0.2}
     # What `rollout start --validate` runs: kwok ends each Job's pod with a pass.
     passing = {EXIT_CODE_ENV: "0", MESSAGE_ENV: json.dumps(VALIDATION_PASS)}
     config["healthGate"] = {
         "validation": {"namespace": "gpuheal-system", "timeoutSeconds": 60, "env": passing}
     }
-    path.write_text(yaml.safe_dump(config))
+    return config
+
+
+@pytest.fixture
+def config_file(tmp_path: Path, settings: dict[str, Any]) -> Path:
+    path = tmp_path / "gpuheal.yaml"
+    path.write_text(yaml.safe_dump(settings))
     return path
+
+
+@pytest.fixture
+def controller(start_controller: StartController, settings: dict[str, Any]) -> ControllerProcess:
+    """The leader that drives the roll-outs."""
+    return start_controller(settings).wait_leading()
 
 
 @pytest.fixture
@@ -159,7 +174,12 @@ FAST = ("--poll", "0.2", "--change-timeout", "60", "--gate-timeout", "2")
 
 
 def test_a_12_node_pool_rolls_canary_first_then_batches_within_the_budget(
-    kube: Client, fake_gpu_nodes: FakeNodes, pool: dict[str, str], cli: Cli, rollouts: None
+    kube: Client,
+    fake_gpu_nodes: FakeNodes,
+    pool: dict[str, str],
+    cli: Cli,
+    rollouts: None,
+    controller: ControllerProcess,
 ) -> None:
     value = pool[POOL_LABEL]
     nodes = pool_nodes(fake_gpu_nodes, kube, pool, 12)
@@ -172,8 +192,8 @@ def test_a_12_node_pool_rolls_canary_first_then_batches_within_the_budget(
     status = status_of(kube, value)
     assert status["phase"] == "Completed"
     assert (status["done"], status["total"]) == (12, 12)
-    # The gate with validation: one Job per node, each read and passed.
-    assert err.count("validation Job gpuheal-system/") == 12, err
+    # The gate with validation: one Job per node, each created by the controller.
+    assert controller.log().count("validation Job gpuheal-system/") == 12
     batches: dict[int, list[str]] = {}
     for entry in status["nodes"]:
         assert entry["step"] == "done", entry
@@ -205,7 +225,12 @@ def test_a_12_node_pool_rolls_canary_first_then_batches_within_the_budget(
 
 
 def test_a_failing_node_stops_the_roll_out_and_is_held_until_resumed(
-    kube: Client, fake_gpu_nodes: FakeNodes, pool: dict[str, str], cli: Cli, rollouts: None
+    kube: Client,
+    fake_gpu_nodes: FakeNodes,
+    pool: dict[str, str],
+    cli: Cli,
+    rollouts: None,
+    controller: ControllerProcess,
 ) -> None:
     value = pool[POOL_LABEL]
     nodes = pool_nodes(fake_gpu_nodes, kube, pool, 5)
@@ -240,17 +265,26 @@ def test_a_failing_node_stops_the_roll_out_and_is_held_until_resumed(
     assert set(steps(kube, value).values()) == {"done"}
 
 
-def test_a_start_killed_before_it_wrote_the_order_is_resumed_from_the_object(
-    kube: Client, fake_gpu_nodes: FakeNodes, pool: dict[str, str], cli: Cli, rollouts: None
+def test_a_gpurollout_written_without_the_cli_is_driven_from_its_spec(
+    kube: Client,
+    fake_gpu_nodes: FakeNodes,
+    pool: dict[str, str],
+    cli: Cli,
+    rollouts: None,
+    controller: ControllerProcess,
 ) -> None:
+    """The object is the request: created by kubectl (or a start killed before
+    anything else), the controller writes its order and drives it."""
     value = pool[POOL_LABEL]
     nodes = pool_nodes(fake_gpu_nodes, kube, pool, 2)
     spec = {"pool": value, "target": {"driverVersion": NEW}, "canary": 1, "batchSize": 1,
             "maxUnavailable": 1, "gateTimeoutSeconds": 2}  # fmt: skip
-    kube.create(GPURollout.from_dict({"metadata": {"name": rollout_name(value)}, "spec": spec}))
     with Tooling(kube, pool):
-        code, out, err = cli("rollout", "resume", value, "--poll", "0.2")
+        kube.create(GPURollout.from_dict({"metadata": {"name": rollout_name(value)}, "spec": spec}))
+        wait_for("its end", lambda: set(steps(kube, value).values()) == {"done"}, timeout_s=60)
+    code, out, err = cli("rollout", "status", value)
     assert code == 0, out + err
+    assert "Completed" in out and f"driven by the controller {controller.identity}" in out
     status = status_of(kube, value)
     assert status["phase"] == "Completed"
     assert [(n["name"], n["batch"], n["step"]) for n in status["nodes"]] == [
@@ -260,7 +294,12 @@ def test_a_start_killed_before_it_wrote_the_order_is_resumed_from_the_object(
 
 
 def test_a_change_that_never_comes_holds_the_node_and_abort_ends_it_for_good(
-    kube: Client, fake_gpu_nodes: FakeNodes, pool: dict[str, str], cli: Cli, rollouts: None
+    kube: Client,
+    fake_gpu_nodes: FakeNodes,
+    pool: dict[str, str],
+    cli: Cli,
+    rollouts: None,
+    controller: ControllerProcess,
 ) -> None:
     value = pool[POOL_LABEL]
     canary, *_ = pool_nodes(fake_gpu_nodes, kube, pool, 3)
@@ -302,64 +341,77 @@ class Background:
         self.process.wait(5)
 
 
-def test_a_cli_killed_mid_roll_out_resumes_without_draining_a_node_twice(
+def test_a_cli_killed_at_once_leaves_a_12_node_roll_out_the_controller_completes_once(
     kube: Client,
     control_plane: ControlPlane,
     fake_gpu_nodes: FakeNodes,
     pool: dict[str, str],
     namespace: str,
     config_file: Path,
+    settings: dict[str, Any],
+    start_controller: StartController,
     cli: Cli,
     rollouts: None,
     audited_controller_user: str,
     tmp_path: Path,
 ) -> None:
+    """Two operators start the pool's roll-out at once: one GPURollout, the other
+    refused. The creator is SIGKILLed as soon as it exists; the controller alone
+    carries the 12 nodes through, paused and resumed from another terminal on the
+    way, every GPU pod evicted exactly once (the API server's audit log)."""
     value = pool[POOL_LABEL]
-    nodes = pool_nodes(fake_gpu_nodes, kube, pool, 4)
+    nodes = pool_nodes(fake_gpu_nodes, kube, pool, 12)
     for i, node in enumerate(nodes):
         apply(kube, gpu_pod(f"train-{i}", namespace, node_name=node))
-    wait_pods_running(kube, namespace, count=4)
+    wait_pods_running(kube, namespace, count=12)
+    start_controller(settings, user=audited_controller_user).wait_leading()
     log = control_plane.audit_log
     since = offset(log)
-    kubeconfig = control_plane.kubeconfig_for(audited_controller_user)
-    first = Background(
-        [*START, value, "--driver-version", NEW, "--reason", "r", "--canary", "1",
-         "--batch-size", "3", "--max-unavailable", "3", "--force", "--lease", "2", *FAST,
-         "--kubeconfig", str(kubeconfig), "--config", str(config_file)],
-        tmp_path / "first.log",
-    )  # fmt: skip
+    args = [*START, value, "--driver-version", NEW, "--reason", "r", "--canary", "1",
+            "--batch-size", "4", "--max-unavailable", "4", "--force", *FAST,
+            "--kubeconfig", str(control_plane.kubeconfig),
+            "--config", str(config_file)]  # fmt: skip
+    operators = [Background(args, tmp_path / f"operator-{i}.log") for i in range(2)]
     try:
-        # Only the canary gets its driver: the batch after it drains, then waits.
-        with Tooling(kube, pool, skip=set(nodes[1:])):
-            wait_for(
-                "batch 1 drained and waiting",
-                lambda: (
-                    [steps(kube, value).get(n) for n in nodes[1:]] == ["waiting-for-change"] * 3
-                ),
-                timeout_s=90,
-            )
-        assert first.process.poll() is None, first.log.read_text()
-        first.kill()
+        refused = wait_for(
+            "one start refused",
+            lambda: [o for o in operators if o.process.poll() is not None],
+            timeout_s=30,
+        )
+        assert [o.process.returncode for o in refused] == [2], [o.log.read_text() for o in refused]
+        assert "already has a roll-out" in refused[0].log.read_text()
+        (creator,) = [o for o in operators if o not in refused]
+        creator.kill()  # at once: the roll-out is the controller's alone
     finally:
-        if first.process.poll() is None:
-            first.kill()
+        for operator in operators:
+            if operator.process.poll() is None:
+                operator.kill()
+    # Only the canary gets its driver at first: the batch after it drains, then waits.
+    batch = nodes[1:5]
+    with Tooling(kube, pool, skip=set(nodes[1:])):
+        wait_for(
+            "batch 1 drained and waiting",
+            lambda: [steps(kube, value).get(n) for n in batch] == ["waiting-for-change"] * 4,
+            timeout_s=90,
+        )
     assert status_of(kube, value)["phase"] == "Running"
     # The breaker counts the roll-out's nodes in maintenance, as the controller does.
     code, out, _ = cli("status", "-o", "json")
-    assert code == 0 and json.loads(out)["breaker"]["rolling"] == 3
-    # Paused meanwhile, from another terminal: resume drives it again.
+    assert code == 0 and json.loads(out)["breaker"]["rolling"] == 4
+    # Paused from another terminal: the batch in flight finishes, nothing else starts.
     code, out, _ = cli("rollout", "pause", value)
     assert code == 0 and "Paused" in out
     with Tooling(kube, pool):
-        code = main(
-            ["rollout", "resume", value, "--poll", "0.2", "--force",
-             "--kubeconfig", str(kubeconfig), "--config", str(config_file)]
-        )  # fmt: skip
-    assert code == 0
-    assert set(steps(kube, value).values()) == {"done"}
+        wait_for("batch 1 done", lambda: [steps(kube, value).get(n) for n in batch] == ["done"] * 4)
+        time.sleep(1)  # passes of the paused roll-out: none takes a node out
+        assert [steps(kube, value).get(n) for n in nodes[5:]] == ["pending"] * 7
+        code, out, err = cli("rollout", "resume", value, "--no-wait")
+        assert code == 0, out + err
+        wait_for("the end", lambda: set(steps(kube, value).values()) == {"done"}, timeout_s=120)
+    assert status_of(kube, value)["phase"] == "Completed"
     # Every GPU pod evicted exactly once, every node taken out once.
     evicted = evictions(requests(log, user=audited_controller_user, since=since))
-    assert sorted(pod for _, pod in evicted) == [f"train-{i}" for i in range(4)]
+    assert sorted(pod for _, pod in evicted) == sorted(f"train-{i}" for i in range(12))
     assert all(codes == [201] for codes in evicted.values()), evicted
     for node in nodes:
         assert len(events_for(kube, node, "GPUMaintenanceStarted", at_least=1)) == 1, node
@@ -370,6 +422,7 @@ def test_a_controller_failover_mid_roll_out_loses_nothing_and_its_recovery_gate_
     fake_gpu_nodes: FakeNodes,
     pool: dict[str, str],
     config_file: Path,
+    settings: dict[str, Any],
     control_plane: ControlPlane,
     rollouts: None,
     start_controller: StartController,
@@ -377,14 +430,14 @@ def test_a_controller_failover_mid_roll_out_loses_nothing_and_its_recovery_gate_
 ) -> None:
     value = pool[POOL_LABEL]
     canary, *batch = pool_nodes(fake_gpu_nodes, kube, pool, 4)
-    config = controller_config(pool, pools={"label": POOL_LABEL})
-    replicas = [start_controller(config), start_controller(config)]
+    replicas = [start_controller(settings), start_controller(settings)]
     leader = wait_for("a leader", lambda: [r for r in replicas if r.leading()], timeout_s=30)[0]
-    driver = Background(
+    # The operator's terminal follows the roll-out through the failover.
+    follower = Background(
         [*START, value, "--driver-version", NEW, "--reason", "r", "--canary", "1",
          "--batch-size", "3", "--max-unavailable", "3", *FAST,
          "--kubeconfig", str(control_plane.kubeconfig), "--config", str(config_file)],
-        tmp_path / "driver.log",
+        tmp_path / "follower.log",
     )  # fmt: skip
     try:
         with Tooling(kube, pool, skip=batch):
@@ -400,18 +453,23 @@ def test_a_controller_failover_mid_roll_out_loses_nothing_and_its_recovery_gate_
                 "batch 1 waiting",
                 lambda: [steps(kube, value).get(n) for n in batch] == ["waiting-for-change"] * 3,
             )
+            assert status_of(kube, value)["driver"] == leader.identity
             leader.kill()  # failover mid-roll-out
             (other,) = [r for r in replicas if r is not leader]
             other.wait_leading()
         with Tooling(kube, pool):
-            code = driver.process.wait(60)
-        assert code == 0, driver.log.read_text()
+            code = follower.process.wait(60)
+        assert code == 0, follower.log.read_text()
     finally:
-        if driver.process.poll() is None:
-            driver.kill()
+        if follower.process.poll() is None:
+            follower.kill()
     status = status_of(kube, value)
     assert status["phase"] == "Completed"
+    assert status["driver"] == other.identity
     assert set(steps(kube, value).values()) == {"done"}
+    # Nothing lost or done twice across the failover: each node taken out once.
+    for node in (canary, *batch):
+        assert len(events_for(kube, node, "GPUMaintenanceStarted", at_least=1)) == 1, node
 
 
 @pytest.mark.parametrize("passes", [True, False], ids=["validation-passes", "validation-fails"])
@@ -420,6 +478,8 @@ def test_a_roll_out_started_with_validate_gates_each_node_with_its_validation_jo
     control_plane: ControlPlane,
     fake_gpu_nodes: FakeNodes,
     pool: dict[str, str],
+    settings: dict[str, Any],
+    start_controller: StartController,
     rollouts: None,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
@@ -434,21 +494,18 @@ def test_a_roll_out_started_with_validate_gates_each_node_with_its_validation_jo
     detail = "dcgmi diag -r 2: 8 GPUs" + ("" if passes else ", HBM row remap on GPU 3")
     result = {"result": "pass" if passes else "fail", "tool": "dcgmi-diag", "detail": detail}
     env = {EXIT_CODE_ENV: "0" if passes else "1", MESSAGE_ENV: json.dumps(result)}
-    config = controller_config(pool, pools={"label": POOL_LABEL, "byName": {}})
-    config["pools"]["byName"][value] = {"gpusPerNode": 8}
-    config["maintenance"] = {"evictionRetrySeconds": 0.5, "checkpoint": "none"}
     validation = {"enabled": True, "namespace": "gpuheal-system", "timeoutSeconds": 60, "env": env}
-    config["healthGate"] = {**config.get("healthGate", {}), "validation": validation}
+    config = {**settings, "healthGate": {"validation": validation}}
     path = tmp_path / "validating.yaml"
     path.write_text(yaml.safe_dump(config))
+    start_controller(config, user=audited_controller_user).wait_leading()
     since = offset(control_plane.audit_log)
     with Tooling(kube, pool):
         code = main(
             [*START, value, "--driver-version", NEW, "--reason", "CUDA 12.6", "--canary", "1",
              "--batch-size", "2", "--max-unavailable", "2", "--validate", "--poll", "0.2",
              "--change-timeout", "60", "--gate-timeout", "0",
-             "--kubeconfig", str(control_plane.kubeconfig_for(audited_controller_user)),
-             "--config", str(path)]
+             "--kubeconfig", str(control_plane.kubeconfig), "--config", str(path)]
         )  # fmt: skip
     out, err = capsys.readouterr()
     assert kube.get(GPURollout, rollout_name(value)).spec["validate"] is True
@@ -510,7 +567,12 @@ class GpuOperator(threading.Thread):
 
 
 def test_a_node_gpu_operator_is_upgrading_is_left_alone_until_its_label_says_done(
-    kube: Client, fake_gpu_nodes: FakeNodes, pool: dict[str, str], cli: Cli, rollouts: None
+    kube: Client,
+    fake_gpu_nodes: FakeNodes,
+    pool: dict[str, str],
+    cli: Cli,
+    rollouts: None,
+    controller: ControllerProcess,
 ) -> None:
     value = pool[POOL_LABEL]
     canary, upgrading, other = pool_nodes(fake_gpu_nodes, kube, pool, 3)

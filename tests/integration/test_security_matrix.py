@@ -58,11 +58,8 @@ from gpuheal.model import (
     HANDLED_FAULT_ID,
     LAST_GPU_ERROR,
     LAST_PROCESS_TIME,
-    MAINTENANCE_BASELINE,
-    MAINTENANCE_CORDONED,
     MAINTENANCE_REASON,
     MAINTENANCE_ROLLOUT,
-    MAINTENANCE_SINCE,
     MAINTENANCE_TAINT_KEY,
     MANAGED_LABEL,
     QUARANTINED_DEVICES,
@@ -77,6 +74,7 @@ from gpuheal.model import (
     FaultSignal,
     Mode,
 )
+from gpuheal.ops.maintenance import MAINTENANCE_ANNOTATIONS
 from gpuheal.policy.rollout import rollout_name
 from gpuheal.policy.validation import CreateValidationJob, job_manifest
 from gpuheal.sim import ControlPlane
@@ -370,9 +368,16 @@ def effect(body: dict[str, Any], before: Node, after: Node) -> str:
 Taints = list[dict[str, str]]
 
 
-def taint_change(change: Callable[[Taints], Taints], node: str = "own", **meta: Any) -> Attempt:
+def taint_change(
+    change: Callable[[Taints], Taints],
+    node: str = "own",
+    *,
+    unschedulable: bool | None = None,
+    **meta: Any,
+) -> Attempt:
     """Write the node's taint list as `change` makes it of the list read now (as the
-    controller and `maintenance` do), with the resourceVersion as precondition."""
+    controller and `maintenance` do), with the resourceVersion as precondition;
+    `unschedulable`: the cordon too, in the same write."""
 
     def attempt(c: Client, s: Scene) -> str:
         name = s.own if node == "own" else s.other
@@ -384,7 +389,10 @@ def taint_change(change: Callable[[Taints], Taints], node: str = "own", **meta: 
                 for t in (current.spec.taints if current.spec else None) or []
             ]
             metadata = {"resourceVersion": current.metadata.resourceVersion, **meta}
-            body = {"metadata": metadata, "spec": {"taints": change(taints)}}
+            spec: dict[str, Any] = {"taints": change(taints)}
+            if unschedulable is not None:
+                spec["unschedulable"] = unschedulable
+            body = {"metadata": metadata, "spec": spec}
             try:
                 return str(node_change(body, node)(c, s))
             except ApiError as err:
@@ -623,9 +631,14 @@ ACTIONS: tuple[Action, ...] = (
         node_change({"metadata": {"annotations": {REPAIR_RESULT: REPAIR_DONE}}}), "agent"),
     act("node: answer a repair, another node",
         node_change({"metadata": {"annotations": {REPAIR_RESULT: REPAIR_DONE}}}, "other")),
-    act("node: the maintenance label, taint and annotations",
+    act("node: the maintenance label, taint, annotations and cordon of a roll-out's node",
         taint_change(lambda ts: [*ts, MAINTENANCE_TAINT], labels={STATE_LABEL: "maintenance"},
-                     annotations={MAINTENANCE_REASON: "drivers", MAINTENANCE_ROLLOUT: "r"}),
+                     annotations={MAINTENANCE_REASON: "drivers", MAINTENANCE_ROLLOUT: "r"},
+                     unschedulable=True),
+        "controller", "operator"),
+    act("node: the maintenance label, taint and annotations, no roll-out",
+        taint_change(lambda ts: [*ts, MAINTENANCE_TAINT], labels={STATE_LABEL: "maintenance"},
+                     annotations={MAINTENANCE_REASON: "drivers"}),
         "operator"),
     # -- the cluster -------------------------------------------------------------------
     act("secrets: list (release namespace)",
@@ -678,10 +691,13 @@ ACTIONS: tuple[Action, ...] = (
     act("gpurollouts: list", lambda c, s: list(c.list(GPURollout)), *MGMT),
     act("gpurollouts: create (rollout start)",
         create(lambda s: rollout_object(unique("rollout"), s.tenant)), "operator"),
-    act("gpurollouts: write the status (drive, pause, resume, abort)",
+    act("gpurollouts: write the status (the leader drives; pause, resume, abort)",
         lambda c, s: c.patch(GPURollout.Status, s.rollout, {"status": {"phase": "Paused"}},
                              patch_type=PatchType.MERGE, dry_run=True),
-        "operator"),
+        "controller", "operator"),
+    act("gpurollouts: change the spec",
+        lambda c, s: c.patch(GPURollout, s.rollout, {"spec": {"maxUnavailable": 50}},
+                             patch_type=PatchType.MERGE, dry_run=True)),
     act("gpurollouts: delete a finished one",
         lambda c, s: c.delete(GPURollout, s.rollout, dry_run=True), "operator"),
     # -- CRDs: the controller reads its own two (is the schema this version's?) --
@@ -944,9 +960,9 @@ def test_the_controller_runs_its_canaries_with_its_token_and_they_carry_none(
 
 
 def test_the_policies_name_exactly_the_keys_the_code_writes(scene: Scene) -> None:
-    def keys(policy: str) -> set[str]:
+    def keys(policy: str, variable: str = "annotationKeys") -> set[str]:
         spec = scene.release.find("ValidatingAdmissionPolicy", scene.role(policy))["spec"]
-        (var,) = [v for v in spec["variables"] if v["name"] == "annotationKeys"]
+        (var,) = [v for v in spec["variables"] if v["name"] == variable]
         return set(yaml.safe_load(var["expression"]))
 
     assert keys("agent-own-node") == {*FAULT_KEYS, *FACT_KEYS, REPAIR_RESULT}
@@ -955,10 +971,9 @@ def test_the_policies_name_exactly_the_keys_the_code_writes(scene: Scene) -> Non
         QUARANTINED_DEVICES, SUSPECT_DEVICES, UNKNOWN_DEVICES, REPAIR_REQUEST,
         DISRUPTION_GUARD, *DISRUPTION_KEYS,
     }  # fmt: skip
-    assert keys("operator-nodes") == {
-        MAINTENANCE_REASON, MAINTENANCE_SINCE, MAINTENANCE_BASELINE, MAINTENANCE_CORDONED,
-        MAINTENANCE_ROLLOUT, DIAGNOSTICS,
-    }  # fmt: skip
+    assert keys("operator-nodes") == {*MAINTENANCE_ANNOTATIONS, DIAGNOSTICS}
+    # On a GPURollout's node the leader writes what maintenance writes (controller/rollouts.py).
+    assert keys("controller-nodes", "maintenanceKeys") == set(MAINTENANCE_ANNOTATIONS)
     for pods in ("operator-pods", "controller-pods"):
         spec = scene.release.find("ValidatingAdmissionPolicy", scene.role(pods))["spec"]
         (var,) = [v for v in spec["variables"] if v["name"] == "key"]
@@ -1066,18 +1081,30 @@ def test_the_operator_role_releases_a_held_fault_only_in_its_own_name_and_only_o
                    patch_type=PatchType.MERGE)  # fmt: skip
 
 
-def test_the_operator_role_runs_a_roll_out_and_the_view_role_only_reads_it(
+def test_the_operator_starts_a_roll_out_the_controller_drives_it_the_view_role_only_reads(
     kube: Client, scene: Scene, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`gpuheal rollout` end to end with the operator's token, under the chart's
-    RBAC and admission policies: it takes the node out, sees the change, gates it
-    and gives it back; the view role reads the roll-out and can start none."""
+    """`gpuheal rollout` end to end with the chart's tokens, under its RBAC and
+    admission policies: the operator creates the roll-out; the controller, with its
+    own token, takes the node out, sees the change, gates it and gives it back,
+    refused nothing; the view role reads the roll-out and can start none."""
     pool = unique("rolled")
     (node,) = eks_node_names(1)
     create_gpu_nodes(kube, [node], labels={POOL_LABEL: pool})
     config = tmp_path / "gpuheal.yaml"
     config.write_text(yaml.safe_dump({"nodeSelector": {POOL_LABEL: pool},
                                       "pools": {"label": POOL_LABEL}}))  # fmt: skip
+    rendered = scene.release.find("ConfigMap", scene.role("controller"))
+    controller_config = yaml.safe_load(rendered["data"]["config.yaml"])
+    token = tmp_path / "api-token"
+    token.write_text("t")
+    controller_config.update(
+        nodeSelector={POOL_LABEL: pool}, pools={"label": POOL_LABEL}, apiTokenFile=str(token),
+        rollouts={"pollSeconds": 0.2}, maintenance={"checkpoint": "none"},
+    )  # fmt: skip
+    controller = ControllerProcess(
+        tmp_path, scene.kubeconfigs["controller"], controller_config, identity="rolling"
+    )
     stop = threading.Event()
 
     def tooling() -> None:  # installs the driver once the node is in maintenance
@@ -1097,6 +1124,8 @@ def test_the_operator_role_runs_a_roll_out_and_the_view_role_only_reads_it(
         wait_nodes_ready(kube, [node])
         patch_body = {"metadata": {"annotations": {DRIVER_VERSION: "550.54.15"}}}
         kube.patch(Node, node, patch_body, patch_type=PatchType.MERGE)
+        controller.start()
+        controller.wait_leading()
         start = ("rollout", "start", pool, "--driver-version", "560.35.03", "--reason", "r")
         assert gpuheal("operator-view", *start) == 1
         assert "the API server refused" in capsys.readouterr().err
@@ -1105,10 +1134,14 @@ def test_the_operator_role_runs_a_roll_out_and_the_view_role_only_reads_it(
         assert gpuheal("operator", *start, "--poll", "0.2", "--gate-timeout", "5") == 0
         assert gpuheal("operator-view", "rollout", "status", pool, "-o", "json") == 0
         assert '"phase": "Completed"' in capsys.readouterr().out
-        meta = kube.get(Node, node).metadata
-        assert meta is not None and STATE_LABEL not in (meta.labels or {})
+        node_now = kube.get(Node, node)
+        assert node_now.metadata is not None and node_now.spec is not None
+        assert STATE_LABEL not in (node_now.metadata.labels or {})
+        assert not node_now.spec.unschedulable
+        assert not refusals(controller.log())
     finally:
         stop.set()
+        controller.stop()
         with contextlib.suppress(ApiError):
             kube.delete(GPURollout, rollout_name(pool))
         delete_nodes(kube, [node])

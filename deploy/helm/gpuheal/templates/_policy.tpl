@@ -12,6 +12,12 @@ change on an object RBAC lets them patch. The key lists are the code's
 {{- toJson (list "gpuheal.io/maintenance-reason" "gpuheal.io/maintenance-since" "gpuheal.io/maintenance-baseline" "gpuheal.io/maintenance-cordoned" "gpuheal.io/maintenance-rollout" "gpuheal.io/diagnostics") -}}
 {{- end -}}
 
+{{/* Node annotations the leader writes on a GPURollout's node as it takes it out and
+  returns it (maintenance's, without a diagnostics run). */}}
+{{- define "gpuheal.rollout.nodeAnnotations" -}}
+{{- toJson (list "gpuheal.io/maintenance-reason" "gpuheal.io/maintenance-since" "gpuheal.io/maintenance-baseline" "gpuheal.io/maintenance-cordoned" "gpuheal.io/maintenance-rollout") -}}
+{{- end -}}
+
 {{/* Node annotations the controller writes (the repair request: only the controller),
   and the autoscalers' it sets for the disruption guard: any of the three it knows
   (model.DISRUPTION_KEYS), whatever autoscalers.doNotDisrupt says now, so that a

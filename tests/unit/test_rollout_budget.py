@@ -1,4 +1,4 @@
-"""The roll-out's budget as counted from the nodes read (ops/rollout.py): every
+"""The roll-out's budget as counted from the nodes read (controller/rollouts.py): every
 node of the pool out for any reason, the fleet's faults and maintenance, and the
 roll-out's own nodes in flight before their cordon lands."""
 
@@ -10,10 +10,10 @@ from typing import Any
 import msgspec
 
 from gpuheal.config import Config, PoolsConfig
+from gpuheal.controller.rollouts import budget_of
 from gpuheal.kube.projections import NodeJson
 from gpuheal.kube.rollouts import RolloutJson
 from gpuheal.model import MAINTENANCE_TAINT_KEY, STATE_LABEL, TAINT_KEY
-from gpuheal.ops.rollout import budget_of
 from gpuheal.policy.rollout import RolloutStep, plan_order
 from tests.corpus import eks_node_names
 
