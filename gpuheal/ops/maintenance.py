@@ -249,7 +249,11 @@ async def request_checkpoint(
         return result
     result.deadline = iso(ctx.now() + dt.timedelta(seconds=wait_s), "seconds")
     if mode == "annotate":
-        await asyncio.gather(*(_ask(ctx, p, result.deadline) for p in pods))
+        # A pod asked already keeps its deadline (a resumed start, a roll-out's next
+        # pass): the workload may be checkpointing to it, and the controller's pod
+        # policy lets no request be changed.
+        unasked = [p for p in pods if CHECKPOINT_REQUESTED not in p.metadata.annotations]
+        await asyncio.gather(*(_ask(ctx, p, result.deadline) for p in unasked))
     else:
         result.webhook = await _call_webhook(ctx, node, reason, result.deadline, pods)
     return result

@@ -331,23 +331,22 @@ def test_a_pdb_that_never_allows_times_out_with_the_blocker_in_json_and_table(
     pod = live_pods(kube, namespace, {"app": "serve"})[0]
     assert pod.metadata and "gpuheal.io/checkpoint-requested" in (pod.metadata.annotations or {})
 
-    # Again, as a table: the same maintenance resumes (start time kept), same blocker.
+    # Again, as a table: the same maintenance resumes (start time kept), same blocker,
+    # and the pod keeps the deadline it was given first.
     since = (node_of(kube, target).metadata.annotations or {})[MAINTENANCE_SINCE]  # type: ignore[union-attr]
+    deadline = pod.metadata.annotations[CHECKPOINT_REQUESTED]  # type: ignore[index]
+    time.sleep(1)  # a new deadline would differ
     code, out, _ = cli(
-        "maintenance",
-        "start",
-        target,
-        "--reason",
-        "other",
-        "--checkpoint",
-        "none",
-        "--timeout",
-        "2",
-    )
+        "maintenance", "start", target, "--reason", "other", "--checkpoint-wait", "0",
+        "--timeout", "2",
+    )  # fmt: skip
     assert code == 4
     assert "Blocking the drain" in out and f"PodDisruptionBudget {namespace}/serve" in out
     assert "(resumed)" in out and "reason: bios" in out
     assert (node_of(kube, target).metadata.annotations or {})[MAINTENANCE_SINCE] == since  # type: ignore[union-attr]
+    again = live_pods(kube, namespace, {"app": "serve"})[0]
+    assert again.metadata is not None and again.metadata.annotations is not None
+    assert again.metadata.annotations[CHECKPOINT_REQUESTED] == deadline
 
 
 def test_emptydir_and_bare_pods_stay_unless_their_flags_are_passed(
