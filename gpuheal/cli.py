@@ -180,6 +180,24 @@ def _add_eviction_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_waiting(parser: argparse.ArgumentParser, until: str, *, poll_s: float = 1.0) -> None:
+    """A request the controller carries out (maintenance, a roll-out): wait for it,
+    showing its progress (the default), or not."""
+    parser.add_argument(
+        "--no-wait",
+        dest="wait",
+        action="store_false",
+        help=f"return once the request is written, not waiting for {until}",
+    )
+    parser.add_argument(
+        "--poll",
+        type=float,
+        default=poll_s,
+        metavar="SECONDS",
+        help=f"how often the progress is read while waiting (default {poll_s:g})",
+    )
+
+
 def _operator_options() -> argparse.ArgumentParser:
     """kubectl's habits, shared by every operator command."""
     common = argparse.ArgumentParser(add_help=False)
@@ -270,11 +288,13 @@ def _add_operator_commands(
         node=True,
         help="label, taint and cordon the node, ask GPU workloads to checkpoint, then drain",
         description=(
-            "Mark NODE in maintenance (label gpuheal.io/state=maintenance, a NoSchedule "
-            "taint, cordon), ask its GPU workloads to checkpoint, wait for them to leave, "
-            "then drain it through the Eviction API, respecting PodDisruptionBudgets. "
-            "DaemonSet pods stay. Prints what blocks the drain. Nodes in maintenance are "
-            "not faults and do not count against the breaker (a roll-out's do)."
+            "Request maintenance of NODE; the leading controller carries it out: mark it "
+            "(label gpuheal.io/state=maintenance, a NoSchedule taint, cordon), ask its GPU "
+            "workloads to checkpoint, wait for them to leave, then drain it through the "
+            "Eviction API, respecting PodDisruptionBudgets. DaemonSet pods stay. By "
+            "default waits, printing what blocks the drain; stopping the wait stops "
+            "nothing. Nodes in maintenance are not faults and do not count against the "
+            "breaker (a roll-out's do)."
         ),
     )
     start.add_argument("--reason", required=True, help="why (recorded on the node and in Events)")
@@ -299,14 +319,17 @@ def _add_operator_commands(
     start.add_argument(
         "--no-drain", action="store_true", help="mark, taint and cordon only; do not evict"
     )
+    _add_waiting(start, "the node is drained (or the drain's deadline passed)")
     finish = command(
         steps,
         "finish",
         ops.maintenance_finish,
         node=True,
-        help="run the health gate; only if it passes, remove our taint and label and uncordon",
+        help="the controller runs the health gate; only if it passes, it removes our taint "
+        "and label and uncordons",
     )
     finish.add_argument("--validate", action="store_true", help=VALIDATE_HELP)
+    _add_waiting(finish, "the gate's verdict")
     _add_rollout(commands, command)
     gate = command(
         commands,
@@ -438,21 +461,6 @@ def _add_rollout(
         parser.add_argument("pool", metavar="POOL", help="the pool (the value of pools.label)")
         return parser
 
-    def waiting(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "--no-wait",
-            dest="wait",
-            action="store_false",
-            help="return once the request is written; `rollout status` shows the progress",
-        )
-        parser.add_argument(
-            "--poll",
-            type=float,
-            default=2.0,
-            metavar="SECONDS",
-            help="how often the roll-out is read while waiting (default 2)",
-        )
-
     start = step(
         "start",
         "create the pool's roll-out; the controller drives it (exit 0 completed, 3 a node held)",
@@ -511,15 +519,17 @@ def _add_rollout(
         "(healthGate.validation; recorded in the roll-out)",
     )
     _add_eviction_options(start)  # recorded in the roll-out: the controller drains so
-    waiting(start)
+    _add_waiting(start, "the roll-out to complete (`rollout status` shows it)", poll_s=2.0)
     step("status", "the roll-out's phase and every node's step (exit 3 when failed)")
     step("pause", "take no further node out; nodes in flight finish")
-    waiting(
+    _add_waiting(
         step(
             "resume",
             "let the controller drive the roll-out again: after a pause, or a failure "
             "(held nodes are gated again)",
-        )
+        ),
+        "the roll-out to complete",
+        poll_s=2.0,
     )
     step(
         "abort",

@@ -87,6 +87,12 @@ MAINTENANCE_CORDONED = "gpuheal.io/maintenance-cordoned"
 # The GPURollout that put the node in maintenance (its name): the breaker counts
 # such nodes, a roll-out being many maintenances at once.
 MAINTENANCE_ROLLOUT = "gpuheal.io/maintenance-rollout"
+# `gpuheal maintenance start|finish` is a request the leader carries out
+# (policy/maintenancewire.py has both formats): the request, written by the CLI and
+# removed by the controller once done, and the controller's progress and result,
+# which the CLI follows.
+MAINTENANCE_REQUEST = "gpuheal.io/maintenance-request"
+MAINTENANCE_PROGRESS = "gpuheal.io/maintenance-progress"
 # On GPU pods: checkpoint now, the pod is about to be moved (RFC 3339 deadline);
 # written by `maintenance start` and by the controller's drain (`checkpoint` config).
 CHECKPOINT_REQUESTED = "gpuheal.io/checkpoint-requested"

@@ -310,6 +310,9 @@ class MaintenanceConfig:
     checkpoint_wait_seconds: float = setting(number(0, MAX_DELAY_S), 300.0)
     drain_timeout_seconds: float = setting(number(1, MAX_DELAY_S), 1800.0)
     eviction_retry_seconds: float = setting(number(0.1, 3600), 5.0)
+    # How often the leader looks for `gpuheal maintenance` requests in its node cache
+    # (no request to the API server) and how often it records a request's progress.
+    poll_seconds: float = setting(number(0.1, 60), 1.0)
 
 
 @dataclass(frozen=True)

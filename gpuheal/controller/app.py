@@ -30,6 +30,7 @@ from gpuheal.controller.fleet import Fleet
 from gpuheal.controller.handlers import EventHandlers
 from gpuheal.controller.hygiene import HygieneLoop
 from gpuheal.controller.intake import ConsoleCaches, ControllerIntake
+from gpuheal.controller.maintenance import MaintenanceLoop
 from gpuheal.controller.notify import Notifier
 from gpuheal.controller.reconciler import Reconciler
 from gpuheal.controller.retention import RecordCollector
@@ -264,6 +265,10 @@ class Controller:
             identity=identity,
             schema_ok=lambda: self._current(GPUROLLOUT_CRD),
         )
+        # `gpuheal maintenance` requests on nodes, carried out by the leader alone.
+        self.maintenance_loop = MaintenanceLoop(
+            lambda: self.config, api, nodes=self.nodes.values, identity=identity
+        )
         self.elector: LeaderElector | None = None
         le = config.leader_election
         if le.enabled:
@@ -434,6 +439,9 @@ class Controller:
             for i in range(self.config.workers)
         ]
         self._workers.append(asyncio.create_task(self.rollout_loop.run(), name="rollouts"))
+        self._workers.append(
+            asyncio.create_task(self.maintenance_loop.run(), name="maintenance-requests")
+        )
         # Level-triggered start: look at every node once, whatever happened before we led.
         self.handlers.enqueue_all()
         self._collecting = asyncio.create_task(self.collector.run(), name="retention")

@@ -21,18 +21,19 @@ moves.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import aiohttp
-from rich.console import Console
 
 from gpuheal.clock import iso, parse_time
 from gpuheal.config import Config
+from gpuheal.controller.keyed import KeyedTasks
+from gpuheal.controller.said import SaidLines
 from gpuheal.kube.api import ApiError, KubeApi
 from gpuheal.kube.events import REPORTING_CONTROLLER
 from gpuheal.kube.projections import NodeJson
@@ -133,23 +134,6 @@ def budget_of(
     )
 
 
-class _LogLines:
-    """A file for rich's Console: what ops/ would print on a terminal's stderr
-    (warnings, the validation Job's progress) becomes a log line of the roll-out."""
-
-    def __init__(self, rollout: str) -> None:
-        self.rollout = rollout
-
-    def write(self, data: str) -> int:
-        for line in data.splitlines():
-            if line.strip():
-                log.info(line.strip(), extra={"rollout": self.rollout})
-        return len(data)
-
-    def flush(self) -> None:
-        pass
-
-
 # -- the loop ------------------------------------------------------------------------------
 
 
@@ -174,7 +158,7 @@ class RolloutLoop:
         # what a pass writes (the controller's /readyz says so, with the command).
         self.schema_ok = schema_ok
         self.now = now
-        self._driving: dict[str, asyncio.Task[None]] = {}
+        self._driving = KeyedTasks("rollout")
 
     def context(self, rollout: str) -> Context:
         """ops/'s world for one roll-out's actions: this replica's client, the
@@ -182,7 +166,7 @@ class RolloutLoop:
         return Context(
             api=self.api,
             config=self.config(),
-            err=Console(file=_LogLines(rollout), width=400, color_system=None),  # type: ignore[arg-type]
+            err=SaidLines({"rollout": rollout}).console(),
             now=self.now,
             actor=self.identity,
             reporting_controller=REPORTING_CONTROLLER,
@@ -193,20 +177,11 @@ class RolloutLoop:
         try:
             while True:
                 for state in self.rollouts() if self.schema_ok() else ():
-                    task = self._driving.get(state.name)
-                    if wants_driving(state) and (task is None or task.done()):
-                        self._driving[state.name] = asyncio.create_task(
-                            self.drive(state.name), name=f"rollout-{state.name}"
-                        )
+                    if wants_driving(state):
+                        self._driving.ensure(state.name, partial(self.drive, state.name))
                 await asyncio.sleep(self.config().rollouts.poll_seconds)
         finally:
-            tasks = list(self._driving.values())
-            self._driving.clear()
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await self._driving.cancel_all()
 
     async def drive(self, name: str) -> None:
         """Passes until the roll-out has nothing left to do (or is gone); a failed

@@ -22,13 +22,13 @@ async def status(ctx: Context, args: argparse.Namespace) -> int:
 
 
 async def maintenance_start(ctx: Context, args: argparse.Namespace) -> int:
-    from gpuheal.ops.maintenance import start  # noqa: PLC0415 -- keeps --help fast
+    from gpuheal.ops.maintenance_request import start  # noqa: PLC0415 -- keeps --help fast
 
     return await start(ctx, args)
 
 
 async def maintenance_finish(ctx: Context, args: argparse.Namespace) -> int:
-    from gpuheal.ops.maintenance import finish  # noqa: PLC0415
+    from gpuheal.ops.maintenance_request import finish  # noqa: PLC0415
 
     return await finish(ctx, args)
 

@@ -23,7 +23,9 @@ def _utcnow() -> dt.datetime:
 class Context:
     """An operator command's world: kube/'s raw JSON client, whose answers decode
     into projections (kube/projections.py, kube/details.py) and which writes merge
-    patches; the CLI opens and closes it around the command's coroutine."""
+    patches; the CLI opens and closes it around the command's coroutine. The
+    leader builds one too when it runs maintenance's steps for a request or a
+    roll-out (controller/maintenance.py, controller/rollouts.py)."""
 
     api: KubeApi
     config: Config

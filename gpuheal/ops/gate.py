@@ -34,7 +34,14 @@ from gpuheal.ops.fleet import (
     quantity,
 )
 from gpuheal.ops.output import Notes, Table, render
-from gpuheal.policy.gate import CheckResult, DevicePluginPod, GateFacts, GateResult, evaluate
+from gpuheal.policy.gate import (
+    Check,
+    CheckResult,
+    DevicePluginPod,
+    GateFacts,
+    GateResult,
+    evaluate,
+)
 from gpuheal.policy.pools import NO_POOL, driver_version, pool_of
 
 if TYPE_CHECKING:
@@ -154,6 +161,21 @@ class GateReport:
             out["finished"] = self.finished
             out["outcome"] = self.outcome
         return out
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any]) -> GateReport:
+        """The report again, from its data() (the controller's record of a finish)."""
+        checks = tuple(
+            Check(c["name"], CheckResult(c["result"]), c.get("reason", ""))
+            for c in data.get("checks", [])
+        )
+        finished = data.get("finished")
+        return cls(
+            GateResult(data.get("node", ""), checks),
+            parse_time(data.get("since") or ""),
+            data.get("outcome", ""),
+            finished if isinstance(finished, bool) else None,
+        )
 
     def views(self) -> Sequence[Table | Notes]:
         table = Table(

@@ -10,7 +10,6 @@ cordoned). Both are safe to run again after an interruption.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import datetime as dt
 import json
@@ -54,9 +53,8 @@ from gpuheal.ops.gate import (
     get_node,
     judge_node,
     maintenance_since,
-    node_named,
 )
-from gpuheal.ops.output import Notes, Table, render
+from gpuheal.ops.output import Notes, Table
 from gpuheal.values import label_text
 from gpuheal.vocabulary import Reason
 
@@ -204,18 +202,6 @@ async def guarded_write(
             raise WriteError(f"node {name} was deleted")
         node = fresh
     raise WriteError(f"node {name} kept changing: {CONFLICT_RETRIES} writes in a row conflicted")
-
-
-async def _write(
-    ctx: Context, verb: str, node: NodeJson, build: Callable[[NodeJson], dict[str, Any]]
-) -> NodeJson | None:
-    """_guarded_write for `maintenance <verb>`: the node as written, or None once
-    the failure is said on stderr."""
-    try:
-        return await guarded_write(ctx, node.metadata.name, node, build)
-    except WriteError as err:
-        ctx.err.print(Text(f"gpuheal maintenance {verb}: {err}", style="bold red"))
-        return None
 
 
 # -- checkpoint --------------------------------------------------------------------------
@@ -390,6 +376,37 @@ class StartReport:
             "warnings": self.warnings,
         }
 
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any]) -> StartReport:
+        """The report again, from its data() (the controller's record of a request)."""
+        cp = data.get("checkpoint") or {}
+        drain = None
+        if data.get("drained") is not None:
+            drain = DrainResult(
+                evicted=list(data.get("evicted", [])),
+                skipped={s["pod"]: s["why"] for s in data.get("skipped", [])},
+                blockers={b["pod"]: b["reason"] for b in data.get("blockers", [])},
+                seen={b["pod"]: b["reason"] for b in data.get("blockersSeen", [])},
+                done=bool(data["drained"]),
+            )
+        return cls(
+            node=data.get("node", ""),
+            reason=data.get("reason", ""),
+            since=data.get("since", ""),
+            resumed=bool(data.get("resumed")),
+            cordoned_by_us=bool(data.get("cordonedByUs")),
+            checkpoint=CheckpointResult(
+                mode=cp.get("mode", "none"),
+                deadline=cp.get("deadline") or "",
+                asked=list(cp.get("asked", [])),
+                gone=list(cp.get("gone", [])),
+                done=list(cp.get("done", [])),
+                webhook=cp.get("webhook") or "",
+            ),
+            drain=drain,
+            warnings=list(data.get("warnings", [])),
+        )
+
     def views(self) -> Sequence[Table | Notes]:
         lines: list[tuple[str, str]] = [
             ("", f"reason: {self.reason}"),
@@ -452,10 +469,11 @@ async def take_out(ctx: Context, node: NodeJson, how: TakeOut) -> StartReport | 
         warnings[:] = found
         return patch
 
-    written = await _write(ctx, "start", node, build)
-    if written is None:
+    try:
+        node = await guarded_write(ctx, name, node, build)
+    except WriteError as err:
+        ctx.err.print(Text(f"gpuheal maintenance start: {err}", style="bold red"))
         return None
-    node = written
     for warning in warnings:
         ctx.err.print(Text(f"warning: {warning}", style="yellow"))
     annotations = node.metadata.annotations
@@ -500,47 +518,46 @@ async def take_out(ctx: Context, node: NodeJson, how: TakeOut) -> StartReport | 
     )
 
 
-async def start(ctx: Context, args: argparse.Namespace) -> int:
-    name: str = args.node
-    node = await node_named(ctx, "gpuheal maintenance start", name)
-    if isinstance(node, int):
-        return node
-    how = TakeOut(
-        reason=args.reason,
-        checkpoint=args.checkpoint,
-        checkpoint_wait_s=args.checkpoint_wait,
-        drain=not args.no_drain,
-        drain_timeout_s=args.timeout,
-        delete_emptydir_data=args.delete_emptydir_data,
-        force=args.force,
-    )
+@dataclass(frozen=True)
+class Carried:
+    """A maintenance request carried out: the command's exit code, its report (what
+    `-o json` prints: StartReport's or GateReport's data, or {"error": why}), and
+    whether the last node write recorded it already (`also`)."""
+
+    code: int
+    report: Mapping[str, Any]
+    recorded: bool = False
+
+
+# The annotations the last node write of a finish adds (the controller's record of
+# the request), from the node as written, the exit code and the report.
+Also = Callable[[NodeJson, int, Mapping[str, Any]], Mapping[str, str | None]]
+
+
+async def carry_out_start(ctx: Context, node: NodeJson, how: TakeOut) -> Carried:
+    """`maintenance start`, as the controller carries out the request: take_out,
+    then the exit code and the report."""
     report = await take_out(ctx, node, how)
     if report is None:
-        return exitcodes.ERROR
-    render(report, ctx.output, ctx.out)
-    if report.drain is not None and not report.drain.done:
-        return exitcodes.TIMED_OUT
-    return exitcodes.OK
+        return Carried(exitcodes.ERROR, {"error": f"node {node.metadata.name} was not written"})
+    timed_out = report.drain is not None and not report.drain.done
+    return Carried(exitcodes.TIMED_OUT if timed_out else exitcodes.OK, report.data())
 
 
-# -- finish ----------------------------------------------------------------------------
-
-
-async def finish(ctx: Context, args: argparse.Namespace) -> int:
-    name: str = args.node
-    node = await node_named(ctx, "gpuheal maintenance finish", name)
-    if isinstance(node, int):
-        return node
+async def carry_out_finish(
+    ctx: Context, node: NodeJson, *, validate: bool = False, also: Also | None = None
+) -> Carried:
+    """`maintenance finish`: the health gate with since = the start; only if it
+    passes, one guarded write removes what start added (and `also`'s annotations
+    join that write, so the return and its record are one)."""
+    name = node.metadata.name
     left = leftovers(node, ctx.config)
     if not left:
-        ctx.err.print(
-            Text(
-                f"gpuheal maintenance finish: node {name} is not in maintenance; nothing to finish"
-            )
+        return Carried(
+            exitcodes.USAGE, {"error": f"node {name} is not in maintenance; nothing to finish"}
         )
-        return exitcodes.USAGE
     since = maintenance_since(node.metadata.annotations, ctx)
-    result = await judge_node(ctx, node, since, validate=getattr(args, "validate", False))
+    result = await judge_node(ctx, node, since, validate=validate)
     if not result.passed:
         await emit_node_event(
             ctx,
@@ -551,29 +568,32 @@ async def finish(ctx: Context, args: argparse.Namespace) -> int:
             warning=True,
         )
         outcome = "nothing changed: the node stays in maintenance"
-        render(GateReport(result, since, outcome, finished=False), ctx.output, ctx.out)
-        return gate_exit_code(result)
-    uncordoned = False
+        report = GateReport(result, since, outcome, finished=False).data()
+        return Carried(gate_exit_code(result), report)
+    written_report: dict[str, Any] = {}
 
     def build(current: NodeJson) -> dict[str, Any]:
-        nonlocal uncordoned
-        patch, uncordoned = finish_patch(current, ctx.config)
+        patch, uncordon = finish_patch(current, ctx.config)
+        outcome = f"returned to service: removed {', '.join(left)}"
+        if uncordon:
+            outcome += "; uncordoned"
+        elif current.spec.unschedulable:
+            outcome += "; left cordoned (it was cordoned before maintenance began)"
+        written_report.clear()
+        written_report.update(GateReport(result, since, outcome, finished=True).data())
+        if also is not None:
+            patch["metadata"]["annotations"].update(also(current, exitcodes.OK, written_report))
         return patch
 
-    written = await _write(ctx, "finish", node, build)
-    if written is None:
-        return exitcodes.ERROR
-    outcome = f"returned to service: removed {', '.join(left)}"
-    if uncordoned:
-        outcome += "; uncordoned"
-    elif written.spec.unschedulable:
-        outcome += "; left cordoned (it was cordoned before maintenance began)"
+    try:
+        written = await guarded_write(ctx, name, node, build)
+    except WriteError as err:
+        return Carried(exitcodes.ERROR, {"error": f"node {name} was not returned: {err}"})
     await emit_node_event(
         ctx,
         written,
         reason=Reason.MAINTENANCE_FINISHED,
-        note=f"maintenance finished: {outcome}",
+        note=f"maintenance finished: {written_report['outcome']}",
         action="Maintenance",
     )
-    render(GateReport(result, since, outcome, finished=True), ctx.output, ctx.out)
-    return exitcodes.OK
+    return Carried(exitcodes.OK, written_report, recorded=also is not None)

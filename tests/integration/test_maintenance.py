@@ -1,6 +1,8 @@
 """`gpuheal maintenance start/finish` and `gpuheal gate` on the real control plane
-with kwok GPU nodes: drains that wait on PodDisruptionBudgets and name them, the
-health gate refusing and then passing, and the controller leaving maintenance alone."""
+with kwok GPU nodes, the requests carried out by a real controller: drains that
+wait on PodDisruptionBudgets and name them while the CLI waits, the health gate
+refusing and then passing, and the controller's fault handling leaving
+maintenance alone."""
 
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ from gpuheal.model import (
     XID_ERRORS,
 )
 from gpuheal.sim import ControlPlane
+from gpuheal.sim.controller import ControllerProcess
 from gpuheal.sim.workloads import (
     apply,
     gpu_deployment,
@@ -63,13 +66,25 @@ POOL_LABEL = "gpuheal.test/pool"  # the `pool` fixture's label (integration/conf
 
 
 @pytest.fixture
-def config_file(tmp_path: Path, pool: dict[str, str]) -> Path:
-    """The CLI's config: this test's nodes are the GPU nodes, and its pool label the pool."""
-    path = tmp_path / "gpuheal.yaml"
+def settings(pool: dict[str, str]) -> dict[str, Any]:
+    """The controller's config (and the CLI's): this test's nodes are the GPU nodes,
+    and its pool label the pool."""
     config = controller_config(pool, pools={"label": POOL_LABEL})
-    config["maintenance"] = {"evictionRetrySeconds": 0.5}
-    path.write_text(yaml.safe_dump(config))
+    config["maintenance"] = {"evictionRetrySeconds": 0.5, "pollSeconds": 0.2}
+    return config
+
+
+@pytest.fixture
+def config_file(tmp_path: Path, settings: dict[str, Any]) -> Path:
+    path = tmp_path / "gpuheal.yaml"
+    path.write_text(yaml.safe_dump(settings))
     return path
+
+
+@pytest.fixture
+def controller(start_controller: StartController, settings: dict[str, Any]) -> ControllerProcess:
+    """The leader that carries out the maintenance requests."""
+    return start_controller(settings).wait_leading()
 
 
 class Background:
@@ -181,6 +196,7 @@ def test_round_trip_drain_waits_on_the_pdb_then_completes_and_finish_returns_the
     config_file: Path,
     cli: Cli,
     background: Callable[[list[str]], Background],
+    controller: ControllerProcess,
 ) -> None:
     target, spare = fake_gpu_nodes(2, labels=pool)
     cordon(kube, spare, True)  # the workload starts on the target
@@ -272,6 +288,7 @@ def test_a_pod_that_says_its_checkpoint_is_done_ends_the_wait_and_is_drained_at_
     pool: dict[str, str],
     config_file: Path,
     background: Callable[[list[str]], Background],
+    controller: ControllerProcess,
 ) -> None:
     (target,) = fake_gpu_nodes(1, labels=pool)
     apply(kube, gpu_deployment("train", namespace, replicas=1, node_selector=pool))
@@ -304,7 +321,12 @@ def test_a_pod_that_says_its_checkpoint_is_done_ends_the_wait_and_is_drained_at_
 
 
 def test_a_pdb_that_never_allows_times_out_with_the_blocker_in_json_and_table(
-    kube: Client, namespace: str, fake_gpu_nodes: FakeNodes, pool: dict[str, str], cli: Cli
+    kube: Client,
+    namespace: str,
+    fake_gpu_nodes: FakeNodes,
+    pool: dict[str, str],
+    cli: Cli,
+    controller: ControllerProcess,
 ) -> None:
     (target,) = fake_gpu_nodes(1, labels=pool)
     apply(kube, gpu_deployment("serve", namespace, replicas=1, node_selector=pool))
@@ -350,7 +372,12 @@ def test_a_pdb_that_never_allows_times_out_with_the_blocker_in_json_and_table(
 
 
 def test_emptydir_and_bare_pods_stay_unless_their_flags_are_passed(
-    kube: Client, namespace: str, fake_gpu_nodes: FakeNodes, pool: dict[str, str], cli: Cli
+    kube: Client,
+    namespace: str,
+    fake_gpu_nodes: FakeNodes,
+    pool: dict[str, str],
+    cli: Cli,
+    controller: ControllerProcess,
 ) -> None:
     (target,) = fake_gpu_nodes(1, labels=pool)
     scratch = gpu_deployment("scratch", namespace, replicas=1, node_selector=pool)
@@ -394,7 +421,11 @@ def test_emptydir_and_bare_pods_stay_unless_their_flags_are_passed(
 
 
 def test_gate_refuses_short_allocatable_and_passes_once_fixed(
-    kube: Client, fake_gpu_nodes: FakeNodes, pool: dict[str, str], cli: Cli
+    kube: Client,
+    fake_gpu_nodes: FakeNodes,
+    pool: dict[str, str],
+    cli: Cli,
+    controller: ControllerProcess,
 ) -> None:
     (target,) = fake_gpu_nodes(1, labels=pool)
     code, _, err = cli("maintenance", "start", target, "--reason", "swap GPU 3", "--no-drain")
@@ -428,7 +459,11 @@ def test_gate_refuses_short_allocatable_and_passes_once_fixed(
 
 
 def test_gate_refuses_driver_drift_and_new_errors(
-    kube: Client, fake_gpu_nodes: FakeNodes, pool: dict[str, str], cli: Cli
+    kube: Client,
+    fake_gpu_nodes: FakeNodes,
+    pool: dict[str, str],
+    cli: Cli,
+    controller: ControllerProcess,
 ) -> None:
     target, a, b = fake_gpu_nodes(3, labels=pool)
     for peer in (a, b):
@@ -492,7 +527,11 @@ sys.exit(code)
 
 
 def test_a_maintenance_round_trip_loads_no_other_kubernetes_or_http_client(
-    control_plane: ControlPlane, fake_gpu_nodes: FakeNodes, pool: dict[str, str], config_file: Path
+    control_plane: ControlPlane,
+    fake_gpu_nodes: FakeNodes,
+    pool: dict[str, str],
+    config_file: Path,
+    controller: ControllerProcess,
 ) -> None:
     """kube/'s client (aiohttp) only: lightkube and httpx2 would be a second client
     stack to keep right (kubeconfig, credentials, proxies) and their import in every
@@ -523,10 +562,10 @@ def test_the_controller_ignores_a_faulty_node_in_maintenance_and_its_breaker_doe
     start_controller: StartController,
 ) -> None:
     resting, faulty = fake_gpu_nodes(2, labels=pool)
+    # A budget of one quarantined node: the node in maintenance must not use it up.
+    start_controller(controller_config(pool, breakerMaxNodes=1)).wait_leading()
     code, _, err = cli("maintenance", "start", resting, "--reason", "reseat", "--no-drain")
     assert code == 0, err
-    # A budget of one quarantined node: the node in maintenance must not use it up.
-    start_controller(controller_config(pool, breakerMaxNodes=1))
     report_fault(kube, resting, "maint-xid")
     report_fault(kube, faulty, "real-xid")
     wait_for("the real fault's quarantine", lambda: our_taint(kube, faulty) == "real-xid")
@@ -592,30 +631,35 @@ def test_checkpoint_webhook_is_called_with_the_gpu_pods_and_a_failing_one_only_w
     pool: dict[str, str],
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
+    settings: dict[str, Any],
+    start_controller: StartController,
 ) -> None:
+    """The controller's config says where the webhook is: it calls it, and says on
+    the CLI's stderr (its progress) when the call failed."""
     (target,) = fake_gpu_nodes(1, labels=pool)
     apply(kube, gpu_deployment("infer", namespace, replicas=1, node_selector=pool))
     (running,) = wait_pods_running(kube, namespace, count=1, labels={"app": "infer"})
     server = http.server.HTTPServer(("127.0.0.1", 0), _Hook)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     _Hook.received.clear()
+    url = f"http://127.0.0.1:{server.server_port}/checkpoint"
+    config = {**settings}
+    config["maintenance"] = {
+        **settings["maintenance"], "checkpoint": "webhook", "checkpointWebhookUrl": url,
+    }  # fmt: skip
+    start_controller(config).wait_leading()
 
-    def start(url: str) -> tuple[int, str, str]:
-        path = tmp_path / "webhook.yaml"
-        config = controller_config(pool, pools={"label": POOL_LABEL})
-        config["maintenance"] = {"checkpoint": "webhook", "checkpointWebhookUrl": url}
-        path.write_text(yaml.safe_dump(config))
+    def start() -> tuple[int, str, str]:
         capsys.readouterr()
         code = main(
             ["maintenance", "start", target, "--reason", "fw", "--checkpoint-wait", "1",
-             "--no-drain", "-o", "json", "--kubeconfig", str(control_plane.kubeconfig),
-             "--config", str(path)]
+             "--no-drain", "-o", "json", "--kubeconfig", str(control_plane.kubeconfig)]
         )  # fmt: skip
         out, err = capsys.readouterr()
         return code, out, err
 
     try:
-        code, out, err = start(f"http://127.0.0.1:{server.server_port}/checkpoint")
+        code, out, err = start()
     finally:
         server.shutdown()
         server.server_close()
@@ -629,7 +673,7 @@ def test_checkpoint_webhook_is_called_with_the_gpu_pods_and_a_failing_one_only_w
     assert json.loads(out)["checkpoint"]["webhook"] == "ok"
 
     # Nobody listening: a warning, then the wait and the rest as usual.
-    code, out, err = start(f"http://127.0.0.1:{server.server_port}/checkpoint")
+    code, out, err = start()
     assert code == 0
     assert "checkpoint webhook" in err and "waiting for the GPU pods anyway" in err
     assert json.loads(out)["checkpoint"]["webhook"].startswith("checkpoint webhook")

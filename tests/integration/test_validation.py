@@ -249,10 +249,16 @@ def test_maintenance_finish_validate_returns_the_node_only_after_its_job_passes(
     fake_gpu_nodes: FakeNodes,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
-    crds: None,
+    start_controller: StartController,
 ) -> None:
+    """The controller carries out the finish, so its config says how the Job runs:
+    a failing one keeps the node out; after a controller with a passing one takes
+    over, the same request returns it."""
     (node,) = fake_gpu_nodes(1, labels=pool)
-    failing = cli_config(tmp_path, pool, {EXIT_CODE_ENV: "1", MESSAGE_ENV: json.dumps(FAIL)})
+    failing_env = {EXIT_CODE_ENV: "1", MESSAGE_ENV: json.dumps(FAIL)}
+    passing_env = {EXIT_CODE_ENV: "0", MESSAGE_ENV: json.dumps(PASS)}
+    first = start_controller(validating(pool, failing_env, enabled=False)).wait_leading()
+    failing = cli_config(tmp_path, pool, failing_env)
     start = ("maintenance", "start", node, "--reason", "driver 550.54.15", "--no-drain")
     code, _ = gate(control_plane, capsys, failing, *start, "-o", "json")
     assert code == 0
@@ -263,9 +269,10 @@ def test_maintenance_finish_validate_returns_the_node_only_after_its_job_passes(
     assert code == 64 | 16 and report["finished"] is False
     assert "gpuheal.io/maintenance" in {t.key for t in kube.get(Node, node).spec.taints or ()}  # type: ignore[union-attr]
 
-    passing = cli_config(tmp_path, pool, {EXIT_CODE_ENV: "0", MESSAGE_ENV: json.dumps(PASS)})
+    first.stop()
+    start_controller(validating(pool, passing_env, enabled=False)).wait_leading()
     code, report = gate(
-        control_plane, capsys, passing, "maintenance", "finish", node, "--validate", "-o", "json"
+        control_plane, capsys, failing, "maintenance", "finish", node, "--validate", "-o", "json"
     )
     assert code == 0 and report["finished"] is True, report
     assert not jobs_of(kube, node)

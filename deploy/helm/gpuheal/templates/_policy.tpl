@@ -7,23 +7,26 @@ change on an object RBAC lets them patch. The key lists are the code's
 {{/* The permission that marks a holder of the <release>-operator role (no such resource exists). */}}
 {{- define "gpuheal.operator.marker" -}}maintenances{{- end -}}
 
-{{/* Node annotations `gpuheal maintenance` (and `rollout`) writes, and a recorded diagnostics run. */}}
+{{/* Node annotations the operator role may write: the maintenance request the
+  controller carries out, and a recorded diagnostics run. */}}
 {{- define "gpuheal.operator.nodeAnnotations" -}}
-{{- toJson (list "gpuheal.io/maintenance-reason" "gpuheal.io/maintenance-since" "gpuheal.io/maintenance-baseline" "gpuheal.io/maintenance-cordoned" "gpuheal.io/maintenance-rollout" "gpuheal.io/diagnostics") -}}
+{{- toJson (list "gpuheal.io/maintenance-request" "gpuheal.io/diagnostics") -}}
 {{- end -}}
 
-{{/* Node annotations the leader writes on a GPURollout's node as it takes it out and
-  returns it (maintenance's, without a diagnostics run). */}}
-{{- define "gpuheal.rollout.nodeAnnotations" -}}
-{{- toJson (list "gpuheal.io/maintenance-reason" "gpuheal.io/maintenance-since" "gpuheal.io/maintenance-baseline" "gpuheal.io/maintenance-cordoned" "gpuheal.io/maintenance-rollout") -}}
+{{/* Node annotations the leader writes on a node it takes out and returns for a
+  GPURollout or a maintenance request: maintenance's (no diagnostics run), and the
+  request, which it removes once carried out. */}}
+{{- define "gpuheal.controller.maintenanceAnnotations" -}}
+{{- toJson (list "gpuheal.io/maintenance-reason" "gpuheal.io/maintenance-since" "gpuheal.io/maintenance-baseline" "gpuheal.io/maintenance-cordoned" "gpuheal.io/maintenance-rollout" "gpuheal.io/maintenance-request") -}}
 {{- end -}}
 
-{{/* Node annotations the controller writes (the repair request: only the controller),
+{{/* Node annotations the controller writes (the repair request: only the controller;
+  a maintenance request's progress and result),
   and the autoscalers' it sets for the disruption guard: any of the three it knows
   (model.DISRUPTION_KEYS), whatever autoscalers.doNotDisrupt says now, so that a
   guard set under an earlier config can still be taken back. */}}
 {{- define "gpuheal.controller.nodeAnnotations" -}}
-{{- toJson (concat (list "gpuheal.io/handled-fault-id" "gpuheal.io/handled-at" "gpuheal.io/last-process-time" "gpuheal.io/quarantined-devices" "gpuheal.io/suspect-devices" "gpuheal.io/unknown-devices" "gpuheal.io/repair-request" "gpuheal.io/disruption-guard") (include "gpuheal.disruptionKeys" . | fromJsonArray)) -}}
+{{- toJson (concat (list "gpuheal.io/handled-fault-id" "gpuheal.io/handled-at" "gpuheal.io/last-process-time" "gpuheal.io/quarantined-devices" "gpuheal.io/suspect-devices" "gpuheal.io/unknown-devices" "gpuheal.io/repair-request" "gpuheal.io/disruption-guard" "gpuheal.io/maintenance-progress") (include "gpuheal.disruptionKeys" . | fromJsonArray)) -}}
 {{- end -}}
 
 {{- define "gpuheal.disruptionKeys" -}}
