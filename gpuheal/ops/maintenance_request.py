@@ -153,7 +153,7 @@ def _pending(node: str, raw: str) -> str:
 async def follow(ctx: Context, name: str, request: MaintenanceRequest, *, poll_s: float) -> int:
     """Read the node every `poll_s` until the controller records the request done,
     printing each new line of its progress on stderr; then the report."""
-    shown = 0
+    shown, carried_by = 0, ""
     started = time.monotonic()
     hinted = False
     verb = request.verb.value
@@ -165,6 +165,8 @@ async def follow(ctx: Context, name: str, request: MaintenanceRequest, *, poll_s
         annotations = node.metadata.annotations
         progress = parse_progress(annotations.get(MAINTENANCE_PROGRESS))
         if progress is not None and progress.id == request.id:
+            if progress.by != carried_by:  # a new leader took it up: its own count
+                carried_by, shown = progress.by, 0
             new = min(progress.count - shown, len(progress.lines))
             for line in progress.lines[len(progress.lines) - new :] if new > 0 else ():
                 ctx.err.print(Text(line))

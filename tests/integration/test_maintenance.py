@@ -33,6 +33,7 @@ from gpuheal.model import (
     MAINTENANCE_BASELINE,
     MAINTENANCE_CORDONED,
     MAINTENANCE_REASON,
+    MAINTENANCE_REQUEST,
     MAINTENANCE_SINCE,
     MAINTENANCE_TAINT_KEY,
     STATE_LABEL,
@@ -40,6 +41,7 @@ from gpuheal.model import (
     XID_ERRORS,
 )
 from gpuheal.sim import ControlPlane
+from gpuheal.sim.audit import evictions, offset, requests
 from gpuheal.sim.controller import ControllerProcess
 from gpuheal.sim.workloads import (
     apply,
@@ -677,3 +679,62 @@ def test_checkpoint_webhook_is_called_with_the_gpu_pods_and_a_failing_one_only_w
     assert code == 0
     assert "checkpoint webhook" in err and "waiting for the GPU pods anyway" in err
     assert json.loads(out)["checkpoint"]["webhook"].startswith("checkpoint webhook")
+
+
+def test_two_operators_race_one_request_wins_and_a_failover_mid_drain_loses_nothing(
+    kube: Client,
+    control_plane: ControlPlane,
+    namespace: str,
+    fake_gpu_nodes: FakeNodes,
+    pool: dict[str, str],
+    config_file: Path,
+    settings: dict[str, Any],
+    start_controller: StartController,
+    audited_controller_user: str,
+    cli: Cli,
+    background: Callable[[list[str]], Background],
+) -> None:
+    """Two operators start maintenance of one node at once: one request, the other
+    refused naming it. The leader is killed while a PodDisruptionBudget holds the
+    drain; the standby carries the same request on, and the first operator's wait
+    ends with its report: the pod evicted once, the node taken out once."""
+    target, spare = fake_gpu_nodes(2, labels=pool)
+    cordon(kube, spare, True)  # the workload starts on the target
+    apply(kube, gpu_deployment("train", namespace, replicas=1, node_selector=pool))
+    wait_pods_running(kube, namespace, count=1, labels={"app": "train"})
+    budget = pod_disruption_budget(
+        "train", namespace, match_labels={"app": "train"}, min_available=1
+    )
+    apply(kube, budget)
+    cordon(kube, spare, False)
+    replicas = [start_controller(settings, user=audited_controller_user) for _ in range(2)]
+    leader = wait_for("a leader", lambda: [r for r in replicas if r.leading()], timeout_s=30)[0]
+    since = offset(control_plane.audit_log)
+    args = ["maintenance", "start", target, "--reason", "bios", "--checkpoint", "none",
+            "--timeout", "240", "-o", "json",
+            "--kubeconfig", str(control_plane.kubeconfig),
+            "--config", str(config_file)]  # fmt: skip
+    runs = [background(args), background(args)]
+    (refused,) = wait_for(
+        "one operator refused", lambda: [r for r in runs if r.process.poll() is not None]
+    )
+    code, _ = refused.wait(timeout_s=10)
+    assert code == 2 and "has a maintenance request pending (start by" in refused.stderr()
+    (waiting,) = [r for r in runs if r is not refused]
+    wait_for("the drain held by the budget", lambda: "PodDisruptionBudget" in waiting.stderr())
+    leader.kill()  # failover mid-drain
+    (other,) = [r for r in replicas if r is not leader]
+    other.wait_leading()
+    kube.patch(PodDisruptionBudget, "train", {"spec": {"minAvailable": 0}}, namespace=namespace)
+    code, out = waiting.wait(timeout_s=120)
+    assert code == 0, waiting.stderr()
+    report = json.loads(out)
+    assert report["result"] == "drained" and len(report["evicted"]) == 1
+    assert f"taken up by the controller {other.identity}" in waiting.stderr()
+    evicted = evictions(
+        requests(control_plane.audit_log, user=audited_controller_user, since=since)
+    )
+    assert [codes.count(201) for codes in evicted.values()] == [1], evicted
+    assert len(events_for(kube, target, "GPUMaintenanceStarted", at_least=1)) == 1
+    annotations = node_of(kube, target).metadata.annotations or {}  # type: ignore[union-attr]
+    assert MAINTENANCE_REQUEST not in annotations
