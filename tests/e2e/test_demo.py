@@ -44,6 +44,10 @@ def test_demo_runs_the_whole_product_unattended_and_leaves_nothing_behind() -> N
     assert summary.count("  1\n") == 4  # one GPUFault record for each of the 4 faults
     assert "4 faults, each handled exactly once" in summary
     assert "1 node(s) recovered" in summary
+    # The operator's maintenance round trip, carried out by the demo's controller.
+    for step in ("maintenance start", "maintenance finish"):
+        (said,) = [line for line in out.splitlines() if line.startswith(f"$ gpuheal {step}")]
+        assert said.endswith("# exit 0"), said
     assert out.rstrip().endswith("control plane stopped")
     assert set(_gpuheal_processes()) - before == set()
 
