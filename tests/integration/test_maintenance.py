@@ -104,21 +104,28 @@ class Background:
             text=True,
         )
         self.err: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        self.out: list[str] = []
+        # One reader per pipe, to the end: what the command says last is kept too.
+        self._readers = [
+            threading.Thread(target=self._read, args=(pipe, into), daemon=True)
+            for pipe, into in ((self.process.stderr, self.err), (self.process.stdout, self.out))
+        ]
+        for reader in self._readers:
+            reader.start()
 
-    def _read(self) -> None:
-        assert self.process.stderr is not None
-        for line in self.process.stderr:
-            self.err.append(line)
+    @staticmethod
+    def _read(pipe: Any, into: list[str]) -> None:
+        for line in pipe:
+            into.append(line)
 
     def stderr(self) -> str:
         return "".join(self.err)
 
     def wait(self, timeout_s: float) -> tuple[int, str]:
-        out, _ = self.process.communicate(timeout=timeout_s)
-        self._reader.join(5)
-        return self.process.returncode, out
+        self.process.wait(timeout=timeout_s)
+        for reader in self._readers:
+            reader.join(5)
+        return self.process.returncode, "".join(self.out)
 
     def kill(self) -> None:
         if self.process.poll() is None:
