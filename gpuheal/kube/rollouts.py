@@ -72,8 +72,14 @@ class StatusJson(msgspec.Struct):
     done: int = 0
     startedAt: str = ""  # noqa: N815
     finishedAt: str = ""  # noqa: N815
-    driver: str = ""  # the controller replica that wrote the status last
+    # The controller replica that wrote the status last. An object where an older
+    # CLI kept its lease ({holder, renewedAt}) until a pass writes it over.
+    driver: str | dict[str, str] = ""
     nodes: list[NodeStepJson] = []
+
+    @property
+    def driven_by(self) -> str:
+        return self.driver if isinstance(self.driver, str) else ""
 
 
 class RolloutJson(msgspec.Struct):

@@ -385,7 +385,7 @@ class RolloutReport:
             "done": status.done,
             "startedAt": status.startedAt or None,
             "finishedAt": status.finishedAt or None,
-            "driver": status.driver or None,
+            "driver": status.driven_by or None,
             "nodes": [
                 {
                     "name": n.name,
@@ -421,8 +421,8 @@ class RolloutReport:
             ),
             ("", f"{r.status.done}/{r.status.total} node(s) done"),
         ]
-        if r.status.driver:
-            lines.append(("", f"driven by the controller {r.status.driver}"))
+        if r.status.driven_by:
+            lines.append(("", f"driven by the controller {r.status.driven_by}"))
         rows = [(n.name, n.batch, n.step, n.since, n.detail) for n in r.status.nodes]
         return (
             Notes(f"Roll-out of pool {spec.pool} ({r.metadata.name})", lines),

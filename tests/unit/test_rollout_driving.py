@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from gpuheal.controller.rollouts import wants_driving
-from gpuheal.kube.rollouts import RolloutJson, state_of
+from gpuheal.kube.rollouts import RolloutJson, decode, state_of
 from gpuheal.ops.rollout import settled
 from tests.corpus import eks_node_names
 
@@ -69,3 +69,18 @@ def test_the_leader_drives_a_roll_out_while_it_has_work_and_the_wait_ends_with_i
     assert settled(r) is over
     # Never both: a roll-out the leader still drives is not over for the CLI.
     assert not (driven and over)
+
+
+@pytest.mark.unit
+def test_a_roll_out_an_older_cli_drove_decodes_and_is_taken_up() -> None:
+    """The status an older CLI wrote (its lease object in `driver`, leaseSeconds in the
+    spec) still decodes: the leader takes the roll-out up and says no driver yet."""
+    raw = (
+        b'{"metadata":{"name":"rollout-a.x"},"spec":{"pool":"a","target":{"driverVersion":'
+        b'"560.35.03"},"canary":1,"batchSize":1,"maxUnavailable":1,"leaseSeconds":30},'
+        b'"status":{"phase":"Running","driver":{"holder":"laptop-4242","renewedAt":'
+        b'"2026-12-01T10:00:00Z"},"nodes":[{"name":"a-0","batch":0,"step":"draining"}]}}'
+    )
+    r = decode(raw)
+    assert r.status.driven_by == ""
+    assert wants_driving(state_of(r)) and not settled(r)
