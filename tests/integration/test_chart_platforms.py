@@ -164,7 +164,9 @@ def fleet_nodes(fleet: str) -> dict[str, dict[str, Any]]:
 @pytest.fixture(scope="module")
 def fleet(kube: Client) -> Iterator[tuple[str, dict[str, dict[str, Any]]]]:
     """The fleet's label value and its nodes by role, Ready under kwok; deleted after."""
-    name = uuid.uuid4().hex[:8]
+    # Not bare hex: `--set` reads "94385109" or "12e45678" as a number, and a
+    # nodeSelector value must be a string.
+    name = unique("fleet")
     nodes = fleet_nodes(name)
     created = []
     try:

@@ -320,22 +320,13 @@ def test_evicted_deployment_pods_are_recreated_on_healthy_nodes_only(
 ) -> None:
     bad, good = fake_gpu_nodes(2, labels=pool)
     deployment = gpu_deployment("serve", namespace, replicas=8, node_selector=pool)
-    # The scheduler spreads replicas as its scores say (CI once put all 8 on the
-    # other node, and the fault had nothing to move): prefer the node about to fail.
-    deployment["spec"]["template"]["spec"]["affinity"] = {
-        "nodeAffinity": {
-            "preferredDuringSchedulingIgnoredDuringExecution": [
-                {
-                    "weight": 100,
-                    "preference": {
-                        "matchFields": [{"key": "metadata.name", "operator": "In", "values": [bad]}]
-                    },
-                }
-            ]
-        }
-    }
+    # The scheduler spreads replicas as its scores say (a preferred affinity once lost
+    # too, and the fault had nothing to move): the other node is cordoned until the
+    # replicas run, so they start on the node about to fail.
+    kube.patch(Node, good, {"spec": {"unschedulable": True}})
     apply(kube, deployment)
     wait_pods_running(kube, namespace, count=8, labels={"app": "serve"})
+    kube.patch(Node, good, {"spec": {"unschedulable": False}})
     on_bad = len(pods_on(kube, namespace, bad))
     assert on_bad > 0
     start_controller(controller_config(pool))
