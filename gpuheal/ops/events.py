@@ -1,7 +1,9 @@
-"""The Node Events the operator commands write (maintenance start and finish, the
-gate's refusal at finish): best effort, like the controller's, never a reason to
-fail. They are sent at once, not queued: a command is over in seconds and an
-operator reading its output expects `kubectl describe node` to show them."""
+"""The Node Events of maintenance's steps (started, finished, the gate's refusal),
+written by whoever runs them: the leader carrying out a maintenance request or a
+roll-out (reportingController gpuheal.io/controller, ctx.reporting_controller).
+Best effort, never a reason to fail; sent at once, not queued through the
+controller's recorder: a person waiting on the request expects `kubectl describe
+node` to show them as the step ends."""
 
 from __future__ import annotations
 
