@@ -159,7 +159,9 @@ def test_p1_taint_fences_a_watched_fault_with_noschedule_then_applies_the_taint_
         "the NoSchedule fence", lambda: taint_of(kube, node) == ("npd-gpu-hot-7", "NoSchedule")
     )
     assert pods_on(kube, namespace, node) == {"trainer"}
-    assert record_phase(record_of(kube, node)) == "Quarantined"
+    # The taint is written before the record's status (the executor's order), so
+    # the phase may lag the fence by one write.
+    wait_for("the record quarantined", lambda: record_phase(record_of(kube, node)) == "Quarantined")
     wait_for(
         "the configured effect", lambda: taint_of(kube, node) == ("npd-gpu-hot-7", "NoExecute"), 30
     )
