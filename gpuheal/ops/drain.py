@@ -162,8 +162,21 @@ class DrainOptions:
     retry_s: float = 5.0
 
 
-# Pods that left are noticed this often, whatever the eviction retry interval.
+# Pods that leave are noticed this often while the drain is moving.
 POLL_S = 0.5
+
+
+def next_look_s(waited_s: float, moved: bool, retry_due_s: float | None, cap_s: float) -> float:
+    """How long the drain waits before it looks at the node again. POLL_S while it
+    moves (a pod left, a blocker changed); while nothing does, twice the last wait
+    up to `cap_s` (the eviction retry interval, at least POLL_S): the controller
+    carries drains out, and one held for half an hour by a budget or a finalizer
+    would otherwise list the node's pods twice a second throughout. Never past the
+    moment a refused eviction is due again (`retry_due_s` from now)."""
+    wait_s = POLL_S if moved else min(max(waited_s * 2, POLL_S), max(cap_s, POLL_S))
+    if retry_due_s is not None:
+        wait_s = min(wait_s, max(retry_due_s, 0.0))
+    return max(wait_s, 0.01)
 
 
 class _Drain:
@@ -261,8 +274,13 @@ async def drain(
     ) as progress:
         task = progress.add_task(node, total=None)
         total = 0
+        looked: tuple[frozenset[str], dict[str, str]] | None = None
+        wait_s = POLL_S
         while True:
             left = await work.step(clock())
+            keys = frozenset(pod_key(p) for p in left)
+            moved = looked != (keys, work.result.blockers)
+            looked = (keys, dict(work.result.blockers))
             total = max(total, len(left))
             progress.update(task, total=total or 1, completed=total - len(left) if total else 1)
             if work.result.blockers != shown:
@@ -271,10 +289,14 @@ async def drain(
             if not left:
                 work.result.done = True
                 return work.result
-            remaining = deadline - clock()
+            now = clock()
+            remaining = deadline - now
             if remaining <= 0:
                 return work.result
-            await sleep(min(POLL_S, remaining))
+            # A pod's retry time stays once its eviction is accepted: only those ahead count.
+            due = [t - now for k in keys if (t := work.next_try.get(k, 0.0)) > now]
+            wait_s = next_look_s(wait_s, moved, min(due, default=None), options.retry_s)
+            await sleep(min(wait_s, remaining))
 
 
 def _print_blockers(ctx: Context, blockers: Mapping[str, str]) -> None:

@@ -25,8 +25,10 @@ from gpuheal.model import (
     XID_ERRORS,
 )
 from gpuheal.ops.drain import (
+    POLL_S,
     finalizer_blocker,
     held_back,
+    next_look_s,
     overdue,
     pdb_blocker,
     skip_reason,
@@ -270,3 +272,32 @@ def test_a_pod_terminating_long_past_its_grace_period_is_named() -> None:
     assert overdue(deleting, NOW + dt.timedelta(seconds=5)) == ""
     assert "grace period" in overdue(deleting, NOW + dt.timedelta(minutes=5))
     assert overdue(pod(), NOW) == ""
+
+
+def test_a_drain_that_moves_looks_every_half_second() -> None:
+    assert next_look_s(4.0, True, None, 5.0) == POLL_S
+
+
+def test_a_held_drain_looks_less_often_up_to_the_retry_interval() -> None:
+    waits, wait_s = [], POLL_S
+    for _ in range(6):
+        wait_s = next_look_s(wait_s, False, None, 5.0)
+        waits.append(wait_s)
+    assert waits == [1.0, 2.0, 4.0, 5.0, 5.0, 5.0]
+    # Half an hour held by a budget: about 360 looks at the node, not 3,600.
+    looks, held_s, wait_s = 0, 0.0, POLL_S
+    while held_s < 1800:
+        wait_s = next_look_s(wait_s, False, None, 5.0)
+        held_s += wait_s
+        looks += 1
+    assert 355 <= looks <= 365
+
+
+def test_a_held_drain_still_retries_a_refused_eviction_when_it_is_due() -> None:
+    assert next_look_s(4.0, False, 1.5, 5.0) == 1.5
+    assert next_look_s(POLL_S, True, 0.2, 5.0) == 0.2
+    assert next_look_s(4.0, False, 0.0, 5.0) > 0  # never a busy loop
+
+
+def test_a_retry_interval_under_the_poll_never_slows_the_drain_below_it() -> None:
+    assert next_look_s(POLL_S, False, None, 0.2) == POLL_S
