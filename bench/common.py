@@ -9,6 +9,7 @@ and of the plots in docs/img/).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -17,19 +18,21 @@ import signal
 import ssl
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from gpuheal.kube.api import KubeApi
-from gpuheal.sim import ControlPlane
+from gpuheal.sim import ControlPlane, ControlPlaneConfig, audit
 from gpuheal.sim.bulk import create_all
+from gpuheal.sim.controller import install_crds
 from gpuheal.sim.controlplane import ADMIN
 from gpuheal.sim.nodes import gpu_node
-from gpuheal.sim.workloads import gpu_pod
+from gpuheal.sim.workloads import create_namespace, gpu_pod
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -97,6 +100,22 @@ def apiserver_requests(cp: ControlPlane) -> Counter[str]:
 
 def delta(after: Counter[str], before: Counter[str]) -> dict[str, int]:
     return {k: after[k] - before[k] for k in sorted(after) if after[k] - before[k] > 0}
+
+
+@contextlib.contextmanager
+def audited_cluster(user: str) -> Iterator[tuple[ControlPlane, Path]]:
+    """A control plane for a controller benchmark (no scheduler, no
+    controller-manager: pods are bound and kwok runs them), the CRDs installed,
+    `user` a cluster-admin whose requests the audit log keeps, the namespaces
+    gpuheal-system and work; and a scratch folder for the controller's files."""
+    config = ControlPlaneConfig(scheduler=False, controller_manager=False, audit_users=[user])
+    with ControlPlane(config) as cp, tempfile.TemporaryDirectory() as tmp:
+        client = cp.client()
+        install_crds(client)
+        audit.grant_cluster_admin(client, user)
+        create_namespace(client, "gpuheal-system")
+        create_namespace(client, "work")
+        yield cp, Path(tmp)
 
 
 def build_fleet(

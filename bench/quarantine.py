@@ -31,7 +31,6 @@ import asyncio
 import datetime as dt
 import json
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -39,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from common import (
+    audited_cluster,
     build_fleet,
     commit_of,
     cpu_seconds,
@@ -51,10 +51,9 @@ from common import (
 
 from gpuheal.kube.api import KubeApi, node_path
 from gpuheal.model import FAULT_ID, FAULT_REASON, FAULT_TIME, HANDLED_FAULT_ID, STATUS, TAINT_KEY
-from gpuheal.sim import ControlPlane, ControlPlaneConfig, audit
-from gpuheal.sim.controller import ControllerProcess, install_crds
+from gpuheal.sim import ControlPlane, audit
+from gpuheal.sim.controller import ControllerProcess
 from gpuheal.sim.controlplane import KUBE_APISERVER
-from gpuheal.sim.workloads import create_namespace
 
 USER = "gpuheal-controller"
 POOL = {"bench/pool": "quarantine"}
@@ -423,18 +422,12 @@ def main() -> int:
     if args.baseline and not (args.baseline / "gpuheal" / "cli.py").exists():
         parser.error(f"--baseline {args.baseline}: not a checkout of gpuheal")
     versions: list[Path | None] = [None, *([args.baseline.resolve()] if args.baseline else [])]
-    config = ControlPlaneConfig(scheduler=False, controller_manager=False, audit_users=[USER])
-    with ControlPlane(config) as cp, tempfile.TemporaryDirectory() as tmp:
-        client = cp.client()
-        install_crds(client)
-        audit.grant_cluster_admin(client, USER)
-        create_namespace(client, "gpuheal-system")
-        create_namespace(client, "work")
+    with audited_cluster(USER) as (cp, tmp):
         each = args.warmup + args.singles + sum(args.storms) + 1
         nodes = build_fleet(cp, "q", each * len(versions), pods_per_node=PODS_PER_NODE, labels=POOL)
         raw: dict[str, Any] = {}
         for i, code in enumerate(versions):
-            measured = asyncio.run(run(cp, Path(tmp), nodes[i * each : (i + 1) * each], args, code))
+            measured = asyncio.run(run(cp, tmp, nodes[i * each : (i + 1) * each], args, code))
             suffix = " (baseline)" if code else ""
             raw.update({f"{name}{suffix}": series for name, series in measured.items()})
     result = {"benchmark": "quarantine", **summarise(raw), "plots": plot(raw)}

@@ -23,20 +23,18 @@ import datetime as dt
 import json
 import re
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common import build_fleet, emit, percentiles_ms
+from common import audited_cluster, build_fleet, emit, percentiles_ms
 
 from gpuheal.kube.api import KubeApi, gpufault_path, node_path
 from gpuheal.model import FAULT_ID, FAULT_REASON, FAULT_TIME, STATUS, TAINT_KEY
-from gpuheal.sim import ControlPlane, ControlPlaneConfig, audit
-from gpuheal.sim.controller import ControllerProcess, install_crds
+from gpuheal.sim import ControlPlane, audit
+from gpuheal.sim.controller import ControllerProcess
 from gpuheal.sim.records import PastFault, create_past_faults
-from gpuheal.sim.workloads import create_namespace
 
 USER = "gpuheal-controller"
 POOL = {"bench/pool": "retention"}
@@ -244,16 +242,10 @@ def main() -> int:
     parser.add_argument("--faults", type=int, default=40, help="faults reported per phase")
     parser.add_argument("--spacing", type=float, default=0.5, help="seconds between faults")
     args = parser.parse_args()
-    config = ControlPlaneConfig(scheduler=False, controller_manager=False, audit_users=[USER])
-    with ControlPlane(config) as cp, tempfile.TemporaryDirectory() as tmp:
-        client = cp.client()
-        install_crds(client)
-        audit.grant_cluster_admin(client, USER)
-        create_namespace(client, "gpuheal-system")
-        create_namespace(client, "work")
+    with audited_cluster(USER) as (cp, tmp):
         phases = 1 + len(args.deletes_per_second)
         nodes = build_fleet(cp, "ret", args.faults * phases, pods_per_node=0, labels=POOL)
-        result = asyncio.run(run(cp, Path(tmp), nodes, args))
+        result = asyncio.run(run(cp, tmp, nodes, args))
     lines = [f"baseline: fault → taint {result['baseline']['time_to_taint_ms']}"]
     for name, entry in result.items():
         if name.startswith("cleanup_"):

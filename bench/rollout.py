@@ -28,14 +28,13 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import yaml
-from common import emit
+from common import audited_cluster, emit
 
 # The real-shaped node names are the tests' (tests/ is not installed): the checkout's root.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -43,12 +42,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gpuheal.kube.api import KubeApi, node_path
 from gpuheal.model import DRIVER_VERSION
 from gpuheal.policy.rollout import rollout_name
-from gpuheal.sim import ControlPlane, ControlPlaneConfig, audit
+from gpuheal.sim import ControlPlane, audit
 from gpuheal.sim.bulk import create_all
-from gpuheal.sim.controller import ControllerProcess, install_crds
+from gpuheal.sim.controller import ControllerProcess
 from gpuheal.sim.nodes import gpu_node
 from gpuheal.sim.resources import GPURollout
-from gpuheal.sim.workloads import create_namespace, gpu_pod
+from gpuheal.sim.workloads import gpu_pod
 from tests.corpus import eks_node_names
 
 USER = "gpuheal-controller"
@@ -156,17 +155,11 @@ def main() -> int:
         "breakerMaxPercent": 100,
         "breakerMaxNodes": 100_000,
     }
-    config = ControlPlaneConfig(scheduler=False, controller_manager=False, audit_users=[USER])
-    with ControlPlane(config) as cp, tempfile.TemporaryDirectory() as tmp:
-        client = cp.client()
-        install_crds(client)
-        audit.grant_cluster_admin(client, USER)
-        create_namespace(client, "gpuheal-system")
-        create_namespace(client, "work")
+    with audited_cluster(USER) as (cp, tmp):
         nodes = fleet(cp, args.fleet, args.pool)
-        config_file = Path(tmp) / "gpuheal.yaml"
+        config_file = tmp / "gpuheal.yaml"
         config_file.write_text(yaml.safe_dump(settings))
-        controller = ControllerProcess(Path(tmp), cp.kubeconfig_for(USER), settings)
+        controller = ControllerProcess(tmp, cp.kubeconfig_for(USER), settings)
         controller.start().wait_leading()
         try:
             time.sleep(5)  # the first reconcile of the fleet: not the roll-out's
@@ -179,7 +172,7 @@ def main() -> int:
             after = audit.offset(cp.audit_log)
             time.sleep(args.idle)
             idle_done = audit.offset(cp.audit_log)
-            client.delete(GPURollout, rollout_name(ROLLED))
+            cp.client().delete(GPURollout, rollout_name(ROLLED))
             gone = audit.offset(cp.audit_log)
             time.sleep(args.idle)
             idle_none = audit.offset(cp.audit_log)

@@ -24,13 +24,13 @@ import argparse
 import signal
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from common import (
     apiserver_requests,
+    audited_cluster,
     build_fleet,
     cpu_seconds,
     delta,
@@ -42,10 +42,9 @@ from common import (
     wait_settled,
 )
 
-from gpuheal.sim import ControlPlane, ControlPlaneConfig, audit
-from gpuheal.sim.controller import ControllerProcess, install_crds
+from gpuheal.sim import ControlPlane, audit
+from gpuheal.sim.controller import ControllerProcess
 from gpuheal.sim.controlplane import KWOK
-from gpuheal.sim.workloads import create_namespace
 
 USER = "gpuheal-controller"
 
@@ -145,14 +144,8 @@ def main() -> int:
         help="py-spy flame graph of each cold start in bench/results/profile-start-N.svg",
     )
     args = parser.parse_args()
-    config = ControlPlaneConfig(scheduler=False, controller_manager=False, audit_users=[USER])
     runs = []
-    with ControlPlane(config) as cp, tempfile.TemporaryDirectory() as tmp:
-        client = cp.client()
-        install_crds(client)
-        audit.grant_cluster_admin(client, USER)
-        create_namespace(client, "gpuheal-system")
-        create_namespace(client, "work")
+    with audited_cluster(USER) as (cp, tmp):
         have = 0
         for target in sorted(args.nodes):
             started = time.monotonic()
@@ -160,10 +153,9 @@ def main() -> int:
             populate_s = time.monotonic() - started
             settle_s = wait_settled(cp)
             have = target
-            run = measure(cp, Path(tmp), target, args.idle_seconds, args.profile)
+            run = measure(cp, tmp, target, args.idle_seconds, args.profile)
             starts = [run["ready_seconds"]] + [
-                round(cold_start(cp, Path(tmp), f"scale-{target}-{i}"), 2)
-                for i in range(1, args.starts)
+                round(cold_start(cp, tmp, f"scale-{target}-{i}"), 2) for i in range(1, args.starts)
             ]
             run.update(ready_seconds=round(statistics.median(starts), 2), ready_seconds_each=starts)
             run.update(
