@@ -26,6 +26,7 @@ NAME_MAX = 253
 FIELD_MAX = 256
 TIME_MAX = 64  # spec.detectedAt, expiry
 DEVICES_MAX = 64  # spec.devices maxItems
+SUPERSEDES_MAX = 16  # spec.supersedes maxItems
 DETAIL_MAX = 1024  # status.actions[].detail
 # events.k8s.io/v1: note at most 1 KiB, reason, action and reportingInstance 128
 # (bytes, all: Go counts a string's length in bytes).

@@ -190,6 +190,7 @@ class Reason(StrEnum):
     # The controller's own (gpuheal/controller/).
     RECONCILE_FAILED = "GPUHealReconcileFailed"
     NODE_UNMANAGED = "GPUNodeUnmanaged"
+    FAULT_ID_REUSED = "GPUFaultIdReused"
     ACKNOWLEDGED = "GPUFaultAcknowledged"
     APPLICATION_XID = "GPUApplicationXid"
     INFORMATIONAL_XID = "GPUInformationalXid"

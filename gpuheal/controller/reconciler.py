@@ -83,6 +83,7 @@ class Reconciler:
         self.handled = HandledFaults()
         # Faults of unmanaged GPU nodes already reported (node/fault id), bounded.
         self.unmanaged_told = BoundedSet(10_000)
+        self.reused_told = BoundedSet(10_000)  # node/fault id reported again, said once
         first = config()
         self.bucket = TokenBucket.full(
             first.rate_limit_per_second, first.rate_limit_burst, time.monotonic()
@@ -275,6 +276,8 @@ class Reconciler:
         state = self.state_of(node)
         decided = plan(state, self.config(), now)
         self._note_suppressed(decided, node.name)
+        if decided.suppressed == "reused":
+            self._reused_fault_id(node, decided.fault_id)
         return decided, state
 
     def _replan(self, name: str, now: dt.datetime) -> tuple[Plan, NodeState] | None:
@@ -305,6 +308,24 @@ class Reconciler:
             f"node with GPUs that nodeSelector {selector} does not match: gpuheal does not "
             "act on it; label the node to match, or set gpuheal.io/managed=false to "
             "exclude it knowingly",
+            action="Ignore",
+            warning=True,
+        )
+
+    def _reused_fault_id(self, node: NodeView, fault_id: str) -> None:
+        """A fault id reported again after its record closed (or after a newer fault
+        superseded it) is a stale report and changes nothing (policy/plan.py::_stale):
+        said once per node and id, with a warning log, an Event and the metric, so a
+        person who re-used an id (`manual-001`) learns why nothing happened."""
+        if not self.reused_told.add(f"{node.name}/{fault_id}"):
+            return
+        self.metrics.duplicates_suppressed.labels("reused").inc()
+        log.warning("fault id reported again", extra={"node": node.name, "fault_id": fault_id})
+        self.executor.effects.recorder.emit(
+            node_ref(node.name, node.uid, node.resource_version),
+            reason=Reason.FAULT_ID_REUSED,
+            note=f"fault {fault_id} was reported again after its record closed: one fault id "
+            "is one fault, so nothing is done; report a new fault under a new id",
             action="Ignore",
             warning=True,
         )

@@ -173,6 +173,7 @@ class FaultSpecJson(msgspec.Struct):
     severity: str = "P0"
     source: str = ""
     detectedAt: str = ""  # noqa: N815
+    supersedes: list[str] = msgspec.field(default_factory=list)
 
 
 class ActionJson(msgspec.Struct):
@@ -431,6 +432,7 @@ def fault_record(fault: FaultJson) -> FaultRecord:
         released_at=status.release.at if status.release else "",
         repair_approval=_repair_approval(status.repairApproval),
         uid=fault.metadata.uid,
+        supersedes=tuple(spec.supersedes),
     )
 
 

@@ -55,8 +55,11 @@ def _record_meta(name: str, node: str) -> dict[str, Any]:
     return {"name": name, "labels": {NODE_LABEL: values.node_label(node)}}
 
 
-def fault_record(name: str, signal: FaultSignal, mode: Mode) -> dict[str, Any]:
-    """A node-scope GPUFault: created first, it is the fault's exactly-once lock."""
+def fault_record(
+    name: str, signal: FaultSignal, mode: Mode, supersedes: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """A node-scope GPUFault: created first, it is the fault's exactly-once lock.
+    `supersedes` names the node's open records it replaces (our own record names)."""
     return {
         "apiVersion": GPUFAULT_API_VERSION,
         "kind": GPUFAULT_KIND,
@@ -72,6 +75,7 @@ def fault_record(name: str, signal: FaultSignal, mode: Mode) -> dict[str, Any]:
             "severity": signal.severity.value,
             "detectedAt": _time(signal.detected_at),
             "mode": mode.value,
+            **({"supersedes": list(supersedes[: values.SUPERSEDES_MAX])} if supersedes else {}),
         },
     }
 

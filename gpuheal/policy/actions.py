@@ -49,6 +49,8 @@ class CreateRecord:
     signal: FaultSignal
     phase: Phase
     mode: Mode
+    # The node's open records this new fault supersedes (spec.supersedes).
+    supersedes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

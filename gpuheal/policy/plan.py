@@ -88,12 +88,20 @@ def _entry(now: dt.datetime, action: str, result: str = "ok", detail: str = "") 
 
 
 def _created(
-    name: str, signal: FaultSignal, phase: Phase, mode: Mode, now: dt.datetime
+    name: str,
+    signal: FaultSignal,
+    phase: Phase,
+    mode: Mode,
+    now: dt.datetime,
+    *,
+    supersedes: tuple[str, ...] = (),
 ) -> list[Action]:
     """A new record (the fault's lock) and its first entry, `detect`: the record's
-    status comes with the rest of the pass (a create cannot carry a subresource)."""
+    status comes with the rest of the pass (a create cannot carry a subresource).
+    It names the open records it supersedes, so their closing, written when the
+    pass ends, is not lost with the pass (_stale)."""
     return [
-        CreateRecord(name, signal, phase, mode),
+        CreateRecord(name, signal, phase, mode, supersedes),
         UpdateRecord(name, phase, _entry(now, Entry.DETECT, detail=signal.source)),
     ]
 
@@ -137,7 +145,7 @@ def _decided(state: NodeState, config: Config, now: dt.datetime, sources: Sequen
     if signal is None:
         decided = _recover(state, config, now)
     else:
-        decided = _remediate(state, signal, config, now)
+        decided = _stale(state, signal, now) or _remediate(state, signal, config, now)
     return _label_follows_taint(node, decided)
 
 
@@ -293,8 +301,7 @@ def _remediate(  # noqa: PLR0911 -- one return per rule reads best here
         UpdateRecord(
             r.name, Phase.RESOLVED, _entry(now, Entry.SUPERSEDED, detail=f"by {signal.fault_id}")
         )
-        for r in state.records
-        if r.open and r.name != name
+        for r in _others_open(state, name)
     ]
     fault = _Fault(
         state=state,
@@ -312,8 +319,6 @@ def _remediate(  # noqa: PLR0911 -- one return per rule reads best here
         first = _first_sight(fault, watching, config, now=now, actions=actions, base=base)
         if first is not None:
             return first
-    elif not record.open:
-        return _with(base, actions, suppressed="resolved")
     elif fault.mode is Mode.OBSERVE:
         return _observed(fault, config, now, actions, base)
     elif watching:
@@ -359,6 +364,39 @@ def _remediate(  # noqa: PLR0911 -- one return per rule reads best here
     return _advance(fault, config, now, actions, base)
 
 
+def _others_open(state: NodeState, name: str) -> tuple[FaultRecord, ...]:
+    """The node's open records of other faults: a new fault supersedes them."""
+    return tuple(r for r in state.records if r.open and r.name != name)
+
+
+def _stale(state: NodeState, signal: FaultSignal, now: dt.datetime) -> Plan | None:
+    """A fault id names one occurrence. Reported again once its record closed
+    (superseded, recovered, rejected), or once a newer open record superseded it
+    (`CreateRecord.supersedes`: a pass that died before closing it), the report is
+    stale: it changes nothing of the newer fault (no supersede, no taint), and an
+    open superseded record is closed now. A new fault needs a new id."""
+    name = fault_record_name(state.node.name, signal.fault_id)
+    record = next((r for r in state.records if r.name == name), None)
+    if record is None:
+        return None
+    base = Plan(fault_id=record.fault_id, reason=record.reason)
+    if not record.open:
+        reported_again = any(a.action in _ENDED for a in record.actions)
+        return replace(base, suppressed="reused" if reported_again else "resolved")
+    newer = next((r for r in state.records if r.open and record.name in r.supersedes), None)
+    if newer is None:
+        return None
+    closed = UpdateRecord(
+        record.name, Phase.RESOLVED, _entry(now, Entry.SUPERSEDED, detail=f"by {newer.fault_id}")
+    )
+    return replace(base, record=(closed,), suppressed="reused")
+
+
+# A record closed by one of these entries ended with its fault's report (recovered,
+# restored) or was replaced by a newer fault: its id reported again was written again.
+_ENDED = frozenset({Entry.SUPERSEDED, Entry.RECOVERED, Entry.UNTAINT})
+
+
 def _first_sight(  # noqa: PLR0911 -- one return per rule, as in _remediate
     fault: _Fault,
     watching: bool,
@@ -377,6 +415,7 @@ def _first_sight(  # noqa: PLR0911 -- one return per rule, as in _remediate
     carried the mark), and the record comes back restored once the fault clears
     (_restore)."""
     node, signal, name, mode = fault.state.node, fault.signal, fault.record.name, fault.mode
+    older = tuple(r.name for r in _others_open(fault.state, name))
     fenced = _fenced(node, fault.record)
     if fault.handled:
         return _with(base, actions, suppressed="handled")
@@ -396,7 +435,10 @@ def _first_sight(  # noqa: PLR0911 -- one return per rule, as in _remediate
     if watching and mode is not Mode.OBSERVE:
         # P1: notify now, act only if it is still there after the observation window.
         fence = _p1_fence(fault, config, now)
-        actions += [*_created(name, signal, Phase.DETECTED, mode, now), *announced]
+        actions += [
+            *_created(name, signal, Phase.DETECTED, mode, now, supersedes=older),
+            *announced,
+        ]
         return _with(
             base,
             actions,
@@ -406,25 +448,28 @@ def _first_sight(  # noqa: PLR0911 -- one return per rule, as in _remediate
         )
     if mode is Mode.OBSERVE:
         # Nothing is written to the node: the record is the fault's only trace (and lock).
-        actions += [*_created(name, signal, Phase.DETECTED, mode, now), *announced]
+        actions += [
+            *_created(name, signal, Phase.DETECTED, mode, now, supersedes=older),
+            *announced,
+        ]
         if signal.severity is Severity.P0:
             actions.append(_would_quarantine(fault, config, now))
         return _with(base, actions, requeue_after=_p1_pending(fault, config, now))
     if _needs_approval(fault, config) and not fenced:
         actions += [
-            *_created(name, signal, Phase.DETECTED, mode, now),
+            *_created(name, signal, Phase.DETECTED, mode, now, supersedes=older),
             *announced,
             *_request_approval(fault, config, now),
         ]
         return _with(base, actions, requeue_after=config.approval.expiry_seconds)
     if not _may_quarantine(fault.state, config):
         actions += [
-            *_created(name, signal, Phase.HELD, mode, now),
+            *_created(name, signal, Phase.HELD, mode, now, supersedes=older),
             *announced,
             Emit(Reason.HELD, _held_note(fault.state, config), node.name, name, warning=True),
         ]
         return _with(base, actions, requeue_after=config.hold_retry_seconds)
-    actions += [*_created(name, signal, Phase.DETECTED, mode, now), *announced]
+    actions += [*_created(name, signal, Phase.DETECTED, mode, now, supersedes=older), *announced]
     return None
 
 

@@ -435,6 +435,49 @@ def test_a_new_fault_supersedes_the_open_record_of_the_old_one() -> None:
     assert MarkHandled(N1, "f2") in p.actions
 
 
+def test_the_new_faults_record_names_the_records_it_supersedes() -> None:
+    old = record(Phase.DRAINED, fault_id=F1)
+    node = tainted(faulty(fault_id="f2", **{HANDLED_FAULT_ID: F1}), F1)
+    p = plan(NodeState(node, records=(old,), gpu_nodes=10), CONFIG, NOW)
+    create = next(a for a in p.actions if isinstance(a, CreateRecord))
+    assert create.supersedes == (old.name,)
+
+
+def _superseded(entry: str = Entry.SUPERSEDED) -> FaultRecord:
+    return record(
+        Phase.RESOLVED, fault_id=F1, actions=(ActionEntry(iso(NOW), entry, "ok", "by f2"),)
+    )
+
+
+def test_a_superseded_fault_id_reported_again_is_stale_and_leaves_the_newer_fault_alone() -> None:
+    """A person re-using `manual-001` after a newer fault took the node: nothing of
+    the newer fault's changes (its record stays open, its taint stays)."""
+    newer = record(Phase.DRAINED, fault_id="f2", supersedes=(fault_record_name(N1, F1),))
+    node = tainted(faulty(fault_id=F1, **{HANDLED_FAULT_ID: "f2"}), "f2")
+    p = plan(NodeState(node, records=(_superseded(), newer), gpu_nodes=10), CONFIG, NOW)
+    assert p.actions == () and p.suppressed == "reused" and p.fault_id == F1
+
+
+def test_a_recovered_fault_id_reported_again_is_reused_a_rejected_one_still_resolved() -> None:
+    node = faulty(fault_id=F1)
+    for entry, why in ((Entry.UNTAINT, "reused"), (Entry.REJECTED, "resolved")):
+        p = plan(NodeState(node, records=(_superseded(entry),), gpu_nodes=10), CONFIG, NOW)
+        assert p.actions == () and p.suppressed == why, entry
+
+
+def test_an_open_record_a_newer_one_superseded_is_closed_when_its_id_returns() -> None:
+    """The superseding pass died before it closed the older record: both are open,
+    the newer one names the older. The older id's return closes it, and nothing else."""
+    older = record(Phase.DRAINED, fault_id=F1)
+    newer = record(Phase.QUARANTINED, fault_id="f2", supersedes=(older.name,))
+    node = tainted(faulty(fault_id=F1, **{HANDLED_FAULT_ID: F1}), "f2")
+    p = plan(NodeState(node, records=(older, newer), gpu_nodes=10), CONFIG, NOW)
+    assert p.suppressed == "reused"
+    (closed,) = p.actions
+    assert isinstance(closed, UpdateRecord) and closed.name == older.name
+    assert closed.phase is Phase.RESOLVED and closed.entry.action == Entry.SUPERSEDED
+
+
 def test_fault_record_names_are_deterministic_valid_and_distinct() -> None:
     a = fault_record_name("gpu-node-1.example.com", "xid/79 at 12:00")
     assert a == fault_record_name("gpu-node-1.example.com", "xid/79 at 12:00")

@@ -33,7 +33,9 @@ async def create_record(
     it), `detect` entry first, is the plan's UpdateRecords, written when the pass
     ends, or on the drain pass for a new quarantine (Plan.steps)."""
     sig = action.signal
-    record = await _create_lock(fx, action.name, writes.fault_record(action.name, sig, action.mode))
+    record = await _create_lock(
+        fx, action.name, writes.fault_record(action.name, sig, action.mode, action.supersedes)
+    )
     fx.metrics.faults_detected.labels(record.source, record.reason, sig.severity.value).inc()
     if sig.altered:
         _input_altered(fx, sig)
