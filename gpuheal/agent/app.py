@@ -38,7 +38,7 @@ from gpuheal.agent.kmsg import (
 from gpuheal.agent.nvml import NvmlProbe, Thresholds, XidWatcher, xid_finding
 from gpuheal.agent.repair import Repairer, RepairLog, nvml_reset, smi_reset
 from gpuheal.agent.reporter import NodeReporter, desired
-from gpuheal.agent.smi import run_smi
+from gpuheal.agent.smi import SmiProbe
 from gpuheal.agent.statefile import load_state
 from gpuheal.agent.timeouts import GuardedProbe
 from gpuheal.agent.xids import RateRule, XidHistory
@@ -219,9 +219,12 @@ class Agent:
             self.probes.append(
                 GuardedProbe(
                     "smi",
-                    lambda: run_smi(
-                        config.smi_command, self._expected_gpus(), config.smi_timeout_seconds
-                    ),
+                    SmiProbe(
+                        config.smi_command,
+                        config.smi_timeout_seconds,
+                        expected_gpus=self._expected_gpus,
+                        by_pci=self.pci_to_uuid.get,
+                    ).run,
                     config.smi_timeout_seconds + 1,
                     level=True,
                 ).run

@@ -2,7 +2,8 @@
  * spec.h): the two commands the agent runs.
  *
  *   nvidia-smi -r -i <uuid>       the GPU reset (gpuheal/agent/repair.py::smi_reset)
- *   nvidia-smi --query-gpu=index,uuid --format=csv,noheader   the smi probe (agent/smi.py)
+ *   nvidia-smi --query-gpu=index,uuid,pci.bus_id --format=csv,noheader   the smi probe
+ *                                 (gpuheal/agent/smi.py; fields: index, uuid, pci.bus_id, name)
  *
  * The reset has gpuheal/agent/fakenvml.py's FakeNvml.reset_gpu semantics: refused while a
  * process holds the GPU (a compute process of the spec, or, where the spec names the GPU's
@@ -11,6 +12,12 @@
  * reset; otherwise it clears what a reset clears (the volatile ECC count, the driver's recovery
  * action, a pending row remap) in the spec. Each reset is a line of `<spec>.resets`,
  * `<uuid> ok|failed|in-use`.
+ *
+ * The query answers as NVML (nvml.c) answers over the same spec: a GPU past `visible` is not
+ * listed; a `lost` GPU, or one whose `errors` fail nvmlDeviceGetHandleByIndex, is an "Unable to
+ * determine the device handle" line; a field whose NVML call the spec's `errors` fail is that
+ * error in brackets ("[N/A]", "[GPU is lost]", "[Unknown Error]"); a GPU with `hangSeconds`
+ * blocks the query that long, as its hung driver call would.
  *
  * Messages and exit codes are the real nvidia-smi's: "GPU 00000000:1A:00.0 was successfully
  * reset." (exit 0) and, for a busy GPU, "The following GPUs could not be reset:" with the GPU
@@ -25,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include <yaml.h>
 
@@ -252,10 +260,79 @@ static int reset(const char *uuid) {
 
 /* -- the query ---------------------------------------------------------------- */
 
+/* What nvidia-smi prints for an NVML error in a --query-gpu field (in brackets) and after
+ * "Unable to determine the device handle": "[N/A]" for a reading the GPU does not
+ * support, NVML's text otherwise ("[GPU is lost]", "[Unknown Error]"), as quoted from
+ * real output in utkuozdemir/nvidia_gpu_exporter issues #68 and #115 ([N/A]), NVIDIA
+ * k8s-test-infra's nvidia-smi e2e checks ([GPU is lost]) and dcgm-exporter issue #604
+ * (Unknown Error). */
+static const char *error_text(int code) {
+    switch (code) {
+    case 3: return "N/A";
+    case 4: return "Insufficient Permissions";
+    case 15: return "GPU is lost";
+    case 16: return "GPU requires reset";
+    default: return "Unknown Error";
+    }
+}
+
+static int is_field(const char *name) {
+    return !strcmp(name, "index") || !strcmp(name, "uuid") || !strcmp(name, "pci.bus_id") ||
+           !strcmp(name, "name");
+}
+
+/* One field of one GPU's row: the value, or the error of the NVML call behind it. */
+static void print_field(const struct spec *spec, const struct device *d, int index,
+                        const char *field) {
+    const char *call = !strcmp(field, "uuid")         ? "nvmlDeviceGetUUID"
+                       : !strcmp(field, "pci.bus_id") ? "nvmlDeviceGetPciInfo"
+                       : !strcmp(field, "name")       ? "nvmlDeviceGetName"
+                                                      : NULL; /* index: nvidia-smi's own */
+    int code = call ? spec_call_error(spec, d, call) : 0;
+    if (code)
+        printf("[%s]", error_text(code));
+    else if (!call)
+        printf("%d", index);
+    else
+        printf("%s", !strcmp(field, "uuid") ? d->uuid : !strcmp(field, "pci.bus_id") ? d->pci : d->name);
+}
+
+static void print_row(const struct spec *spec, const struct device *d, int index,
+                      const char *fields) {
+    char copy[256];
+    snprintf(copy, sizeof copy, "%s", fields);
+    const char *sep = "";
+    for (char *save = NULL, *f = strtok_r(copy, ",", &save); f; f = strtok_r(NULL, ",", &save)) {
+        printf("%s", sep);
+        print_field(spec, d, index, f);
+        sep = ", ";
+    }
+    printf("\n");
+}
+
+/* The GPU's handle, as nvmlDeviceGetHandleByIndex answers it: a hung GPU blocks the
+ * call (hangSeconds), a lost one answers GPU_IS_LOST (every call, as nvml.c does). */
+static int open_handle(const struct spec *spec, const struct device *d) {
+    if (d->hang_seconds > 0) {
+        struct timespec ts = {(time_t)d->hang_seconds,
+                              (long)((d->hang_seconds - (double)(time_t)d->hang_seconds) * 1e9)};
+        while (nanosleep(&ts, &ts) != 0) {
+        }
+    }
+    return d->lost ? 15 : spec_call_error(spec, d, "nvmlDeviceGetHandleByIndex");
+}
+
 static int query(const char *fields, const char *format) {
-    if (strcmp(fields, "index,uuid") || strcmp(format, "csv,noheader")) {
-        fprintf(stderr, "nvidia-smi (gpuheal stand-in): only --query-gpu=index,uuid "
-                        "--format=csv,noheader is implemented\n");
+    char copy[256];
+    snprintf(copy, sizeof copy, "%s", fields);
+    for (char *save = NULL, *f = strtok_r(copy, ",", &save); f; f = strtok_r(NULL, ",", &save))
+        if (!is_field(f)) {
+            printf("Field \"%s\" is not a valid field to query.\n\n", f);
+            return EXIT_INVALID;
+        }
+    if (strcmp(format, "csv,noheader")) {
+        fprintf(stderr, "nvidia-smi (gpuheal stand-in): only --format=csv,noheader is "
+                        "implemented (fields: index, uuid, pci.bus_id, name)\n");
         return EXIT_INVALID;
     }
     static struct spec spec;
@@ -271,9 +348,28 @@ static int query(const char *fields, const char *format) {
         printf("No devices were found\n");
         return EXIT_NOT_FOUND;
     }
-    for (int i = 0; i < n; i++) /* a field NVML cannot read shows NVML's error in brackets */
-        printf("%d, %s\n", i, spec.devices[i].lost ? "[GPU is lost]" : spec.devices[i].uuid);
-    return 0;
+    /* A GPU whose handle cannot be had is a line of its own, ahead of the others' rows
+     * (as in the default view of NVIDIA/open-gpu-kernel-modules issue #387), naming its
+     * bus id in the short form: "Unable to determine the device handle for
+     * GPU0000:CB:00.0: Unknown Error" (leptonai/gpud's test of it), "...: GPU is lost.
+     * Reboot the system to recover this GPU" (JosephKJ/OWOD issue #81). The exit code:
+     * 15 for a lost GPU, the manual's "GPU has fallen off the bus"; 255 otherwise. */
+    int handle[MAX_DEVICES], rc = 0;
+    for (int i = 0; i < n; i++) {
+        const struct device *d = &spec.devices[i];
+        handle[i] = open_handle(&spec, d);
+        if (!handle[i])
+            continue;
+        const char *pci = strlen(d->pci) > 12 ? d->pci + strlen(d->pci) - 12 : d->pci;
+        printf("Unable to determine the device handle for GPU%s: %s%s\n", pci,
+               error_text(handle[i]),
+               handle[i] == 15 ? ". Reboot the system to recover this GPU" : "");
+        rc = handle[i] == 15 || rc == EXIT_LOST ? EXIT_LOST : EXIT_OTHER;
+    }
+    for (int i = 0; i < n; i++)
+        if (!handle[i])
+            print_row(&spec, &spec.devices[i], i, fields);
+    return rc;
 }
 
 int main(int argc, char **argv) {
@@ -302,6 +398,6 @@ int main(int argc, char **argv) {
         return query(fields, format);
     /* The stand-in implements only what the agent runs; say so rather than guess. */
     fprintf(stderr, "nvidia-smi (gpuheal stand-in): implemented: -r -i <uuid>; "
-                    "--query-gpu=index,uuid --format=csv,noheader\n");
+                    "--query-gpu=<index,uuid,pci.bus_id,name> --format=csv,noheader\n");
     return EXIT_INVALID;
 }

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -404,14 +405,50 @@ def test_smi_reset_as_fakenvml_resets(nvml: NvmlStandIn, tmp_path: Path) -> None
 
 
 def test_smi_query_as_the_smi_probe_reads_it(nvml: NvmlStandIn, tmp_path: Path) -> None:
+    """The query answers as NVML does over the same spec: past `visible` not listed, a
+    GPU without a handle a line of its own ahead of the rows, a field NVML cannot read
+    its error in brackets (the shapes gpuheal/agent/smi.py cites)."""
     document = node(visible=7)
-    document["devices"][4]["lost"] = True
+    devices = document["devices"]
+    devices[4]["lost"] = True
+    devices[5]["errors"] = {"nvmlDeviceGetHandleByIndex": "UNKNOWN"}
+    devices[1]["errors"] = {
+        "nvmlDeviceGetUUID": "GPU_IS_LOST",
+        "nvmlDeviceGetPciInfo": "GPU_IS_LOST",
+    }
+    devices[2]["errors"] = {"nvmlDeviceGetUUID": "NOT_SUPPORTED"}
     spec = write(tmp_path, document)
-    done = smi(nvml, spec, "--query-gpu=index,uuid", "--format=csv,noheader")
-    assert done.returncode == 0
-    rows = done.stdout.splitlines()
-    assert len(rows) == 7
-    assert rows[0] == f"0, {document['devices'][0]['uuid']}"
-    assert rows[4] == "4, [GPU is lost]"
-    done = smi(nvml, spec, "--query-gpu=name", "--format=csv")
-    assert done.returncode == 2 and "only --query-gpu=index,uuid" in done.stderr
+    done = smi(nvml, spec, "--query-gpu=index,uuid,pci.bus_id", "--format=csv,noheader")
+    assert done.returncode == 15  # nvidia-smi(1): a GPU fallen off the bus
+    assert done.stdout.splitlines() == [
+        "Unable to determine the device handle for GPU0000:1C:00.0: GPU is lost. "
+        "Reboot the system to recover this GPU",
+        "Unable to determine the device handle for GPU0000:1D:00.0: Unknown Error",
+        f"0, {devices[0]['uuid']}, {devices[0]['pciBusId']}",
+        "1, [GPU is lost], [GPU is lost]",
+        f"2, [N/A], {devices[2]['pciBusId']}",
+        f"3, {devices[3]['uuid']}, {devices[3]['pciBusId']}",
+        f"6, {devices[6]['uuid']}, {devices[6]['pciBusId']}",
+    ]
+    devices[4]["lost"] = False
+    done = smi(nvml, write(tmp_path, document), "--query-gpu=index,uuid", "--format=csv,noheader")
+    assert done.returncode == 255 and done.stdout.splitlines()[0].endswith(": Unknown Error")
+    done = smi(nvml, spec, "--query-gpu=index,power.draw", "--format=csv,noheader")
+    assert (done.returncode, done.stdout) == (
+        2,
+        'Field "power.draw" is not a valid field to query.\n\n',
+    )
+    done = smi(nvml, spec, "--query-gpu=index", "--format=csv")
+    assert done.returncode == 2 and "only --format=csv,noheader" in done.stderr
+    # The same GPUs through NVML: the lost one and the one without a handle fail there too.
+    seen = c_report(nvml, spec)
+    assert seen["count"] == 7
+
+
+def test_smi_query_waits_as_long_as_a_hung_gpu(nvml: NvmlStandIn, tmp_path: Path) -> None:
+    document = node()
+    document["devices"][6]["hangSeconds"] = 0.5
+    started = time.monotonic()
+    done = smi(nvml, write(tmp_path, document), "--query-gpu=index,uuid", "--format=csv,noheader")
+    assert time.monotonic() - started >= 0.5
+    assert done.returncode == 0 and len(done.stdout.splitlines()) == 8
