@@ -59,6 +59,7 @@ from gpuheal.policy import access
 from gpuheal.policy.backoff import backoff_delay
 from gpuheal.policy.sharing import gpus_offered, label_counts_gpus, layout
 from gpuheal.sources.annotations import written
+from gpuheal.supervisor import Supervisor
 from gpuheal.xid import VERSION as XID_CATALOGUE_VERSION
 from gpuheal.xid import classify, needs_line
 from gpuheal.xid.lines import OFF_THE_BUS_REASON, OFF_THE_BUS_SEVERITY
@@ -173,6 +174,11 @@ class Agent:
         self.config = config
         self.node = node
         self.metrics = AgentMetrics()
+        # The kernel-log follower's and the NVML event watcher's threads, and the
+        # rounds (docs/agent.md#supervised-threads).
+        self.supervisor = Supervisor(
+            "agent", counted=lambda task: self.metrics.task_crashes.labels(task).inc()
+        )
         self.metrics.xid_catalogue.labels(XID_CATALOGUE_VERSION).set(1)
         self.reporter = NodeReporter(client, node)
         self.state = Debounce()
@@ -615,15 +621,21 @@ class Agent:
             )
 
     def run(self, stop: threading.Event) -> None:
+        """Rounds until `stop`; a round that raises ends the agent (said and counted
+        as the task `rounds`): the kubelet restarts it, and it adopts its report."""
         if self.follower is not None:
-            self.follower.start()
+            self.follower.start(self.supervisor)
         if self.watcher is not None:
-            self.watcher.start()
-        try:
+            self.watcher.start(self.supervisor)
+
+        def rounds() -> None:
             while not stop.is_set():
                 started = time.monotonic()
                 self.run_round()
                 stop.wait(max(0.0, self.config.interval_seconds - (time.monotonic() - started)))
+
+        try:
+            self.supervisor.call("rounds", rounds)
         finally:
             if self.follower is not None:
                 self.follower.stop()

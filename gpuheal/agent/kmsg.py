@@ -43,6 +43,7 @@ from pathlib import Path
 import msgspec
 
 from gpuheal.agent.statefile import load_state
+from gpuheal.supervisor import Supervisor
 from gpuheal.xid.lines import (
     GpuAt,
     KernelEvent,
@@ -227,19 +228,32 @@ class KmsgFollower:
         self.last_record_at: float | None = None  # wall-clock time of the newest record read
         self._saved_at = 0.0
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="kmsg", daemon=True)
+        self._thread: threading.Thread | None = None
 
     @property
     def sxid_continuations(self) -> int:
         """SXid Severity and Data lines attached to their SXid (no event of their own)."""
         return self.continuations.attached
 
-    def start(self) -> None:
+    def start(self, supervisor: Supervisor | None = None) -> None:
+        """Follow in a thread of `supervisor`'s: a crash is said, counted and
+        restarted after a backoff (the cursor keeps what was already reported)."""
+        supervisor = supervisor or Supervisor("agent")
+        self._thread = supervisor.thread("kmsg", self._supervised, self._stop)
         self._thread.start()
+
+    def _supervised(self) -> None:
+        try:
+            self._run()
+        except Exception as err:
+            # Not reading while down: the agent-access fact says so (doctor, status).
+            self.readable, self.error = False, f"follower crashed: {str(err)[:200]}"
+            raise
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=2)
+        if self._thread is not None:
+            self._thread.join(timeout=2)
         self.cursor.save(self.state_path)
 
     def _run(self) -> None:

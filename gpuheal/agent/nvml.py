@@ -23,6 +23,7 @@ from gpuheal.agent.findings import ProbeFinding, ProbeResult
 from gpuheal.agent.kmsg import normalize_pci
 from gpuheal.model import Severity
 from gpuheal.policy.access import NVML_OK, NVML_PENDING, nvml_state
+from gpuheal.supervisor import Supervisor
 from gpuheal.xid import RECOVERY_ACTIONS, XidRow
 
 log = logging.getLogger(__name__)
@@ -350,9 +351,13 @@ class XidWatcher:
         # A GPU reset needs every NVML session closed: pause() closes this one.
         self._pause = threading.Event()
         self._released = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="nvml-events", daemon=True)
+        self._thread: threading.Thread | None = None
 
-    def start(self) -> None:
+    def start(self, supervisor: Supervisor | None = None) -> None:
+        """Watch in a thread of `supervisor`'s: a crash is said, counted and
+        restarted after a backoff (NVML is opened afresh)."""
+        supervisor = supervisor or Supervisor("agent")
+        self._thread = supervisor.thread("nvml-events", self._run, self._stop)
         self._thread.start()
 
     def stop(self) -> None:
@@ -362,7 +367,7 @@ class XidWatcher:
         """Close the event set and NVML; True once closed (within one wait, 1 s)."""
         self._released.clear()
         self._pause.set()
-        if not self._thread.is_alive():
+        if self._thread is None or not self._thread.is_alive():
             return True
         return self._released.wait(timeout_s)
 

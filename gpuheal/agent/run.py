@@ -37,5 +37,8 @@ def run_agent(config: AgentConfig, *, node: str, kubeconfig: Path | None) -> int
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    agent.run(stop)
+    try:
+        agent.run(stop)
+    except Exception:  # said with its traceback and counted by the supervisor
+        return 1
     return 0

@@ -62,6 +62,7 @@ from gpuheal.policy.validation import VALIDATION_LABEL, ValidationPod
 from gpuheal.sources import dcgm, hygiene
 from gpuheal.sources.dcgm import Query
 from gpuheal.sources.dcgm import queries as dcgm_queries
+from gpuheal.supervisor import OnCrash, Supervisor
 from gpuheal.vocabulary import Reason
 
 log = logging.getLogger(__name__)
@@ -104,6 +105,14 @@ class Controller:
         self.api = api
         self.identity = identity
         self.metrics = ControllerMetrics()
+        # Every background task runs under it (docs/controller.md#supervised-tasks);
+        # a crash of one whose restart is unsafe ends the controller (run() returns 1).
+        self._stop: asyncio.Event | None = None
+        self.supervisor = Supervisor(
+            "controller",
+            counted=lambda task: self.metrics.task_crashes.labels(task).inc(),
+            fatal=lambda _task: self._stop.set() if self._stop is not None else None,
+        )
         self.nodes: Informer[NodeJson, NodeView] = self._informer(
             "nodes", node_path(), NodeJson, node_view, lambda n: n.name
         )
@@ -218,7 +227,6 @@ class Controller:
             reported=self.reconciler.reported_faults,
             metrics=self.metrics,
         )
-        self._collecting: asyncio.Task[None] | None = None
         # The console's live updates: every cache change bumps a version (last, so
         # a page drawn on the bump sees the fleet's indexes current).
         self.changes = ChangeFeed()
@@ -264,10 +272,15 @@ class Controller:
             rollouts=self.rollouts.values,
             identity=identity,
             schema_ok=lambda: self._current(GPUROLLOUT_CRD),
+            supervisor=self.supervisor,
         )
         # `gpuheal maintenance` requests on nodes, carried out by the leader alone.
         self.maintenance_loop = MaintenanceLoop(
-            lambda: self.config, api, nodes=self.nodes.values, identity=identity
+            lambda: self.config,
+            api,
+            nodes=self.nodes.values,
+            identity=identity,
+            supervisor=self.supervisor,
         )
         self.elector: LeaderElector | None = None
         le = config.leader_election
@@ -285,7 +298,7 @@ class Controller:
                 counted=lambda reason: self.metrics.leader_election_errors.labels(reason).inc(),
             )
             api.write_gate = self.elector.may_write
-        self._workers: list[asyncio.Task[None]] = []
+        self._leader_tasks: tuple[str, ...] = ()  # the supervisor's, while leading
         self.api_tokens = ApiTokens(config.api_token_file)
         self.view_tokens = ApiTokens(
             config.console_view_token_file, "consoleViewTokenFile", "console view"
@@ -417,47 +430,43 @@ class Controller:
         # dcgm-exporter's list is a choice, and Prometheus is not the controller's.
         if self._dcgm_source is not None:
             reasons += self._dcgm_source.problems()
+        # Said, not unready: the task restarts by itself (or the controller ends).
+        reasons += self.supervisor.down()
         return reasons
 
     @property
     def leading(self) -> bool:
-        return self.elector.is_leader if self.elector else bool(self._workers)
+        return self.elector.is_leader if self.elector else bool(self._leader_tasks)
 
     async def _start_leading(self) -> None:
         self.metrics.leader.set(1)
         self.handlers.active = True
-        self._workers = [
-            asyncio.create_task(
-                work(
-                    self.queue,
-                    self.reconciler.reconcile,
-                    not_leader_retry_s=self.config.leader_election.retry_period_seconds,
-                    failures=self.failures,
-                ),
-                name=f"worker-{i}",
-            )
-            for i in range(self.config.workers)
-        ]
-        self._workers.append(asyncio.create_task(self.rollout_loop.run(), name="rollouts"))
-        self._workers.append(
-            asyncio.create_task(self.maintenance_loop.run(), name="maintenance-requests")
-        )
+        for i in range(self.config.workers):
+            # A worker that dies outside a reconcile (work() handles a reconcile's own
+            # errors) leaves the queue's bookkeeping in doubt: the controller ends and
+            # the next leader starts from every node.
+            self.supervisor.spawn(f"worker-{i}", self._work, on_crash=OnCrash.END, kind="worker")
+        self.supervisor.spawn("rollouts", self.rollout_loop.run)
+        self.supervisor.spawn("maintenance-requests", self.maintenance_loop.run)
+        self.supervisor.spawn("retention", self.collector.run)
+        names = [f"worker-{i}" for i in range(self.config.workers)]
+        self._leader_tasks = (*names, "rollouts", "maintenance-requests", "retention")
         # Level-triggered start: look at every node once, whatever happened before we led.
         self.handlers.enqueue_all()
-        self._collecting = asyncio.create_task(self.collector.run(), name="retention")
+
+    async def _work(self) -> None:
+        await work(
+            self.queue,
+            self.reconciler.reconcile,
+            not_leader_retry_s=self.config.leader_election.retry_period_seconds,
+            failures=self.failures,
+        )
 
     async def _stop_leading(self) -> None:
         self.metrics.leader.set(0)
         self.handlers.active = False
-        workers, self._workers = self._workers, []
-        if self._collecting is not None:
-            workers.append(self._collecting)
-            self._collecting = None
-        for task in workers:
-            task.cancel()
-        for task in workers:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        names, self._leader_tasks = self._leader_tasks, ()
+        await self.supervisor.stop(*names)
 
     def http_api(self) -> Api:
         self.api_tokens.refresh()
@@ -563,27 +572,15 @@ class Controller:
 
     async def run(
         self, stop: asyncio.Event, options: RunOptions, hangup: asyncio.Event | None = None
-    ) -> None:
+    ) -> int:
+        """Run until `stop` is set; 0, or 1 when a task whose restart is unsafe
+        crashed (the supervisor set `stop`: the lease is released on the way out)."""
+        self._stop = stop
         runner = await serve(self.http_api().app(), options.listen_host, options.listen_port)
-        tokens = asyncio.create_task(self._watch_api_tokens(), name="api-tokens")
-        resync = asyncio.create_task(self._resync(), name="resync")
-        self.notifier.start()
-        watcher = (
-            asyncio.create_task(self._watch_config(options.config_path, hangup or asyncio.Event()))
-            if options.config_path
-            else None
-        )
-        url = self.config.dcgm_prometheus_url
         synced = asyncio.Event()
-        dcgm = asyncio.create_task(self._dcgm(url).run(synced)) if url else None
-        examine = asyncio.create_task(self.hygiene.run(synced), name="hygiene")
-        informers = [
-            asyncio.create_task(i.run(), name=f"informer-{i.name}")
-            for i in (*self._informers, self.events)
-        ]
-        election: asyncio.Task[None] | None = None
+        self._start_tasks(options, synced, hangup or asyncio.Event())
         await self.check_crds()
-        schema = asyncio.create_task(self._watch_crds(), name="crds")
+        self.supervisor.spawn("crds", self._watch_crds)
         if self.elector is not None:
             self.elector.address = advertised_address(options.listen_port)
         try:
@@ -592,33 +589,49 @@ class Controller:
             await self._wait_schema(stop)
             if not stop.is_set():
                 log.info("caches synced", extra={"identity": self.identity})
-                if self.elector:
-                    election = asyncio.create_task(self.elector.run(), name="leader-election")
-                else:
-                    await self._start_leading()
+                await self._lead_when_elected()
                 await stop.wait()
         finally:
             if self.elector:
                 await self.elector.release()
             else:
                 await self._stop_leading()
-            if election:
-                election.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await election
-            for task in informers:
-                task.cancel()
-            await asyncio.gather(*informers, return_exceptions=True)
+            await self.supervisor.stop()
             self.queue.shutdown()
-            for task in [
-                t for t in (watcher, dcgm, examine, tokens, resync, schema) if t is not None
-            ]:
-                task.cancel()
-            await self.notifier.stop()
             await self.recorder.flush()
             if self._http is not None:
                 await self._http.forwarder.close()
             await runner.cleanup()
+        return 1 if self.supervisor.failed else 0
+
+    def _start_tasks(
+        self, options: RunOptions, synced: asyncio.Event, hangup: asyncio.Event
+    ) -> None:
+        """Every replica's background tasks, under the supervisor: each resumes from
+        what it observes, so a crash restarts it after a backoff."""
+        spawn = self.supervisor.spawn
+        spawn("api-tokens", self._watch_api_tokens)
+        spawn("resync", self._resync)
+        spawn("notifier", self.notifier.run)
+        path = options.config_path
+        if path is not None:
+            spawn("config", lambda: self._watch_config(path, hangup))
+        if self.config.dcgm_prometheus_url:
+            source = self._dcgm(self.config.dcgm_prometheus_url)
+            spawn("dcgm", lambda: source.run(synced))
+        spawn("hygiene", lambda: self.hygiene.run(synced))
+        for informer in (*self._informers, self.events):
+            spawn(f"informer-{informer.name}", informer.run)
+
+    async def _lead_when_elected(self) -> None:
+        """Take part in the election (its loop starts and stops the leader's tasks),
+        or lead at once without one. A crashed election loop ends the controller: the
+        lease it held is released on the way out and another replica takes over,
+        rather than this one leading on a loop it cannot trust."""
+        if self.elector is not None:
+            self.supervisor.spawn("leader-election", self.elector.run, on_crash=OnCrash.END)
+        else:
+            await self._start_leading()
 
     async def _wait_schema(self, stop: asyncio.Event) -> None:
         """Never lead over an older GPUFault schema: its writes would lose fields.

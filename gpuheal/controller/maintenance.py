@@ -58,6 +58,8 @@ from gpuheal.policy.maintenancewire import (
 
 log = logging.getLogger(__name__)
 
+from gpuheal.supervisor import Supervisor
+from gpuheal.vocabulary import Reason
 MAX_BACKOFF_S = 60.0
 
 
@@ -74,11 +76,12 @@ class MaintenanceLoop:
         now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
     ) -> None:
         self.config = config
+        supervisor: Supervisor,
         self.api = api
         self.nodes = nodes
         self.identity = identity
         self.now = now
-        self._carrying = KeyedTasks("maintenance")
+        self._carrying = KeyedTasks("maintenance", supervisor)
 
     async def run(self) -> None:
         try:

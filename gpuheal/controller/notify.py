@@ -13,7 +13,6 @@ client's error message is scrubbed of the rest of the URL before it is logged.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -66,7 +65,6 @@ class Notifier:
         self.counted = counted  # by result: sent, failed, dropped
         self.retry_base_s = retry_base_s
         self.queue: asyncio.Queue[Notice] = asyncio.Queue(maxsize=10_000)
-        self._task: asyncio.Task[None] | None = None
 
     def notify(self, notice: Notice) -> None:
         if not self.sinks:
@@ -77,16 +75,8 @@ class Notifier:
             self.counted("dropped")
             log.warning("notification queue full", extra={"node": notice.node})
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="notifier")
-
-    async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    async def _run(self) -> None:
+    async def run(self) -> None:
+        """Send the queued notices until cancelled (the controller's supervisor runs it)."""
         timeout = aiohttp.ClientTimeout(total=10)
         async with aiohttp.ClientSession(timeout=timeout) as session:
             while True:

@@ -71,6 +71,7 @@ from gpuheal.policy.rollout import (
     plan_order,
 )
 from gpuheal.values import text
+from gpuheal.supervisor import Supervisor
 from gpuheal.vocabulary import Reason
 
 log = logging.getLogger(__name__)
@@ -149,6 +150,7 @@ class RolloutLoop:
         identity: str,
         schema_ok: Callable[[], bool] = lambda: True,
         now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        supervisor: Supervisor,
     ) -> None:
         self.config = config
         self.api = api
@@ -158,7 +160,7 @@ class RolloutLoop:
         # what a pass writes (the controller's /readyz says so, with the command).
         self.schema_ok = schema_ok
         self.now = now
-        self._driving = KeyedTasks("rollout")
+        self._driving = KeyedTasks("rollout", supervisor)
 
     def context(self, rollout: str) -> Context:
         """ops/'s world for one roll-out's actions: this replica's client, the

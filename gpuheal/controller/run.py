@@ -16,7 +16,7 @@ def _split_listen(listen: str) -> tuple[str, int]:
     return host or "0.0.0.0", int(port)  # noqa: S104
 
 
-async def _main(config: Config, options: RunOptions) -> None:
+async def _main(config: Config, options: RunOptions) -> int:
     stop, hangup = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -24,7 +24,7 @@ async def _main(config: Config, options: RunOptions) -> None:
     loop.add_signal_handler(signal.SIGHUP, hangup.set)
     api = KubeApi.from_kubeconfig(options.kubeconfig, connections=connections_for(config.workers))
     try:
-        await Controller(config, api, options.identity).run(stop, options, hangup)
+        return await Controller(config, api, options.identity).run(stop, options, hangup)
     finally:
         await api.close()
 
@@ -45,5 +45,4 @@ def run_controller(
         listen_host=host,
         listen_port=port,
     )
-    asyncio.run(_main(config, options))
-    return 0
+    return asyncio.run(_main(config, options))

@@ -39,6 +39,12 @@ class AgentMetrics(Metrics):
     probe_failures = counter(
         "gpuheal_agent_probe_failures_total", "Probe calls that could not run.", "probe"
     )
+    task_crashes = counter(
+        "gpuheal_agent_task_crashes_total",
+        "Background threads that ended with an unexpected exception, by thread "
+        "(restarted after a backoff, or the agent ends: docs/agent.md#supervised-threads).",
+        "task",
+    )
     xids = counter("gpuheal_agent_xid_total", "Xid events seen.", "xid")
     application_xids = counter(
         "gpuheal_agent_application_xid_total",

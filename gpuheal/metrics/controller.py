@@ -72,6 +72,12 @@ class ControllerMetrics(Metrics):
     )
     # Set by the elector's callbacks: the moments this replica starts and stops leading.
     leader = gauge("gpuheal_leader", "1 while this replica holds the lease.")
+    task_crashes = counter(
+        "gpuheal_task_crashes_total",
+        "Background tasks that ended with an unexpected exception, by task (restarted "
+        "after a backoff, or the controller ends: docs/controller.md#supervised-tasks).",
+        "task",
+    )
     leader_election_errors = counter(
         "gpuheal_leader_election_errors_total",
         "Lease reads and writes that failed, by reason (Forbidden, NotFound, Timeout, ...).",

@@ -24,6 +24,7 @@ from gpuheal.agent.kmsg import (
     parse_record,
 )
 from gpuheal.metrics.agent import AgentMetrics
+from gpuheal.supervisor import Supervisor
 
 CORPUS = Path(__file__).parent / "data" / "kmsg_corpus.txt"
 WELL_FORMED_XID = re.compile(
@@ -208,3 +209,41 @@ def test_the_follower_exports_what_it_reads_and_what_it_cannot(tmp_path: Path) -
     assert after["gpuheal_agent_kmsg_read_errors_total"] == 0
     assert abs(after["gpuheal_agent_kmsg_last_record_timestamp_seconds"] - time.time()) < 60
     assert 0 <= after["gpuheal_agent_kmsg_last_record_age_seconds"] < 60
+
+
+def test_a_follower_that_crashes_is_said_counted_restarted_and_loses_no_event(
+    tmp_path: Path,
+) -> None:
+    """An unexpected error in the follower's thread (here from its consumer, on the
+    first Xid) must not end the kernel log's intake silently: the supervisor counts
+    it and starts the thread again, and the Xid that was being handled is read
+    again (its cursor was not saved)."""
+    source = tmp_path / "kmsg"
+    source.write_text(
+        "3,7101,2000,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.\n"
+    )
+    seen: list[object] = []
+
+    def consume(event: object) -> None:
+        if not seen:
+            seen.append("crashed")
+            raise ValueError("a bug in the consumer")
+        seen.append(event)
+
+    counted: list[str] = []
+    supervisor = Supervisor("agent", counted=counted.append, base_s=0.5, max_s=0.5)
+    follower = KmsgFollower(source, tmp_path / "cursor.json", "boot-1", consume)
+    follower.start(supervisor)
+    deadline = time.monotonic() + 5
+    while follower.readable is not False and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # Down: the agent-access fact (doctor, status) says why the kernel log is not read.
+    assert follower.error == "follower crashed: a bug in the consumer"
+    (down,) = supervisor.down()
+    assert down.startswith("task kmsg crashed (ValueError: a bug in the consumer")
+    while follower.cursor.seq < 7101 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    follower.stop()
+    assert counted == ["kmsg"]
+    assert [type(e).__name__ for e in seen] == ["str", "XidEvent"]
+    assert follower.readable is True and follower.cursor.seq == 7101

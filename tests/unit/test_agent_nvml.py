@@ -13,6 +13,7 @@ import yaml
 from gpuheal.agent.fakenvml import FakeNvml
 from gpuheal.agent.nvml import NvmlProbe, Thresholds, XidWatcher
 from gpuheal.agent.timeouts import GuardedProbe
+from gpuheal.supervisor import Supervisor
 
 
 def spec(tmp_path: Path, **device_changes: Any) -> Path:
@@ -139,3 +140,36 @@ def test_an_xid_of_a_gpu_that_cannot_be_named_is_still_reported(tmp_path: Path) 
     finally:
         watcher.stop()
     assert seen == [(48, "GPU-2"), (79, "")]
+
+
+def test_a_watcher_that_crashes_is_said_counted_and_watches_again(tmp_path: Path) -> None:
+    """An unexpected error in the NVML event thread (here from its consumer) must not
+    end the Xid intake silently: the supervisor counts it and the thread registers
+    again and goes on (the kernel log carries the Xid that was being handled)."""
+    path = spec(tmp_path)
+    seen: list[tuple[int, str]] = []
+
+    def on_xid(xid: int, uuid: str) -> None:
+        seen.append((xid, uuid))
+        if len(seen) == 1:
+            raise RuntimeError("a bug in the consumer")
+
+    counted: list[str] = []
+    supervisor = Supervisor("agent", counted=counted.append, base_s=0.05, max_s=0.05)
+    watcher = XidWatcher(FakeNvml(path), on_xid)
+    watcher.start(supervisor)
+    try:
+        document = yaml.safe_load(path.read_text())
+        document["xidEvents"] = [{"id": 1, "device": 2, "xid": 48}]
+        path.write_text(yaml.safe_dump(document))
+        deadline = time.monotonic() + 10
+        while not counted and time.monotonic() < deadline:
+            time.sleep(0.05)
+        document["xidEvents"].append({"id": 2, "device": 1, "xid": 31})
+        path.write_text(yaml.safe_dump(document))
+        while (31, "GPU-1") not in seen and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        watcher.stop()
+    assert counted == ["nvml-events"]
+    assert seen[0] == (48, "GPU-2") and (31, "GPU-1") in seen
