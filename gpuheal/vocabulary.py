@@ -191,6 +191,7 @@ class Reason(StrEnum):
     RECONCILE_FAILED = "GPUHealReconcileFailed"
     NODE_UNMANAGED = "GPUNodeUnmanaged"
     FAULT_ID_REUSED = "GPUFaultIdReused"
+    ANNOTATION_UNREADABLE = "GPUAnnotationUnreadable"
     ACKNOWLEDGED = "GPUFaultAcknowledged"
     APPLICATION_XID = "GPUApplicationXid"
     INFORMATIONAL_XID = "GPUInformationalXid"

@@ -12,12 +12,14 @@ memories of what was done (refused evictions, pods leaving, faults handled).
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 
+from gpuheal import values
 from gpuheal.config import Config
 from gpuheal.controller.devices import DeviceReports
 from gpuheal.controller.effects.context import PassOutcome, Replan
@@ -45,6 +47,7 @@ from gpuheal.policy.pools import NO_POOL, pool_of
 from gpuheal.policy.ratelimit import TokenBucket
 from gpuheal.policy.recent import HandledFaults
 from gpuheal.policy.rollout import RolloutDriver, rollout_name
+from gpuheal.policy.unreadable import unreadable
 from gpuheal.policy.validation import ValidationPod
 from gpuheal.sources import Seen
 from gpuheal.vocabulary import Reason
@@ -84,6 +87,7 @@ class Reconciler:
         # Faults of unmanaged GPU nodes already reported (node/fault id), bounded.
         self.unmanaged_told = BoundedSet(10_000)
         self.reused_told = BoundedSet(10_000)  # node/fault id reported again, said once
+        self.unreadable_told = BoundedSet(10_000)  # node/annotation/value, said once
         first = config()
         self.bucket = TokenBucket.full(
             first.rate_limit_per_second, first.rate_limit_burst, time.monotonic()
@@ -273,6 +277,7 @@ class Reconciler:
         if not self.fleet.selected(node):
             self._unmanaged_fault(node)
             return None
+        self._unreadable(node)
         state = self.state_of(node)
         decided = plan(state, self.config(), now)
         self._note_suppressed(decided, node.name)
@@ -311,6 +316,32 @@ class Reconciler:
             action="Ignore",
             warning=True,
         )
+
+    def _unreadable(self, node: NodeView) -> None:
+        """Each gpuheal annotation value on the node that its readers cannot read
+        (policy/unreadable.py), told once: a warning log, the metric and a Warning
+        Event, so the person who wrote it learns it is taken as absent."""
+        for bad in unreadable(node.annotations):
+            told = f"{node.name}/{bad.annotation}/{hashlib.sha256(bad.value.encode()).hexdigest()}"
+            if not self.unreadable_told.add(told):
+                continue
+            self.metrics.annotations_unreadable.labels(bad.annotation).inc()
+            log.warning(
+                "annotation unreadable",
+                extra={
+                    "node": node.name,
+                    "annotation": bad.annotation,
+                    "value": values.text(bad.value, 128),
+                    "why": bad.why,
+                },
+            )
+            self.executor.effects.recorder.emit(
+                node_ref(node.name, node.uid, node.resource_version),
+                reason=Reason.ANNOTATION_UNREADABLE,
+                note=f"{bad.annotation}={values.text(bad.value, 128)!r}: {bad.why}",
+                action="Ignore",
+                warning=True,
+            )
 
     def _reused_fault_id(self, node: NodeView, fault_id: str) -> None:
         """A fault id reported again after its record closed (or after a newer fault

@@ -72,6 +72,12 @@ class ControllerMetrics(Metrics):
     )
     # Set by the elector's callbacks: the moments this replica starts and stops leading.
     leader = gauge("gpuheal_leader", "1 while this replica holds the lease.")
+    annotations_unreadable = counter(
+        "gpuheal_annotations_unreadable_total",
+        "gpuheal annotations on a node that their readers cannot read (each value told "
+        "once, with a warning log and a GPUAnnotationUnreadable Event), by annotation.",
+        "annotation",
+    )
     task_crashes = counter(
         "gpuheal_task_crashes_total",
         "Background tasks that ended with an unexpected exception, by task (restarted "

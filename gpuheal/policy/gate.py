@@ -424,7 +424,7 @@ def _diagnostics(
         result = CheckResult.FAIL if gate.diagnostics_required else CheckResult.SKIPPED
         return Check(DIAGNOSTICS_CHECK, result, f"no diagnostics result recorded; {required}")
     try:
-        outcome, at, tool = _parse_diagnostics(value)
+        outcome, at, tool = parse_diagnostics(value)
     except MalformedError as err:
         return Check(DIAGNOSTICS_CHECK, CheckResult.FAIL, str(err))
     what = f"{tool or 'diagnostics'} {outcome} at {iso(at, 'seconds')}"
@@ -442,7 +442,8 @@ def _diagnostics(
     return Check(DIAGNOSTICS_CHECK, result, f"{what}: {stale}; {required}")
 
 
-def _parse_diagnostics(value: str) -> tuple[str, dt.datetime, str]:
+def parse_diagnostics(value: str) -> tuple[str, dt.datetime, str]:
+    """DIAGNOSTICS's JSON {"result", "time", "tool"}; MalformedError (a ValueError)."""
     raw = _json_object(DIAGNOSTICS, value)
     result, at, tool = raw.get("result"), raw.get("time"), raw.get("tool", "")
     if not isinstance(result, str) or not result:

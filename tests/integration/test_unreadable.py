@@ -1,0 +1,51 @@
+"""A person writes each gpuheal annotation malformed on a managed node, against the
+real API server and a real controller: each value is told once (a warning log line
+with the node, a Warning Event, the metric), and nothing else happens to the node."""
+
+from __future__ import annotations
+
+import pytest
+from lightkube import Client
+from lightkube.resources.core_v1 import Node
+
+from gpuheal.model import DISRUPTION_GUARD, TAINT_KEY
+from tests.helpers import FakeNodes, wait_for
+from tests.integration.conftest import StartController, controller_config, events_for
+from tests.integration.test_failures import log_lines, metric
+from tests.unit.test_unreadable import BAD
+
+pytestmark = pytest.mark.integration
+
+
+def test_each_unreadable_annotation_is_told_once_and_changes_nothing_else(
+    kube: Client, pool: dict[str, str], fake_gpu_nodes: FakeNodes, start_controller: StartController
+) -> None:
+    (eks_node,) = fake_gpu_nodes(1, labels=pool)
+    controller = start_controller(controller_config(pool))
+    controller.wait_leading()
+    kube.patch(Node, eks_node, {"metadata": {"annotations": BAD}})
+
+    def counted(annotation: str) -> float:
+        return metric(
+            controller, f'gpuheal_annotations_unreadable_total{{annotation="{annotation}"}}'
+        )
+
+    wait_for("every value counted", lambda: all(counted(a) == 1 for a in BAD))
+    told = events_for(kube, eks_node, "GPUAnnotationUnreadable", at_least=len(BAD))
+    assert sorted(str(e.message).split("=", 1)[0] for e in told) == sorted(BAD)
+    # Looked at again (a change to one of ours: the controller's caches keep only
+    # gpuheal.io/ annotations): nothing is told twice.
+    looks = metric(controller, "gpuheal_reconcile_duration_seconds_count")
+    kube.patch(Node, eks_node, {"metadata": {"annotations": {DISRUPTION_GUARD: ""}}})
+    wait_for(
+        "the node looked at again",
+        lambda: metric(controller, "gpuheal_reconcile_duration_seconds_count") > looks,
+    )
+    lines = [e for e in log_lines(controller) if e["msg"] == "annotation unreadable"]
+    assert sorted(e["annotation"] for e in lines) == sorted(BAD)
+    assert all(e["node"] == eks_node and e["level"] == "warning" and e["why"] for e in lines)
+    assert all(counted(a) == 1 for a in BAD)
+    assert len(events_for(kube, eks_node, "GPUAnnotationUnreadable")) == len(BAD)
+    node = kube.get(Node, eks_node)
+    assert node.spec is not None and not node.spec.unschedulable
+    assert not any(t.key == TAINT_KEY for t in node.spec.taints or ())
