@@ -75,7 +75,7 @@ class Supervisor:
         self._counted = counted
         self._fatal = fatal
         self._clock = clock
-        self._base_s, self._max_s = base_s, max_s
+        self.backoff_base_s, self.backoff_max_s = base_s, max_s
         self._children: dict[str, _Child] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self.failed = ""  # the piece whose crash ended the program, if one did
@@ -187,7 +187,7 @@ class Supervisor:
             self.failed = self.failed or child.name
             self._fatal(child.name)
             return None
-        delay = backoff_delay(child.crashes, self._base_s, self._max_s, jitter=0.1)
+        delay = backoff_delay(child.crashes, self.backoff_base_s, self.backoff_max_s, jitter=0.1)
         child.restart_at = now + delay
         log.error(
             "task crashed; restarting",

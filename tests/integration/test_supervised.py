@@ -102,7 +102,10 @@ class Failing:
 
 @contextmanager
 def controller_in_thread(
-    cp: ControlPlane, config: dict[str, Any], tmp_path: Path
+    cp: ControlPlane,
+    config: dict[str, Any],
+    tmp_path: Path,
+    backoff_max_s: float | None = None,
 ) -> Iterator[tuple[Controller, int, Callable[[], int | None]]]:
     """A Controller run in a thread's event loop; yields it, its port and a
     function giving run()'s exit code once it has returned (None before)."""
@@ -118,6 +121,8 @@ def controller_in_thread(
     async def main() -> None:
         api = KubeApi.from_kubeconfig(cp.kubeconfig)
         controller = Controller(parse_config(config), api, unique("supervised"))
+        if backoff_max_s is not None:  # a crash loop fast enough for an alert in seconds
+            controller.supervisor.backoff_max_s = backoff_max_s
         holder["c"] = controller
         ready.set()
         options = RunOptions(config_path=path, listen_host="127.0.0.1", listen_port=port)
@@ -172,7 +177,7 @@ def test_a_failure_in_each_loop_is_said_counted_and_the_loop_runs_again(
     failing.install(monkeypatch)
     with (
         caplog.at_level(logging.ERROR, logger="gpuheal.supervisor"),
-        controller_in_thread(control_plane, config, tmp_path) as (ctl, port, rc),
+        controller_in_thread(control_plane, config, tmp_path, backoff_max_s=0.5) as (ctl, port, rc),
     ):
         wait_for(
             "every loop failed once",
