@@ -115,9 +115,15 @@ class ControllerIntake:
         if not registered(signal.source):
             # The plan hears only registered sources: held, it would never be acted on.
             raise ValueError(f"signal from source {signal.source!r}, not in gpuheal.sources")
-        new = self.reconciler.external.add(signal)
-        self.enqueue(signal.node)
-        return new
+        if self.reconciler.external.add(signal):
+            self.enqueue(signal.node)
+            return True
+        # A repeat of a signal held already (Alertmanager's repeat_interval, a poller's
+        # next look): it only keeps the signal alive, which the node's next look reads
+        # (its requeue follows the expiry), so it is no news about the node. Counted
+        # here, where it stops, exactly once per repeat.
+        self.reconciler.metrics.duplicates_suppressed.labels("signal").inc()
+        return False
 
     def observe(self, seen: Observed, key: str = "") -> bool:
         if not registered(seen.source):

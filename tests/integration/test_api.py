@@ -38,6 +38,7 @@ from tests.integration.conftest import (
     our_taint,
     record_of,
 )
+from tests.integration.test_failures import metric
 
 pytestmark = pytest.mark.timeout(240)
 TOKEN = "s3cret-token-for-tests"
@@ -221,6 +222,8 @@ def test_alerts_collapse_repeats_skip_unknown_nodes_and_never_act_when_resolved(
     assert 'gpuheal_alerts_total{result="accepted"} 1.0' in metrics
     assert 'gpuheal_alerts_total{result="duplicate"} 20.0' in metrics
     assert 'gpuheal_alerts_total{result="skipped"} 1.0' in metrics
+    # 21 posts of one alert: 20 repeats, each stopped once, where the intake holds it.
+    assert metric(controller, 'gpuheal_duplicates_suppressed_total{layer="signal"}') == 20
 
 
 def test_an_xid_named_by_an_alert_or_a_person_is_the_catalogues_whatever_its_severity(

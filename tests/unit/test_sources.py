@@ -131,6 +131,28 @@ def test_the_intake_refuses_a_signal_of_a_source_that_is_not_registered() -> Non
     assert registered("dcgm/tempwarn") and not registered("dcgmx")
 
 
+def test_a_repeated_signal_is_counted_once_per_repeat_and_queues_no_look() -> None:
+    loop, records, _pods = _reconciler()
+    queued: list[str] = []
+    intake = ControllerIntake(
+        loop.reconciler,
+        loop.nodes,
+        records,
+        enqueue=queued.append,
+        synced=lambda: True,
+        leading=lambda: True,
+    )
+    taken = [intake.submit(_held(Severity.P0)) for _ in range(5)]
+    assert taken == [True, False, False, False, False]
+    assert queued == [N1]  # the repeats are no news about the node
+    registry = loop.reconciler.metrics.registry
+    suppressed = registry.get_sample_value(
+        "gpuheal_duplicates_suppressed_total", {"layer": "signal"}
+    )
+    assert suppressed == 4
+    assert [s.fault_id for s in loop.external.active(N1)] == [_held(Severity.P0).fault_id]
+
+
 def test_escalated_device_faults_are_a_node_fault_only_with_device_health_on() -> None:
     state = NodeState(healthy(), gpu_nodes=10, device_records=(_escalated_device(),))
     on = replace(CONFIG, device_health=DeviceHealthConfig(enabled=True))
