@@ -294,7 +294,9 @@ def _add_operator_commands(
             "Eviction API, respecting PodDisruptionBudgets. DaemonSet pods stay. By "
             "default waits, printing what blocks the drain; stopping the wait stops "
             "nothing. Nodes in maintenance are not faults and do not count against the "
-            "breaker (a roll-out's do)."
+            "breaker (a roll-out's do). Only a node the controller manages (its "
+            "nodeSelector, not opted out with gpuheal.io/managed=false): any other is "
+            "refused, exit 2, before anything is written."
         ),
     )
     start.add_argument("--reason", required=True, help="why (recorded on the node and in Events)")

@@ -198,3 +198,6 @@ class Reason(StrEnum):
     # Maintenance drains (gpuheal/ops/maintenance.py).
     MAINTENANCE_STARTED = "GPUMaintenanceStarted"
     MAINTENANCE_FINISHED = "GPUMaintenanceFinished"
+    # A maintenance request or roll-out step refused: the node is not one gpuheal
+    # manages (gpuheal/controller/maintenance.py, gpuheal/controller/rollouts.py).
+    MAINTENANCE_REFUSED = "GPUMaintenanceRefused"

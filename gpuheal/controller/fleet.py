@@ -16,8 +16,8 @@ from gpuheal.clock import parse_time
 from gpuheal.config import Config
 from gpuheal.controller.addresses import AddressIndex
 from gpuheal.kube.informer import Store
-from gpuheal.model import MAINTENANCE_ROLLOUT, MANAGED_LABEL, FaultRecord, NodeView, Phase, PodView
-from gpuheal.policy.nodes import gpu_node, in_maintenance
+from gpuheal.model import MAINTENANCE_ROLLOUT, FaultRecord, NodeView, Phase, PodView
+from gpuheal.policy.nodes import gpu_node, in_maintenance, managed, opted_out
 from gpuheal.policy.pools import driver_version, pool_of
 from gpuheal.policy.repair import in_flight
 
@@ -63,16 +63,17 @@ class Fleet:
         config = self.config()
         return gpu_node(node.labels, config.gpu_count(node.capacity), config)
 
+    def managed(self, node: NodeView) -> bool:
+        """Acted on: selected and not opted out (policy/nodes.py::managed)."""
+        config = self.config()
+        return managed(node.labels, config.gpu_count(node.capacity), config)
+
     def has_gpus(self, node: NodeView) -> bool:
         """GPU capacity of any GPU resource (whole GPUs or MIG profiles)."""
         return self.config().gpu_count(node.capacity) > 0
 
     def unmanaged_gpu_node(self, node: NodeView) -> bool:
-        return (
-            not self.selected(node)
-            and node.labels.get(MANAGED_LABEL) != "false"
-            and self.has_gpus(node)
-        )
+        return not self.selected(node) and not opted_out(node.labels) and self.has_gpus(node)
 
     def on_node(self, old: NodeView | None, new: NodeView | None) -> None:
         self.addresses.on_node(old, new)

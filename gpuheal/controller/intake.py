@@ -20,7 +20,7 @@ from gpuheal.kube.events import fault_ref, node_ref
 from gpuheal.kube.informer import Store
 from gpuheal.kube.projections import decode_fault
 from gpuheal.kube.writes import action_entry
-from gpuheal.model import MANAGED_LABEL, ActionEntry, FaultRecord, FaultSignal, NodeView, PodView
+from gpuheal.model import ActionEntry, FaultRecord, FaultSignal, NodeView, PodView
 from gpuheal.policy import history
 from gpuheal.policy import release as releasing
 from gpuheal.policy.approval import answer_patch, answers_repair, matching, refusal
@@ -96,11 +96,7 @@ class ControllerIntake:
         return bool(self._leading())
 
     def _managed(self, node: NodeView | None) -> bool:
-        return (
-            node is not None
-            and self.reconciler.fleet.selected(node)
-            and node.labels.get(MANAGED_LABEL) != "false"
-        )
+        return node is not None and self.reconciler.fleet.managed(node)
 
     def find_node(self, label: str, value: str) -> str | None:
         return self.finder.find(label, value)

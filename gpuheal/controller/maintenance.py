@@ -35,6 +35,8 @@ from gpuheal.kube.projections import NodeJson
 from gpuheal.model import MAINTENANCE_PROGRESS, MAINTENANCE_REQUEST, NodeView
 from gpuheal.ops import exitcodes
 from gpuheal.ops.context import Context
+from gpuheal.ops.events import emit_node_event
+from gpuheal.ops.fleet import why_unmanaged
 from gpuheal.ops.gate import get_node
 from gpuheal.ops.maintenance import (
     Carried,
@@ -43,6 +45,7 @@ from gpuheal.ops.maintenance import (
     carry_out_finish,
     carry_out_start,
     guarded_write,
+    not_managed,
 )
 from gpuheal.policy.backoff import backoff_delay
 from gpuheal.policy.maintenancewire import (
@@ -55,11 +58,11 @@ from gpuheal.policy.maintenancewire import (
     parse_request,
     request_id_of,
 )
+from gpuheal.supervisor import Supervisor
+from gpuheal.vocabulary import Reason
 
 log = logging.getLogger(__name__)
 
-from gpuheal.supervisor import Supervisor
-from gpuheal.vocabulary import Reason
 MAX_BACKOFF_S = 60.0
 
 
@@ -73,10 +76,10 @@ class MaintenanceLoop:
         *,
         nodes: Callable[[], Iterable[NodeView]],
         identity: str,
+        supervisor: Supervisor,
         now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
     ) -> None:
         self.config = config
-        supervisor: Supervisor,
         self.api = api
         self.nodes = nodes
         self.identity = identity
@@ -107,7 +110,11 @@ class MaintenanceLoop:
                 try:
                     request = parse_request(raw)
                 except BadRequestError as err:
-                    await self._refuse(node, raw, str(err))
+                    await self._refuse(node, raw, f"bad maintenance request: {err}")
+                    return
+                why = why_unmanaged(node, self.config())
+                if why is not None:
+                    await self._refuse(node, raw, not_managed(name, why), request)
                     return
                 await self._carry_out(node, request)
                 return
@@ -246,16 +253,21 @@ class MaintenanceLoop:
         if fresh is not None:
             await guarded_write(ctx, node.metadata.name, fresh, build)
 
-    async def _refuse(self, node: NodeJson, raw: str, why: str) -> None:
-        """A request that does not decode: recorded done with the reason, changing
-        nothing else."""
+    async def _refuse(
+        self, node: NodeJson, raw: str, why: str, request: MaintenanceRequest | None = None
+    ) -> None:
+        """A request not carried out (it does not decode, or its node is not one the
+        controller manages): recorded done with exit 2 and the reason, and said in a
+        Warning Event on the node, changing nothing else (no mark, cordon, taint or
+        eviction); the request is removed, so it is refused once."""
         name = node.metadata.name
-        log.warning("bad maintenance request refused", extra={"node": name, "error": why})
+        log.warning("maintenance request refused", extra={"node": name, "error": why})
         lines = SaidLines({"node": name})
-        lines.say(f"bad maintenance request: {why}")
-        request_id = request_id_of(raw) or "unreadable"
-        report = {"error": f"bad maintenance request: {why}"}
-        value = self._progress_value(request_id, "", lines, code=exitcodes.USAGE, report=report)
+        lines.say(why)
+        request_id = request.id if request else request_id_of(raw) or "unreadable"
+        verb = request.verb.value if request else ""
+        report = {"error": why}
+        value = self._progress_value(request_id, verb, lines, code=exitcodes.USAGE, report=report)
         ctx = self.context(lines)
 
         def build(current: NodeJson) -> dict[str, Any]:
@@ -269,7 +281,15 @@ class MaintenanceLoop:
                 }
             }
 
-        await guarded_write(ctx, name, node, build)
+        written = await guarded_write(ctx, name, node, build)
+        await emit_node_event(
+            ctx,
+            written,
+            reason=Reason.MAINTENANCE_REFUSED,
+            note=f"maintenance {verb or 'request'} refused: {why}",
+            action="Maintenance",
+            warning=True,
+        )
 
 
 def _take_out(request: MaintenanceRequest) -> TakeOut:

@@ -51,7 +51,7 @@ from gpuheal.kube.rollouts import (
 from gpuheal.model import MAINTENANCE_SINCE, TAINT_KEY
 from gpuheal.ops.context import Context
 from gpuheal.ops.events import emit_node_event
-from gpuheal.ops.fleet import gpu_nodes, in_pool, node_ready
+from gpuheal.ops.fleet import gpu_nodes, in_pool, node_ready, why_unmanaged
 from gpuheal.ops.gate import judge_node
 from gpuheal.ops.maintenance import TakeOut, WriteError, finish_patch, guarded_write, leftovers
 from gpuheal.ops.maintenance import take_out as maintenance_take_out
@@ -69,9 +69,10 @@ from gpuheal.policy.rollout import (
     allowed_unavailable,
     next_to_start,
     plan_order,
+    unmanaged_step,
 )
-from gpuheal.values import text
 from gpuheal.supervisor import Supervisor
+from gpuheal.values import text
 from gpuheal.vocabulary import Reason
 
 log = logging.getLogger(__name__)
@@ -149,8 +150,8 @@ class RolloutLoop:
         rollouts: Callable[[], Iterable[RolloutState]],
         identity: str,
         schema_ok: Callable[[], bool] = lambda: True,
-        now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
         supervisor: Supervisor,
+        now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
     ) -> None:
         self.config = config
         self.api = api
@@ -218,13 +219,21 @@ class RolloutLoop:
         ctx = self.context(rollout.metadata.name)
         fleet = await gpu_nodes(ctx)
         nodes = in_pool(fleet, rollout.spec.pool, ctx.config)
+        # Only nodes gpuheal manages: one opted out is not ordered, started or acted
+        # on again (policy/rollout.py::unmanaged_step).
+        unmanaged = {
+            n: why for n, node in nodes.items() if (why := why_unmanaged(node, ctx.config))
+        }
         if not rollout.status.nodes:
-            return await self._initialize(ctx, rollout, nodes)
+            ordered = {n: node for n, node in nodes.items() if n not in unmanaged}
+            return await self._initialize(ctx, rollout, ordered)
         state = state_of(rollout)
         progress = list(state.progress)
         advanced = await asyncio.gather(
             *(
-                self._advance(ctx, rollout, p, node=nodes.get(p.name))
+                _same(unmanaged_step(p, unmanaged[p.name], iso(ctx.now(), "seconds")))
+                if p.name in unmanaged
+                else self._advance(ctx, rollout, p, node=nodes.get(p.name))
                 if p.step in MOVING
                 else _same(p)
                 for p in progress
@@ -235,7 +244,7 @@ class RolloutLoop:
         if state.phase is Phase.RUNNING:
             budget = budget_of(rollout, fleet, progress, ctx.config)
             upgrading = {n for n, node in nodes.items() if driver_upgrade(node.metadata.labels)}
-            started = next_to_start(progress, budget, upgrading)
+            started = next_to_start(progress, budget, upgrading | unmanaged.keys())
             stamp = iso(ctx.now(), "seconds")
             for i, p in enumerate(progress):
                 if p.name in started:
@@ -258,6 +267,8 @@ class RolloutLoop:
                 },
             )
         await self._record(ctx, rollout.metadata.name, changed)
+        refused = [p for p in changed.values() if p.name in unmanaged]
+        await _tell_refused(ctx, rollout.metadata.name, refused, nodes)
         return True
 
     async def _initialize(
@@ -366,6 +377,22 @@ def _completed(progress: Sequence[NodeProgress], stamp: str) -> dict[str, Any]:
 
 async def _same(p: NodeProgress) -> NodeProgress:
     return p
+
+
+async def _tell_refused(
+    ctx: Context, rollout: str, refused: Sequence[NodeProgress], nodes: Mapping[str, NodeJson]
+) -> None:
+    """A Warning Event on each node the roll-out leaves alone because gpuheal does not
+    manage it, once (its step's detail changes once)."""
+    for p in refused:
+        await emit_node_event(
+            ctx,
+            nodes[p.name],
+            reason=Reason.MAINTENANCE_REFUSED,
+            note=f"roll-out {rollout}: {p.detail}",
+            action="Rollout",
+            warning=True,
+        )
 
 
 async def _drain(

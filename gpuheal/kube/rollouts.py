@@ -14,6 +14,7 @@ import msgspec
 
 from gpuheal.kube.api import ApiError, KubeApi, gpurollout_path
 from gpuheal.policy.rollout import (
+    DETAIL_MAX,
     NodeProgress,
     Phase,
     RolloutDriver,
@@ -182,7 +183,7 @@ def progress_json(progress: Sequence[NodeProgress]) -> list[dict[str, Any]]:
             "batch": p.batch,
             "step": p.step.value,
             **({"since": p.since} if p.since else {}),
-            **({"detail": text(p.detail, 1024)} if p.detail else {}),
+            **({"detail": text(p.detail, DETAIL_MAX)} if p.detail else {}),
         }
         for p in progress
     ]

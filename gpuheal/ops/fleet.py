@@ -78,6 +78,13 @@ def gpu_node(node: NodeJson | details.Node, config: Config) -> bool:
     return nodes.gpu_node(node.metadata.labels, gpu_total(node.status.capacity, config), config)
 
 
+def why_unmanaged(node: NodeJson | details.Node, config: Config) -> str | None:
+    """Why gpuheal does not act on the node (policy/nodes.py: not a GPU node, or opted
+    out), or None: maintenance and roll-outs take only nodes it manages."""
+    capacity = gpu_total(node.status.capacity, config)
+    return nodes.why_unmanaged(node.metadata.labels, capacity, config)
+
+
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_./]*$")
 
 

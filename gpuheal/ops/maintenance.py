@@ -182,6 +182,15 @@ def finish_patch(node: NodeJson, config: Config) -> tuple[dict[str, Any], bool]:
     return {"metadata": metadata, "spec": spec}, uncordon
 
 
+def not_managed(name: str, why: str) -> str:
+    """The refusal of maintenance on a node gpuheal does not manage (ops/fleet.py::
+    why_unmanaged says why): the CLI's and the controller's words."""
+    return (
+        f"node {name} is not managed by gpuheal: {why}; maintenance and roll-outs act "
+        "only on the nodes the controller manages (its nodeSelector, not opted out)"
+    )
+
+
 class WriteError(Exception):
     """The node could not be written (deleted meanwhile, endless conflicts)."""
 

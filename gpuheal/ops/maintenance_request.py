@@ -26,8 +26,15 @@ from gpuheal.clock import iso
 from gpuheal.kube.projections import NodeJson
 from gpuheal.model import MAINTENANCE_PROGRESS, MAINTENANCE_REQUEST
 from gpuheal.ops import exitcodes
+from gpuheal.ops.fleet import why_unmanaged
 from gpuheal.ops.gate import GateReport, get_node, node_named
-from gpuheal.ops.maintenance import StartReport, WriteError, guarded_write, leftovers
+from gpuheal.ops.maintenance import (
+    StartReport,
+    WriteError,
+    guarded_write,
+    leftovers,
+    not_managed,
+)
 from gpuheal.ops.output import render
 from gpuheal.policy.maintenancewire import (
     MaintenanceRequest,
@@ -65,12 +72,25 @@ def _new_request(ctx: Context, verb: Verb, **options: Any) -> MaintenanceRequest
     )
 
 
+async def _managed_node(ctx: Context, verb: Verb, name: str) -> NodeJson | int:
+    """The node, if the controller manages it (by the config the command judges with,
+    the controller's): else the refusal, exit 2, before anything is written."""
+    node = await node_named(ctx, f"gpuheal maintenance {verb.value}", name)
+    if isinstance(node, int):
+        return node
+    why = why_unmanaged(node, ctx.config)
+    if why is not None:
+        _fail(ctx, verb.value, not_managed(name, why))
+        return exitcodes.USAGE
+    return node
+
+
 async def start(ctx: Context, args: argparse.Namespace) -> int:
     for flag, value in (("--checkpoint-wait", args.checkpoint_wait), ("--timeout", args.timeout)):
         if value is not None and value < 0:
             _fail(ctx, "start", f"{flag} must be 0 or more")
             return exitcodes.USAGE
-    node = await node_named(ctx, "gpuheal maintenance start", args.node)
+    node = await _managed_node(ctx, Verb.START, args.node)
     if isinstance(node, int):
         return node
     request = _new_request(
@@ -88,7 +108,7 @@ async def start(ctx: Context, args: argparse.Namespace) -> int:
 
 
 async def finish(ctx: Context, args: argparse.Namespace) -> int:
-    node = await node_named(ctx, "gpuheal maintenance finish", args.node)
+    node = await _managed_node(ctx, Verb.FINISH, args.node)
     if isinstance(node, int):
         return node
     if not leftovers(node, ctx.config):

@@ -32,7 +32,6 @@ from dataclasses import dataclass, field, replace
 from gpuheal.clock import iso, parse_time
 from gpuheal.config import Config, DeviceHealthConfig
 from gpuheal.model import (
-    MANAGED_LABEL,
     QUARANTINED_DEVICES,
     SUSPECT_DEVICES,
     UNKNOWN_DEVICES,
@@ -50,6 +49,7 @@ from gpuheal.model import (
 )
 from gpuheal.policy.actions import Emit, Evict, UpdateRecord
 from gpuheal.policy.history import opened_at
+from gpuheal.policy.nodes import opted_out
 from gpuheal.policy.sharing import GPU, physical_gpus
 from gpuheal.vocabulary import Entry, Reason
 
@@ -283,7 +283,7 @@ def plan_devices(state: DeviceState, config: Config, now: dt.datetime) -> Device
     node = state.node
     if not cfg.enabled:
         return DevicePlan(suppressed="disabled")
-    if node.labels.get(MANAGED_LABEL) == "false":
+    if opted_out(node.labels):
         return DevicePlan(suppressed="opt-out")
     devices = devices_of(state.entries, cfg, now)
     summary = _summary(devices, state, now)

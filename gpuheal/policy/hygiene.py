@@ -48,7 +48,7 @@ from gpuheal.model import (
     PodView,
     Taint,
 )
-from gpuheal.policy.nodes import gpu_node, in_maintenance
+from gpuheal.policy.nodes import gpu_node, in_maintenance, opted_out
 from gpuheal.policy.operator import driver_upgrade
 from gpuheal.policy.pools import (
     NO_POOL,
@@ -167,7 +167,7 @@ def _unmanaged(node: NodeView, pool: str, config: Config) -> list[Finding]:
     acted on. Opting out (gpuheal.io/managed=false) says that is meant."""
     labels = node.labels
     capacity = gpus(node.capacity, config)
-    if gpu_node(labels, capacity, config) or labels.get(MANAGED_LABEL) == "false":
+    if gpu_node(labels, capacity, config) or opted_out(labels):
         return []
     name = node.name
     missing = sorted((k, v) for k, v in config.node_selector.items() if labels.get(k) != v)

@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from gpuheal.config import Config
 from gpuheal.model import (
+    MANAGED_LABEL,
     QUARANTINED_DEVICES,
     STATE_LABEL,
     STATE_MAINTENANCE,
@@ -44,6 +45,37 @@ def gpu_node(labels: Mapping[str, str], gpu_capacity: int, config: Config) -> bo
     if config.node_selector:
         return all(labels.get(k) == v for k, v in config.node_selector.items())
     return gpu_capacity > 0
+
+
+def opted_out(labels: Mapping[str, str]) -> bool:
+    """A person said gpuheal must leave the node alone (gpuheal.io/managed=false)."""
+    return labels.get(MANAGED_LABEL) == "false"
+
+
+def managed(labels: Mapping[str, str], gpu_capacity: int, config: Config) -> bool:
+    """gpuheal acts on the node: a GPU node (`gpu_node`) not opted out. The one rule
+    for faults, maintenance requests and roll-outs alike, so that an identity that may
+    only ask (a maintenance request) reaches no node the controller would not touch
+    for a fault. A node whose GPUs only a DRA driver publishes (a ResourceSlice) has
+    no GPU capacity: the controller reads no ResourceSlices, so such a node is managed
+    through a label the nodeSelector names."""
+    return gpu_node(labels, gpu_capacity, config) and not opted_out(labels)
+
+
+def why_unmanaged(labels: Mapping[str, str], gpu_capacity: int, config: Config) -> str | None:
+    """Why gpuheal does not act on the node, in words a person can act on; None when
+    it does (`managed`)."""
+    if opted_out(labels):
+        return f"it is opted out ({MANAGED_LABEL}=false)"
+    if gpu_node(labels, gpu_capacity, config):
+        return None
+    if config.node_selector:
+        lacks = " ".join(
+            f"{k}={v}" for k, v in sorted(config.node_selector.items()) if labels.get(k) != v
+        )
+        return f"the controller's nodeSelector does not match it (it lacks {lacks})"
+    resources = ", ".join(config.gpu_resources)
+    return f"it has no GPU capacity ({resources}) and the controller's nodeSelector is empty"
 
 
 def in_maintenance(labels: Mapping[str, str]) -> bool:

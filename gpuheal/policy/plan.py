@@ -24,7 +24,6 @@ from gpuheal.model import (
     HANDLED_FAULT_ID,
     LAST_PROCESS_TIME,
     MAINTENANCE_ROLLOUT,
-    MANAGED_LABEL,
     REJECTED,
     STATE_LABEL,
     TAINT_KEY,
@@ -65,7 +64,7 @@ from gpuheal.policy.breaker import breaker_allows
 from gpuheal.policy.checkpoint import CheckpointStep, PodCheckpoint, next_look, where
 from gpuheal.policy.gate import GateResult, evaluate, facts_from_views
 from gpuheal.policy.history import opened_at
-from gpuheal.policy.nodes import in_maintenance
+from gpuheal.policy.nodes import in_maintenance, opted_out
 from gpuheal.policy.recent import handled_lately
 from gpuheal.policy.release import released
 from gpuheal.policy.repair import RepairStep, RequestRepair, Subject, outcome_only
@@ -136,7 +135,7 @@ def _decided(state: NodeState, config: Config, now: dt.datetime, sources: Sequen
         and handled_lately(node, signal, state.handled_lately, config)
     ):
         return Plan(suppressed="memory", fault_id=signal.fault_id)
-    if node.labels.get(MANAGED_LABEL) == "false":
+    if opted_out(node.labels):
         return Plan(suppressed="opt-out")
     if in_maintenance(node.labels):
         # A person took the node out (`gpuheal maintenance`): what it reports meanwhile

@@ -15,11 +15,11 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from gpuheal.policy.pools import driver_version
-from gpuheal.values import digest, object_name
+from gpuheal.values import digest, object_name, text
 
 
 class Phase(StrEnum):
@@ -83,6 +83,10 @@ class Target:
         parts = [f"driver {self.driver_version}"] if self.driver_version else []
         parts += [f"{k}={v}" for k, v in sorted({**self.labels, **self.annotations}.items())]
         return ", ".join(parts)
+
+
+# A node's detail, at most (the GPURollout CRD's maxLength).
+DETAIL_MAX = 1024
 
 
 @dataclass(frozen=True)
@@ -169,6 +173,20 @@ def next_to_start(
         if p.batch == batch and p.step is RolloutStep.PENDING and p.name not in upgrading
     ]
     return pending[: budget.room]
+
+
+def unmanaged_step(p: NodeProgress, why: str, stamp: str) -> NodeProgress:
+    """A node of the order that gpuheal no longer manages (opted out since the order
+    was written; `why`: policy/nodes.py::why_unmanaged): it is never taken out (a
+    pending one waits, saying why) and nothing more is done to one in flight (held
+    for a person, which stops the roll-out). Done and held nodes stay as they are."""
+    detail = f"not managed by gpuheal: {why}"
+    if p.step is RolloutStep.PENDING:
+        # Cut as the status write cuts it, so the next pass sees no change.
+        return replace(p, detail=text(f"waits: {detail}", DETAIL_MAX))
+    if p.step in (RolloutStep.DONE, RolloutStep.FAILED_HELD):
+        return p
+    return replace(p, step=RolloutStep.FAILED_HELD, since=stamp, detail=text(detail, DETAIL_MAX))
 
 
 def counts(progress: Sequence[NodeProgress]) -> Counter[RolloutStep]:

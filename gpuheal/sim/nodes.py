@@ -70,6 +70,21 @@ def gpu_node(
     }
 
 
+def plain_node(name: str, *, labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The manifest of one fake node without GPUs: no GPU capacity and no GPU labels
+    (an infrastructure node, where the system's pods run)."""
+    manifest = gpu_node(name)
+    manifest["metadata"]["labels"] = {
+        **{k: v for k, v in manifest["metadata"]["labels"].items() if "nvidia.com/" not in k},
+        "node.kubernetes.io/instance-type": "cpu-16x",
+        **(labels or {}),
+    }
+    status = manifest["status"]
+    resources = {k: v for k, v in status["capacity"].items() if k != GPU_RESOURCE}
+    status.update(capacity=resources, allocatable=resources)
+    return manifest
+
+
 def create_gpu_nodes(
     client: Client,
     names: Iterable[str],

@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import secrets
 import subprocess
 import sys
 import threading
@@ -19,7 +20,7 @@ from typing import Any, ClassVar
 
 import pytest
 import yaml
-from lightkube import Client
+from lightkube import Client, codecs
 from lightkube.resources.core_v1 import Node, NodeStatus, Pod
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 
@@ -32,17 +33,21 @@ from gpuheal.model import (
     ECC_ERRORS,
     MAINTENANCE_BASELINE,
     MAINTENANCE_CORDONED,
+    MAINTENANCE_PROGRESS,
     MAINTENANCE_REASON,
     MAINTENANCE_REQUEST,
     MAINTENANCE_SINCE,
     MAINTENANCE_TAINT_KEY,
+    MANAGED_LABEL,
     STATE_LABEL,
     TAINT_KEY,
     XID_ERRORS,
 )
+from gpuheal.policy.maintenancewire import MaintenanceRequest, Progress, State, Verb, parse_progress
 from gpuheal.sim import ControlPlane
 from gpuheal.sim.audit import evictions, offset, requests
 from gpuheal.sim.controller import ControllerProcess
+from gpuheal.sim.nodes import delete_nodes, plain_node, wait_nodes_ready
 from gpuheal.sim.workloads import (
     apply,
     gpu_deployment,
@@ -50,7 +55,7 @@ from gpuheal.sim.workloads import (
     pod_disruption_budget,
     wait_pods_running,
 )
-from tests.helpers import FakeNodes, wait_for
+from tests.helpers import FakeNodes, unique, wait_for
 from tests.integration.conftest import (
     Cli,
     StartController,
@@ -59,6 +64,7 @@ from tests.integration.conftest import (
     controller_config,
     events_for,
     faults_of,
+    in_process_cli,
     our_taint,
     report_fault,
 )
@@ -745,3 +751,100 @@ def test_two_operators_race_one_request_wins_and_a_failover_mid_drain_loses_noth
     assert len(events_for(kube, target, "GPUMaintenanceStarted", at_least=1)) == 1
     annotations = node_of(kube, target).metadata.annotations or {}  # type: ignore[union-attr]
     assert MAINTENANCE_REQUEST not in annotations
+
+
+def node_essence(node: Node) -> tuple[Any, ...]:
+    """What maintenance could change on a node: labels, taints, the cordon, and the
+    annotations but the request and its record."""
+    meta, spec = node.metadata, node.spec
+    assert meta is not None and spec is not None
+    annotations = {
+        k: v
+        for k, v in (meta.annotations or {}).items()
+        if k not in (MAINTENANCE_REQUEST, MAINTENANCE_PROGRESS)
+    }
+    taints = sorted((t.key, t.effect, t.value or "") for t in spec.taints or ())
+    return meta.labels, annotations, taints, bool(spec.unschedulable)
+
+
+def test_maintenance_of_a_node_gpuheal_does_not_manage_is_refused_and_changes_nothing(
+    kube: Client,
+    control_plane: ControlPlane,
+    namespace: str,
+    fake_gpu_nodes: FakeNodes,
+    pool: dict[str, str],
+    config_file: Path,
+    settings: dict[str, Any],
+    start_controller: StartController,
+    audited_controller_user: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 41: an infrastructure node (no GPUs, no GPU labels, outside the
+    nodeSelector) and a GPU node opted out (gpuheal.io/managed=false). The CLI refuses
+    either before writing; a request written anyway (kubectl annotate) is refused by
+    the controller: its record says why (exit 2), an Event says it, and nothing else
+    on the node changes: no mark, cordon or taint, no pod evicted."""
+    (opted,) = fake_gpu_nodes(1, labels={**pool, MANAGED_LABEL: "false"})
+    infra = unique("infra")
+    kube.create(codecs.from_dict(plain_node(infra)))
+    try:
+        wait_nodes_ready(kube, [infra])
+        for name, node in (("system", infra), ("job", opted)):
+            apply(kube, gpu_pod(name, namespace, gpus=0, node_name=node))  # bare: --force moves it
+        wait_pods_running(kube, namespace, count=2)
+        start_controller(settings, user=audited_controller_user).wait_leading()
+        as_audited = in_process_cli(
+            control_plane.kubeconfig_for(audited_controller_user), capsys,
+            "--config", str(config_file),
+        )  # fmt: skip
+        why = {
+            infra: f"the controller's nodeSelector does not match it (it lacks "
+            f"{POOL_LABEL}={pool[POOL_LABEL]})",
+            opted: f"it is opted out ({MANAGED_LABEL}=false)",
+        }
+        before = {n: node_essence(node_of(kube, n)) for n in why}
+        since = offset(control_plane.audit_log)
+        for node, reason in why.items():
+            code, _, err = as_audited("maintenance", "start", node, "--reason", "x", "--force")
+            assert code == 2, err
+            assert f"node {node} is not managed by gpuheal: {reason}" in " ".join(err.split())
+        # The CLI wrote nothing (its user is audited; the controller had nothing to do).
+        written = [r for r in requests(control_plane.audit_log, since=since)
+                   if r.verb not in ("get", "list", "watch")]  # fmt: skip
+        assert [r for r in written if r.resource != "leases"] == [], written
+        for node in why:  # a request written around the CLI
+            asked = MaintenanceRequest(
+                id=secrets.token_hex(6), verb=Verb.START, by="kubectl", at="2026-12-06T12:00:00Z",
+                reason="x", checkpoint="none", force=True,
+            )  # fmt: skip
+            annotate(kube, node, {MAINTENANCE_REQUEST: asked.encode()})
+
+        def recorded(node: str) -> Progress | None:
+            annotations = node_of(kube, node).metadata.annotations or {}  # type: ignore[union-attr]
+            progress = parse_progress(annotations.get(MAINTENANCE_PROGRESS))
+            done = progress is not None and progress.state is State.DONE
+            return progress if done and MAINTENANCE_REQUEST not in annotations else None
+
+        for node, reason in why.items():
+            progress = wait_for(f"the refusal on {node}", lambda n=node: recorded(n))  # type: ignore[misc]
+            assert progress is not None and progress.code == 2 and progress.verb == "start"
+            assert reason in str(progress.report["error"])
+            (event,) = events_for(kube, node, "GPUMaintenanceRefused", at_least=1)
+            assert event.type == "Warning" and reason in " ".join(str(event.message).split())
+            assert node_essence(node_of(kube, node)) == before[node]
+        assert {p.metadata.name for p in live_pods(kube, namespace)} == {"system", "job"}  # type: ignore[union-attr]
+        # On the API server's side: per node one write, the record (the request gone),
+        # and no eviction, cordon, taint or label.
+        done = list(requests(control_plane.audit_log, user=audited_controller_user, since=since))
+        assert not evictions(iter(done))
+        patches = [r for r in done if r.resource == "nodes" and r.verb == "patch"]
+        assert sorted(r.name for r in patches) == sorted(why), patches
+        for r in patches:
+            assert set(r.body) == {"metadata"}, r.body
+            assert set(r.body["metadata"]["annotations"]) == {
+                MAINTENANCE_PROGRESS,
+                MAINTENANCE_REQUEST,
+            }
+            assert r.body["metadata"]["annotations"][MAINTENANCE_REQUEST] is None
+    finally:
+        delete_nodes(kube, [infra])

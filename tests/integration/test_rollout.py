@@ -31,6 +31,7 @@ from gpuheal.model import (
     DRIVER_UPGRADE_STATE,
     DRIVER_VERSION,
     MAINTENANCE_ROLLOUT,
+    MANAGED_LABEL,
     STATE_LABEL,
 )
 from gpuheal.policy.rollout import rollout_name
@@ -319,6 +320,57 @@ def test_a_change_that_never_comes_holds_the_node_and_abort_ends_it_for_good(
     assert cli("rollout", "pause", value)[0] == 2
     meta = kube.get(Node, canary).metadata
     assert meta is not None and (meta.labels or {})[STATE_LABEL] == "maintenance"
+
+
+def test_a_roll_out_takes_only_managed_nodes_and_leaves_one_opted_out_alone(
+    kube: Client,
+    fake_gpu_nodes: FakeNodes,
+    pool: dict[str, str],
+    rollouts: None,
+    controller: ControllerProcess,
+) -> None:
+    """Issue 41: a node opted out (gpuheal.io/managed=false) before the start is left
+    out of the order and never touched; one opted out while pending is not started
+    (it waits, saying why, and the next node goes instead); one opted out in flight
+    is held, saying why, and nothing more is done to it. Each said in an Event."""
+    value = pool[POOL_LABEL]
+    canary, first, second, third, opted = pool_nodes(fake_gpu_nodes, kube, pool, 5)
+    opt_out = {"metadata": {"labels": {MANAGED_LABEL: "false"}}}
+
+    def detail(node: str) -> str:
+        return str({n["name"]: n.get("detail", "") for n in status_of(kube, value)["nodes"]}[node])
+
+    kube.patch(Node, opted, opt_out)
+    why = f"not managed by gpuheal: it is opted out ({MANAGED_LABEL}=false)"
+    # Batch 1 is first, second and third, one out at a time.
+    spec = {"pool": value, "target": {"driverVersion": NEW}, "canary": 1, "batchSize": 3,
+            "maxUnavailable": 1, "gateTimeoutSeconds": 2, "changeTimeoutSeconds": 120}  # fmt: skip
+    with Tooling(kube, pool, skip=[first, third]) as tooling:
+        kube.create(GPURollout.from_dict({"metadata": {"name": rollout_name(value)}, "spec": spec}))
+        wait_for("the first out", lambda: steps(kube, value).get(first) == "waiting-for-change")
+        kube.patch(Node, second, opt_out)
+        wait_for("the second waiting", lambda: detail(second) == f"waits: {why}", timeout_s=20)
+        tooling.skip = {third}  # the first changes, is gated and returns: room for one
+        wait_for("the third out", lambda: steps(kube, value).get(third) == "waiting-for-change")
+        assert steps(kube, value)[second] == "pending"  # passed over, untouched
+        kube.patch(Node, third, opt_out)
+        wait_for("it held", lambda: steps(kube, value).get(third) == "failed-held", timeout_s=20)
+    status = status_of(kube, value)
+    order = [(n["name"], n["step"]) for n in status["nodes"]]
+    assert order == [  # not `opted`
+        (canary, "done"), (first, "done"), (second, "pending"), (third, "failed-held"),
+    ]  # fmt: skip
+    assert (detail(second), detail(third)) == (f"waits: {why}", why)
+    assert status["phase"] == "Failed" and third in status["message"]
+    for node in (second, third):
+        (event,) = events_for(kube, node, "GPUMaintenanceRefused", at_least=1)
+        assert event.type == "Warning" and f"roll-out {rollout_name(value)}" in str(event.message)
+    for node in (opted, second):
+        meta, node_spec = kube.get(Node, node).metadata, kube.get(Node, node).spec
+        assert meta is not None and node_spec is not None
+        assert STATE_LABEL not in (meta.labels or {}) and not node_spec.unschedulable
+        assert MAINTENANCE_ROLLOUT not in (meta.annotations or {})
+        assert not events_for(kube, node, "GPUMaintenanceStarted")
 
 
 class Background:

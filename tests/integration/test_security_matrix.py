@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -82,7 +83,7 @@ from gpuheal.policy.validation import CreateValidationJob, job_manifest
 from gpuheal.sim import ControlPlane
 from gpuheal.sim.agent import AgentProcess
 from gpuheal.sim.controller import ControllerProcess
-from gpuheal.sim.nodes import create_gpu_nodes, delete_nodes, wait_nodes_ready
+from gpuheal.sim.nodes import create_gpu_nodes, delete_nodes, plain_node, wait_nodes_ready
 from gpuheal.sim.resources import GPUFault, GPURollout
 from gpuheal.sim.workloads import apply, create_namespace, gpu_pod, wait_pods_running
 from gpuheal.sources.annotations import KEYS as FAULT_KEYS
@@ -91,6 +92,7 @@ from tests.corpus import eks_node_names
 from tests.helpers import FakeNodes, refusals, unique, wait_for
 from tests.hosts import dgx_h100
 from tests.integration.chart import Release, as_token, bind, forbidden, installed, token_for
+from tests.integration.conftest import annotate, events_for
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -101,6 +103,8 @@ MAINTENANCE_ASKED = (
     '"reason":"driver 550","checkpoint":null,"checkpointWaitSeconds":null,"drain":true,'
     '"drainTimeoutSeconds":null,"deleteEmptyDirData":false,"force":false}'
 )
+# Another operator's request (what a second `gpuheal maintenance start` would write).
+MAINTENANCE_ASKED_AGAIN = MAINTENANCE_ASKED.replace("5f1c2a9e0b7d", "0d1e2f3a4b5c")
 DOC = Path(__file__).resolve().parents[2] / "docs" / "security.md"
 IDENTITIES = ("controller", "agent", "operator-view", "operator")
 POOL_LABEL = "gpuheal.test/pool"
@@ -124,12 +128,23 @@ class Scene:
     held: str = ""  # a GPUFault record the breaker holds, not released
     repairing: str = ""  # a GPUFault record whose repair attempt 1 awaits approval
     event: str = ""  # an Event about a tenant's GPU pod, as the controller writes one
+    # A node gpuheal does not manage (no GPUs, no GPU labels: outside the chart's
+    # nodeSelector), with a maintenance request on it.
+    infra: str = ""
+    # A GPU node opted out (gpuheal.io/managed=false), with a maintenance request on it.
+    opted: str = ""
     clients: dict[str, Client] = field(default_factory=dict)
     kubeconfigs: dict[str, Path] = field(default_factory=dict)
 
     @property
     def system(self) -> str:
         return self.release.namespace
+
+    def node(self, which: str) -> str:
+        """The node an attempt aims at: "own", "other" or "infra"."""
+        return {"own": self.own, "other": self.other, "infra": self.infra, "opted": self.opted}[
+            which
+        ]
 
     def role(self, suffix: str) -> str:
         return f"{self.release.name}-{suffix}"
@@ -192,13 +207,16 @@ def scene(
         system = release.namespace
         tenant = unique("tenant")
         create_namespace(kube, tenant)
-        own, other = eks_node_names(2)
+        own, other, opted = eks_node_names(3)
         create_gpu_nodes(kube, [own, other], labels={POOL_LABEL: tenant})
+        create_gpu_nodes(kube, [opted], labels={MANAGED_LABEL: "false"})
+        infra = unique("infra")
+        kube.create(codecs.from_dict(plain_node(infra)))
         bindings: list[str] = []
         system_pod, fault, closed = unique("sys-agent"), unique("fault"), unique("closed")
         held, repairing = unique("held"), unique("repairing")
         try:
-            wait_nodes_ready(kube, [own, other])
+            wait_nodes_ready(kube, [own, other, infra, opted])
             ours = {"key": TAINT_KEY, "value": "xid-79", "effect": "NoSchedule"}
             for node, taints in ((own, [FOREIGN_TAINT]), (other, [FOREIGN_TAINT, ours])):
                 kube.patch(Node, node, {"spec": {"taints": taints}}, patch_type=PatchType.MERGE)
@@ -250,6 +268,8 @@ def scene(
                 held,
                 repairing,
                 event=told["metadata"]["name"],
+                infra=infra,
+                opted=opted,
             )
             tokens = {
                 "controller": token_for(kube, system, s.role("controller")),
@@ -292,7 +312,7 @@ def scene(
                     if err.status.code != 404:
                         raise
             kube.delete(Namespace, tenant)
-            delete_nodes(kube, [own, other])
+            delete_nodes(kube, [own, other, infra, opted])
 
 
 # -- the attempts ------------------------------------------------------------------
@@ -333,7 +353,7 @@ def node_change(body: dict[str, Any], node: str = "own") -> Attempt:
     only route). Allowed if either route takes it; refused only if both refuse."""
 
     def attempt(c: Client, s: Scene) -> str:
-        name = s.own if node == "own" else s.other
+        name = s.node(node)
         before = c.get(Node, name)
         try:
             after = patch(c, name, body)
@@ -348,7 +368,7 @@ def node_change(body: dict[str, Any], node: str = "own") -> Attempt:
 
 def status_change(body: dict[str, Any], node: str = "own") -> Attempt:
     def attempt(c: Client, s: Scene) -> str:
-        name = s.own if node == "own" else s.other
+        name = s.node(node)
         before = c.get(Node, name)
         return effect(body, before, patch(c, name, body, status=True))
 
@@ -388,7 +408,7 @@ def taint_change(
     `unschedulable`: the cordon too, in the same write."""
 
     def attempt(c: Client, s: Scene) -> str:
-        name = s.own if node == "own" else s.other
+        name = s.node(node)
         for _ in range(CONFLICT_RETRIES):  # kwok writes the node too
             current = c.get(Node, name)
             assert current.metadata is not None
@@ -650,6 +670,31 @@ ACTIONS: tuple[Action, ...] = (
     act("node: the maintenance label, taint and annotations, no roll-out",
         taint_change(lambda ts: [*ts, MAINTENANCE_TAINT], labels={STATE_LABEL: "maintenance"},
                      annotations={MAINTENANCE_REASON: "drivers"})),
+    # Issue 41: a node without GPUs, outside the nodeSelector, with a request on it.
+    act("node: request maintenance of a node gpuheal does not manage (no GPUs)",
+        node_change({"metadata": {"annotations": {MAINTENANCE_REQUEST: MAINTENANCE_ASKED_AGAIN}}},
+                    "infra"),
+        "operator"),
+    act("node: take out a node gpuheal does not manage, as its request asks",
+        taint_change(lambda ts: [*ts, MAINTENANCE_TAINT], "infra",
+                     labels={STATE_LABEL: "maintenance"},
+                     annotations={MAINTENANCE_REASON: "drivers", MAINTENANCE_REQUEST: None},
+                     unschedulable=True)),
+    act("node: take out a GPU node opted out (gpuheal.io/managed=false), as its request asks",
+        taint_change(lambda ts: [*ts, MAINTENANCE_TAINT], "opted",
+                     labels={STATE_LABEL: "maintenance"},
+                     annotations={MAINTENANCE_REASON: "drivers", MAINTENANCE_REQUEST: None},
+                     unschedulable=True)),
+    act("node: the maintenance marks and cordon of a roll-out, a node gpuheal does not manage",
+        taint_change(lambda ts: [*ts, MAINTENANCE_TAINT], "infra",
+                     labels={STATE_LABEL: "maintenance"},
+                     annotations={MAINTENANCE_REASON: "drivers", MAINTENANCE_ROLLOUT: "r"},
+                     unschedulable=True)),
+    act("node: refuse the request on a node gpuheal does not manage (its record, the request "
+        "removed)",
+        node_change({"metadata": {"annotations": {MAINTENANCE_PROGRESS: "{}",
+                                                  MAINTENANCE_REQUEST: None}}}, "infra"),
+        "controller"),
     # -- the cluster -------------------------------------------------------------------
     act("secrets: list (release namespace)",
         lambda c, s: list(c.list(Secret, namespace=s.system))),
@@ -751,8 +796,12 @@ def expected(action: Action, who: str, got: str) -> str:
 
 
 def test_every_identity_is_refused_every_dangerous_change_and_allowed_its_job(
-    scene: Scene,
+    kube: Client, scene: Scene
 ) -> None:
+    # The requests on the nodes gpuheal does not manage, as an operator leaves them (a
+    # controller run by another test of this module refuses them, removing them).
+    for node in (scene.infra, scene.opted):
+        annotate(kube, node, {MAINTENANCE_REQUEST: MAINTENANCE_ASKED})
     seen: list[tuple[str, dict[str, str]]] = []
     wrong: list[str] = []
     for action in ACTIONS:
@@ -963,10 +1012,13 @@ def test_the_controller_runs_its_canaries_with_its_token_and_they_carry_none(
 
 
 def test_the_policies_name_exactly_the_keys_the_code_writes(scene: Scene) -> None:
-    def keys(policy: str, variable: str = "annotationKeys") -> set[str]:
+    def value(policy: str, variable: str) -> Any:
         spec = scene.release.find("ValidatingAdmissionPolicy", scene.role(policy))["spec"]
         (var,) = [v for v in spec["variables"] if v["name"] == variable]
-        return set(yaml.safe_load(var["expression"]))
+        return yaml.safe_load(var["expression"])
+
+    def keys(policy: str, variable: str = "annotationKeys") -> set[str]:
+        return set(value(policy, variable))
 
     assert keys("agent-own-node") == {*FAULT_KEYS, *FACT_KEYS, REPAIR_RESULT}
     assert keys("controller-nodes") == {
@@ -980,6 +1032,15 @@ def test_the_policies_name_exactly_the_keys_the_code_writes(scene: Scene) -> Non
     assert keys("controller-nodes", "maintenanceKeys") == {
         *MAINTENANCE_ANNOTATIONS, MAINTENANCE_REQUEST,
     }  # fmt: skip
+    # Maintenance only on a node the controller manages (policy/nodes.py::managed): the
+    # nodeSelector of the ConfigMap the chart writes, the GPU resources of the code.
+    rendered = scene.release.find("ConfigMap", scene.role("controller"))["data"]["config.yaml"]
+    assert value("controller-nodes", "nodeSelector") == yaml.safe_load(rendered)["nodeSelector"]
+    resources = Config().gpu_resources
+    assert keys("controller-nodes", "gpuResourceNames") == {r for r in resources if r[-1] != "*"}
+    assert keys("controller-nodes", "gpuResourcePrefixes") == {
+        r[:-1] for r in resources if r[-1] == "*"
+    }
     spec = scene.release.find("ValidatingAdmissionPolicy", scene.role("controller-pods"))["spec"]
     (var,) = [v for v in spec["variables"] if v["name"] == "key"]
     assert yaml.safe_load(var["expression"]) == CHECKPOINT_REQUESTED
@@ -1150,3 +1211,104 @@ def test_the_operator_starts_a_roll_out_the_controller_drives_it_the_view_role_o
         with contextlib.suppress(ApiError):
             kube.delete(GPURollout, rollout_name(pool))
         delete_nodes(kube, [node])
+
+
+def test_the_operator_cannot_have_the_controller_take_out_a_node_gpuheal_does_not_manage(
+    kube: Client, scene: Scene, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 41 with the chart's identities: on a node without GPUs (outside the
+    nodeSelector) `gpuheal maintenance start` with the operator's token is refused
+    before it writes; the request written anyway with that token (its job: a request)
+    is refused by the controller, with its own token: recorded done with exit 2 and
+    why, a Warning Event, and nothing else changed; the controller's refusal passes
+    its admission policy (the matrix: it may take out no such node)."""
+    infra = unique("infra")
+    kube.create(codecs.from_dict(plain_node(infra)))
+    rendered = scene.release.find("ConfigMap", scene.role("controller"))
+    config = yaml.safe_load(rendered["data"]["config.yaml"])
+    token = tmp_path / "api-token"
+    token.write_text("t")
+    # A selector of none of this control plane's nodes: this controller minds only
+    # maintenance requests (and the chart's admission policy, its own nodeSelector).
+    config.update(nodeSelector={POOL_LABEL: unique("none")}, apiTokenFile=str(token),
+                  maintenance={"pollSeconds": 0.2})  # fmt: skip
+    config_file = tmp_path / "gpuheal.yaml"
+    config_file.write_text(yaml.safe_dump(config))
+    controller = ControllerProcess(
+        tmp_path, scene.kubeconfigs["controller"], config, identity="refusing"
+    )
+    ops = scene.clients["operator"]
+
+    def node() -> Node:
+        return kube.get(Node, infra)
+
+    try:
+        wait_nodes_ready(kube, [infra])
+        before = essence(node())
+        capsys.readouterr()
+        kubeconfig = str(scene.kubeconfigs["operator"])
+        argv = ["maintenance", "start", infra, "--reason", "x", "--no-wait",
+                "--kubeconfig", kubeconfig, "--config", str(config_file)]  # fmt: skip
+        assert main(argv) == 2
+        said = " ".join(capsys.readouterr().err.split())
+        assert f"node {infra} is not managed by gpuheal: the controller's nodeSelector" in said
+        meta = node().metadata
+        assert meta is not None and MAINTENANCE_REQUEST not in (meta.annotations or {})
+        # Written around the CLI, with the operator's token: a request is its job.
+        ops.patch(
+            Node, infra, {"metadata": {"annotations": {MAINTENANCE_REQUEST: MAINTENANCE_ASKED}}}
+        )
+        controller.start()
+        controller.wait_leading()
+
+        def refused() -> dict[str, Any] | None:
+            annotations = node().metadata.annotations or {}  # type: ignore[union-attr]
+            record = annotations.get(MAINTENANCE_PROGRESS)
+            if record is None or MAINTENANCE_REQUEST in annotations:
+                return None
+            return dict(json.loads(record))
+
+        record = wait_for("the controller's refusal", refused)
+        assert record is not None and record["state"] == "done" and record["code"] == 2, record
+        assert "is not managed by gpuheal" in record["report"]["error"]
+        events = events_for(kube, infra, Reason.MAINTENANCE_REFUSED, at_least=1)
+        assert len(events) == 1 and events[0].type == "Warning"
+        # Only its annotations changed (the record): labels, finalizers, the spec (no
+        # taint, no cordon) as they were.
+        after = essence(node())
+        assert (after[0], *after[2:4]) == (before[0], *before[2:4])
+        assert not refusals(controller.log())
+    finally:
+        controller.stop()
+        delete_nodes(kube, [infra])
+
+
+def test_with_no_node_selector_the_controller_takes_out_only_nodes_with_gpu_capacity(
+    kube: Client, control_plane: ControlPlane, scene: Scene, tmp_path: Path
+) -> None:
+    """Every platform but gpu-operator has `nodeSelector: {}`: a node is managed when it
+    has GPU capacity (gpuResources), and the controller's node policy judges so too.
+    With a request on each, it may take out a GPU node, not the node without GPUs."""
+    asked: dict[str, str | None] = {MAINTENANCE_REQUEST: MAINTENANCE_ASKED}
+    with installed(kube, control_plane, sets={"platform": "eks"}) as release:
+        account = f"{release.name}-controller"
+        _, ctl = as_token(
+            control_plane, tmp_path, token_for(kube, release.namespace, account), "eks"
+        )
+        for node in (scene.own, scene.infra):
+            annotate(kube, node, asked)
+        try:
+            take_out = {
+                node: taint_change(lambda ts: [*ts, MAINTENANCE_TAINT], node,
+                                   labels={STATE_LABEL: "maintenance"},
+                                   annotations={MAINTENANCE_REASON: "drivers",
+                                                MAINTENANCE_REQUEST: None},
+                                   unschedulable=True)
+                for node in ("own", "infra")
+            }  # fmt: skip
+            # Its RBAC in effect (allowed), then its policy (the node without GPUs refused).
+            wait_for("its role", lambda: take_out["own"](ctl, scene) == "allowed")
+            assert settled(lambda: take_out["infra"](ctl, scene))
+            assert take_out["own"](ctl, scene) == "allowed"
+        finally:
+            annotate(kube, scene.own, {MAINTENANCE_REQUEST: None})

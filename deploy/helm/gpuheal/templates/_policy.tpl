@@ -62,3 +62,32 @@ change on an object RBAC lets them patch. The key lists are the code's
     object.metadata.?finalizers.orValue([]) == oldObject.metadata.?finalizers.orValue([]) &&
     object.metadata.?ownerReferences.orValue([]) == oldObject.metadata.?ownerReferences.orValue([])
 {{- end -}}
+
+{{/* CEL variables: is the node, as it was before the write, one the controller
+  manages (gpuheal/policy/nodes.py::managed)? Its nodeSelector matches the node's
+  labels (an empty one: the node has capacity of a GPU resource, config.gpuResources,
+  a trailing * a prefix), and it is not opted out (gpuheal.io/managed=false). A
+  node whose GPUs only DRA publishes needs a label the nodeSelector names, as for
+  the controller. */}}
+{{- define "gpuheal.controller.managedNode.variables" -}}
+{{- $resources := .Values.controller.config.gpuResources | default (list "nvidia.com/gpu" "nvidia.com/mig-*") }}
+{{- $names := list }}{{ $prefixes := list }}
+{{- range $resources }}
+{{- if hasSuffix "*" . }}{{ $prefixes = append $prefixes (trimSuffix "*" .) }}{{ else }}{{ $names = append $names . }}{{ end }}
+{{- end }}
+- name: nodeSelector
+  expression: {{ include "gpuheal.controller.nodeSelector" . | squote }}
+- name: gpuResourceNames
+  expression: {{ $names | toJson | squote }}
+- name: gpuResourcePrefixes
+  expression: {{ $prefixes | toJson | squote }}
+- name: oldCapacity
+  expression: "oldObject.?status.?capacity.orValue({})"
+- name: managedNode
+  expression: >-
+    variables.oldLabels[?'gpuheal.io/managed'].orValue('') != 'false' &&
+    (variables.nodeSelector.size() > 0 ?
+    variables.nodeSelector.all(k, variables.oldLabels[?k].orValue('') == variables.nodeSelector[k]) :
+    variables.oldCapacity.exists(r, variables.oldCapacity[r] != '0' &&
+    (r in variables.gpuResourceNames || variables.gpuResourcePrefixes.exists(p, r.startsWith(p)))))
+{{- end -}}
