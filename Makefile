@@ -1,9 +1,11 @@
 # gpuheal: two commands on a fresh machine.
 #   make demo   local control plane, 20 fake GPU nodes, a GPU Deployment, the GPU state
-#   make test   lint, type check, every test tier
+#   make test   lint, type check, every test tier (the multi-version one too)
 # Both install what they need: a virtualenv (.venv) and the control-plane
 # binaries built from the Go module proxy (.cache/testenv, rebuilt only when testenv/ changes;
-# node-problem-detector beside them, rebuilt only when testenv/npd/ changes),
+# node-problem-detector beside them, rebuilt only when testenv/npd/ changes; the oldest
+# supported and the newest stable Kubernetes for the multi-version tier in .cache/testenv-<minor>,
+# each rebuilt only when its testenv/versions/<minor>/ changes),
 # kured for the reboot test (.cache/kured, rebuilt only when testenv/kured/ changes),
 # and the NVML stand-in the agent runs over (.cache/nvml, rebuilt only when testenv/nvml/ changes).
 
@@ -12,7 +14,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint unit integration e2e chaos testenv nvml monitoring browser awks venv clean bench lock
+.PHONY: demo test lint unit integration e2e chaos versions testenv nvml monitoring browser awks venv clean bench lock
 
 demo: $(STAMP) testenv nvml
 	$(BIN)/gpuheal demo
@@ -40,13 +42,21 @@ e2e: $(STAMP) testenv nvml
 chaos: $(STAMP) testenv nvml
 	$(BIN)/pytest -m chaos
 
+# The core of the integration tier on the other Kubernetes versions (part of `make test`
+# too): the oldest supported and the newest stable, one control plane each (tests/versions).
+versions: $(STAMP) testenv nvml
+	$(BIN)/pytest -m versions
+
 # The control plane, kwok and helm (testenv/build.sh), kured, the real reboot daemon
-# tests/integration/test_kured.py runs (testenv/kured/build.sh), and node-problem-detector,
-# which tests/integration/test_npd.py runs (testenv/npd/build.sh): each has its own stamp.
+# tests/integration/test_kured.py runs (testenv/kured/build.sh), node-problem-detector,
+# which tests/integration/test_npd.py runs (testenv/npd/build.sh), and the other Kubernetes
+# versions tests/versions runs on (testenv/versions/build.sh: cold, each compiles Kubernetes
+# again, niced; the Go build cache keeps it): each has its own stamp.
 testenv:
 	testenv/build.sh
 	testenv/kured/build.sh
 	testenv/npd/build.sh
+	testenv/versions/build.sh
 
 # The NVML stand-in every agent test runs over: libnvidia-ml.so.1 and nvidia-smi, built
 # from testenv/nvml/ with the machine's gcc and Debian's libyaml-dev (installed when missing).

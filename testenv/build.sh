@@ -1,27 +1,34 @@
 #!/usr/bin/env bash
 # Builds the real upstream control plane for gpuheal's tests, benchmarks and demo:
-# kube-apiserver, kube-scheduler, kube-controller-manager and etcd (testenv/k8s)
-# and the kwok controller with its stage files (testenv/kwok), from the Go module
-# proxy only.
+# kube-apiserver, kube-scheduler, kube-controller-manager, kubectl and etcd of the
+# default Kubernetes version (testenv/k8s, through testenv/kubernetes.sh), the kwok
+# controller with its stage files (testenv/kwok) and helm (testenv/helm), from the Go
+# module proxy only.
 #
 # Output: $GPUHEAL_TESTENV_DIR (default .cache/testenv at the repo root):
 #   bin/<binaries>  kwok-stages.yaml  stamp
-# The stamp is a hash of everything under testenv/ but nvml/, kured/ and npd/ and the Go
-# version; a build runs only when it changes, so repeated `make test` calls cost nothing.
+# The stamp is a hash of everything under testenv/ but nvml/, kured/, npd/ and versions/
+# and the Go version; a build runs only when it changes, so repeated `make test` calls
+# cost nothing.
+#
+# The other Kubernetes versions the multi-version tier runs on (the oldest supported,
+# the newest stable: docs/deploy.md#kubernetes-versions) are testenv/versions/<minor>/,
+# built by testenv/versions/build.sh into .cache/testenv-<minor> with stamps of their
+# own, so a change there never rebuilds this one; they take kwok and helm from here.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/.." && pwd)"
 out="${GPUHEAL_TESTENV_DIR:-$root/.cache/testenv}"
 
-k8s_version="v1.36.3"   # keep in step with testenv/k8s/go.mod
+k8s_version="v1.36.3"   # keep in step with testenv/k8s/go.mod (the default version)
 kwok_version="v0.8.0"   # keep in step with testenv/kwok/go.mod
 helm_version="v3.22.0"  # keep in step with testenv/helm/go.mod
 
-# testenv/nvml, testenv/kured and testenv/npd are not the control plane: each has its own
-# build and stamp (testenv/nvml/build.sh, testenv/kured/build.sh, testenv/npd/build.sh;
-# `make testenv` runs kured's and npd's).
-stamp="$( (cd "$here" && find . \( -path ./nvml -o -path ./kured -o -path ./npd \) -prune -o -type f ! -name '*.md' -print0 | sort -z | xargs -0 sha256sum; go version) | sha256sum | cut -d' ' -f1)"
+# testenv/nvml, testenv/kured, testenv/npd and testenv/versions are not this build: each
+# has its own build and stamp (testenv/nvml/build.sh, testenv/kured/build.sh,
+# testenv/npd/build.sh, testenv/versions/build.sh; `make testenv` runs all but nvml's).
+stamp="$( (cd "$here" && find . \( -path ./nvml -o -path ./kured -o -path ./npd -o -path ./versions \) -prune -o -type f ! -name '*.md' -print0 | sort -z | xargs -0 sha256sum; go version) | sha256sum | cut -d' ' -f1)"
 if [[ -f "$out/stamp" && "$(cat "$out/stamp")" == "$stamp" && "${1:-}" != "--force" ]]; then
   exit 0
 fi
@@ -31,25 +38,9 @@ start=$(date +%s)
 mkdir -p "$out/bin.new"
 rm -f "$out/stamp"
 
-pkg=k8s.io/component-base/version
-# The release's publication time on the module proxy, RFC 3339 like upstream's builds.
-build_date="$(cd "$here/k8s" && go list -m -json k8s.io/kubernetes | sed -n 's/.*"Time": "\(.*\)".*/\1/p')"
-minor="${k8s_version#v1.}"; minor="${minor%%.*}"
-ldflags="-s -w -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
-ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$build_date"
-ldflags+=" -X $pkg.gitCommit=module-$k8s_version"
-cv=k8s.io/client-go/pkg/version
-ldflags+=" -X $cv.gitVersion=$k8s_version -X $cv.gitMajor=1 -X $cv.gitMinor=$minor -X $cv.gitTreeState=clean"
-
-(
-  cd "$here/k8s"
-  go build -trimpath -ldflags "$ldflags" -o "$out/bin.new/" \
-    k8s.io/kubernetes/cmd/kube-apiserver \
-    k8s.io/kubernetes/cmd/kube-scheduler \
-    k8s.io/kubernetes/cmd/kube-controller-manager \
-    k8s.io/kubernetes/cmd/kubectl \
-    ./cmd/etcd
-)
+# shellcheck source=kubernetes.sh
+source "$here/kubernetes.sh"
+build_kubernetes "$here/k8s" "$out/bin.new"
 (
   cd "$here/kwok"
   go build -trimpath -ldflags "-s -w" \

@@ -19,7 +19,7 @@ from gpuheal.sim.workloads import create_namespace
 from tests.corpus import eks_node_names
 from tests.helpers import FakeNodes, unique
 
-_TIERS = ("unit", "integration", "e2e", "chaos")
+_TIERS = ("unit", "integration", "e2e", "chaos", "versions")
 AUDITED_CONTROLLER = "gpuheal-controller"  # one of gpuheal.sim's static identities
 # Debian's chromium, installed by `make browser`; never a downloaded one.
 CHROMIUM = "/usr/bin/chromium"

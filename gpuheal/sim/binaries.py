@@ -4,6 +4,7 @@ by testenv/npd/build.sh) live."""
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +47,58 @@ def _built(env: str, cache: str) -> Path:
 def default_binaries() -> Binaries:
     """$GPUHEAL_TESTENV_DIR/bin, else .cache/testenv/bin in the source tree."""
     return Binaries(_built(ENV_DIR, "testenv") / "bin")
+
+
+# -- other Kubernetes versions (testenv/versions/build.sh) ---------------------
+
+# The default version's Go module, and one per other minor: each go.mod pins its release.
+DEFAULT_SOURCE = _REPO_ROOT / "testenv" / "k8s"
+VERSIONS_SOURCE = _REPO_ROOT / "testenv" / "versions"
+_PINNED = re.compile(r"^\s*k8s\.io/kubernetes (v\S+)", re.MULTILINE)
+
+
+class ControlPlaneMissingError(RuntimeError):
+    """A control plane's binaries are not built: its tests fail with what to build,
+    never skip."""
+
+
+def other_versions() -> list[str]:
+    """The minors besides the default that testenv builds ("1.32", "1.37"), oldest
+    first: one per module under testenv/versions/."""
+    found = [d.name for d in VERSIONS_SOURCE.iterdir() if (d / "go.mod").is_file()]
+    return sorted(found, key=lambda minor: tuple(int(p) for p in minor.split(".")))
+
+
+def pinned_release(module: Path) -> str:
+    """The Kubernetes release a testenv module's go.mod pins ("v1.32.13")."""
+    found = _PINNED.search((module / "go.mod").read_text())
+    if found is None:
+        raise ValueError(f"{module}/go.mod pins no k8s.io/kubernetes")
+    return found.group(1)
+
+
+def version_binaries(minor: str) -> Binaries:
+    """Kubernetes `minor`'s build: $GPUHEAL_TESTENV_DIR-<minor>/bin, else
+    .cache/testenv-<minor>/bin (kwok and helm there are the default build's)."""
+    base = _built(ENV_DIR, "testenv")
+    return Binaries(base.with_name(f"{base.name}-{minor}") / "bin")
+
+
+def require_control_plane(binaries: Binaries, minor: str = "") -> Binaries:
+    """`binaries`, or a ControlPlaneMissingError naming each file that is not there
+    and the command that builds it."""
+    wanted = (binaries.etcd, binaries.kube_apiserver, binaries.kube_scheduler,
+              binaries.kube_controller_manager, binaries.kubectl, binaries.kwok,
+              binaries.kwok_stages, binaries.helm)  # fmt: skip
+    missing = [str(path) for path in wanted if not path.is_file()]
+    if missing:
+        what = f"Kubernetes {minor}'s control plane" if minor else "the control plane"
+        build = f"testenv/versions/build.sh {minor}" if minor else "testenv/build.sh"
+        raise ControlPlaneMissingError(
+            f"{what} is not built ({', '.join(missing)} missing): run `make testenv` "
+            f"({build}; kwok and helm come from testenv/build.sh)"
+        )
+    return binaries
 
 
 # -- the NVML stand-in (testenv/nvml/build.sh) ---------------------------------

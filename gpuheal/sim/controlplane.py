@@ -31,7 +31,14 @@ from gpuheal.sim.binaries import Binaries, default_binaries
 from gpuheal.sim.client import sync_client
 from gpuheal.sim.kubeconfig import write_kubeconfig
 from gpuheal.sim.pki import CertPair, Pki, create_pki, issue_client_cert
-from gpuheal.sim.process import Component, ControlPlaneError, free_port, http_ok, stop_all
+from gpuheal.sim.process import (
+    Component,
+    ControlPlaneError,
+    free_port,
+    http_json,
+    http_ok,
+    stop_all,
+)
 from gpuheal.sim.stages import write_stages
 
 log = logging.getLogger(__name__)
@@ -149,6 +156,13 @@ class ControlPlane:
 
     def client(self, user: str = ADMIN) -> Client:
         return sync_client(self.kubeconfig_for(user))
+
+    @property
+    def version(self) -> str:
+        """The API server's Kubernetes version as /version says it ("v1.36.3")."""
+        ctx = ssl.create_default_context(cafile=str(self.ca_cert))
+        found = http_json(f"{self.server}/version", ssl_context=ctx, token=self.tokens[ADMIN])
+        return str(found["gitVersion"])
 
     @property
     def pids(self) -> dict[str, int]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import signal
 import socket
@@ -20,6 +21,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 _PR_SET_PDEATHSIG = 1
 _LOG_TAIL_LINES = 25
@@ -54,6 +56,17 @@ def http_ok(
     ):
         return bool(response.status == 200)
     return False
+
+
+def http_json(
+    url: str, *, ssl_context: ssl.SSLContext | None = None, token: str | None = None
+) -> Any:
+    """GET `url` (within 5 s) and its JSON body; errors raise."""
+    request = urllib.request.Request(url)  # noqa: S310 -- loopback URLs we built
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(request, timeout=5, context=ssl_context) as response:  # noqa: S310
+        return json.loads(response.read())
 
 
 def _die_with_parent() -> None:

@@ -34,9 +34,11 @@ def helm_template(
     control_plane: ControlPlane, release: str, namespace: str, *values: Path,
     sets: Mapping[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:  # fmt: skip
-    """`helm template` with the real helm: values files, then `--set KEY=VALUE`s."""
+    """`helm template` with the real helm for the control plane's Kubernetes version:
+    values files, then `--set KEY=VALUE`s."""
     argv = [str(control_plane.config.binaries.helm), "template", release, str(CHART),
-            "--namespace", namespace, "--include-crds", "--kube-version", "1.36.3"]  # fmt: skip
+            "--namespace", namespace, "--include-crds",
+            "--kube-version", control_plane.version]  # fmt: skip
     for path in values:
         argv += ["-f", str(path)]
     for key, value in (sets or {}).items():
