@@ -77,6 +77,10 @@ def plain_node(name: str, *, labels: Mapping[str, str] | None = None) -> dict[st
     manifest["metadata"]["labels"] = {
         **{k: v for k, v in manifest["metadata"]["labels"].items() if "nvidia.com/" not in k},
         "node.kubernetes.io/instance-type": "cpu-16x",
+        # What kube-controller-manager adds to every node a moment after it registers:
+        # here from the start, so the node does not change under a test that compares.
+        "beta.kubernetes.io/arch": "amd64",
+        "beta.kubernetes.io/os": "linux",
         **(labels or {}),
     }
     status = manifest["status"]

@@ -802,6 +802,8 @@ def test_maintenance_of_a_node_gpuheal_does_not_manage_is_refused_and_changes_no
             f"{POOL_LABEL}={pool[POOL_LABEL]})",
             opted: f"it is opted out ({MANAGED_LABEL}=false)",
         }
+        for n in why:  # settled: the node lifecycle controller lifted its not-ready taint
+            wait_for(f"{n} settled", lambda n=n: not node_essence(node_of(kube, n))[2])  # type: ignore[misc]
         before = {n: node_essence(node_of(kube, n)) for n in why}
         since = offset(control_plane.audit_log)
         for node, reason in why.items():

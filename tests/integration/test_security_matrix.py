@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 import yaml
 from lightkube import ApiError, Client, codecs
+from lightkube.models.core_v1 import NodeSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.admissionregistration_v1 import (
     ValidatingAdmissionPolicy,
@@ -1244,6 +1245,8 @@ def test_the_operator_cannot_have_the_controller_take_out_a_node_gpuheal_does_no
 
     try:
         wait_nodes_ready(kube, [infra])
+        # Settled: the node lifecycle controller has lifted its not-ready taint.
+        wait_for("the node settled", lambda: not (node().spec or NodeSpec()).taints)
         before = essence(node())
         capsys.readouterr()
         kubeconfig = str(scene.kubeconfigs["operator"])
@@ -1307,7 +1310,7 @@ def test_with_no_node_selector_the_controller_takes_out_only_nodes_with_gpu_capa
                 for node in ("own", "infra")
             }  # fmt: skip
             # Its RBAC in effect (allowed), then its policy (the node without GPUs refused).
-            wait_for("its role", lambda: take_out["own"](ctl, scene) == "allowed")
+            wait_for("its role", lambda: outcome(act("", take_out["own"]), ctl, scene) == "allowed")
             assert settled(lambda: take_out["infra"](ctl, scene))
             assert take_out["own"](ctl, scene) == "allowed"
         finally:
