@@ -124,13 +124,15 @@ def test_one_unhealthy_device_evicts_only_the_pods_holding_it_and_keeps_the_node
     assert record.spec["resourceID"] == gpu_id(3)
     assert record.spec["resourceName"] == GPU_RESOURCE and record.spec["expiry"]
     wait_for("drained", lambda: phase_of(device_faults(kube, node)[0]) == "Drained")
-    time.sleep(1.5)
-    # The device path tells the sinks too, each step in one line.
-    summaries = [m["summary"] for m in received]
-    print("\n".join(summaries))
+    # The device path tells the sinks too, each step in one line. The notifier sends
+    # behind a queue, after the record is written: wait for the lines themselves.
     what = f"{node}: DeviceUnhealthy on {GPU_RESOURCE} {gpu_id(3)} — "
-    assert f"{what}detected, device quarantined, evicted 1 pod ({namespace}/job-3)" in summaries
-    assert f"{what}drained" in summaries
+    told = {
+        f"{what}detected, device quarantined, evicted 1 pod ({namespace}/job-3)",
+        f"{what}drained",
+    }
+    wait_for("both steps told", lambda: told <= {m["summary"] for m in received})
+    print("\n".join(m["summary"] for m in received))
     assert all(m["faultId"] == f"{gpu_id(3)}#1" and m["node"] == node for m in received)
     assert pods_on(kube, namespace, node) == {n for n in names if n != "job-3"}
     assert our_taint(kube, node) is None  # the node keeps its 7 healthy GPUs
