@@ -196,33 +196,35 @@ def test_a_failure_in_each_loop_is_said_counted_and_the_loop_runs_again(
         assert down.startswith("task resync crashed (RuntimeError: injected into resync")
         said = readyz(port)
         assert said["ready"] is True and down.split(":")[0] in " ".join(said["reasons"]), said
-        # The chart's alert on a task that keeps crashing, in a real Prometheus.
-        (rule,) = [
-            r
-            for r in alert_rules(control_plane, "gpuheal-self")
-            if r["alert"] == "GPUHealTaskCrashing"
-        ]
-        token = tmp_path / "token"
-        token.write_text("unused\n")
-        monitoring = Monitoring(
-            tmp_path / "monitoring",
-            targets=[f"127.0.0.1:{port}"],
-            rules=[rule],
-            webhook_url="http://127.0.0.1:9/unused",
-            token_file=token,
-            job="gpuheal-controller",
-        ).start()
-        try:
-            wait_for(
-                "GPUHealTaskCrashing firing for resync",
-                lambda: _firing_tasks(monitoring.prometheus_url) == {"resync"},
-                timeout_s=90,
-            )
-        finally:
-            monitoring.stop()
+        _crashing_alert_fires(control_plane, port, tmp_path)
         assert rc() is None  # nothing ended the controller
     told = [r.__dict__["task"] for r in caplog.records if r.getMessage().startswith("task crashed")]
     assert set(told) >= restarted and told.count("hygiene") == 1
+
+
+def _crashing_alert_fires(control_plane: ControlPlane, port: int, tmp_path: Path) -> None:
+    """The chart's alert on a task that keeps crashing, in a real Prometheus that
+    scrapes the controller: it fires for resync, and for no other task."""
+    rules = alert_rules(control_plane, "gpuheal-self")
+    (rule,) = [r for r in rules if r["alert"] == "GPUHealTaskCrashing"]
+    token = tmp_path / "token"
+    token.write_text("unused\n")
+    monitoring = Monitoring(
+        tmp_path / "monitoring",
+        targets=[f"127.0.0.1:{port}"],
+        rules=[rule],
+        webhook_url="http://127.0.0.1:9/unused",
+        token_file=token,
+        job="gpuheal-controller",
+    ).start()
+    try:
+        wait_for(
+            "GPUHealTaskCrashing firing for resync",
+            lambda: _firing_tasks(monitoring.prometheus_url) == {"resync"},
+            timeout_s=90,
+        )
+    finally:
+        monitoring.stop()
 
 
 def _firing_tasks(prometheus_url: str) -> set[str]:
