@@ -440,8 +440,8 @@ class FaultRecord:
     # status.repairApproval: a repair attempt that awaits (or got) a person's answer.
     repair_approval: RepairApproval | None = None
     uid: str = ""  # metadata.uid: Events name it, so `kubectl describe gpufault` finds them
-    # spec.supersedes: the node's records that were open when this fault was first
-    # seen; this one replaced them (a report of their ids again is stale).
+    # spec.supersedes: the fault ids this one replaced on the node when it was first
+    # seen (its open records', our taint's); a report of one of them again is stale.
     supersedes: tuple[str, ...] = ()
 
     @property

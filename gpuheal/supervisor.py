@@ -115,16 +115,20 @@ class Supervisor:
                 return
 
     async def stop(self, *names: str) -> None:
-        """Cancel the named tasks (all when none is named) and wait for them."""
-        chosen = names or tuple(self._tasks)
-        tasks = [t for n in chosen if (t := self._tasks.pop(n, None)) is not None]
+        """Cancel the named tasks and wait for them (no name: none). A task may stop
+        others (the leader's loops stop their keyed tasks), never itself."""
+        tasks = [t for n in names if (t := self._tasks.pop(n, None)) is not None]
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        for name in chosen:
+        for name in names:
             self._children.pop(name, None)
+
+    async def stop_all(self) -> None:
+        """Cancel every task and wait for them: the program's way out."""
+        await self.stop(*self._tasks)
 
     # -- threads ------------------------------------------------------------------
 

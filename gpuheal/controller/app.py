@@ -596,7 +596,7 @@ class Controller:
                 await self.elector.release()
             else:
                 await self._stop_leading()
-            await self.supervisor.stop()
+            await self.supervisor.stop_all()
             self.queue.shutdown()
             await self.recorder.flush()
             if self._http is not None:

@@ -59,7 +59,7 @@ def fault_record(
     name: str, signal: FaultSignal, mode: Mode, supersedes: tuple[str, ...] = ()
 ) -> dict[str, Any]:
     """A node-scope GPUFault: created first, it is the fault's exactly-once lock.
-    `supersedes` names the node's open records it replaces (our own record names)."""
+    `supersedes`: the fault ids it replaces on the node (policy/plan.py::_superseded_ids)."""
     return {
         "apiVersion": GPUFAULT_API_VERSION,
         "kind": GPUFAULT_KIND,
@@ -75,7 +75,11 @@ def fault_record(
             "severity": signal.severity.value,
             "detectedAt": _time(signal.detected_at),
             "mode": mode.value,
-            **({"supersedes": list(supersedes[: values.SUPERSEDES_MAX])} if supersedes else {}),
+            **(
+                {"supersedes": [values.fault_id(f) for f in supersedes[: values.SUPERSEDES_MAX]]}
+                if supersedes
+                else {}
+            ),
         },
     }
 

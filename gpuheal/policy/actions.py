@@ -49,7 +49,7 @@ class CreateRecord:
     signal: FaultSignal
     phase: Phase
     mode: Mode
-    # The node's open records this new fault supersedes (spec.supersedes).
+    # The fault ids this new fault supersedes on the node (spec.supersedes).
     supersedes: tuple[str, ...] = ()
 
 

@@ -97,8 +97,8 @@ def _created(
 ) -> list[Action]:
     """A new record (the fault's lock) and its first entry, `detect`: the record's
     status comes with the rest of the pass (a create cannot carry a subresource).
-    It names the open records it supersedes, so their closing, written when the
-    pass ends, is not lost with the pass (_stale)."""
+    It names the faults it supersedes (_superseded_ids), so their closing, written
+    when the pass ends, is not lost with the pass (_stale)."""
     return [
         CreateRecord(name, signal, phase, mode, supersedes),
         UpdateRecord(name, phase, _entry(now, Entry.DETECT, detail=signal.source)),
@@ -368,23 +368,42 @@ def _others_open(state: NodeState, name: str) -> tuple[FaultRecord, ...]:
     return tuple(r for r in state.records if r.open and r.name != name)
 
 
+def _superseded_ids(state: NodeState, signal: FaultSignal) -> tuple[str, ...]:
+    """What a new fault supersedes, by fault id: the node's open records of other
+    faults, and the fault our taint names when it is another's (a pass that died
+    between the taint and its record leaves that fault on the node with no record:
+    its id coming back must not take the taint back either)."""
+    name = fault_record_name(state.node.name, signal.fault_id)
+    ids = [r.fault_id for r in _others_open(state, name)]
+    taint = state.node.taint()
+    named = {values.taint_value(i) for i in (signal.fault_id, *ids)}
+    if taint is not None and taint.value not in named:
+        ids.append(taint.value)  # the fault id as far as a taint value carries it
+    return tuple(ids)
+
+
 def _stale(state: NodeState, signal: FaultSignal, now: dt.datetime) -> Plan | None:
     """A fault id names one occurrence. Reported again once its record closed
     (superseded, recovered, rejected), or once a newer open record superseded it
-    (`CreateRecord.supersedes`: a pass that died before closing it), the report is
-    stale: it changes nothing of the newer fault (no supersede, no taint), and an
-    open superseded record is closed now. A new fault needs a new id."""
+    (`CreateRecord.supersedes`: the pass that superseded it died before closing
+    it, or before its record was made), the report is stale: it changes nothing of
+    the newer fault (no supersede, no taint), and an open superseded record is
+    closed now. A new fault needs a new id."""
     name = fault_record_name(state.node.name, signal.fault_id)
     record = next((r for r in state.records if r.name == name), None)
-    if record is None:
-        return None
-    base = Plan(fault_id=record.fault_id, reason=record.reason)
-    if not record.open:
+    base = Plan(fault_id=signal.fault_id, reason=signal.reason)
+    if record is not None and not record.open:
         reported_again = any(a.action in _ENDED for a in record.actions)
         return replace(base, suppressed="reused" if reported_again else "resolved")
-    newer = next((r for r in state.records if r.open and record.name in r.supersedes), None)
+    wanted = {signal.fault_id, values.taint_value(signal.fault_id)}
+    newer = next(
+        (r for r in state.records if r.open and r.name != name and wanted & set(r.supersedes)),
+        None,
+    )
     if newer is None:
         return None
+    if record is None:
+        return replace(base, suppressed="reused")
     closed = UpdateRecord(
         record.name, Phase.RESOLVED, _entry(now, Entry.SUPERSEDED, detail=f"by {newer.fault_id}")
     )
@@ -414,7 +433,7 @@ def _first_sight(  # noqa: PLR0911 -- one return per rule, as in _remediate
     carried the mark), and the record comes back restored once the fault clears
     (_restore)."""
     node, signal, name, mode = fault.state.node, fault.signal, fault.record.name, fault.mode
-    older = tuple(r.name for r in _others_open(fault.state, name))
+    older = _superseded_ids(fault.state, signal)
     fenced = _fenced(node, fault.record)
     if fault.handled:
         return _with(base, actions, suppressed="handled")

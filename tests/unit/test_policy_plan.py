@@ -440,7 +440,23 @@ def test_the_new_faults_record_names_the_records_it_supersedes() -> None:
     node = tainted(faulty(fault_id="f2", **{HANDLED_FAULT_ID: F1}), F1)
     p = plan(NodeState(node, records=(old,), gpu_nodes=10), CONFIG, NOW)
     create = next(a for a in p.actions if isinstance(a, CreateRecord))
-    assert create.supersedes == (old.name,)
+    assert create.supersedes == (F1,)
+
+
+def test_the_new_faults_record_names_a_fault_whose_taint_had_no_record() -> None:
+    """A pass died between fault F1's taint and its record: the next fault takes
+    the node over, and its record names F1 (by the taint's value) all the same."""
+    node = tainted(faulty(fault_id="f2"), "short-id-1")
+    p = plan(NodeState(node, gpu_nodes=10), CONFIG, NOW)
+    create = next(a for a in p.actions if isinstance(a, CreateRecord))
+    assert create.supersedes == ("short-id-1",)
+
+
+def test_a_fault_id_superseded_before_its_record_was_made_is_stale_when_it_returns() -> None:
+    newer = record(Phase.QUARANTINED, fault_id="f2", supersedes=("short-id-1",))
+    node = tainted(faulty(fault_id="short-id-1"), "f2")
+    p = plan(NodeState(node, records=(newer,), gpu_nodes=10), CONFIG, NOW)
+    assert p.actions == () and p.suppressed == "reused"
 
 
 def _superseded(entry: str = Entry.SUPERSEDED) -> FaultRecord:
@@ -452,7 +468,7 @@ def _superseded(entry: str = Entry.SUPERSEDED) -> FaultRecord:
 def test_a_superseded_fault_id_reported_again_is_stale_and_leaves_the_newer_fault_alone() -> None:
     """A person re-using `manual-001` after a newer fault took the node: nothing of
     the newer fault's changes (its record stays open, its taint stays)."""
-    newer = record(Phase.DRAINED, fault_id="f2", supersedes=(fault_record_name(N1, F1),))
+    newer = record(Phase.DRAINED, fault_id="f2", supersedes=(F1,))
     node = tainted(faulty(fault_id=F1, **{HANDLED_FAULT_ID: "f2"}), "f2")
     p = plan(NodeState(node, records=(_superseded(), newer), gpu_nodes=10), CONFIG, NOW)
     assert p.actions == () and p.suppressed == "reused" and p.fault_id == F1
@@ -469,7 +485,7 @@ def test_an_open_record_a_newer_one_superseded_is_closed_when_its_id_returns() -
     """The superseding pass died before it closed the older record: both are open,
     the newer one names the older. The older id's return closes it, and nothing else."""
     older = record(Phase.DRAINED, fault_id=F1)
-    newer = record(Phase.QUARANTINED, fault_id="f2", supersedes=(older.name,))
+    newer = record(Phase.QUARANTINED, fault_id="f2", supersedes=(F1,))
     node = tainted(faulty(fault_id=F1, **{HANDLED_FAULT_ID: F1}), "f2")
     p = plan(NodeState(node, records=(older, newer), gpu_nodes=10), CONFIG, NOW)
     assert p.suppressed == "reused"

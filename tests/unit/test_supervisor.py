@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuheal.agent.app import Agent
 from gpuheal.agent.config import AgentConfig
+from gpuheal.controller.keyed import KeyedTasks
 from gpuheal.supervisor import STEADY_S, OnCrash, Supervisor
 
 pytestmark = pytest.mark.unit
@@ -53,7 +54,9 @@ def test_a_crashed_task_is_said_counted_named_as_down_and_restarted(
         assert down.startswith("task hygiene crashed (KeyError: 'boom'; 1 in a row): restarting")
         await asyncio.wait_for(restarted.wait(), 2)
         assert supervisor.down() == [] and supervisor.running("hygiene")
-        await supervisor.stop()
+        await supervisor.stop()  # no name: stops nothing
+        assert supervisor.running("hygiene")
+        await supervisor.stop_all()
         assert not supervisor.running("hygiene")
 
     with caplog.at_level(logging.ERROR, logger="gpuheal.supervisor"):
@@ -203,3 +206,27 @@ def test_a_round_of_the_agent_that_raises_ends_it_said_and_counted(
         if s.name == "gpuheal_agent_task_crashes_total"
     }
     assert crashed == {"rounds": 1.0} and agent.supervisor.failed == "rounds"
+
+
+def test_keyed_tasks_stop_only_their_own() -> None:
+    """Leadership ends: a loop's keyed tasks are cancelled, and nothing else of the
+    supervisor's (with none of its own, a loop once stopped every task, the leader
+    election awaiting it included: the controller hung and never led again)."""
+
+    async def forever() -> None:
+        await asyncio.Event().wait()
+
+    async def scenario() -> None:
+        supervisor = Supervisor("controller")
+        supervisor.spawn("informer-nodes", forever)
+        idle = KeyedTasks("rollout", supervisor)
+        await idle.cancel_all()
+        assert supervisor.running("informer-nodes")
+        busy = KeyedTasks("maintenance", supervisor)
+        busy.ensure("gpu-1", forever)
+        assert busy.running("gpu-1")
+        await busy.cancel_all()
+        assert not busy.running("gpu-1") and supervisor.running("informer-nodes")
+        await supervisor.stop_all()
+
+    asyncio.run(scenario())
