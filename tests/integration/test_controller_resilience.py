@@ -73,9 +73,11 @@ def test_killed_at_any_step_the_restarted_controller_finishes_without_repeating(
     wait_for("handled", lambda: handled_fault(kube, node) == "crash-fault", timeout_s=60)
     wait_for("drained", lambda: not pods_on(kube, namespace, node))
     time.sleep(1)
-    assert_remediated_once(
-        kube, node, "crash-fault", pods=3, exact_events=not crash_after.startswith("Evict")
-    )
+    # A kill after the evictions (an Evict, or the MarkHandled that follows the drain
+    # by a fraction of a second) may take the eviction pass's Events still queued
+    # with it: only "no duplicates" holds for them then.
+    after_evictions = crash_after.startswith("Evict") or crash_after == "MarkHandled"
+    assert_remediated_once(kube, node, "crash-fault", pods=3, exact_events=not after_evictions)
 
 
 def leader_of(replicas: list[ControllerProcess]) -> list[ControllerProcess]:
