@@ -125,3 +125,4 @@ bench: $(BENCH_STAMP) testenv nvml monitoring
 	$(BIN)/python bench/cli.py --nodes 1000
 	$(BIN)/python bench/retention.py --records 5000 --deletes-per-second 20 200
 	$(BIN)/python bench/rollout.py --fleet 500 --pool 40 --batch 4 --idle 30
+	$(BIN)/python bench/properties.py --seeds 1-1000 --examples 20000
