@@ -37,8 +37,8 @@ pytestmark = pytest.mark.timeout(240)
 
 BASE_S, MAX_S = 2, 10  # evictionRetryBaseSeconds / MaxSeconds: real base, short cap
 SETTLE_S = 10  # the first, quick steps of the backoff: 0, 2, 6 s
-WINDOW_S = 60  # then a minute at the cap
-MAX_PER_MINUTE = 10
+WINDOW_S = 30  # then half a minute at the cap: about 3 tries (a retry storm: hundreds)
+MAX_PER_WINDOW = 5
 
 
 @pytest.fixture
@@ -97,8 +97,8 @@ def test_a_budget_that_allows_no_disruption_is_backed_off_and_named_in_the_recor
     late_evictions = [t for t in evictions if t >= SETTLE_S]
     late_writes = [t for t in writes if t >= SETTLE_S]
     print(
-        f"evictions: {len(evictions)} in all, {len(late_evictions)} in the minute after "
-        f"{SETTLE_S}s; record status writes: {len(writes)}, {len(late_writes)} in that minute"
+        f"evictions: {len(evictions)} in all, {len(late_evictions)} in the {WINDOW_S}s after "
+        f"{SETTLE_S}s; record status writes: {len(writes)}, {len(late_writes)} in that time"
     )
     print("eviction times (s):", [round(t, 1) for t in evictions[:40]])
     status: Any = kube.get(GPUFault, name).status or {}
@@ -108,8 +108,8 @@ def test_a_budget_that_allows_no_disruption_is_backed_off_and_named_in_the_recor
     assert pods_on(kube, namespace, eks_node) == {pod_name}  # the budget holds
     assert our_taint(kube, eks_node) is not None
     assert evictions and min(evictions) < SETTLE_S  # tried at once
-    assert len(late_evictions) <= MAX_PER_MINUTE, late_evictions
-    assert len(late_writes) <= MAX_PER_MINUTE, late_writes
+    assert len(late_evictions) <= MAX_PER_WINDOW, late_evictions
+    assert len(late_writes) <= MAX_PER_WINDOW, late_writes
 
     assert status["phase"] == "Draining"
     assert [a["action"] for a in actions[:2]] == ["detect", "taint"]

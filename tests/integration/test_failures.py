@@ -219,14 +219,15 @@ def test_a_reconcile_the_api_server_keeps_refusing_is_told_once_and_backs_off(
     report_fault(kube, eks_node, FAULT_ID)
     invalid = 'gpuheal_reconcile_errors_total{reason="Invalid"}'
     wait_for("the first refused reconcile", lambda: metric(controller, invalid) >= 1)
-    time.sleep(60)  # a minute of retries
+    time.sleep(30)  # half a minute of retries
 
     found = list(audit.requests(control_plane.audit_log, user=AUDITED_CONTROLLER, since=since))
-    print("requests in the minute:", audit.by_verb_and_resource(iter(found)))
+    print("requests in the half minute:", audit.by_verb_and_resource(iter(found)))
     taint_writes = [r for r in found if r.resource == "nodes" and r.verb in ("patch", "update")]
     refused = [r for r in taint_writes if r.code == 422]
-    # Backoff 2, 4, 8, 16, 32 s (less jitter): about 6 attempts in the first minute.
-    assert 3 <= len(refused) <= 10, taint_writes
+    # Backoff 2, 4, 8, 16 s (less up to 10 % jitter): 4 or 5 attempts in the first 30 s
+    # (a retry storm at the test pools' 0.2 s would be a hundred).
+    assert 3 <= len(refused) <= 6, taint_writes
     print("node writes:", [(r.verb, r.code, r.at) for r in taint_writes])
     # Besides the retries: the record, its status, the Events; the lease renewals aside.
     writes = [r for r in found if r.verb not in ("get", "list", "watch") and r.resource != "leases"]
