@@ -104,19 +104,22 @@ class FakeNvml:
     def __init__(self, spec_path: Path) -> None:
         self.spec_path = spec_path
         self._spec: dict[str, Any] = {}
-        self._mtime = -1.0
+        # (inode, size, mtime in ns), as the C stand-in: a rewrite within one clock
+        # tick of the last read still moves the size or (by rename) the inode.
+        self._stamp: tuple[int, int, int] | None = None
         self._delivered: set[Any] = set()
         self._lock = threading.Lock()
 
     def _load(self) -> dict[str, Any]:
         with self._lock:
             try:
-                mtime = self.spec_path.stat().st_mtime
+                st = self.spec_path.stat()
             except OSError as err:
                 raise _error(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND) from err
-            if mtime != self._mtime:
+            stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+            if stamp != self._stamp:
                 self._spec = yaml.safe_load(self.spec_path.read_text()) or {}
-                self._mtime = mtime
+                self._stamp = stamp
             return self._spec
 
     def _device(self, handle: _Handle) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,15 @@ def spec(tmp_path: Path, **device_changes: Any) -> Path:
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(document))
     return path
+
+
+def rewrite(path: Path, document: object) -> None:
+    """Whole or not at all, as a watcher thread may read at any moment: one that
+    registered on a half-written spec would see no GPU to register on, and never
+    deliver an Xid (a CI run failed so)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(document))
+    tmp.replace(path)
 
 
 def probe(path: Path, expected: int | None = 8) -> NvmlProbe:
@@ -120,22 +130,15 @@ def test_an_xid_of_a_gpu_that_cannot_be_named_is_still_reported(tmp_path: Path) 
         while len(seen) < count and time.monotonic() < deadline:
             time.sleep(0.05)
 
-    def write(document: object) -> None:
-        # Whole or not at all: a registration that read a half-written spec would
-        # see no GPU to register on.
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(yaml.safe_dump(document))
-        tmp.replace(path)
-
     watcher.start()
     try:
         document = yaml.safe_load(path.read_text())
         document["xidEvents"] = [{"id": 1, "device": 2, "xid": 48}]
-        write(document)
+        rewrite(path, document)
         wait(1)  # registered on every GPU by now
         document["devices"][3]["lost"] = True
         document["xidEvents"].append({"id": 2, "device": 3, "xid": 79})
-        write(document)
+        rewrite(path, document)
         wait(2)
     finally:
         watcher.stop()
@@ -161,15 +164,31 @@ def test_a_watcher_that_crashes_is_said_counted_and_watches_again(tmp_path: Path
     try:
         document = yaml.safe_load(path.read_text())
         document["xidEvents"] = [{"id": 1, "device": 2, "xid": 48}]
-        path.write_text(yaml.safe_dump(document))
+        rewrite(path, document)
         deadline = time.monotonic() + 10
         while not counted and time.monotonic() < deadline:
             time.sleep(0.05)
         document["xidEvents"].append({"id": 2, "device": 1, "xid": 31})
-        path.write_text(yaml.safe_dump(document))
+        rewrite(path, document)
         while (31, "GPU-1") not in seen and time.monotonic() < deadline:
             time.sleep(0.05)
     finally:
         watcher.stop()
     assert counted == ["nvml-events"]
     assert seen[0] == (48, "GPU-2") and (31, "GPU-1") in seen
+
+
+def test_the_fake_reads_a_spec_rewritten_within_one_clock_tick(tmp_path: Path) -> None:
+    """A truncate-and-write keeps the mtime when the kernel's clock has not ticked
+    between the two (it ticks in jiffies): the fake, as the C stand-in, must see the
+    new size, or it keeps the half-written spec it read in between for ever."""
+    path = spec(tmp_path)
+    nvml = FakeNvml(path)
+    stamp = path.stat().st_mtime_ns
+    path.write_text("")
+    os.utime(path, ns=(stamp, stamp))
+    nvml.nvmlInit()
+    assert nvml.nvmlDeviceGetCount() == 0
+    spec(tmp_path)
+    os.utime(path, ns=(stamp, stamp))
+    assert nvml.nvmlDeviceGetCount() == 8
