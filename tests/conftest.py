@@ -40,10 +40,13 @@ def control_plane() -> Iterator[ControlPlane]:
     GPUHEAL_SIM_KEEP=1 keeps its workdir (logs, kubeconfigs) after the run. The
     API server audits the requests of the gpuheal-controller identity: a test that
     runs a controller as that user counts, on the server's side, what its retries cost.
+    It serves DeviceTaintRules (Kubernetes 1.36's beta API, off by default), as a
+    cluster that fences single GPUs must.
     """
     config = ControlPlaneConfig(
         keep_workdir=os.environ.get("GPUHEAL_SIM_KEEP") == "1",
         audit_users=[AUDITED_CONTROLLER],
+        device_taint_rules=True,
     )
     with ControlPlane(config) as cp:
         yield cp

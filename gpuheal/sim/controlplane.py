@@ -51,6 +51,8 @@ ETCD = "etcd"
 KUBE_APISERVER = "kube-apiserver"
 KUBE_SCHEDULER = "kube-scheduler"
 KUBE_CONTROLLER_MANAGER = "kube-controller-manager"
+DEVICE_TAINT_RULES_GATE = "DRADeviceTaintRules"
+DEVICE_TAINT_RULES_API = "resource.k8s.io/v1beta2"
 KWOK = "kwok"
 
 ADMIN = "gpuheal-admin"
@@ -91,6 +93,10 @@ class ControlPlaneConfig:
     feature_gates: Mapping[str, bool] = field(
         default_factory=lambda: {"ResourceHealthStatus": True}
     )
+    # DeviceTaintRule (KEP-5055), as Kubernetes 1.36 offers it: beta but off, so the
+    # gate on every component and its API (resource.k8s.io/v1beta2) in the API
+    # server's runtime-config. Off: device taints in ResourceSlices only (beta, on).
+    device_taint_rules: bool = False
     # Extra command-line flags per component name, appended last so they win.
     extra_args: Mapping[str, Sequence[str]] = field(default_factory=dict)
     # Users whose requests the apiserver writes to its audit log (JSON lines, Metadata
@@ -257,8 +263,16 @@ class ControlPlane:
         return [*base, *self.config.extra_args.get(name, ())]
 
     def _feature_gates(self) -> list[str]:
-        gates = ",".join(f"{k}={str(v).lower()}" for k, v in self.config.feature_gates.items())
+        chosen = dict(self.config.feature_gates)
+        if self.config.device_taint_rules:
+            chosen[DEVICE_TAINT_RULES_GATE] = True
+        gates = ",".join(f"{k}={str(v).lower()}" for k, v in chosen.items())
         return [f"--feature-gates={gates}"] if gates else []
+
+    def _runtime_config(self) -> list[str]:
+        if not self.config.device_taint_rules:
+            return []
+        return [f"--runtime-config={DEVICE_TAINT_RULES_API}=true"]
 
     def _launch(self, name: str, argv: Sequence[str]) -> Component:
         component = Component(name, self._flags(name, argv), self.log_path(name))
@@ -323,6 +337,7 @@ class ControlPlane:
                 "--profiling=false",
                 *self._audit_flags(),
                 *self._feature_gates(),
+                *self._runtime_config(),
             ],
         )
         apiserver.wait_ready(self._apiserver_ready, deadline)

@@ -15,6 +15,7 @@ import pytest
 from lightkube import ApiError, Client
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
+from lightkube.resources.resource_v1beta2 import DeviceTaintRule
 
 from gpuheal.policy.dra import by_key, pod_gpus, slice_devices
 from gpuheal.sim.agent import gpu_spec
@@ -28,9 +29,9 @@ from gpuheal.sim.dra import (
     resource_slice,
 )
 from gpuheal.sim.nodes import GPU_RESOURCE, delete_nodes, wait_nodes_ready
-from gpuheal.sim.workloads import apply, wait_pods_running
+from gpuheal.sim.workloads import apply, pod_disruption_budget, wait_pods_running
 from tests.corpus import unique_eks_node, unique_fqdn
-from tests.helpers import wait_for
+from tests.helpers import unique, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -136,3 +137,98 @@ def test_the_longest_node_name_the_driver_can_publish_a_pool_for(
         apply(kube, resource_slice(longer, gpu_spec(longer)))
     assert refused.value.status.code == 422
     assert "must be no more than 253 characters" in str(refused.value.status.message)
+
+
+def taint_rule(name: str, node: str, device: str, effect: str) -> dict[str, Any]:
+    """A DeviceTaintRule on one device of the node's pool (Kubernetes 1.36: v1beta2)."""
+    return {
+        "apiVersion": "resource.k8s.io/v1beta2",
+        "kind": "DeviceTaintRule",
+        "metadata": {"name": name},
+        "spec": {
+            "deviceSelector": {"driver": DRIVER, "pool": node, "device": device},
+            "taint": {"key": "gpuheal.io/fault", "value": "xid-79", "effect": effect},
+        },
+    }
+
+
+def held_by(kube: Client, namespace: str, node: str) -> dict[str, str]:
+    """Each Running pod's GPU UUID, as gpuheal reads it."""
+    devices = by_key(slice_devices(as_dicts(kube.list(ResourceSlice))))
+    claims = {
+        (namespace, c["metadata"]["name"]): c
+        for c in as_dicts(kube.list(ResourceClaim, namespace=namespace))
+    }
+    return {
+        p["metadata"]["name"]: gpu.uuid
+        for p in as_dicts(kube.list(Pod, namespace=namespace))
+        if p["status"].get("phase") == "Running"
+        for gpu in pod_gpus(p, claims, devices)
+        if gpu.node == node
+    }
+
+
+def pod_names(kube: Client, namespace: str) -> set[str]:
+    return {p["metadata"]["name"] for p in as_dicts(kube.list(Pod, namespace=namespace))}
+
+
+def test_a_no_schedule_rule_keeps_new_claims_off_that_card_only(
+    kube: Client, namespace: str, pool: dict[str, str], dra_nodes: list[str]
+) -> None:
+    """The fence gpuheal needs, on the real scheduler: a NoSchedule DeviceTaintRule on
+    gpu-3 leaves seven cards to allocate and the node schedulable; without the rule
+    the card is handed out again."""
+    node = unique_eks_node()
+    add_dra_node(kube, dra_nodes, node, pool)
+    fenced = gpu_spec(node)["devices"][3]["uuid"]
+    rule = unique("gpuheal-fence")
+    apply(kube, taint_rule(rule, node, "gpu-3", "NoSchedule"))
+    try:
+        for i in range(8):
+            apply(kube, gpu_claim(f"c-{i}", namespace))
+            apply(kube, claim_pod(f"p-{i}", namespace, f"c-{i}", node_selector=pool))
+        wait_pods_running(kube, namespace, count=7, timeout_s=90)
+        held = held_by(kube, namespace, node)
+        assert len(held) == 7 and fenced not in held.values(), held
+        assert not kube.get(Node, node).to_dict()["spec"].get("unschedulable")
+    finally:
+        kube.delete(DeviceTaintRule, rule)
+    wait_for(
+        "the eighth pod to be given the card once the rule is gone",
+        lambda: fenced in held_by(kube, namespace, node).values(),
+        timeout_s=90,
+    )
+
+
+def test_a_no_execute_rule_deletes_the_pod_on_the_card_whatever_its_budget(
+    kube: Client, namespace: str, pool: dict[str, str], dra_nodes: list[str]
+) -> None:
+    """Why gpuheal fences with NoSchedule and moves pods through the Eviction API:
+    kube-controller-manager answers a NoExecute device taint by deleting the pods
+    on the card, and a PodDisruptionBudget that allows no disruption does not hold."""
+    node = unique_eks_node()
+    add_dra_node(kube, dra_nodes, node, pool)
+    labels = {"app": "serving"}
+    apply(kube, pod_disruption_budget("serving", namespace, match_labels=labels, max_unavailable=0))
+    for i in range(2):
+        apply(kube, gpu_claim(f"c-{i}", namespace))
+        apply(
+            kube,
+            claim_pod(f"p-{i}", namespace, f"c-{i}", labels=labels, node_selector=pool),
+        )
+    wait_pods_running(kube, namespace, count=2, timeout_s=60)
+    held = held_by(kube, namespace, node)
+    device = next(
+        f"gpu-{i}" for i, g in enumerate(gpu_spec(node)["devices"]) if g["uuid"] == held["p-0"]
+    )
+    rule = unique("gpuheal-fence")
+    apply(kube, taint_rule(rule, node, device, "NoExecute"))
+    try:
+        wait_for(
+            "kube-controller-manager to delete the pod on the tainted card",
+            lambda: "p-0" not in pod_names(kube, namespace),
+            timeout_s=60,
+        )
+        assert pod_names(kube, namespace) == {"p-1"}
+    finally:
+        kube.delete(DeviceTaintRule, rule)
