@@ -139,10 +139,18 @@ def source(
     )
 
 
+# What these tests assert is what Prometheus answers, not how fast: Prometheus bounds
+# an evaluation itself (its `timeout` parameter; an error answer past it), and the
+# client waits for that answer. A 5 s client limit failed the widest lookup (10,000
+# points, as the controller asks) twice while a Kubernetes build loaded the machine.
+PROMETHEUS_EVALUATION_S = 60
+
+
 def series(prometheus: Monitoring, expr: str) -> list[object]:
-    query = urllib.parse.urlencode({"query": expr})
+    query = urllib.parse.urlencode({"query": expr, "timeout": f"{PROMETHEUS_EVALUATION_S}s"})
     url = f"{prometheus.prometheus_url}/api/v1/query?{query}"
-    with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310 -- loopback
+    wait_s = PROMETHEUS_EVALUATION_S + 10
+    with urllib.request.urlopen(url, timeout=wait_s) as response:  # noqa: S310 -- loopback
         result: list[object] = json.load(response)["data"]["result"]
         return result
 
