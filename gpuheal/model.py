@@ -464,5 +464,8 @@ def fault_record_name(node: str, fault_id: str, device: str = "") -> str:
     (any characters, any length) maps to one valid DNS-1123 name.
     """
     digest = hashlib.sha256(f"{node}\x00{fault_id}\x00{device}".encode()).hexdigest()[:12]
-    prefix = _NAME_UNSAFE.sub("-", node.lower()).strip("-.")[:200] or "node"
+    # A cut that ends in a dot would put `.-` before the digest: no valid name (a
+    # node name of over 200 characters with a dot at the 200th). Only such names,
+    # never created, change here; every name that was valid stays as it was.
+    prefix = _NAME_UNSAFE.sub("-", node.lower()).strip("-.")[:200].rstrip(".") or "node"
     return f"{prefix}-{digest}"

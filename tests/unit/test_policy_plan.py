@@ -5,6 +5,10 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import replace
 
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from gpuheal import values
 from gpuheal.clock import iso
 from gpuheal.config import ConditionRule, Config
 from gpuheal.model import (
@@ -501,6 +505,25 @@ def test_fault_record_names_are_deterministic_valid_and_distinct() -> None:
     assert a.startswith("gpu-node-1.example.com-") and len(a) <= 253
     assert all(ch.isalnum() or ch in "-." for ch in a) and a == a.lower()
     assert fault_record_name("X" * 300, "f").startswith("x" * 200)
+
+
+_DNS_LABEL = st.from_regex(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", fullmatch=True)
+NODE_NAMES = (
+    st.lists(_DNS_LABEL, min_size=1, max_size=12)
+    .map(".".join)
+    .filter(lambda name: len(name) <= 253)
+)
+
+
+@given(node=NODE_NAMES, fault_id=st.text(max_size=80), device=st.text(max_size=40))
+@example(node="a" * 199 + ".b" + "c" * 40, fault_id="f", device="")  # a dot at the cut
+@example(node="a" * 198 + "-b.c" + "d" * 40, fault_id="f", device="")
+def test_every_node_names_records_have_a_name_the_api_server_takes(
+    node: str, fault_id: str, device: str
+) -> None:
+    """Node names are DNS subdomains of up to 253 characters: the record's name must
+    be one too, or the record (the lock) is refused and the node never fenced."""
+    assert values.is_subdomain(fault_record_name(node, fault_id, device))
 
 
 def test_a_resolved_fault_reported_again_with_the_same_id_is_not_remediated_again() -> None:
