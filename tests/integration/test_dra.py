@@ -17,7 +17,9 @@ from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 from lightkube.resources.resource_v1beta2 import DeviceTaintRule
 
-from gpuheal.policy.dra import by_key, pod_gpus, slice_devices
+from gpuheal.model import fault_record_name
+from gpuheal.policy.dra import DeviceKey, by_key, pod_gpus, slice_devices
+from gpuheal.policy.fence import device_taint_rule
 from gpuheal.sim.agent import gpu_spec
 from gpuheal.sim.dra import (
     DRIVER,
@@ -31,7 +33,7 @@ from gpuheal.sim.dra import (
 from gpuheal.sim.nodes import GPU_RESOURCE, delete_nodes, wait_nodes_ready
 from gpuheal.sim.workloads import apply, pod_disruption_budget, wait_pods_running
 from tests.corpus import unique_eks_node, unique_fqdn
-from tests.helpers import unique, wait_for
+from tests.helpers import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -132,6 +134,13 @@ def test_the_longest_node_name_the_driver_can_publish_a_pool_for(
     (gpu,) = pod_gpus(pod.to_dict(), {(namespace, "one-gpus"): claim}, devices)
     assert gpu.node == node and gpu.uuid in {d["uuid"] for d in gpu_spec(node)["devices"]}
 
+    # gpuheal's fence of a device in that pool, for a fault id of any length and
+    # characters: the API server takes it as built.
+    rule = fence(kube, node, gpu.key.device, "NoSchedule", fault_id="manual/" + "ä😀 " * 200)
+    stored = kube.get(DeviceTaintRule, rule)
+    assert stored.spec.deviceSelector.pool == node  # type: ignore[union-attr]
+    kube.delete(DeviceTaintRule, rule)
+
     longer = unique_fqdn(MAX_DRA_NODE_NAME + 1)
     with pytest.raises(ApiError) as refused:
         apply(kube, resource_slice(longer, gpu_spec(longer)))
@@ -139,17 +148,17 @@ def test_the_longest_node_name_the_driver_can_publish_a_pool_for(
     assert "must be no more than 253 characters" in str(refused.value.status.message)
 
 
-def taint_rule(name: str, node: str, device: str, effect: str) -> dict[str, Any]:
-    """A DeviceTaintRule on one device of the node's pool (Kubernetes 1.36: v1beta2)."""
-    return {
-        "apiVersion": "resource.k8s.io/v1beta2",
-        "kind": "DeviceTaintRule",
-        "metadata": {"name": name},
-        "spec": {
-            "deviceSelector": {"driver": DRIVER, "pool": node, "device": device},
-            "taint": {"key": "gpuheal.io/fault", "value": "xid-79", "effect": effect},
-        },
-    }
+def fence(kube: Client, node: str, device: str, effect: str, fault_id: str = "xid-79") -> str:
+    """gpuheal's DeviceTaintRule on one device of the node's pool; its name."""
+    record = fault_record_name(node, fault_id, f"{DRIVER}/{node}/{device}")
+    rule = device_taint_rule(
+        record=record,
+        fault_id=fault_id,
+        reason="XidCritical79",
+        device=DeviceKey(DRIVER, node, device),
+        effect=effect,
+    )
+    return str(apply(kube, rule).metadata.name)
 
 
 def held_by(kube: Client, namespace: str, node: str) -> dict[str, str]:
@@ -181,8 +190,7 @@ def test_a_no_schedule_rule_keeps_new_claims_off_that_card_only(
     node = unique_eks_node()
     add_dra_node(kube, dra_nodes, node, pool)
     fenced = gpu_spec(node)["devices"][3]["uuid"]
-    rule = unique("gpuheal-fence")
-    apply(kube, taint_rule(rule, node, "gpu-3", "NoSchedule"))
+    rule = fence(kube, node, "gpu-3", "NoSchedule")
     try:
         for i in range(8):
             apply(kube, gpu_claim(f"c-{i}", namespace))
@@ -221,8 +229,7 @@ def test_a_no_execute_rule_deletes_the_pod_on_the_card_whatever_its_budget(
     device = next(
         f"gpu-{i}" for i, g in enumerate(gpu_spec(node)["devices"]) if g["uuid"] == held["p-0"]
     )
-    rule = unique("gpuheal-fence")
-    apply(kube, taint_rule(rule, node, device, "NoExecute"))
+    rule = fence(kube, node, device, "NoExecute")
     try:
         wait_for(
             "kube-controller-manager to delete the pod on the tainted card",
