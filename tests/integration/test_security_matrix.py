@@ -674,8 +674,13 @@ ACTIONS: tuple[Action, ...] = (
     # Issue 41: a node without GPUs, outside the nodeSelector, with a request on it.
     act("node: request maintenance of a node gpuheal does not manage (no GPUs)",
         node_change({"metadata": {"annotations": {MAINTENANCE_REQUEST: MAINTENANCE_ASKED_AGAIN}}},
-                    "infra"),
-        "operator"),
+                    "infra")),
+    act("node: request maintenance of a GPU node opted out (gpuheal.io/managed=false)",
+        node_change({"metadata": {"annotations": {MAINTENANCE_REQUEST: MAINTENANCE_ASKED_AGAIN}}},
+                    "opted")),
+    act("node: withdraw the maintenance request of a node gpuheal does not manage",
+        node_change({"metadata": {"annotations": {MAINTENANCE_REQUEST: None}}}, "infra"),
+        "operator", "controller"),
     act("node: take out a node gpuheal does not manage, as its request asks",
         taint_change(lambda ts: [*ts, MAINTENANCE_TAINT], "infra",
                      labels={STATE_LABEL: "maintenance"},
@@ -1219,10 +1224,11 @@ def test_the_operator_cannot_have_the_controller_take_out_a_node_gpuheal_does_no
 ) -> None:
     """Issue 41 with the chart's identities: on a node without GPUs (outside the
     nodeSelector) `gpuheal maintenance start` with the operator's token is refused
-    before it writes; the request written anyway with that token (its job: a request)
-    is refused by the controller, with its own token: recorded done with exit 2 and
-    why, a Warning Event, and nothing else changed; the controller's refusal passes
-    its admission policy (the matrix: it may take out no such node)."""
+    before it writes, and the request written anyway with that token is refused by
+    the chart's admission policy; one written by another route is refused by the
+    controller, with its own token: recorded done with exit 2 and why, a Warning
+    Event, and nothing else changed; the controller's refusal passes its admission
+    policy (the matrix: it may take out no such node)."""
     infra = unique("infra")
     kube.create(codecs.from_dict(plain_node(infra)))
     rendered = scene.release.find("ConfigMap", scene.role("controller"))
@@ -1257,10 +1263,15 @@ def test_the_operator_cannot_have_the_controller_take_out_a_node_gpuheal_does_no
         assert f"node {infra} is not managed by gpuheal: the controller's nodeSelector" in said
         meta = node().metadata
         assert meta is not None and MAINTENANCE_REQUEST not in (meta.annotations or {})
-        # Written around the CLI, with the operator's token: a request is its job.
-        ops.patch(
-            Node, infra, {"metadata": {"annotations": {MAINTENANCE_REQUEST: MAINTENANCE_ASKED}}}
-        )
+        asked = {"metadata": {"annotations": {MAINTENANCE_REQUEST: MAINTENANCE_ASKED}}}
+        # Written around the CLI with the operator's token: its admission policy refuses.
+        with pytest.raises(ApiError) as written:
+            ops.patch(Node, infra, asked)
+        assert written.value.status.code == 403
+        assert "so it takes no maintenance request" in str(written.value.status.message)
+        # Written by another route (an administrator; or before the node left the
+        # selector): the controller refuses it.
+        kube.patch(Node, infra, asked)
         controller.start()
         controller.wait_leading()
 
