@@ -240,8 +240,12 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
                     while True:
                         time.sleep(3600)
         finally:
+            # Each step said, so a shutdown that hangs shows where.
+            say("stopping the agents")
             stop_all([a.component for a in agents.values()], 10)
+            say("stopping the controller")
             controller.stop()
+            say("stopping the control plane")
     say("control plane stopped")
     return 0
 

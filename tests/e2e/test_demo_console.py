@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, Any
 
 import pytest
@@ -181,11 +182,44 @@ def test_the_demos_faults_appear_live_on_its_console_and_the_timeline_is_the_rec
     context.close()
 
     process.send_signal(signal.SIGINT)
-    assert process.wait(60) == 0, output.text()[-3000:]
+    assert exit_code(process, output, 60) == 0, output.text()[-3000:]
     output.wait(r"control plane stopped")
     # Nothing of this demo's is left (other gpuheal processes may run beside it).
     kubeconfig = exported.group(1)
     assert [p for p in _gpuheal_processes() if kubeconfig in p] == []
+
+
+def exit_code(process: subprocess.Popen[str], output: DemoOutput, timeout_s: float) -> int:
+    """The demo's exit code; if it is still running after `timeout_s` (CI saw that
+    once, after Ctrl-C), fail with what would tell why: its last lines (each step of
+    its shutdown is said) and its processes still alive, with their states."""
+    try:
+        return process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        alive = _descendants(process.pid)
+        raise AssertionError(
+            f"the demo did not end {timeout_s:.0f} s after Ctrl-C; its processes:\n"
+            + "\n".join(alive)
+            + "\nits last lines:\n"
+            + output.text()[-3000:]
+        ) from None
+
+
+def _descendants(root: int) -> list[str]:
+    """`pid state command` of `root` and of each process under it, from /proc."""
+    rows: dict[int, tuple[int, str]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            argv = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        said = f"{stat.parent.name} {fields[0]} {argv.decode(errors='replace')[:240]}"
+        rows[int(stat.parent.name)] = (int(fields[1]), said)
+    under = {root}
+    for _ in range(8):  # the demo, its components, their children
+        under |= {pid for pid, (ppid, _) in rows.items() if ppid in under}
+    return [rows[pid][1] for pid in sorted(under) if pid in rows]
 
 
 def _timeline(record: Any) -> list[list[str]]:
