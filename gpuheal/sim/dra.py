@@ -13,6 +13,7 @@ standard `resource.kubernetes.io/pciBusID`); `memory` as capacity. The driver wr
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -120,6 +121,20 @@ def resource_slice(node: str, spec: Mapping[str, Any], *, generation: int = 1) -
             "devices": devices,
         },
     }
+
+
+def with_taint(
+    item: Mapping[str, Any], device: str, key: str, value: str = "", effect: str = "NoSchedule"
+) -> dict[str, Any]:
+    """The slice with one more taint on `device`, as the driver's NVMLDeviceHealthCheck
+    writes it (cmd/gpu-kubelet-plugin/device_health.go): no timeAdded (the API server
+    stamps it), an empty value for gpu-lost and unmonitored."""
+    tainted = copy.deepcopy(dict(item))
+    for entry in tainted["spec"]["devices"]:
+        if entry["name"] == device:
+            taint = {"key": key, "effect": effect, **({"value": value} if value else {})}
+            entry.setdefault("taints", []).append(taint)
+    return tainted
 
 
 def dra_node(name: str, *, labels: Mapping[str, str] | None = None) -> dict[str, Any]:

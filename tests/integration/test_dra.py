@@ -8,7 +8,7 @@ The node carries no `nvidia.com/gpu` anywhere, as under GPU Operator's DRA mode.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -19,6 +19,7 @@ from lightkube.resources.resource_v1beta2 import DeviceTaintRule
 
 from gpuheal.model import fault_record_name
 from gpuheal.policy.dra import DeviceKey, by_key, pod_gpus, slice_devices
+from gpuheal.policy.drivertaints import XID_KEY, Scope, driver_taints, meaning
 from gpuheal.policy.fence import device_taint_rule
 from gpuheal.sim.agent import gpu_spec
 from gpuheal.sim.dra import (
@@ -29,6 +30,7 @@ from gpuheal.sim.dra import (
     dra_node,
     gpu_claim,
     resource_slice,
+    with_taint,
 )
 from gpuheal.sim.nodes import GPU_RESOURCE, delete_nodes, wait_nodes_ready
 from gpuheal.sim.workloads import apply, pod_disruption_budget, wait_pods_running
@@ -59,11 +61,22 @@ def dra_nodes(kube: Client, gpu_classes: None) -> Iterator[list[str]]:
     delete_nodes(kube, created)
 
 
-def add_dra_node(kube: Client, created: list[str], name: str, pool: dict[str, str]) -> None:
+def add_dra_node(
+    kube: Client,
+    created: list[str],
+    name: str,
+    pool: dict[str, str],
+    taints: Sequence[tuple[str, str, str]] = (),
+) -> None:
+    """A DRA node and its driver's slice; `taints`: (device, key, value) the driver
+    put on its devices, NoSchedule."""
     created.append(name)
     apply(kube, dra_node(name, labels=pool))
     wait_nodes_ready(kube, [name])
-    apply(kube, resource_slice(name, gpu_spec(name)))
+    item = resource_slice(name, gpu_spec(name))
+    for device, key, value in taints:
+        item = with_taint(item, device, key, value)
+    apply(kube, item)
 
 
 def as_dicts(items: Any) -> list[dict[str, Any]]:
@@ -239,3 +252,27 @@ def test_a_no_execute_rule_deletes_the_pod_on_the_card_whatever_its_budget(
         assert pod_names(kube, namespace) == {"p-1"}
     finally:
         kube.delete(DeviceTaintRule, rule)
+
+
+def test_the_drivers_own_xid_taint_is_read_back_and_keeps_the_card_out(
+    kube: Client, namespace: str, pool: dict[str, str], dra_nodes: list[str]
+) -> None:
+    """NVIDIA's driver taints gpu-3 `gpu.nvidia.com/xid=79:NoSchedule` in its slice (as
+    its NVMLDeviceHealthCheck does): the API server keeps it (stamping the time), the
+    scheduler hands out the other seven cards, and gpuheal reads it as the node's
+    fault on that GPU."""
+    node = unique_eks_node()
+    add_dra_node(kube, dra_nodes, node, pool, taints=[("gpu-3", XID_KEY, "79")])
+    (item,) = as_dicts(kube.list(ResourceSlice, fields={"spec.nodeName": node}))
+    (taint,) = driver_taints([item])
+    assert taint.device.uuid == gpu_spec(node)["devices"][3]["uuid"]
+    said = meaning(taint)
+    assert said is not None and (said.scope, said.reason) == (Scope.NODE, "XidCritical79")
+    (stored,) = [d for d in item["spec"]["devices"] if d["name"] == "gpu-3"]
+    assert stored["taints"][0]["timeAdded"]
+    for i in range(8):
+        apply(kube, gpu_claim(f"c-{i}", namespace))
+        apply(kube, claim_pod(f"p-{i}", namespace, f"c-{i}", node_selector=pool))
+    wait_pods_running(kube, namespace, count=7, timeout_s=90)
+    held = held_by(kube, namespace, node)
+    assert len(held) == 7 and taint.device.uuid not in held.values(), held

@@ -1,0 +1,124 @@
+"""What NVIDIA's DRA driver's own device taints mean, as a fault source.
+
+With its `NVMLDeviceHealthCheck` gate the driver (kubernetes-sigs/dra-driver-nvidia-gpu,
+cmd/gpu-kubelet-plugin/device_health.go) taints a device in its ResourceSlice:
+
+- `gpu.nvidia.com/xid=<code>` on an Xid critical error event: `NoSchedule`, or `None`
+  for the Xids it deems non-fatal (13, 31, 43, 45, 68, 109 and any configured);
+- `gpu.nvidia.com/gpu-lost` (no value, `NoSchedule`, on every device of the node) when
+  NVML says the GPU is lost;
+- `gpu.nvidia.com/unmonitored` (no value, `None`) for a GPU it cannot watch.
+
+It never writes `NoExecute` and never removes a taint until it restarts. So the driver's
+effect is no verdict: an Xid means what NVIDIA's catalogue says (gpuheal/xid), read the
+same way as from any other source, whatever effect the driver chose.
+
+The scope is gpuheal's: an application or informational Xid is nothing; a GPU that
+needs a reboot (Xid 79, fallen off the bus, and the like) or is lost takes its node;
+an NVLink error takes the node too, for on an NVSwitch system the links are the fabric
+every GPU's collectives cross; any other node fault stays on the one GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from gpuheal.model import Severity
+from gpuheal.policy.dra import GPU_DRIVERS, DraDevice, slice_devices
+from gpuheal.xid import Action, XidRow, classify
+
+XID_KEY = "gpu.nvidia.com/xid"
+LOST_KEY = "gpu.nvidia.com/gpu-lost"
+UNMONITORED_KEY = "gpu.nvidia.com/unmonitored"
+LOST_REASON = "GpuLost"
+UNMONITORED_REASON = "GpuUnmonitored"
+
+
+class Scope(StrEnum):
+    """What a driver taint takes out of service."""
+
+    NOTHING = "nothing"  # counted, never fenced (an application's Xid)
+    DEVICE = "device"  # the one GPU
+    NODE = "node"  # the node: the GPU's fault is the node's
+    UNKNOWN = "unknown"  # the GPU's health is not known: suspect, never a fault
+
+
+@dataclass(frozen=True)
+class DriverTaint:
+    """One taint the driver put on one of its devices."""
+
+    device: DraDevice
+    key: str
+    value: str
+    effect: str
+
+
+@dataclass(frozen=True)
+class Meaning:
+    scope: Scope
+    reason: str
+    severity: Severity | None  # None: no fault
+    why: str
+
+
+def driver_taints(
+    slices: Iterable[Mapping[str, Any]], drivers: frozenset[str] = GPU_DRIVERS
+) -> tuple[DriverTaint, ...]:
+    """The taints the GPU drivers publish on their devices (taints of other keys, from
+    other drivers, included: meaning() leaves out what is not the driver's)."""
+    devices = {
+        (d.key.pool, d.key.device): d
+        for node in slice_devices(slices, drivers).values()
+        for d in node
+    }
+    found: list[DriverTaint] = []
+    for item in slices:
+        spec = item.get("spec") or {}
+        pool = str((spec.get("pool") or {}).get("name", ""))
+        for device in spec.get("devices") or []:
+            known = devices.get((pool, str(device.get("name", ""))))
+            if known is None or known.key.driver != spec.get("driver"):
+                continue
+            for taint in device.get("taints") or []:
+                found.append(
+                    DriverTaint(
+                        known,
+                        str(taint.get("key", "")),
+                        str(taint.get("value", "")),
+                        str(taint.get("effect", "")),
+                    )
+                )
+    return tuple(found)
+
+
+def meaning(taint: DriverTaint, overrides: Mapping[int, XidRow] | None = None) -> Meaning | None:
+    """What the taint means; None for a key that is not the driver's health taint."""
+    if taint.key == LOST_KEY:
+        return Meaning(
+            Scope.NODE, LOST_REASON, Severity.P0, "NVML says the GPU is lost (off the bus)"
+        )
+    if taint.key == UNMONITORED_KEY:
+        return Meaning(Scope.UNKNOWN, UNMONITORED_REASON, None, "the driver cannot watch the GPU")
+    if taint.key != XID_KEY:
+        return None
+    try:
+        code = int(taint.value)
+    except ValueError:
+        return Meaning(
+            Scope.UNKNOWN, UNMONITORED_REASON, None, f"an Xid taint without a code: {taint.value!r}"
+        )
+    row = classify(code, overrides)
+    return Meaning(
+        _scope(row), row.reason, row.severity if row.node_fault else None, row.description
+    )
+
+
+def _scope(row: XidRow) -> Scope:
+    if not row.node_fault:
+        return Scope.NOTHING
+    if row.action is Action.REBOOT or "nvlink" in row.reason.lower():
+        return Scope.NODE
+    return Scope.DEVICE
