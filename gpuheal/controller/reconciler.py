@@ -32,7 +32,7 @@ from gpuheal.controller.notify import Notice
 from gpuheal.controller.result import DONE, Result
 from gpuheal.controller.runner import AT_ONCE, Runner
 from gpuheal.controller.signals import ExternalSignals
-from gpuheal.kube.events import node_ref
+from gpuheal.kube.events import ObjectRef, node_ref, pod_ref
 from gpuheal.kube.informer import Store
 from gpuheal.kube.rollouts import RolloutState
 from gpuheal.metrics.controller import ControllerMetrics, DeviceCounts
@@ -47,7 +47,7 @@ from gpuheal.policy.pools import NO_POOL, pool_of
 from gpuheal.policy.ratelimit import TokenBucket
 from gpuheal.policy.recent import HandledFaults
 from gpuheal.policy.rollout import RolloutDriver, rollout_name
-from gpuheal.policy.unreadable import unreadable
+from gpuheal.policy.unreadable import Unreadable, unreadable, unreadable_pod
 from gpuheal.policy.validation import ValidationPod
 from gpuheal.sources import Seen
 from gpuheal.vocabulary import Reason
@@ -277,8 +277,8 @@ class Reconciler:
         if not self.fleet.selected(node):
             self._unmanaged_fault(node)
             return None
-        self._unreadable(node)
         state = self.state_of(node)
+        self._unreadable(node, state.pods)
         decided = plan(state, self.config(), now)
         self._note_suppressed(decided, node.name)
         if decided.suppressed == "reused":
@@ -317,31 +317,39 @@ class Reconciler:
             warning=True,
         )
 
-    def _unreadable(self, node: NodeView) -> None:
-        """Each gpuheal annotation value on the node that its readers cannot read
-        (policy/unreadable.py), told once: a warning log, the metric and a Warning
-        Event, so the person who wrote it learns it is taken as absent."""
+    def _unreadable(self, node: NodeView, pods: Iterable[PodView]) -> None:
+        """Each gpuheal annotation value on the node, or on one of its pods, that its
+        readers cannot read (policy/unreadable.py), told once: a warning log, the
+        metric and a Warning Event, so the person who wrote it learns what it does."""
         for bad in unreadable(node.annotations):
-            told = f"{node.name}/{bad.annotation}/{hashlib.sha256(bad.value.encode()).hexdigest()}"
-            if not self.unreadable_told.add(told):
-                continue
-            self.metrics.annotations_unreadable.labels(bad.annotation).inc()
-            log.warning(
-                "annotation unreadable",
-                extra={
-                    "node": node.name,
-                    "annotation": bad.annotation,
-                    "value": values.text(bad.value, 128),
-                    "why": bad.why,
-                },
-            )
-            self.executor.effects.recorder.emit(
-                node_ref(node.name, node.uid, node.resource_version),
-                reason=Reason.ANNOTATION_UNREADABLE,
-                note=f"{bad.annotation}={values.text(bad.value, 128)!r}: {bad.why}",
-                action="Ignore",
-                warning=True,
-            )
+            ref = node_ref(node.name, node.uid, node.resource_version)
+            self._tell_unreadable(ref, bad, {"node": node.name})
+        for pod in pods:
+            if (found := unreadable_pod(pod)) is not None:
+                ref = pod_ref(pod.namespace, pod.name, pod.uid, pod.resource_version)
+                self._tell_unreadable(ref, found, {"node": node.name, "pod": pod.key})
+
+    def _tell_unreadable(self, ref: ObjectRef, bad: Unreadable, where: dict[str, str]) -> None:
+        value = hashlib.sha256(bad.value.encode()).hexdigest()
+        if not self.unreadable_told.add(f"{ref.namespace}/{ref.name}/{bad.annotation}/{value}"):
+            return
+        self.metrics.annotations_unreadable.labels(bad.annotation).inc()
+        log.warning(
+            "annotation unreadable",
+            extra={
+                **where,
+                "annotation": bad.annotation,
+                "value": values.text(bad.value, 128),
+                "why": bad.why,
+            },
+        )
+        self.executor.effects.recorder.emit(
+            ref,
+            reason=Reason.ANNOTATION_UNREADABLE,
+            note=f"{bad.annotation}={values.text(bad.value, 128)!r}: {bad.why}",
+            action="Ignore",
+            warning=True,
+        )
 
     def _reused_fault_id(self, node: NodeView, fault_id: str) -> None:
         """A fault id reported again after its record closed (or after a newer fault

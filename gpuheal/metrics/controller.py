@@ -74,8 +74,9 @@ class ControllerMetrics(Metrics):
     leader = gauge("gpuheal_leader", "1 while this replica holds the lease.")
     annotations_unreadable = counter(
         "gpuheal_annotations_unreadable_total",
-        "gpuheal annotations on a node that their readers cannot read (each value told "
-        "once, with a warning log and a GPUAnnotationUnreadable Event), by annotation.",
+        "gpuheal annotations on a node, or a pod's checkpoint request, that their readers "
+        "cannot read (each value told once, with a warning log and a "
+        "GPUAnnotationUnreadable Event), by annotation.",
         "annotation",
     )
     task_crashes = counter(

@@ -1,7 +1,8 @@
-"""gpuheal's node annotations a person (or another tool) may write, checked with
-the parsers that read them: a value a reader cannot read is otherwise taken as
-absent (a `last-process-time` that is not a time starts no cooldown, a status
-other than `faulty` is no fault) and nothing says so. The controller tells each
+"""gpuheal's node annotations a person (or another tool) may write, and a pod's
+checkpoint request, checked with the parsers that read them: a value a reader
+cannot read is otherwise taken as absent (a `last-process-time` that is not a
+time starts no cooldown, a status other than `faulty` is no fault; a checkpoint
+request that is not a time is a deadline passed) and nothing says so. The controller tells each
 unreadable value once (controller/reconciler.py::Reconciler._unreadable).
 
 Annotations whose bad values are already said elsewhere are not repeated here:
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 from gpuheal.clock import parse_time
 from gpuheal.model import (
+    CHECKPOINT_REQUESTED,
     COUNTERS_SINCE,
     DIAGNOSTICS,
     ECC_ERRORS,
@@ -30,6 +32,7 @@ from gpuheal.model import (
     STATUS,
     STATUS_FAULTY,
     XID_ERRORS,
+    PodView,
 )
 from gpuheal.policy import environment
 from gpuheal.policy.gate import parse_baseline, parse_diagnostics
@@ -98,3 +101,13 @@ def unreadable(annotations: Mapping[str, str]) -> tuple[Unreadable, ...]:
             Unreadable(STATUS, status, f"{STATUS_FAULTY} without {FAULT_ID}; no fault is reported")
         )
     return tuple(found)
+
+
+def unreadable_pod(pod: PodView) -> Unreadable | None:
+    """A pod's checkpoint request that is not a time (a person or a tool wrote it):
+    the drain cannot wait for it, so it takes the deadline as passed."""
+    value = pod.checkpoint_requested
+    if not value or parse_time(value) is not None:
+        return None
+    why = "not an RFC 3339 time; the checkpoint is taken as timed out: evicted without waiting"
+    return Unreadable(CHECKPOINT_REQUESTED, value, why)

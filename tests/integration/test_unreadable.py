@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 from lightkube import Client
-from lightkube.resources.core_v1 import Node
+from lightkube.resources.core_v1 import Event, Node
 
-from gpuheal.model import DISRUPTION_GUARD, TAINT_KEY
+from gpuheal.model import CHECKPOINT_REQUESTED, DISRUPTION_GUARD, TAINT_KEY
+from gpuheal.sim.workloads import apply, gpu_pod
 from tests.helpers import FakeNodes, wait_for
 from tests.integration.conftest import StartController, controller_config, events_for
 from tests.integration.test_failures import log_lines, metric
@@ -49,3 +50,39 @@ def test_each_unreadable_annotation_is_told_once_and_changes_nothing_else(
     node = kube.get(Node, eks_node)
     assert node.spec is not None and not node.spec.unschedulable
     assert not any(t.key == TAINT_KEY for t in node.spec.taints or ())
+
+
+def test_a_pods_checkpoint_request_that_is_not_a_time_is_told_once_on_the_pod(
+    kube: Client,
+    namespace: str,
+    pool: dict[str, str],
+    fake_gpu_nodes: FakeNodes,
+    start_controller: StartController,
+) -> None:
+    """A checkpoint request a person or a tool wrote that is not a time: the drain
+    would evict without waiting, so the pod's owner is told (before any fault): a
+    Warning Event on the pod, the metric, a log line naming the pod, once."""
+    (node,) = fake_gpu_nodes(1, labels=pool)
+    manifest = gpu_pod("train-0", namespace, node_name=node)
+    manifest["metadata"]["annotations"] = {CHECKPOINT_REQUESTED: "in ten minutes"}
+    apply(kube, manifest)
+    controller = start_controller(controller_config(pool))
+    controller.wait_leading()
+    series = f'gpuheal_annotations_unreadable_total{{annotation="{CHECKPOINT_REQUESTED}"}}'
+    wait_for("the pod's request counted", lambda: metric(controller, series) == 1)
+
+    def on_the_pod() -> list[Event]:
+        listed = kube.list(Event, namespace=namespace, fields={"involvedObject.name": "train-0"})
+        return [e for e in listed if e.reason == "GPUAnnotationUnreadable"]
+
+    (told,) = wait_for("the Event on the pod", on_the_pod, timeout_s=20)
+    assert told.type == "Warning" and "evicted without waiting" in str(told.message)
+    looks = metric(controller, "gpuheal_reconcile_duration_seconds_count")
+    kube.patch(Node, node, {"metadata": {"annotations": {DISRUPTION_GUARD: ""}}})
+    wait_for(
+        "the node looked at again",
+        lambda: metric(controller, "gpuheal_reconcile_duration_seconds_count") > looks,
+    )
+    lines = [e for e in log_lines(controller) if e["msg"] == "annotation unreadable"]
+    assert [(e["pod"], e["node"]) for e in lines] == [(f"{namespace}/train-0", node)]
+    assert metric(controller, series) == 1 and len(on_the_pod()) == 1

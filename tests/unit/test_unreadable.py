@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from gpuheal.model import (
+    CHECKPOINT_REQUESTED,
     COUNTERS_SINCE,
     DIAGNOSTICS,
     ECC_ERRORS,
@@ -20,8 +23,9 @@ from gpuheal.model import (
     REPAIR_RESULT,
     STATUS,
     XID_ERRORS,
+    PodView,
 )
-from gpuheal.policy.unreadable import unreadable
+from gpuheal.policy.unreadable import unreadable, unreadable_pod
 
 pytestmark = pytest.mark.unit
 
@@ -79,3 +83,12 @@ def test_each_malformed_annotation_is_found_with_why(annotation: str) -> None:
 def test_a_status_that_reports_no_fault_is_found(written: dict[str, str], why: str) -> None:
     (found,) = unreadable(written)
     assert (found.annotation, found.why) == (STATUS, why)
+
+
+def test_a_pods_checkpoint_request_that_is_not_a_time_is_found() -> None:
+    pod = PodView("ml", "train-0", "uid-1", "node-1", "Running", gpu=True, gpu_count=8)
+    assert unreadable_pod(pod) is None
+    assert unreadable_pod(replace(pod, checkpoint_requested="2026-12-07T04:00:00Z")) is None
+    found = unreadable_pod(replace(pod, checkpoint_requested="in ten minutes"))
+    assert found is not None and found.annotation == CHECKPOINT_REQUESTED
+    assert "evicted without waiting" in found.why
