@@ -15,6 +15,7 @@ import datetime as dt
 import json
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -229,6 +230,9 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
             _summary(client, controller, faults, say)
             _operator_view(cp.kubeconfig, controller.config_path, names[-1], say)
             if options.keep:
+                # "Press Ctrl-C" holds even when started from a script in the background,
+                # which ignores SIGINT (Python would then raise no KeyboardInterrupt).
+                signal.signal(signal.SIGINT, signal.default_int_handler)
                 say(
                     f"\nThe cluster, the controller and the agents keep running. Try:\n"
                     f"  export KUBECONFIG={cp.kubeconfig}\n"

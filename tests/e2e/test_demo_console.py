@@ -83,6 +83,10 @@ class DemoOutput:
             return "\n".join(self.lines)
 
 
+def _as_in_the_background() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 @pytest.fixture
 def demo() -> Iterator[tuple[subprocess.Popen[str], DemoOutput]]:
     process = subprocess.Popen(
@@ -91,6 +95,10 @@ def demo() -> Iterator[tuple[subprocess.Popen[str], DemoOutput]]:
         stderr=subprocess.STDOUT,
         text=True,
         bufsize=1,
+        # Started as from a script in the background, which ignores SIGINT: the demo
+        # must stop on Ctrl-C all the same (two clean-clone runs started so saw it
+        # never stop: Python makes no KeyboardInterrupt of an inherited SIG_IGN).
+        preexec_fn=_as_in_the_background,  # noqa: PLW1509 -- only a signal disposition
     )
     assert process.stdout is not None
     output = DemoOutput()
