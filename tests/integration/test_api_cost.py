@@ -48,7 +48,10 @@ EXPECTED = {
     "patch gpufaults/status": 2,
     "create events": 3,  # Detected, Quarantined, one for the 8 evictions
 }
-QUIET_S = 2.0  # after the record says Drained: anything still queued (Events) lands
+# No request of the controller's (the Lease aside) for this long: what it had queued
+# (Events, the start's lists and watches) has landed. A condition, not a sleep: under
+# load a late request starts the wait again (fixed 2 s sleeps failed once so).
+QUIET_S = 2.0
 
 
 def _phase(kube: Client, name: str) -> str:
@@ -60,6 +63,31 @@ def _made(control_plane: ControlPlane, user: str, since: int) -> list[audit.Requ
     """The user's requests since `since`, the Lease heartbeat aside."""
     found = audit.requests(control_plane.audit_log, user=user, since=since)
     return [r for r in found if r.resource != "leases"]
+
+
+def _quiet(control_plane: ControlPlane, user: str, since: int) -> list[audit.Request]:
+    """The user's requests since `since`, once none has come for QUIET_S."""
+    deadline = time.monotonic() + 60
+    made = _made(control_plane, user, since)
+    changed = time.monotonic()
+    while time.monotonic() - changed < QUIET_S:
+        assert time.monotonic() < deadline, f"the controller never went quiet: {made[-5:]}"
+        time.sleep(0.2)
+        now = _made(control_plane, user, since)
+        if len(now) != len(made):
+            made, changed = now, time.monotonic()
+    return made
+
+
+def _reached(control_plane: ControlPlane, user: str, since: int, wanted: dict[str, int]) -> None:
+    """Wait until the requests counted reach `wanted`, each at least: the rest of the
+    remediation's writes (Events are sent behind a queue) have landed."""
+
+    def counted() -> bool:
+        counts = Counter(f"{r.verb} {r.resource}" for r in _made(control_plane, user, since))
+        return all(counts[k] >= n for k, n in wanted.items())
+
+    wait_for(f"the requests {wanted}", counted)
 
 
 def _up_to_taint(made: list[audit.Request], node: str) -> Counter[str]:
@@ -83,8 +111,9 @@ def test_one_remediation_of_a_node_with_8_gpu_pods_costs_16_requests(
     for i in range(GPU_PODS):
         apply(kube, gpu_pod(f"llama-70b-{i}", namespace, node_name=node))
     wait_pods_running(kube, namespace, count=GPU_PODS)
+    started = audit.offset(control_plane.audit_log)
     start_controller(controller_config(pool), user=audited_controller_user).wait_leading()
-    time.sleep(QUIET_S)  # the start's lists and watches are behind us
+    _quiet(control_plane, audited_controller_user, started)  # its start's requests are behind
     since = audit.offset(control_plane.audit_log)
 
     report_fault(kube, node, "xid-79-gpu-fell-off-the-bus")
@@ -93,9 +122,8 @@ def test_one_remediation_of_a_node_with_8_gpu_pods_costs_16_requests(
     wait_for("handled", lambda: handled_fault(kube, node) == "xid-79-gpu-fell-off-the-bus")
     (record,) = faults_of(kube, node)
     wait_for("record Drained", lambda: _phase(kube, str(record.metadata.name)) == "Drained")
-    time.sleep(QUIET_S)
-
-    made = _made(control_plane, audited_controller_user, since)
+    _reached(control_plane, audited_controller_user, since, EXPECTED)
+    made = _quiet(control_plane, audited_controller_user, since)
     counts = Counter(f"{r.verb} {r.resource}" for r in made)
     before_taint = _up_to_taint(made, node)
     print(f"remediation: {len(made)} requests {dict(sorted(counts.items()))}")
@@ -121,8 +149,9 @@ def test_in_quarantine_mode_the_taint_carries_the_handled_mark(
     """Nothing to move: the node is handled once it is fenced, and one PATCH says both."""
     (node,) = fake_gpu_nodes(1, labels=pool)
     config = controller_config(pool, mode="quarantine")
+    started = audit.offset(control_plane.audit_log)
     start_controller(config, user=audited_controller_user).wait_leading()
-    time.sleep(QUIET_S)
+    _quiet(control_plane, audited_controller_user, started)
     since = audit.offset(control_plane.audit_log)
 
     report_fault(kube, node, "xid-79-quarantine-only")
@@ -130,15 +159,15 @@ def test_in_quarantine_mode_the_taint_carries_the_handled_mark(
     assert our_taint(kube, node) is not None
     (record,) = faults_of(kube, node)
     wait_for("record Quarantined", lambda: _phase(kube, str(record.metadata.name)) == "Quarantined")
-    time.sleep(QUIET_S)
-
-    made = _made(control_plane, audited_controller_user, since)
-    counts = Counter(f"{r.verb} {r.resource}" for r in made)
-    print(f"remediation: {len(made)} requests {dict(sorted(counts.items()))}")
-    assert sum(_up_to_taint(made, node).values()) <= MAX_BEFORE_TAINT
-    assert counts == {
+    expected = {
         "create gpufaults": 1,
         "patch nodes": 1,  # taint, state label and handled mark together
         "patch gpufaults/status": 1,
         "create events": 2,  # Detected, Quarantined
-    }, counts
+    }
+    _reached(control_plane, audited_controller_user, since, expected)
+    made = _quiet(control_plane, audited_controller_user, since)
+    counts = Counter(f"{r.verb} {r.resource}" for r in made)
+    print(f"remediation: {len(made)} requests {dict(sorted(counts.items()))}")
+    assert sum(_up_to_taint(made, node).values()) <= MAX_BEFORE_TAINT
+    assert counts == expected, counts
