@@ -554,6 +554,9 @@ def test_a_restarted_controller_keeps_one_record_for_a_present_dcgm_finding(
         assert our_taint(kube, node) == record.spec["faultID"]
         (thermal,) = faults_of(kube, hot)
         assert thermal.spec["reason"] == "Thermal" and thermal.spec["severity"] == "P0"
+        # Its Event is sent behind a queue: seen before the stop, so that one counted
+        # after the restart is the first controller's, not lost in its shutdown.
+        events_for(kube, node, "GPUFaultQuarantined", at_least=1)
         first.stop()
 
         second = start_controller(config).wait_leading()
