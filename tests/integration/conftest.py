@@ -159,8 +159,11 @@ def our_taint(kube: Client, node: str) -> str | None:
     return next((t.value for t in taints if t.key == "gpuheal.io/gpu-fault"), None)
 
 
-def events_for(kube: Client, name: str, reason: str, *, at_least: int = 0) -> list[Event]:
-    """The Events about cluster-scoped object `name` with this reason. Events are
+def events_for(
+    kube: Client, name: str, reason: str, *, at_least: int = 0, namespace: str = "default"
+) -> list[Event]:
+    """The Events about object `name` (cluster-scoped: in "default"; else its
+    namespace) with this reason. Events are
     sent behind a queue, after the record they speak of is written: `at_least`
     waits (up to 20 s) until that many are there, so that a test reading them just
     after the record sees them; the caller still asserts the exact count."""
@@ -168,7 +171,7 @@ def events_for(kube: Client, name: str, reason: str, *, at_least: int = 0) -> li
     def listed() -> list[Event]:
         return [
             e
-            for e in kube.list(Event, namespace="default", fields={"involvedObject.name": name})
+            for e in kube.list(Event, namespace=namespace, fields={"involvedObject.name": name})
             if e.reason == reason
         ]
 

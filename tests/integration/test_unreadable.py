@@ -9,13 +9,29 @@ from lightkube import Client
 from lightkube.resources.core_v1 import Event, Node
 
 from gpuheal.model import CHECKPOINT_REQUESTED, DISRUPTION_GUARD, TAINT_KEY
+from gpuheal.sim.controller import ControllerProcess
 from gpuheal.sim.workloads import apply, gpu_pod
+from gpuheal.vocabulary import Reason
 from tests.helpers import FakeNodes, wait_for
 from tests.integration.conftest import StartController, controller_config, events_for
 from tests.integration.test_failures import log_lines, metric
 from tests.unit.test_unreadable import BAD
 
 pytestmark = pytest.mark.integration
+
+
+REASON = Reason.ANNOTATION_UNREADABLE
+
+
+def look_again(kube: Client, controller: ControllerProcess, node: str) -> None:
+    """Have the controller look at the node again (a change to one of ours: its caches
+    keep only gpuheal.io/ annotations), and wait until it has."""
+    looks = metric(controller, "gpuheal_reconcile_duration_seconds_count")
+    kube.patch(Node, node, {"metadata": {"annotations": {DISRUPTION_GUARD: ""}}})
+    wait_for(
+        "the node looked at again",
+        lambda: metric(controller, "gpuheal_reconcile_duration_seconds_count") > looks,
+    )
 
 
 def test_each_unreadable_annotation_is_told_once_and_changes_nothing_else(
@@ -32,21 +48,15 @@ def test_each_unreadable_annotation_is_told_once_and_changes_nothing_else(
         )
 
     wait_for("every value counted", lambda: all(counted(a) == 1 for a in BAD))
-    told = events_for(kube, eks_node, "GPUAnnotationUnreadable", at_least=len(BAD))
+    told = events_for(kube, eks_node, REASON, at_least=len(BAD))
     assert sorted(str(e.message).split("=", 1)[0] for e in told) == sorted(BAD)
-    # Looked at again (a change to one of ours: the controller's caches keep only
-    # gpuheal.io/ annotations): nothing is told twice.
-    looks = metric(controller, "gpuheal_reconcile_duration_seconds_count")
-    kube.patch(Node, eks_node, {"metadata": {"annotations": {DISRUPTION_GUARD: ""}}})
-    wait_for(
-        "the node looked at again",
-        lambda: metric(controller, "gpuheal_reconcile_duration_seconds_count") > looks,
-    )
+    # Looked at again: nothing is told twice.
+    look_again(kube, controller, eks_node)
     lines = [e for e in log_lines(controller) if e["msg"] == "annotation unreadable"]
     assert sorted(e["annotation"] for e in lines) == sorted(BAD)
     assert all(e["node"] == eks_node and e["level"] == "warning" and e["why"] for e in lines)
     assert all(counted(a) == 1 for a in BAD)
-    assert len(events_for(kube, eks_node, "GPUAnnotationUnreadable")) == len(BAD)
+    assert len(events_for(kube, eks_node, REASON)) == len(BAD)
     node = kube.get(Node, eks_node)
     assert node.spec is not None and not node.spec.unschedulable
     assert not any(t.key == TAINT_KEY for t in node.spec.taints or ())
@@ -71,18 +81,12 @@ def test_a_pods_checkpoint_request_that_is_not_a_time_is_told_once_on_the_pod(
     series = f'gpuheal_annotations_unreadable_total{{annotation="{CHECKPOINT_REQUESTED}"}}'
     wait_for("the pod's request counted", lambda: metric(controller, series) == 1)
 
-    def on_the_pod() -> list[Event]:
-        listed = kube.list(Event, namespace=namespace, fields={"involvedObject.name": "train-0"})
-        return [e for e in listed if e.reason == "GPUAnnotationUnreadable"]
+    def on_the_pod(at_least: int = 0) -> list[Event]:
+        return events_for(kube, "train-0", REASON, at_least=at_least, namespace=namespace)
 
-    (told,) = wait_for("the Event on the pod", on_the_pod, timeout_s=20)
+    (told,) = on_the_pod(at_least=1)
     assert told.type == "Warning" and "evicted without waiting" in str(told.message)
-    looks = metric(controller, "gpuheal_reconcile_duration_seconds_count")
-    kube.patch(Node, node, {"metadata": {"annotations": {DISRUPTION_GUARD: ""}}})
-    wait_for(
-        "the node looked at again",
-        lambda: metric(controller, "gpuheal_reconcile_duration_seconds_count") > looks,
-    )
+    look_again(kube, controller, node)
     lines = [e for e in log_lines(controller) if e["msg"] == "annotation unreadable"]
     assert [(e["pod"], e["node"]) for e in lines] == [(f"{namespace}/train-0", node)]
     assert metric(controller, series) == 1 and len(on_the_pod()) == 1
