@@ -247,6 +247,65 @@ def scheduled_gpus(containers: Iterable[int], init_containers: Iterable[int]) ->
     return max(sum(containers), max(init_containers, default=0))
 
 
+@dataclass(frozen=True, order=True)
+class DeviceKey:
+    """One device offered through Dynamic Resource Allocation, as a ResourceClaim's
+    allocation and a DeviceTaintRule's selector name it."""
+
+    driver: str
+    pool: str
+    device: str
+
+
+@dataclass(frozen=True)
+class DraDevice:
+    """One GPU or MIG device a DRA driver offers on a node (its ResourceSlice)."""
+
+    key: DeviceKey
+    node: str
+    uuid: str  # GPU-… for a whole GPU, MIG-… for a MIG device; "" when unpublished
+    kind: str  # gpu | mig | vfio (the driver's `type` attribute)
+    parent_uuid: str = ""  # the GPU a MIG device is carved from; "" otherwise
+    # Keys of the taints on it that keep new claims off it (NoSchedule or NoExecute),
+    # the driver's own (in the slice) and DeviceTaintRules' alike.
+    taints: tuple[str, ...] = ()
+
+    @property
+    def gpu_uuid(self) -> str:
+        """The physical GPU: what an Xid or a reset names."""
+        return self.parent_uuid or self.uuid
+
+    @property
+    def usable(self) -> bool:
+        """New claims may be given it: no taint keeps them off."""
+        return not self.taints
+
+
+@dataclass(frozen=True)
+class SliceView:
+    """A ResourceSlice of a GPU driver bound to one node: its pool and GPU devices."""
+
+    name: str
+    driver: str
+    pool: str
+    generation: int
+    node: str
+    devices: tuple[DraDevice, ...] = ()
+
+
+@dataclass(frozen=True)
+class ClaimView:
+    """A ResourceClaim: the GPU devices the scheduler allocated to it (none before)."""
+
+    namespace: str
+    name: str
+    allocated: tuple[DeviceKey, ...] = ()
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
 @dataclass(frozen=True)
 class NodeView:
     name: str
@@ -269,6 +328,9 @@ class NodeView:
     # of the mixed strategy has no nvidia.com/gpu).
     capacity: tuple[tuple[str, int], ...] = ()
     provider_id: str = ""  # spec.providerID: the cloud's name of the machine (replace)
+    # Its GPUs offered through DRA (the ResourceSlices of the configured drivers),
+    # sorted by key: joined to the Node by the controller's DRA index (controller/dra.py).
+    devices: tuple[DraDevice, ...] = ()
 
     def taint(self, key: str = TAINT_KEY) -> Taint | None:
         return next((t for t in self.taints if t.key == key), None)
@@ -331,6 +393,11 @@ class PodView:
     # what recreates it once evicted (the console's "where the moved pods went").
     owner: str = ""
     created_at: str = ""  # metadata.creationTimestamp, RFC 3339
+    # The ResourceClaims it uses, by name (spec, or generated from a template), and
+    # the GPU devices they were allocated, joined by the controller's DRA index: a pod
+    # holding one is a GPU pod (gpu, gpu_count count them).
+    claims: tuple[str, ...] = ()
+    held: tuple[DraDevice, ...] = ()
 
     @property
     def key(self) -> str:

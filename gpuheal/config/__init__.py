@@ -482,6 +482,9 @@ class Scope:
     )
     # Resource names that make a pod a GPU pod; a trailing * matches a prefix (MIG).
     gpu_resources: tuple[str, ...] = setting(strings, ("nvidia.com/gpu", "nvidia.com/mig-*"))
+    # DRA drivers whose devices are GPUs: their ResourceSlices' GPU and MIG devices
+    # count as a node's GPUs, and a pod whose claims were given one is a GPU pod.
+    gpu_drivers: tuple[str, ...] = setting(strings, ("gpu.nvidia.com",))
     protected_namespaces: tuple[str, ...] = setting(strings, ("kube-system",))
 
     def is_gpu_resource(self, name: str) -> bool:

@@ -24,6 +24,7 @@ from gpuheal.api.server import Api, ApiSettings, serve
 from gpuheal.api.token import ApiTokens
 from gpuheal.config import Config, ConfigError, load_config
 from gpuheal.controller.dcgm_source import DcgmSource
+from gpuheal.controller.dra import DraIndex
 from gpuheal.controller.effects.context import WriteThrough
 from gpuheal.controller.executor import Crashpoint, Executor
 from gpuheal.controller.fleet import Fleet
@@ -38,26 +39,46 @@ from gpuheal.controller.rollouts import RolloutLoop
 from gpuheal.controller.signals import ExternalSignals
 from gpuheal.controller.worker import ReconcileFailures, work
 from gpuheal.kube import crds
-from gpuheal.kube.api import KubeApi, gpufault_path, gpurollout_path, node_path, pod_path
+from gpuheal.kube.api import (
+    RESOURCE_API,
+    KubeApi,
+    gpufault_path,
+    gpurollout_path,
+    node_path,
+    pod_path,
+)
 from gpuheal.kube.event_cache import EventCache
 from gpuheal.kube.events import EventRecorder, ObjectRef, node_ref
 from gpuheal.kube.informer import Informer, J, V, default_key_of
 from gpuheal.kube.leader import LeaderElector
 from gpuheal.kube.projections import (
+    ClaimJson,
     FaultJson,
     NodeJson,
     PodJson,
+    SliceJson,
     canary_view,
+    claim_view_factory,
     device_plugin_matcher,
     fault_record,
     node_view,
     pod_view_factory,
+    slice_view_factory,
 )
 from gpuheal.kube.rollouts import RolloutJson, RolloutState, state_of
 from gpuheal.kube.validation import ValidationPodJson, validation_pod
 from gpuheal.kube.workqueue import WorkQueue
 from gpuheal.metrics.controller import ControllerMetrics
-from gpuheal.model import CANARY_LABEL, GPUFAULT_GROUP, CanaryView, FaultRecord, NodeView, PodView
+from gpuheal.model import (
+    CANARY_LABEL,
+    GPUFAULT_GROUP,
+    CanaryView,
+    ClaimView,
+    FaultRecord,
+    NodeView,
+    PodView,
+    SliceView,
+)
 from gpuheal.policy.validation import VALIDATION_LABEL, ValidationPod
 from gpuheal.sources import dcgm, hygiene
 from gpuheal.sources.dcgm import Query
@@ -113,23 +134,10 @@ class Controller:
             counted=lambda task: self.metrics.task_crashes.labels(task).inc(),
             fatal=lambda _task: self._stop.set() if self._stop is not None else None,
         )
-        self.nodes: Informer[NodeJson, NodeView] = self._informer(
-            "nodes", node_path(), NodeJson, node_view, lambda n: n.name
-        )
-        self.pods: Informer[PodJson, PodView] = self._informer(
-            "pods",
-            "/api/v1/pods",
-            PodJson,
-            pod_view_factory(
-                config.is_gpu_resource,
-                device_plugin_matcher(
-                    config.health_gate.device_plugin_selector,
-                    config.health_gate.device_plugin_namespaces,
-                ),
-            ),
-            lambda p: p.key,
-            field_selector=POD_FIELD_SELECTOR,
-        )
+        # GPUs offered through DRA, joined into the node and pod views (controller/dra.py).
+        self.dra = DraIndex()
+        self.nodes, self.pods = self._node_and_pod_informers(config)
+        self.slices, self.claims = self._dra_informers(frozenset(config.gpu_drivers))
         self.records: Informer[FaultJson, FaultRecord] = self._informer(
             "gpufaults", gpufault_path(), FaultJson, fault_record, lambda r: r.name
         )
@@ -198,6 +206,13 @@ class Controller:
         # then the handlers that decide what to queue.
         self.fleet = Fleet(lambda: self.config)
         self.fleet.watch(self.nodes, self.pods, self.records)
+        self.dra.watch(
+            self.slices,
+            self.claims,
+            self.pods,
+            lambda n: self.fleet.pods_by_node.get(n, ()),
+            refresh=(self.nodes.refresh, self.pods.refresh),
+        )
         self.external = ExternalSignals(config.external_signal_ttl_seconds)
         self.reconciler = Reconciler(
             config=lambda: self.config,
@@ -313,6 +328,46 @@ class Controller:
         node = self.nodes.get(name)
         return node_ref(name, node.uid, node.resource_version) if node else node_ref(name)
 
+    def _node_and_pod_informers(
+        self, config: Config
+    ) -> tuple[Informer[NodeJson, NodeView], Informer[PodJson, PodView]]:
+        """Every node, and every pod not finished; each view joined to its DRA devices."""
+        nodes = self._informer(
+            "nodes", node_path(), NodeJson, lambda n: self.dra.with_node(node_view(n)),
+            lambda n: n.name,
+        )  # fmt: skip
+        pod_view = pod_view_factory(
+            config.is_gpu_resource,
+            device_plugin_matcher(
+                config.health_gate.device_plugin_selector,
+                config.health_gate.device_plugin_namespaces,
+            ),
+        )
+        pods = self._informer(
+            "pods",
+            "/api/v1/pods",
+            PodJson,
+            lambda p: self.dra.with_pod(pod_view(p)),
+            lambda p: p.key,
+            field_selector=POD_FIELD_SELECTOR,
+        )
+        return nodes, pods
+
+    def _dra_informers(
+        self, drivers: frozenset[str]
+    ) -> tuple[Informer[SliceJson, SliceView], Informer[ClaimJson, ClaimView]]:
+        """ResourceSlices and ResourceClaims: optional, as a cluster may not serve DRA
+        (then every GPU is an extended resource, and both caches stay empty)."""
+        slices = self._informer(
+            "resourceslices", f"{RESOURCE_API}/resourceslices", SliceJson,
+            slice_view_factory(drivers), lambda s: s.name, optional=True,
+        )  # fmt: skip
+        claims = self._informer(
+            "resourceclaims", f"{RESOURCE_API}/resourceclaims", ClaimJson,
+            claim_view_factory(drivers), lambda c: c.key, optional=True,
+        )  # fmt: skip
+        return slices, claims
+
     def _decode_error_counter(self, informer: str) -> Callable[[], None]:
         counter = self.metrics.informer_decode_errors.labels(informer)  # exported from 0
         return counter.inc
@@ -361,7 +416,14 @@ class Controller:
             self.canaries,
             self.rollouts,
             self.validations,
+            self.slices,
+            self.claims,
         )
+
+    @property
+    def _crd_informers(self) -> tuple[Informer[Any, Any], ...]:
+        """Those of gpuheal's own resources: one not served is a CRD not installed."""
+        return tuple(i for i in self._informers if i.path.startswith(f"/apis/{GPUFAULT_GROUP}/"))
 
     @property
     def schema_ok(self) -> bool:
@@ -405,7 +467,7 @@ class Controller:
     def unready_reasons(self) -> list[str]:
         """What keeps this replica from being ready or from leading, for /readyz."""
         # A CRD whose informer finds it unserved is said once, below, with what is off.
-        unserved = {f"{i.name}.{GPUFAULT_GROUP}" for i in self._informers if i.missing}
+        unserved = {f"{i.name}.{GPUFAULT_GROUP}" for i in self._crd_informers if i.missing}
         reasons = [
             s.sentence()
             for s in self.crds.values()
@@ -421,7 +483,7 @@ class Controller:
             f"{i.name}.{GPUFAULT_GROUP} is not served (its CRD is not installed: run "
             f"`{crds.APPLY_COMMAND}` or kubectl apply -f the chart's crds/): the features "
             "that need it are off"
-            for i in self._informers
+            for i in self._crd_informers
             if i.missing
         ]
         if self.elector is not None and self.elector.problem:

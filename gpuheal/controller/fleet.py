@@ -17,7 +17,7 @@ from gpuheal.config import Config
 from gpuheal.controller.addresses import AddressIndex
 from gpuheal.kube.informer import Store
 from gpuheal.model import MAINTENANCE_ROLLOUT, FaultRecord, NodeView, Phase, PodView
-from gpuheal.policy.nodes import gpu_node, in_maintenance, managed, opted_out
+from gpuheal.policy.nodes import gpu_node, gpus, in_maintenance, managed, opted_out
 from gpuheal.policy.pools import driver_version, pool_of
 from gpuheal.policy.repair import in_flight
 
@@ -61,16 +61,16 @@ class Fleet:
 
     def selected(self, node: NodeView) -> bool:
         config = self.config()
-        return gpu_node(node.labels, config.gpu_count(node.capacity), config)
+        return gpu_node(node.labels, gpus(node, config), config)
 
     def managed(self, node: NodeView) -> bool:
         """Acted on: selected and not opted out (policy/nodes.py::managed)."""
         config = self.config()
-        return managed(node.labels, config.gpu_count(node.capacity), config)
+        return managed(node.labels, gpus(node, config), config)
 
     def has_gpus(self, node: NodeView) -> bool:
-        """GPU capacity of any GPU resource (whole GPUs or MIG profiles)."""
-        return self.config().gpu_count(node.capacity) > 0
+        """GPU capacity of any GPU resource (whole GPUs or MIG profiles), or DRA devices."""
+        return gpus(node, self.config()) > 0
 
     def unmanaged_gpu_node(self, node: NodeView) -> bool:
         return not self.selected(node) and not opted_out(node.labels) and self.has_gpus(node)

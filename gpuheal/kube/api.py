@@ -269,6 +269,10 @@ class KubeApi:
                 raise WatchStalledError(f"watch {path}: silent for {read_timeout_s:g} s") from err
 
 
+# Dynamic Resource Allocation (resource.k8s.io, GA at v1 since Kubernetes 1.34).
+RESOURCE_API = "/apis/resource.k8s.io/v1"
+
+
 def node_path(name: str = "") -> str:
     return f"/api/v1/nodes/{name}" if name else "/api/v1/nodes"
 

@@ -193,6 +193,17 @@ class Informer(Generic[J, V]):
             return  # e.g. an evicted pod whose deletion the watch delivered first
         self._apply(key, view, resource_version)
 
+    def refresh(self, key: str, change: Callable[[V], V]) -> None:
+        """Re-derive a cached view from what another cache says (a join: a node's DRA
+        devices, a pod's claims), the handlers told as of any change; the object's
+        version stays, so its next event still replaces the view."""
+        old = self.store.get(key)
+        if old is None:
+            return
+        new = change(old)
+        if new != old:
+            self._apply(key, new, self._versions.get(key, ""))
+
     def _apply(self, key: str, view: V | None, resource_version: str) -> None:
         old = self.store.get(key)
         if view is None:

@@ -13,6 +13,7 @@ fields never arrive: the API server prunes them (they are not nullable).
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
+from typing import Any
 
 import msgspec
 
@@ -25,6 +26,7 @@ from gpuheal.model import (
     FOREIGN_ANNOTATIONS,
     ActionEntry,
     CanaryView,
+    ClaimView,
     Condition,
     DeviceHealth,
     DeviceReport,
@@ -34,9 +36,11 @@ from gpuheal.model import (
     PodView,
     RepairApproval,
     Severity,
+    SliceView,
     Taint,
     scheduled_gpus,
 )
+from gpuheal.policy.dra import allocated_keys, slice_of
 
 
 class OwnerRef(msgspec.Struct):
@@ -106,10 +110,19 @@ class Container(msgspec.Struct):
     resources: Resources = msgspec.field(default_factory=Resources)
 
 
+class PodClaimJson(msgspec.Struct):
+    """spec.resourceClaims[]: a claim by name, or made from a template."""
+
+    name: str = ""
+    resourceClaimName: str | None = None  # noqa: N815
+    resourceClaimTemplateName: str | None = None  # noqa: N815
+
+
 class PodSpec(msgspec.Struct):
     nodeName: str = ""  # noqa: N815
     containers: list[Container] = []
     initContainers: list[Container] = []  # noqa: N815
+    resourceClaims: list[PodClaimJson] | None = None  # noqa: N815
 
 
 class ResourceHealthJson(msgspec.Struct):
@@ -147,8 +160,16 @@ class PodConditionJson(msgspec.Struct):
     lastProbeTime: str | None = None  # noqa: N815
 
 
+class ClaimStatusJson(msgspec.Struct):
+    """status.resourceClaimStatuses[]: the claim made for a template entry."""
+
+    name: str = ""
+    resourceClaimName: str | None = None  # noqa: N815
+
+
 class PodStatus(msgspec.Struct):
     phase: str = ""
+    resourceClaimStatuses: list[ClaimStatusJson] | None = None  # noqa: N815
     conditions: list[PodConditionJson] | None = None
     containerStatuses: list[ContainerStatusJson] | None = None  # noqa: N815
     initContainerStatuses: list[ContainerStatusJson] | None = None  # noqa: N815
@@ -328,9 +349,18 @@ def pod_view_factory(
             checkpoint_done=meta.annotations.get(CHECKPOINT_DONE, ""),
             owner=next((f"{o.kind}/{o.name}" for o in meta.ownerReferences if o.controller), ""),
             created_at=meta.creationTimestamp or "",
+            claims=_claims(pod),
         )
 
     return view
+
+
+def _claims(pod: PodJson) -> tuple[str, ...]:
+    """The ResourceClaims the pod uses, by name: named in its spec, or generated from
+    a template (the name the control plane chose is in the pod's status)."""
+    generated = {s.name: s.resourceClaimName for s in pod.status.resourceClaimStatuses or ()}
+    names = (c.resourceClaimName or generated.get(c.name) for c in pod.spec.resourceClaims or ())
+    return tuple(n for n in names if n)
 
 
 def _health(value: str) -> DeviceHealth:
@@ -451,6 +481,40 @@ def _approval(approval: ApprovalJson | None) -> dict[str, str]:
     if approval is None or approval.decision not in DECISIONS:
         return {}
     return {"decision": approval.decision, "decided_by": approval.by, "decided_at": approval.at}
+
+
+class SliceJson(msgspec.Struct):
+    """A ResourceSlice: its spec kept as JSON until slice_of reads the few fields
+    gpuheal needs (devices' attributes are a map of typed values)."""
+
+    metadata: Meta
+    spec: dict[str, Any] = {}
+
+
+class ClaimJson(msgspec.Struct):
+    metadata: Meta
+    status: dict[str, Any] = {}
+
+
+def slice_view_factory(drivers: frozenset[str]) -> Callable[[SliceJson], SliceView]:
+    """A slice of another driver, or bound to no node, is kept with no devices: the
+    informer's store holds every slice, and only GPU slices count."""
+
+    def view(item: SliceJson) -> SliceView:
+        found = slice_of({"metadata": {"name": item.metadata.name}, "spec": item.spec}, drivers)
+        return found or SliceView(item.metadata.name, "", "", 0, "")
+
+    return view
+
+
+def claim_view_factory(drivers: frozenset[str]) -> Callable[[ClaimJson], ClaimView]:
+    def view(item: ClaimJson) -> ClaimView:
+        meta = item.metadata
+        return ClaimView(
+            meta.namespace, meta.name, allocated_keys({"status": item.status}, drivers)
+        )
+
+    return view
 
 
 class _Object(msgspec.Struct):

@@ -13,38 +13,14 @@ the shell lists them; nothing here does I/O.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
+
+from gpuheal.model import ClaimView, DeviceKey, DraDevice, SliceView
 
 GPU_DRIVERS = frozenset({"gpu.nvidia.com"})
 # The driver's `type` attribute: a whole GPU or a MIG slice of one (vfio: passed
 # through to a VM, still one physical GPU).
 GPU_TYPES = frozenset({"gpu", "mig", "vfio"})
-
-
-@dataclass(frozen=True, order=True)
-class DeviceKey:
-    """How a ResourceClaim's allocation and a DeviceTaintRule name one device."""
-
-    driver: str
-    pool: str
-    device: str
-
-
-@dataclass(frozen=True)
-class DraDevice:
-    """One GPU or MIG device a DRA driver offers on a node."""
-
-    key: DeviceKey
-    node: str
-    uuid: str  # GPU-… for a whole GPU, MIG-… for a MIG device; "" when unpublished
-    kind: str  # gpu | mig | vfio
-    parent_uuid: str  # the GPU a MIG device is carved from; "" otherwise
-
-    @property
-    def gpu_uuid(self) -> str:
-        """The physical GPU: what an Xid or a reset names."""
-        return self.parent_uuid or self.uuid
 
 
 def _attribute(device: Mapping[str, Any], driver: str, name: str) -> str:
@@ -58,38 +34,85 @@ def _attribute(device: Mapping[str, Any], driver: str, name: str) -> str:
     return ""
 
 
+def slice_of(item: Mapping[str, Any], drivers: frozenset[str] = GPU_DRIVERS) -> SliceView | None:
+    """A ResourceSlice (JSON as a mapping) of one of `drivers` bound to one node, with
+    its GPU and MIG devices; None for any other slice."""
+    spec = item.get("spec") or {}
+    pool = spec.get("pool") or {}
+    driver, node = str(spec.get("driver", "")), str(spec.get("nodeName") or "")
+    if driver not in drivers or not node:
+        return None
+    name = str(pool.get("name", ""))
+    devices = []
+    for device in spec.get("devices") or []:
+        kind = _attribute(device, driver, "type")
+        if kind not in GPU_TYPES:
+            continue
+        devices.append(
+            DraDevice(
+                DeviceKey(driver, name, str(device.get("name", ""))),
+                node,
+                uuid=_attribute(device, driver, "uuid"),
+                kind=kind,
+                parent_uuid=_attribute(device, driver, "parentUUID"),
+                taints=fencing(device.get("taints") or ()),
+            )
+        )
+    return SliceView(
+        name=str((item.get("metadata") or {}).get("name", "")),
+        driver=driver,
+        pool=name,
+        generation=int(pool.get("generation", 0)),
+        node=node,
+        devices=tuple(devices),
+    )
+
+
+# The taint effects that keep new claims off a device (None only reports a fact).
+FENCING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+
+
+def fencing(taints: Iterable[Mapping[str, Any]]) -> tuple[str, ...]:
+    """The keys of a device's taints that keep new claims off it, sorted."""
+    return tuple(
+        sorted({str(t.get("key", "")) for t in taints if t.get("effect") in FENCING_EFFECTS})
+    )
+
+
+def newest_devices(slices: Iterable[SliceView]) -> dict[str, tuple[DraDevice, ...]]:
+    """Each node's GPU devices. Of a pool published in more than one generation, only
+    the newest counts, as the scheduler reads it."""
+    chosen = list(slices)
+    newest: dict[tuple[str, str], int] = {}
+    for item in chosen:
+        pool_key = (item.driver, item.pool)
+        newest[pool_key] = max(newest.get(pool_key, 0), item.generation)
+    found: dict[str, list[DraDevice]] = {}
+    for item in chosen:
+        if item.generation == newest[(item.driver, item.pool)]:
+            found.setdefault(item.node, []).extend(item.devices)
+    return {node: tuple(sorted(devices, key=lambda d: d.key)) for node, devices in found.items()}
+
+
 def slice_devices(
     slices: Iterable[Mapping[str, Any]], drivers: frozenset[str] = GPU_DRIVERS
 ) -> dict[str, tuple[DraDevice, ...]]:
     """Each node's GPU devices, from the ResourceSlices of `drivers` (others, and
-    slices not bound to one node, are left out). Of a pool published in more than
-    one generation, only the newest counts, as the scheduler reads it."""
-    newest: dict[tuple[str, str], int] = {}
-    chosen: list[Mapping[str, Any]] = []
-    for item in slices:
-        spec = item.get("spec") or {}
-        pool = spec.get("pool") or {}
-        if spec.get("driver") not in drivers or not spec.get("nodeName"):
-            continue
-        chosen.append(spec)
-        pool_key = (str(spec["driver"]), str(pool.get("name", "")))
-        newest[pool_key] = max(newest.get(pool_key, 0), int(pool.get("generation", 0)))
-    found: dict[str, list[DraDevice]] = {}
-    for spec in chosen:
-        pool = spec.get("pool") or {}
-        pool_key = (str(spec["driver"]), str(pool.get("name", "")))
-        if int(pool.get("generation", 0)) != newest[pool_key]:
-            continue
-        node = str(spec["nodeName"])
-        for device in spec.get("devices") or []:
-            kind = _attribute(device, pool_key[0], "type")
-            if kind not in GPU_TYPES:
-                continue
-            key = DeviceKey(pool_key[0], pool_key[1], str(device.get("name", "")))
-            uuid = _attribute(device, key.driver, "uuid")
-            parent = _attribute(device, key.driver, "parentUUID")
-            found.setdefault(node, []).append(DraDevice(key, node, uuid, kind, parent))
-    return {node: tuple(sorted(devices, key=lambda d: d.key)) for node, devices in found.items()}
+    slices not bound to one node, are left out)."""
+    return newest_devices(v for item in slices if (v := slice_of(item, drivers)) is not None)
+
+
+def gpu_count(devices: Iterable[DraDevice]) -> int:
+    """GPUs as people count them: whole GPUs, and each MIG device of a GPU not also
+    offered whole (as `gpuheal status` counts MIG profiles of a device plugin)."""
+    devices = tuple(devices)
+    whole = {d.uuid for d in devices if d.kind != "mig"}
+    return sum(1 for d in devices if d.kind != "mig" or d.parent_uuid not in whole)
+
+
+def usable_count(devices: Iterable[DraDevice]) -> int:
+    """Of gpu_count, those new claims may be given (no fencing taint)."""
+    return gpu_count(d for d in devices if d.usable)
 
 
 def pod_claim_names(pod: Mapping[str, Any]) -> tuple[str, ...]:
@@ -105,6 +128,14 @@ def pod_claim_names(pod: Mapping[str, Any]) -> tuple[str, ...]:
         if name:
             names.append(str(name))
     return tuple(names)
+
+
+def claim_of(claim: Mapping[str, Any], drivers: frozenset[str] = GPU_DRIVERS) -> ClaimView:
+    """A ResourceClaim (JSON as a mapping) and its allocated devices of `drivers`."""
+    meta = claim.get("metadata") or {}
+    return ClaimView(
+        str(meta.get("namespace", "")), str(meta.get("name", "")), allocated_keys(claim, drivers)
+    )
 
 
 def allocated_keys(

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from gpuheal.model import Severity
-from gpuheal.policy.dra import GPU_DRIVERS, DraDevice, slice_devices
+from gpuheal.model import DraDevice, Severity
+from gpuheal.policy.dra import GPU_DRIVERS, slice_devices
 from gpuheal.xid import Action, XidRow, classify
 
 XID_KEY = "gpu.nvidia.com/xid"

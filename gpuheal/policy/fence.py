@@ -25,8 +25,7 @@ from typing import Any
 
 from gpuheal import values
 from gpuheal.clock import iso
-from gpuheal.model import TAINT_KEY
-from gpuheal.policy.dra import DeviceKey
+from gpuheal.model import TAINT_KEY, DeviceKey
 
 # Kubernetes 1.36: beta, served only where resource.k8s.io/v1beta2 is turned on
 # (1.37 serves it at resource.k8s.io/v1).

@@ -33,10 +33,11 @@ from gpuheal.model import (
     MIG_LAYOUT,
     NODE_ENVIRONMENT,
     XID_ERRORS,
+    DraDevice,
     NodeView,
     PodView,
 )
-from gpuheal.policy import environment
+from gpuheal.policy import dra, environment
 from gpuheal.policy.operator import UPGRADE_FAILED, driver_upgrade
 from gpuheal.policy.pools import (
     NO_POOL,
@@ -157,6 +158,8 @@ class GateFacts:
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
     allocatable: Mapping[str, int] = field(default_factory=dict)
+    # Its GPUs offered through DRA (the ResourceSlices of the configured drivers).
+    devices: tuple[DraDevice, ...] = ()
     # Driver versions of the other nodes of this node's pool: version -> nodes.
     pool_drivers: Mapping[str, int] = field(default_factory=dict)
     # Pods on the node matching healthGate.devicePluginSelector (and namespaces).
@@ -182,6 +185,7 @@ def facts_from_views(
         labels=node.labels,
         annotations=node.annotations,
         allocatable=dict(node.allocatable),
+        devices=node.devices,
         pool_drivers=dict(pool_drivers),
         device_plugin_pods=tuple(
             DevicePluginPod(p.key, p.ready) for p in pods if p.device_plugin and not p.terminal
@@ -233,6 +237,8 @@ def _gpu_count(facts: GateFacts, config: Config) -> Check:
             f"no expected GPU count: set pools.byName.<pool>.gpusPerNode or the node label "
             f"{config.pools.expected_gpus_label}",
         )
+    if facts.devices and not facts.allocatable.get(resource, 0):
+        return _dra_count(facts.devices, expected)
     problem = mig_layout_problem(facts.labels, facts.annotations.get(MIG_LAYOUT, ""))
     if problem:
         return Check(GPU_COUNT, CheckResult.FAIL, problem)
@@ -249,6 +255,21 @@ def _gpu_count(facts: GateFacts, config: Config) -> Check:
     if how.shared:
         shown += f" ({expected} GPUs x {how.replicas} {how.strategy} replicas)"
     return Check(GPU_COUNT, CheckResult.PASS, f"{shown} allocatable, as expected")
+
+
+def _dra_count(devices: Sequence[DraDevice], expected: int) -> Check:
+    """A DRA node offers its GPUs as devices: the expected count must be there and
+    usable (no taint keeping new claims off, the driver's or a DeviceTaintRule's)."""
+    usable, total = dra.usable_count(devices), dra.gpu_count(devices)
+    if usable == expected:
+        return Check(GPU_COUNT, CheckResult.PASS, f"{usable} DRA GPU devices usable, as expected")
+    tainted = [f"{d.key.device} ({', '.join(d.taints)})" for d in devices if d.taints]
+    why = f"; tainted: {', '.join(tainted)}" if tainted else ""
+    return Check(
+        GPU_COUNT,
+        CheckResult.FAIL,
+        f"{usable} of {total} DRA GPU devices usable, expected {expected}{why}",
+    )
 
 
 def _driver(facts: GateFacts, config: Config) -> Check:

@@ -48,7 +48,7 @@ from gpuheal.model import (
     PodView,
     Taint,
 )
-from gpuheal.policy.nodes import gpu_node, in_maintenance, opted_out
+from gpuheal.policy.nodes import gpu_node, gpus, in_maintenance, opted_out, usable_gpus
 from gpuheal.policy.operator import driver_upgrade
 from gpuheal.policy.pools import (
     NO_POOL,
@@ -133,15 +133,11 @@ class Examined:
 # -- which nodes ---------------------------------------------------------------
 
 
-def gpus(resources: Iterable[tuple[str, int]], config: Config) -> int:
-    return config.gpu_count(resources)
-
-
 def gpu_labelled(node: NodeView, config: Config) -> bool:
     """A GPU node by the controller's selector, by its GPU capacity, or by GPU
     feature discovery's labels (a node whose device plugin never came up has no
     capacity, and still is a GPU node)."""
-    capacity = gpus(node.capacity, config)
+    capacity = gpus(node, config)
     if gpu_node(node.labels, capacity, config) or capacity > 0:
         return True  # GPUs whatever the labels say: a node the selector may be missing
     if node.labels.get("nvidia.com/gpu.present") == "true":
@@ -166,7 +162,7 @@ def _unmanaged(node: NodeView, pool: str, config: Config) -> list[Finding]:
     """A GPU node the controller's nodeSelector does not match: nothing it reports is
     acted on. Opting out (gpuheal.io/managed=false) says that is meant."""
     labels = node.labels
-    capacity = gpus(node.capacity, config)
+    capacity = gpus(node, config)
     if gpu_node(labels, capacity, config) or opted_out(labels):
         return []
     name = node.name
@@ -245,7 +241,7 @@ def _leaks(
                 "their controllers place them elsewhere.",
             )
         )
-    allocatable = gpus(node.allocatable, config)
+    allocatable = usable_gpus(node, config)
     if allocated > allocatable:
         found.append(
             Finding(
@@ -331,14 +327,22 @@ def _processes(
 # -- what the node offers ----------------------------------------------------------------
 
 
+def _withdrawn(node: NodeView) -> str:
+    """Who keeps GPUs from new pods: a DRA device's taints, or the device plugin."""
+    tainted = sorted({k for d in node.devices for k in d.taints})
+    if tainted:
+        return f"taints ({', '.join(tainted)}) keep new claims off"
+    return "the device plugin withdrew"
+
+
 def _offered(node: NodeView, pool: str, config: Config) -> list[Finding]:
     """Zero allocatable, or fewer GPUs allocatable than present, or fewer present than
     the pool expects. Nodes in maintenance are left out: their GPUs are down on purpose."""
     if in_maintenance(node.labels):
         return []
     name = node.name
-    capacity = gpus(node.capacity, config)
-    allocatable = gpus(node.allocatable, config)
+    capacity = gpus(node, config)
+    allocatable = usable_gpus(node, config)
     if allocatable == 0:
         return [
             Finding(
@@ -355,7 +359,7 @@ def _offered(node: NodeView, pool: str, config: Config) -> list[Finding]:
                 ALLOCATABLE_DROP,
                 name,
                 pool,
-                f"offers {allocatable} of its {capacity} GPU(s): the device plugin withdrew "
+                f"offers {allocatable} of its {capacity} GPU(s): {_withdrawn(node)} "
                 f"{capacity - allocatable} it found unhealthy; see which and why: "
                 f"gpuheal doctor {name}.",
             )

@@ -23,6 +23,7 @@ from gpuheal.model import (
     NodeView,
     Phase,
 )
+from gpuheal.policy import dra
 
 # A node's state as people are shown it (`gpuheal status`, the console), in the
 # order of the states table: from fine to needs-a-look.
@@ -34,6 +35,19 @@ HELD = "held"
 MAINTENANCE = "maintenance"
 NOT_READY = "not-ready"
 NODE_STATES = (HEALTHY, SUSPECT, QUARANTINED, DRAINING, HELD, MAINTENANCE, NOT_READY)
+
+
+def gpus(node: NodeView, config: Config) -> int:
+    """The node's GPUs: its GPU extended resources' capacity and its DRA devices.
+    Every count the controller and the console show is this one."""
+    return config.gpu_count(node.capacity) + dra.gpu_count(node.devices)
+
+
+def usable_gpus(node: NodeView, config: Config) -> int:
+    """Of those, what new pods may be given: allocatable extended resources, and DRA
+    devices no taint keeps new claims off."""
+    return config.gpu_count(node.allocatable) + dra.usable_count(node.devices)
+
 
 _QUARANTINE_PHASES = frozenset({Phase.QUARANTINED, Phase.DRAINED, Phase.RECOVERING})
 

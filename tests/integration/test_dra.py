@@ -8,7 +8,12 @@ The node carries no `nvidia.com/gpu` anywhere, as under GPU Operator's DRA mode.
 
 from __future__ import annotations
 
+import http.cookiejar
+import re
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,11 +22,12 @@ from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 from lightkube.resources.resource_v1beta2 import DeviceTaintRule
 
-from gpuheal.model import fault_record_name
-from gpuheal.policy.dra import DeviceKey, by_key, pod_gpus, slice_devices
+from gpuheal.model import DeviceKey, fault_record_name
+from gpuheal.policy.dra import by_key, pod_gpus, slice_devices
 from gpuheal.policy.drivertaints import XID_KEY, Scope, driver_taints, meaning
 from gpuheal.policy.fence import device_taint_rule
 from gpuheal.sim.agent import gpu_spec
+from gpuheal.sim.controller import ControllerProcess
 from gpuheal.sim.dra import (
     DRIVER,
     MAX_DRA_NODE_NAME,
@@ -33,9 +39,20 @@ from gpuheal.sim.dra import (
     with_taint,
 )
 from gpuheal.sim.nodes import GPU_RESOURCE, delete_nodes, wait_nodes_ready
+from gpuheal.sim.resources import GPUFault
 from gpuheal.sim.workloads import apply, pod_disruption_budget, wait_pods_running
 from tests.corpus import unique_eks_node, unique_fqdn
 from tests.helpers import wait_for
+from tests.integration.conftest import (
+    StartController,
+    controller_config,
+    faults_of,
+    our_taint,
+    pods_on,
+    pods_told_evicted,
+    record_phase,
+    report_fault,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -276,3 +293,68 @@ def test_the_drivers_own_xid_taint_is_read_back_and_keeps_the_card_out(
     wait_pods_running(kube, namespace, count=7, timeout_s=90)
     held = held_by(kube, namespace, node)
     assert len(held) == 7 and taint.device.uuid not in held.values(), held
+
+
+# -- the controller on a DRA-only node ------------------------------------------
+
+
+def console_node(controller: ControllerProcess, token: str, node: str) -> str:
+    """The console's node page as a signed-in viewer sees it (HTML)."""
+    browser = urllib.request.build_opener(
+        urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar())
+    )
+    with browser.open(f"{controller.url}/console/login", timeout=10) as form:
+        csrf = re.search(r'name="_csrf" value="([^"]+)"', form.read().decode())
+    assert csrf is not None
+    sign_in = urllib.parse.urlencode({"_csrf": csrf.group(1), "user": "dra-test", "token": token})
+    with browser.open(f"{controller.url}/console/login", sign_in.encode(), timeout=10) as fleet:
+        assert fleet.url.endswith("/console/fleet"), fleet.url  # signed in, sent on
+    with browser.open(f"{controller.url}/console/nodes/{node}", timeout=10) as page:
+        return str(page.read().decode())
+
+
+def test_the_controller_counts_a_dra_only_node_s_gpus_and_moves_its_claim_pods(
+    kube: Client,
+    namespace: str,
+    pool: dict[str, str],
+    dra_nodes: list[str],
+    start_controller: StartController,
+    tmp_path: Path,
+) -> None:
+    """No `nvidia.com/gpu` anywhere: the controller learns the node's eight GPUs from
+    its slice (one the driver tainted, so seven usable) and that the claim pods are
+    GPU pods from their allocated claims, and a node fault moves exactly those."""
+    node = unique_eks_node()
+    add_dra_node(kube, dra_nodes, node, pool, taints=[("gpu-3", XID_KEY, "79")])
+    for i in range(7):
+        apply(kube, gpu_claim(f"train-{i}-gpus", namespace))
+        apply(kube, claim_pod(f"train-{i}", namespace, f"train-{i}-gpus", node_selector=pool))
+    logger = claim_pod("logger", namespace, "none", node_selector=pool)
+    del logger["spec"]["resourceClaims"], logger["spec"]["containers"][0]["resources"]
+    apply(kube, logger)
+    wait_pods_running(kube, namespace, count=8, timeout_s=90)
+    # The tainted card is the one the scheduler left free.
+    assert gpu_spec(node)["devices"][3]["uuid"] not in held_by(kube, namespace, node).values()
+
+    (tmp_path / "view-token").write_text("dra-view-token-5c1e0f27\n")
+    controller = start_controller(
+        controller_config(pool, consoleViewTokenFile=str(tmp_path / "view-token"))
+    )
+    page = console_node(controller, "dra-view-token-5c1e0f27", node)
+    gpus = re.search(r'<dd id="gpus">([^<]*)</dd>', page)
+    assert gpus is not None and gpus.group(1) == "8 (7 usable)", page
+    assert f'gpu-3</code> <span class="state-quarantined">({XID_KEY})' in page
+
+    report_fault(kube, node, "dra-node-fault-1")
+    wait_for("the taint", lambda: our_taint(kube, node) == "dra-node-fault-1", timeout_s=30)
+    wait_for(
+        "the claim pods gone from the node",
+        lambda: pods_on(kube, namespace, node) == {"logger"},
+        timeout_s=60,
+    )
+    (record,) = faults_of(kube, node)
+    name = record.metadata.name
+    wait_for("record Drained", lambda: record_phase(kube.get(GPUFault, name)) == "Drained")
+    status: Any = kube.get(GPUFault, name).status or {}
+    assert sorted(status["evictedPods"]) == [f"{namespace}/train-{i}" for i in range(7)]
+    assert sorted(pods_told_evicted(kube, node, at_least=7)) == status["evictedPods"]

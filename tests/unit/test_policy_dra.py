@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from gpuheal.model import DeviceKey
 from gpuheal.policy.dra import (
-    DeviceKey,
     allocated_keys,
     by_key,
     pod_claim_names,

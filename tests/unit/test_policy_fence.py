@@ -10,8 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuheal import values
-from gpuheal.model import TAINT_KEY, fault_record_name
-from gpuheal.policy.dra import DeviceKey
+from gpuheal.model import TAINT_KEY, DeviceKey, fault_record_name
 from gpuheal.policy.fence import (
     FAULT_ID_ANNOTATION,
     FENCE_LABEL,

@@ -37,7 +37,9 @@ from gpuheal.policy.nodes import (
     SUSPECT,
     in_maintenance,
     node_state,
+    usable_gpus,
 )
+from gpuheal.policy.nodes import gpus as node_gpus
 from gpuheal.policy.pools import pool_of
 from gpuheal.policy.sharing import sharing
 from gpuheal.vocabulary import Entry
@@ -136,7 +138,7 @@ def fleet(cluster: Cluster) -> FleetPage:
             if (pod := cluster.pods.get(key)) is not None
         )
         takes_pods = not node.taints and not node.unschedulable and node.ready is not False
-        gpus = config.gpu_count(node.capacity)  # as `gpuheal status` counts: MIG too
+        gpus = node_gpus(node, config)  # as `gpuheal status` counts: MIG and DRA too
         free = max(0, gpus - allocated) if takes_pods else 0
         # A time-sliced or MPS GPU is offered (and requested) once per replica: the
         # console counts GPUs, one in use as soon as a replica is.
@@ -257,6 +259,7 @@ class NodePage:
     state: str
     managed: bool
     gpus: int  # every GPU resource of its capacity (MIG too), as `gpuheal status` counts
+    usable: int  # of those, what new pods may be given (allocatable, untainted devices)
     facts: list[tuple[str, str]]  # its gpuheal.io/ annotations, as the agent wrote them
     pods: list[PodView]
     faults: list[FaultRecord]  # newest first
@@ -280,7 +283,8 @@ def node(cluster: Cluster, name: str) -> NodePage | None:
         pool=pool_of(view.labels, cluster.config),
         state=node_state(view, [r for r in records if r.open]),
         managed=name in cluster.gpu_nodes,
-        gpus=cluster.config.gpu_count(view.capacity),
+        gpus=node_gpus(view, cluster.config),
+        usable=usable_gpus(view, cluster.config),
         facts=sorted(
             (k.removeprefix(ANNOTATION_PREFIX), v)
             for k, v in view.annotations.items()
