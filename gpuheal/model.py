@@ -307,6 +307,17 @@ class ClaimView:
 
 
 @dataclass(frozen=True)
+class FenceView:
+    """One of gpuheal's DeviceTaintRules: the fence of one device for one fault."""
+
+    name: str
+    node: str  # the node the device is on (its annotation)
+    record: str  # the GPUFault record it fences for
+    device: DeviceKey
+    effect: str
+
+
+@dataclass(frozen=True)
 class NodeView:
     name: str
     resource_version: str

@@ -59,6 +59,7 @@ class Entry(StrEnum):
     CANARY_PASSED = "canary-passed"
     CANARY_FAILED = "canary-failed"
     RELEASE = "release"  # the device returned
+    FENCE = "fence"  # a DRA device's DeviceTaintRule is in place (its name the detail)
     # Repairs (gpuheal/policy/repair.py).
     REPAIR_REQUESTED = "repair-requested"
     REPAIRED = "repaired"
@@ -114,6 +115,7 @@ SAID: dict[Entry, str] = {
     Entry.CANARY_PASSED: "canary passed",
     Entry.CANARY_FAILED: "canary failed, quarantine extended",
     Entry.RELEASE: "device released",
+    Entry.FENCE: "device fenced (DeviceTaintRule)",
     Entry.REPAIR_REQUESTED: "repair requested",
     Entry.REPAIRED: "repaired",
     Entry.REPAIR_FAILED: "repair failed",

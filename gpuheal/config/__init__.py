@@ -183,6 +183,11 @@ class DeviceHealthConfig:
     canary_command: tuple[str, ...] = setting(strings, ("nvidia-smi",))
     canary_namespace: str = setting(string, "gpuheal-system")
     canary_timeout_seconds: float = setting(number(1, 86400), 300.0)
+    # A DRA device's canary claims it through the DeviceClass for its kind (the
+    # driver's `type`: NVIDIA's chart installs gpu.nvidia.com and mig.nvidia.com).
+    canary_device_classes: Mapping[str, str] = setting(
+        string_map, factory=lambda: {"gpu": "gpu.nvidia.com", "mig": "mig.nvidia.com"}
+    )
     # Healthy after a passed canary for this long: the device is released.
     observation_seconds: float = setting(number(0, MAX_DELAY_S), 600.0)
     # Released this soon after its quarantine, with no canary failure: a false quarantine.
@@ -190,6 +195,11 @@ class DeviceHealthConfig:
     # This many faults of one node within the window: flagged "contact support".
     contact_support_after: int = setting(integer(1, MAX_COUNT), 3)
     contact_support_window_seconds: float = setting(number(0, MAX_WINDOW_S), 3 * 86400.0)
+    # A bad DRA device's fence: a DeviceTaintRule of this effect on exactly that device
+    # while its fault is open. NoSchedule: no new claim gets it, and gpuheal moves the
+    # pods on it (Eviction API: budgets hold). NoExecute: kube-controller-manager
+    # deletes them itself (no budget holds). off: no rule (the annotation alone).
+    fence: str = setting(one_of("NoSchedule", "NoExecute", "off"), "NoSchedule")
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from gpuheal.controller.dcgm_source import DcgmSource
 from gpuheal.controller.dra import DraIndex
 from gpuheal.controller.effects.context import WriteThrough
 from gpuheal.controller.executor import Crashpoint, Executor
+from gpuheal.controller.fences import FenceCaches
 from gpuheal.controller.fleet import Fleet
 from gpuheal.controller.handlers import EventHandlers
 from gpuheal.controller.hygiene import HygieneLoop
@@ -56,11 +57,13 @@ from gpuheal.kube.projections import (
     FaultJson,
     NodeJson,
     PodJson,
+    RuleJson,
     SliceJson,
     canary_view,
     claim_view_factory,
     device_plugin_matcher,
     fault_record,
+    fence_view,
     node_view,
     pod_view_factory,
     slice_view_factory,
@@ -79,6 +82,7 @@ from gpuheal.model import (
     PodView,
     SliceView,
 )
+from gpuheal.policy.fence import FENCE_LABEL, FENCE_LABEL_VALUE
 from gpuheal.policy.validation import VALIDATION_LABEL, ValidationPod
 from gpuheal.sources import dcgm, hygiene
 from gpuheal.sources.dcgm import Query
@@ -137,7 +141,7 @@ class Controller:
         # GPUs offered through DRA, joined into the node and pod views (controller/dra.py).
         self.dra = DraIndex()
         self.nodes, self.pods = self._node_and_pod_informers(config)
-        self.slices, self.claims = self._dra_informers(frozenset(config.gpu_drivers))
+        self.slices, self.claims, self.fences = self._dra_informers(frozenset(config.gpu_drivers))
         self.records: Informer[FaultJson, FaultRecord] = self._informer(
             "gpufaults", gpufault_path(), FaultJson, fault_record, lambda r: r.name
         )
@@ -176,7 +180,7 @@ class Controller:
             backoff_max_s=config.eviction_retry_max_seconds,
             jitter=0.1,
         )
-        caches = WriteThrough.over(self.nodes, self.records, self.pods, self.canaries)
+        caches = WriteThrough.over(self.nodes, self.records, self.pods, self.canaries, self.fences)
         self.recorder = EventRecorder(
             api, identity, counted=lambda result: self.metrics.events.labels(result).inc()
         )
@@ -228,11 +232,14 @@ class Controller:
             pods_synced=self.pods.synced.is_set,
             rollouts=self.rollouts,
             validations=self.validations.values,
+            fences=self.fences.of,
         )
         self.handlers = EventHandlers(
             self.queue, self.fleet, self.records, external_nodes=self.external.nodes
         )
-        self.handlers.watch(self.nodes, self.pods, self.records, self.canaries)
+        self.handlers.watch(
+            self.nodes, self.pods, self.records, self.canaries, self.fences.informers
+        )
         self.validations.handlers.append(self.handlers.on_validation)
         _read_at_scrape(self.metrics, self.fleet, self.queue, self.reconciler)
         self.collector = RecordCollector(
@@ -333,8 +340,7 @@ class Controller:
     ) -> tuple[Informer[NodeJson, NodeView], Informer[PodJson, PodView]]:
         """Every node, and every pod not finished; each view joined to its DRA devices."""
         nodes = self._informer(
-            "nodes", node_path(), NodeJson, lambda n: self.dra.with_node(node_view(n)),
-            lambda n: n.name,
+            "nodes", node_path(), NodeJson, node_view, lambda n: n.name, join=self.dra.with_node
         )  # fmt: skip
         pod_view = pod_view_factory(
             config.is_gpu_resource,
@@ -342,22 +348,25 @@ class Controller:
                 config.health_gate.device_plugin_selector,
                 config.health_gate.device_plugin_namespaces,
             ),
+            frozenset(config.gpu_drivers),
         )
         pods = self._informer(
             "pods",
             "/api/v1/pods",
             PodJson,
-            lambda p: self.dra.with_pod(pod_view(p)),
+            pod_view,
             lambda p: p.key,
             field_selector=POD_FIELD_SELECTOR,
+            join=self.dra.with_pod,
         )
         return nodes, pods
 
     def _dra_informers(
         self, drivers: frozenset[str]
-    ) -> tuple[Informer[SliceJson, SliceView], Informer[ClaimJson, ClaimView]]:
+    ) -> tuple[Informer[SliceJson, SliceView], Informer[ClaimJson, ClaimView], FenceCaches]:
         """ResourceSlices and ResourceClaims: optional, as a cluster may not serve DRA
-        (then every GPU is an extended resource, and both caches stay empty)."""
+        (then every GPU is an extended resource, and both caches stay empty). And our
+        device fences (DeviceTaintRules, controller/fences.py): optional too."""
         slices = self._informer(
             "resourceslices", f"{RESOURCE_API}/resourceslices", SliceJson,
             slice_view_factory(drivers), lambda s: s.name, optional=True,
@@ -366,7 +375,18 @@ class Controller:
             "resourceclaims", f"{RESOURCE_API}/resourceclaims", ClaimJson,
             claim_view_factory(drivers), lambda c: c.key, optional=True,
         )  # fmt: skip
-        return slices, claims
+        fences = FenceCaches(
+            lambda name, path: self._informer(
+                name,
+                path,
+                RuleJson,
+                fence_view,
+                lambda f: f.name,
+                label_selector=f"{FENCE_LABEL}={FENCE_LABEL_VALUE}",
+                optional=True,
+            )
+        )
+        return slices, claims, fences
 
     def _decode_error_counter(self, informer: str) -> Callable[[], None]:
         counter = self.metrics.informer_decode_errors.labels(informer)  # exported from 0
@@ -384,6 +404,7 @@ class Controller:
         label_selector: str = "",
         key_of: Callable[[str, str], str] = default_key_of,
         optional: bool = False,
+        join: Callable[[V], V] | None = None,
     ) -> Informer[J, V]:
         """One of the controller's caches: its decode errors counted under its name,
         its watches as configured."""
@@ -401,6 +422,7 @@ class Controller:
             watch_timeout_s=self.config.watch_timeout_seconds,
             inactivity_s=self.config.watch_inactivity_seconds,
             optional=optional,
+            join=join,
         )
 
     @property
@@ -418,6 +440,7 @@ class Controller:
             self.validations,
             self.slices,
             self.claims,
+            *self.fences.informers,
         )
 
     @property

@@ -4,8 +4,9 @@ On a DRA node no `nvidia.com/gpu` says how many GPUs it has or which pod holds o
 its driver's ResourceSlices list the devices, and a pod holds what the scheduler
 allocated to its ResourceClaims. This index keeps both from their informers and
 joins them into the views every other part reads: NodeView.devices, and
-PodView.held with its gpu and gpu_count. A view is joined when its object's event
-is decoded (`with_node`, `with_pod`), and joined again when a slice or claim
+PodView.held with its gpu and gpu_count. A view is joined whenever its informer
+stores it, decoded from a watch or written through after our own write (the
+informer's `join`: `with_node`, `with_pod`), and joined again when a slice or claim
 changes (`Informer.refresh`), whichever comes first: the watches of nodes, pods,
 slices and claims arrive in no fixed order.
 """

@@ -10,14 +10,14 @@ these handlers only decide what to queue, and only while this replica leads.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
 from dataclasses import replace
 
 from gpuheal.controller.fleet import Fleet
 from gpuheal.kube.informer import Store
 from gpuheal.kube.workqueue import WorkQueue
-from gpuheal.model import CanaryView, FaultRecord, NodeView, PodView
+from gpuheal.model import CanaryView, FaultRecord, FenceView, NodeView, PodView
 from gpuheal.policy.validation import ValidationPod
 
 # The node the current task is reconciling. An event about this node seen while it
@@ -70,12 +70,15 @@ class EventHandlers:
         pods: Store[PodView],
         records: Store[FaultRecord],
         canaries: Store[CanaryView] | None = None,
+        fences: Iterable[Store[FenceView]] = (),
     ) -> None:
         nodes.handlers.append(self.on_node)
         pods.handlers.append(self.on_pod)
         records.handlers.append(self.on_record)
         if canaries is not None:
             canaries.handlers.append(self.on_canary)
+        for cache in fences:
+            cache.handlers.append(self.on_fence)
 
     def _enqueue(self, node: str) -> None:
         if _RECONCILING.get() == node:
@@ -100,6 +103,13 @@ class EventHandlers:
             self._enqueue(changed.node)
 
     def on_canary(self, old: CanaryView | None, new: CanaryView | None) -> None:
+        changed = new or old
+        if self.active and changed is not None and changed.node:
+            self._enqueue(changed.node)
+
+    def on_fence(self, old: FenceView | None, new: FenceView | None) -> None:
+        """One of our device fences came or went (ours, or a person's delete): its
+        node's device plan compares it with the faults that want it."""
         changed = new or old
         if self.active and changed is not None and changed.node:
             self._enqueue(changed.node)

@@ -40,6 +40,7 @@ from gpuheal.model import CanaryView, FaultRecord, NodeView, PodView
 from gpuheal.policy.actions import Action, NodeState, Plan
 from gpuheal.policy.backoff import Blocked, refused_again
 from gpuheal.policy.dedupe import BoundedSet
+from gpuheal.policy.devicefence import Fences
 from gpuheal.policy.devices import DeviceAction, DevicePlan, DeviceState, plan_devices
 from gpuheal.policy.nodes import in_maintenance
 from gpuheal.policy.plan import current_signal, plan, plan_node_gone, reported
@@ -72,6 +73,7 @@ class Reconciler:
         pods_synced: Callable[[], bool] = lambda: True,
         rollouts: Store[RolloutState] | None = None,
         validations: Callable[[], Iterable[ValidationPod]] = tuple,
+        fences: Callable[[str], Fences] = lambda _node: Fences(),
     ) -> None:
         self.config = config  # the controller's current config, read where needed
         self.nodes = nodes
@@ -96,6 +98,7 @@ class Reconciler:
         self.blocked: dict[str, dict[str, Blocked]] = defaultdict(dict)
         self.leaving = LeavingPods()
         self.canaries: Mapping[str, CanaryView] = canaries if canaries is not None else {}
+        self.fences = fences  # a node's device fences (DeviceTaintRules), and if any can be
         # GPURollouts by name: the gate's driver rule follows a pool's roll-out.
         self.rollouts = rollouts
         self.validations = validations  # our validation Jobs' pods (healthGate.validation)
@@ -165,6 +168,7 @@ class Reconciler:
             entries=self.device_reports.entries(keys),
             records=self.fleet.records_of(node.name, self.records),
             canaries={k: c for k, c in self.canaries.items() if c.node == node.name},
+            fences=self.fences(node.name),
             evictions_allowed=int(bucket.tokens),
         )
 

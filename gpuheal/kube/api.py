@@ -273,6 +273,18 @@ class KubeApi:
 RESOURCE_API = "/apis/resource.k8s.io/v1"
 
 
+def device_taint_rule_path(name: str = "", version: str = "v1beta2") -> str:
+    """gpuheal's device fence (KEP-5055): resource.k8s.io/v1beta2 in Kubernetes 1.36
+    (where that version is turned on), v1 from 1.37."""
+    base = f"/apis/resource.k8s.io/{version}/devicetaintrules"
+    return f"{base}/{name}" if name else base
+
+
+def claim_path(namespace: str, name: str = "") -> str:
+    base = f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims"
+    return f"{base}/{name}" if name else base
+
+
 def node_path(name: str = "") -> str:
     return f"/api/v1/nodes/{name}" if name else "/api/v1/nodes"
 

@@ -130,8 +130,12 @@ class Informer(Generic[J, V]):
         on_decode_error: Callable[[], None] = lambda: None,
         optional: bool = False,
         missing_retry_s: float = 30.0,
+        join: Callable[[V], V] | None = None,
     ) -> None:
         self.api = api
+        # What another cache adds to each view (controller/dra.py): applied to every
+        # view stored, decoded from a watch or written through by upsert.
+        self._join = join
         # An optional resource the API server may not serve (a CRD a chart upgrade did
         # not install): its absence is an empty cache, synced, and looked for again
         # every `missing_retry_s`, not a failure that holds readiness.
@@ -184,6 +188,8 @@ class Informer(Generic[J, V]):
 
     def upsert(self, view: V, resource_version: str) -> None:
         """Apply an object we just wrote (write-through), unless the cache has newer."""
+        if self._join is not None:
+            view = self._join(view)
         key = self._key(view)
         current = self._versions.get(key)
         if current is not None and not newer_or_equal(resource_version, current):
@@ -311,6 +317,8 @@ class Informer(Generic[J, V]):
         try:
             item = msgspec.json.decode(raw, type=self._json_type)
             view = self._to_view(item)
+            if self._join is not None:
+                view = self._join(view)
         except Exception as err:  # any failure skips just this object
             if not report:
                 meta = _identity(raw)

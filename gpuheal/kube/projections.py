@@ -29,8 +29,10 @@ from gpuheal.model import (
     ClaimView,
     Condition,
     DeviceHealth,
+    DeviceKey,
     DeviceReport,
     FaultRecord,
+    FenceView,
     NodeView,
     Phase,
     PodView,
@@ -40,7 +42,8 @@ from gpuheal.model import (
     Taint,
     scheduled_gpus,
 )
-from gpuheal.policy.dra import allocated_keys, slice_of
+from gpuheal.policy.dra import GPU_DRIVERS, allocated_keys, slice_of
+from gpuheal.policy.fence import NODE_ANNOTATION, record_of
 
 
 class OwnerRef(msgspec.Struct):
@@ -312,6 +315,7 @@ def device_plugin_matcher(
 def pod_view_factory(
     is_gpu_resource: Callable[[str], bool],
     is_device_plugin: Callable[[str, Mapping[str, str]], bool] = lambda _ns, _labels: False,
+    gpu_drivers: frozenset[str] = GPU_DRIVERS,
 ) -> Callable[[PodJson], PodView]:
     def requests_gpu(container: Container) -> bool:
         wanted = {**container.resources.requests, **container.resources.limits}
@@ -341,7 +345,7 @@ def pod_view_factory(
             deletion_time=meta.deletionTimestamp or "",
             finalizers=tuple(meta.finalizers),
             canary=meta.labels.get(CANARY_LABEL) == "true",
-            devices=_devices(status, is_gpu_resource),
+            devices=_devices(status, is_gpu_resource, gpu_drivers),
             status_time=_status_time(status),
             ready=any(c.type == "Ready" and c.status == "True" for c in status.conditions or ()),
             device_plugin=is_device_plugin(meta.namespace, meta.labels),
@@ -370,15 +374,19 @@ def _health(value: str) -> DeviceHealth:
         return DeviceHealth.UNKNOWN  # an unknown word is not a verdict
 
 
-def _devices(status: PodStatus, is_gpu_resource: Callable[[str], bool]) -> tuple[DeviceReport, ...]:
-    """Every device the kubelet reports for the pod: containers' GPU resources and
-    DRA claims ("claim:<claim>/<request>"), and the pod-level DRA entries."""
+def _devices(
+    status: PodStatus, is_gpu_resource: Callable[[str], bool], gpu_drivers: frozenset[str]
+) -> tuple[DeviceReport, ...]:
+    """Every GPU the kubelet reports for the pod: containers' GPU resources, and the
+    devices of DRA claims (containers' and pod-level "claim:<claim>[/<request>]"
+    entries) of a GPU driver, each named by its driver and "driver/pool/device"
+    (the kubelet's resourceID): one card is one device whichever claim holds it."""
     containers = (*(status.containerStatuses or ()), *(status.initContainerStatuses or ()))
     lists = [
         s
         for c in containers
         for s in c.allocatedResourcesStatus or ()
-        if is_gpu_resource(s.name) or s.name.startswith("claim:")
+        if is_gpu_resource(s.name) or s.name.startswith(CLAIM_PREFIX)
     ]
     lists += status.allocatedResourcesStatus or ()
     if not lists:
@@ -386,16 +394,29 @@ def _devices(status: PodStatus, is_gpu_resource: Callable[[str], bool]) -> tuple
     seen: dict[tuple[str, str], DeviceReport] = {}
     for s in lists:
         for r in s.resources or ():
-            if not r.resourceID:
+            resource = _resource(s.name, r.resourceID, gpu_drivers)
+            if not r.resourceID or not resource:
                 continue
             device = physical_device(r.resourceID)
-            report = DeviceReport(s.name, device, _health(r.health), r.message or "")
-            # A GPU shared by replicas is reported once per replica: the GPU is what is
-            # healthy or not, and its worst report stands.
-            held = seen.get((s.name, device))
+            report = DeviceReport(resource, device, _health(r.health), r.message or "")
+            # A GPU shared by replicas (or claims) is reported once per replica: the
+            # GPU is what is healthy or not, and its worst report stands.
+            held = seen.get((resource, device))
             if held is None or _WORSE[report.health] > _WORSE[held.health]:
-                seen[(s.name, device)] = report
+                seen[(resource, device)] = report
     return tuple(seen[k] for k in sorted(seen))
+
+
+CLAIM_PREFIX = "claim:"
+
+
+def _resource(name: str, resource_id: str, gpu_drivers: frozenset[str]) -> str:
+    """The resource a reported device is counted under: its extended resource, or for
+    a DRA claim's device the driver ("" when it is not a GPU driver's)."""
+    if not name.startswith(CLAIM_PREFIX):
+        return name
+    driver, sep, _ = resource_id.partition("/")
+    return driver if sep and driver in gpu_drivers else ""
 
 
 _WORSE = {DeviceHealth.HEALTHY: 0, DeviceHealth.UNKNOWN: 1, DeviceHealth.UNHEALTHY: 2}
@@ -515,6 +536,44 @@ def claim_view_factory(drivers: frozenset[str]) -> Callable[[ClaimJson], ClaimVi
         )
 
     return view
+
+
+class RuleSelectorJson(msgspec.Struct):
+    driver: str = ""
+    pool: str = ""
+    device: str = ""
+
+
+class RuleTaintJson(msgspec.Struct):
+    key: str = ""
+    effect: str = ""
+
+
+class RuleSpecJson(msgspec.Struct):
+    deviceSelector: RuleSelectorJson | None = None  # noqa: N815
+    taint: RuleTaintJson = msgspec.field(default_factory=RuleTaintJson)
+
+
+class RuleJson(msgspec.Struct):
+    """One of gpuheal's DeviceTaintRules (its label selects them)."""
+
+    metadata: Meta
+    spec: RuleSpecJson = msgspec.field(default_factory=RuleSpecJson)
+
+
+def fence_view(rule: RuleJson) -> FenceView:
+    meta, selector = rule.metadata, rule.spec.deviceSelector or RuleSelectorJson()
+    return FenceView(
+        name=meta.name,
+        node=meta.annotations.get(NODE_ANNOTATION, ""),
+        record=record_of(meta.name),
+        device=DeviceKey(selector.driver, selector.pool, selector.device),
+        effect=rule.spec.taint.effect,
+    )
+
+
+def decode_fence(raw: bytes) -> FenceView:
+    return fence_view(msgspec.json.decode(raw, type=RuleJson))
 
 
 class _Object(msgspec.Struct):

@@ -9,6 +9,7 @@ the real API server as server-side dry runs). The executor sends them.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,6 +33,7 @@ from gpuheal.model import (
     TAINT_KEY,
     UNKNOWN_DEVICES,
     ActionEntry,
+    DraDevice,
     FaultRecord,
     FaultSignal,
     Mode,
@@ -274,9 +276,33 @@ def canary_pod(
     image: str,
     command: list[str],
     timeout_seconds: float,
+    claim: str = "",
 ) -> dict[str, Any]:
-    """A canary pod on one device of `node`, pinned there (the scheduler would keep off
-    a quarantined node), tolerating our taint, with no API token."""
+    """A canary pod on one device of `node`, tolerating our taint, with no API token.
+    A device plugin's GPU: one of `resource`, pinned to the node by name (the
+    scheduler would keep off a quarantined node). A DRA device: the ResourceClaim
+    `claim` (canary_claim), which the scheduler must allocate, so the pod is kept to
+    the node by affinity and the claim's selector picks the very device."""
+    container: dict[str, Any] = {"name": "canary", "image": image, "command": command}
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "activeDeadlineSeconds": int(timeout_seconds),
+        "automountServiceAccountToken": False,
+        "tolerations": [{"key": TAINT_KEY, "operator": "Exists"}],
+        "containers": [container],
+    }
+    if claim:
+        container["resources"] = {"claims": [{"name": "gpu"}]}
+        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim}]
+        term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+        spec["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}
+            }
+        }
+    else:
+        container["resources"] = {"limits": {resource: "1"}}
+        spec["nodeName"] = node
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -286,19 +312,43 @@ def canary_pod(
             "labels": {CANARY_LABEL: "true"},
             "annotations": {RECORD_ANNOTATION: record},
         },
+        "spec": spec,
+    }
+
+
+def canary_claim(
+    name: str, namespace: str, record: str, device: DraDevice, device_class: str
+) -> dict[str, Any]:
+    """The canary's ResourceClaim: exactly the fenced device, chosen by its UUID (a
+    CEL selector: DRA selects by attributes, not by name), tolerating gpuheal's taint
+    (the device's fence) so the scheduler may give it that one device."""
+    # JSON strings are CEL string literals.
+    expression = (
+        f"device.attributes[{json.dumps(device.key.driver)}].uuid == {json.dumps(device.uuid)}"
+    )
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {CANARY_LABEL: "true"},
+            "annotations": {RECORD_ANNOTATION: record},
+        },
         "spec": {
-            "nodeName": node,
-            "restartPolicy": "Never",
-            "activeDeadlineSeconds": int(timeout_seconds),
-            "automountServiceAccountToken": False,
-            "tolerations": [{"key": TAINT_KEY, "operator": "Exists"}],
-            "containers": [
-                {
-                    "name": "canary",
-                    "image": image,
-                    "command": command,
-                    "resources": {"limits": {resource: "1"}},
-                }
-            ],
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": device_class,
+                            "allocationMode": "ExactCount",
+                            "count": 1,
+                            "selectors": [{"cel": {"expression": expression}}],
+                            "tolerations": [{"key": TAINT_KEY, "operator": "Exists"}],
+                        },
+                    }
+                ]
+            }
         },
     }

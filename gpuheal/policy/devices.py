@@ -39,6 +39,7 @@ from gpuheal.model import (
     CanaryView,
     DeviceHealth,
     DeviceReport,
+    DraDevice,
     FaultRecord,
     Mode,
     NodeView,
@@ -47,7 +48,9 @@ from gpuheal.model import (
     Severity,
     fault_record_name,
 )
+from gpuheal.policy import dra
 from gpuheal.policy.actions import Emit, Evict, UpdateRecord
+from gpuheal.policy.devicefence import FenceDevice, Fences, Unfence, fenced_device, plan_fences
 from gpuheal.policy.history import opened_at
 from gpuheal.policy.nodes import opted_out
 from gpuheal.policy.sharing import GPU, physical_gpus
@@ -101,6 +104,8 @@ class DeviceState:
     canaries: Mapping[str, CanaryView] = field(default_factory=dict)
     # Evictions the node's rate limit allows now.
     evictions_allowed: int = 1 << 30
+    # The node's device fences (DeviceTaintRules) and whether there can be any.
+    fences: Fences = field(default_factory=Fences)
 
 
 # -- actions (plus UpdateRecord, Evict and Emit from plan.py) -------------------
@@ -128,11 +133,16 @@ class CreateCanary:
     node: str
     resource: str
     record: str
+    # A DRA device: the canary claims it (by UUID, through the DeviceClass of its
+    # kind); None for a device plugin's GPU, or a DRA device no slice publishes now.
+    device: DraDevice | None = None
+    dra: bool = False  # the record is about a DRA device
 
 
 @dataclass(frozen=True)
 class DeleteCanary:
     name: str
+    dra: bool = False  # its claim goes too
 
 
 @dataclass(frozen=True)
@@ -152,6 +162,8 @@ DeviceAction = (
     | DeleteCanary
     | DeviceReleased
     | Emit
+    | FenceDevice
+    | Unfence
 )
 
 
@@ -300,6 +312,7 @@ def plan_devices(state: DeviceState, config: Config, now: dt.datetime) -> Device
     for key in sorted(open_by_key):
         _advance(work, open_by_key[key], devices.get(key))
     quarantined = {k for k, r in open_by_key.items() if r.name not in work.released}
+    _fence(work)
     marked = _mark(work, devices, quarantined)
     # The gauges follow what this pass decides, not the marks it read: the node's own
     # echo of our write does not come back as another reconcile to update them.
@@ -310,6 +323,24 @@ def plan_devices(state: DeviceState, config: Config, now: dt.datetime) -> Device
         summary=summary,
         fault_id=",".join(r.fault_id for r in work.created),
     )
+
+
+def _fence(work: _Pass) -> None:
+    """The node's device fences as its records stand after this pass."""
+    fencing = plan_fences(
+        work.state.node.name,
+        (*work.state.records, *work.created),
+        work.state.fences,
+        effect=work.cfg.fence,
+        drivers=work.config.gpu_drivers,
+        phases={a.name: a.phase for a in work.actions if isinstance(a, UpdateRecord)},
+        now=work.now,
+    )
+    if any(isinstance(a, FenceDevice) for a in fencing):
+        # The record names its rule once the rule is seen (our own write's echo
+        # queues no pass): look again soon.
+        work.requeue.at(work.config.eviction_retry_base_seconds)
+    work.actions += fencing
 
 
 def _summary(
@@ -423,7 +454,7 @@ def _escalation(work: _Pass, device: Device, history: list[FaultRecord]) -> str:
         )
     # Devices are GPUs (replica IDs are folded into their GPU): a shared GPU's
     # nvidia.com/gpu capacity counts its replicas, so count the GPUs behind it.
-    gpus = physical_gpus(GPU, node.gpus, node.labels)
+    gpus = physical_gpus(GPU, node.gpus, node.labels) + dra.gpu_count(node.devices)
     if gpus > 0:
         bad = {r.device for r in history if r.open} | {device.device_id}
         healthy = gpus - len(bad)
@@ -519,6 +550,19 @@ def _release_trigger(work: _Pass, record: FaultRecord, health: DeviceHealth | No
     _start_canary(work, record, why)
 
 
+def _canary(work: _Pass, name: str, record: FaultRecord) -> CreateCanary:
+    """The canary of `record`'s device: for a DRA device, the very device as its
+    slice publishes it now (None when none does: the canary cannot be placed)."""
+    key = fenced_device(record, work.config.gpu_drivers)
+    device = next((d for d in work.state.node.devices if d.key == key), None) if key else None
+    node = work.state.node.name
+    return CreateCanary(name, node, record.resource, record.name, device, dra=key is not None)
+
+
+def _dra(work: _Pass, record: FaultRecord) -> bool:
+    return fenced_device(record, work.config.gpu_drivers) is not None
+
+
 def _attempt(record: FaultRecord) -> int:
     return sum(1 for a in record.actions if a.action == Entry.CANARY_START)
 
@@ -526,7 +570,7 @@ def _attempt(record: FaultRecord) -> int:
 def _start_canary(work: _Pass, record: FaultRecord, why: str) -> None:
     name = canary_name(record.name, _attempt(record) + 1)
     work.actions += [
-        CreateCanary(name, work.state.node.name, record.resource, record.name),
+        _canary(work, name, record),
         UpdateRecord(record.name, Phase.CANARY, work.entry(Entry.CANARY_START, detail=name)),
     ]
     work.emit(
@@ -541,18 +585,18 @@ def _canary_step(work: _Pass, record: FaultRecord, health: DeviceHealth | None) 
     start = _last(record, Entry.CANARY_START)
     started = (parse_time(start.time) if start else None) or work.now
     if health is DeviceHealth.UNHEALTHY:
-        work.actions.append(DeleteCanary(name))
+        work.actions.append(DeleteCanary(name, _dra(work, record)))
         _back_to_quarantine(work, record, Entry.FAULT_RETURNED, "Unhealthy again during the canary")
         return
     pod = work.state.canaries.get(name)
     elapsed = (work.now - started).total_seconds()
     if pod is None:
         # Gone before we read its result (deleted by hand, or never made): run it again.
-        work.actions.append(CreateCanary(name, work.state.node.name, record.resource, record.name))
+        work.actions.append(_canary(work, name, record))
         work.requeue.at(cfg.canary_timeout_seconds - elapsed)
     elif pod.phase == "Succeeded":
         work.actions += [
-            DeleteCanary(name),
+            DeleteCanary(name, _dra(work, record)),
             UpdateRecord(
                 record.name,
                 Phase.RECOVERING,
@@ -563,7 +607,7 @@ def _canary_step(work: _Pass, record: FaultRecord, health: DeviceHealth | None) 
         work.requeue.at(cfg.observation_seconds)
     elif pod.phase == "Failed" or elapsed >= cfg.canary_timeout_seconds:
         why = "failed" if pod.phase == "Failed" else f"timed out after {elapsed:.0f}s"
-        work.actions.append(DeleteCanary(name))
+        work.actions.append(DeleteCanary(name, _dra(work, record)))
         _back_to_quarantine(work, record, Entry.CANARY_FAILED, f"canary {name} {why}")
         work.emit(
             Reason.GATE_FAILED,

@@ -115,6 +115,14 @@ def usable_count(devices: Iterable[DraDevice]) -> int:
     return gpu_count(d for d in devices if d.usable)
 
 
+def device_key(resource_id: str) -> DeviceKey | None:
+    """A DRA device from the kubelet's resourceID, "<driver>/<pool>/<device>" (a pool
+    may hold slashes; driver and device hold none); None for any other ID."""
+    driver, _, rest = resource_id.partition("/")
+    pool, _, device = rest.rpartition("/")
+    return DeviceKey(driver, pool, device) if driver and pool and device else None
+
+
 def pod_claim_names(pod: Mapping[str, Any]) -> tuple[str, ...]:
     """The ResourceClaims a pod uses, by name: named in its spec, or generated from a
     template (the name the control plane chose is in the pod's status)."""

@@ -27,9 +27,10 @@ from gpuheal import values
 from gpuheal.clock import iso
 from gpuheal.model import TAINT_KEY, DeviceKey
 
-# Kubernetes 1.36: beta, served only where resource.k8s.io/v1beta2 is turned on
-# (1.37 serves it at resource.k8s.io/v1).
-RULE_API = "resource.k8s.io/v1beta2"
+# Kubernetes 1.36: beta, served only where resource.k8s.io/v1beta2 is turned on;
+# 1.37 serves it at resource.k8s.io/v1. Newest first: the one written where both are.
+RULE_GROUP = "resource.k8s.io"
+RULE_VERSIONS = ("v1", "v1beta2")
 RULE_PREFIX = "gpuheal-"
 EFFECTS = ("NoSchedule", "NoExecute")
 # What selects gpuheal's rules, and only those: the controller's admission policy
@@ -42,7 +43,15 @@ FAULT_ID_ANNOTATION = "gpuheal.io/fault-id"
 REASON_ANNOTATION = "gpuheal.io/reason"
 EXPIRES_ANNOTATION = "gpuheal.io/expires-at"
 DEVICE_ANNOTATION = "gpuheal.io/device"
+# The node the device is on: the selector names a pool, which only NVIDIA's driver
+# names after its node; the controller finds a node's rules by this.
+NODE_ANNOTATION = "gpuheal.io/node"
 REASON_MAX = 1024
+
+
+def record_of(rule: str) -> str:
+    """The record a rule fences for, from its name (rule_name's inverse)."""
+    return rule.removeprefix(RULE_PREFIX)
 
 
 def rule_name(record: str) -> str:
@@ -53,12 +62,14 @@ def rule_name(record: str) -> str:
 
 def device_taint_rule(
     *,
+    node: str,
     record: str,
     fault_id: str,
     reason: str,
     device: DeviceKey,
     effect: str = "NoSchedule",
     expires: dt.datetime | None = None,
+    version: str = "v1beta2",
 ) -> dict[str, Any]:
     """The DeviceTaintRule that fences `device` for the fault `record` holds."""
     if effect not in EFFECTS:
@@ -67,11 +78,12 @@ def device_taint_rule(
         FAULT_ID_ANNOTATION: values.text(fault_id),
         REASON_ANNOTATION: values.text(reason, REASON_MAX),
         DEVICE_ANNOTATION: f"{device.driver}/{device.pool}/{device.device}",
+        NODE_ANNOTATION: node,
     }
     if expires is not None:
         annotations[EXPIRES_ANNOTATION] = iso(expires, "seconds")
     return {
-        "apiVersion": RULE_API,
+        "apiVersion": f"{RULE_GROUP}/{version}",
         "kind": "DeviceTaintRule",
         "metadata": {
             "name": rule_name(record),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.cookiejar
 import re
+import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -21,11 +22,12 @@ from lightkube import ApiError, Client
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 from lightkube.resources.resource_v1beta2 import DeviceTaintRule
+from lightkube.types import PatchType
 
 from gpuheal.model import DeviceKey, fault_record_name
 from gpuheal.policy.dra import by_key, pod_gpus, slice_devices
 from gpuheal.policy.drivertaints import XID_KEY, Scope, driver_taints, meaning
-from gpuheal.policy.fence import device_taint_rule
+from gpuheal.policy.fence import FENCE_LABEL, NODE_ANNOTATION, device_taint_rule
 from gpuheal.sim.agent import gpu_spec
 from gpuheal.sim.controller import ControllerProcess
 from gpuheal.sim.dra import (
@@ -50,6 +52,7 @@ from tests.integration.conftest import (
     our_taint,
     pods_on,
     pods_told_evicted,
+    record_entries,
     record_phase,
     report_fault,
 )
@@ -182,6 +185,7 @@ def fence(kube: Client, node: str, device: str, effect: str, fault_id: str = "xi
     """gpuheal's DeviceTaintRule on one device of the node's pool; its name."""
     record = fault_record_name(node, fault_id, f"{DRIVER}/{node}/{device}")
     rule = device_taint_rule(
+        node=node,
         record=record,
         fault_id=fault_id,
         reason="XidCritical79",
@@ -358,3 +362,139 @@ def test_the_controller_counts_a_dra_only_node_s_gpus_and_moves_its_claim_pods(
     status: Any = kube.get(GPUFault, name).status or {}
     assert sorted(status["evictedPods"]) == [f"{namespace}/train-{i}" for i in range(7)]
     assert sorted(pods_told_evicted(kube, node, at_least=7)) == status["evictedPods"]
+
+
+# -- the device fence, end to end -------------------------------------------------
+
+CANARY_NAMESPACE = "gpuheal-system"
+
+
+def report_claim_device(kube: Client, namespace: str, pod: str, device: str, health: str) -> None:
+    """What the kubelet writes for a DRA device (KEP-4680): the container's entry
+    named after its claim reference (`claim:<name>`, `/<request>` when the container
+    names one: the API server holds it to those), the device as
+    `<driver>/<pool>/<device>`, through the pods/status subresource."""
+    current = kube.get(Pod, pod, namespace=namespace)
+    assert current.status is not None and current.status.containerStatuses
+    statuses = [s.to_dict() for s in current.status.containerStatuses]
+    entry = {"name": "claim:gpus", "resources": [{"resourceID": device, "health": health}]}
+    statuses[0]["allocatedResourcesStatus"] = [entry]
+    kube.patch(
+        Pod.Status,
+        pod,
+        {"status": {"containerStatuses": statuses}},
+        namespace=namespace,
+        patch_type=PatchType.MERGE,
+    )
+
+
+def our_rules(kube: Client, node: str) -> list[dict[str, Any]]:
+    return [
+        r
+        for r in as_dicts(kube.list(DeviceTaintRule, labels={FENCE_LABEL: "device"}))
+        if r["metadata"].get("annotations", {}).get(NODE_ANNOTATION) == node
+    ]
+
+
+def card_of(kube: Client, namespace: str, node: str, pod: str) -> str:
+    """The device name (gpu-<n>) the scheduler gave the pod."""
+    uuids = [d["uuid"] for d in gpu_spec(node)["devices"]]
+    return f"gpu-{uuids.index(held_by(kube, namespace, node)[pod])}"
+
+
+def test_a_bad_card_is_fenced_alone_its_pod_moved_and_proven_by_a_canary_on_it(
+    kube: Client,
+    namespace: str,
+    pool: dict[str, str],
+    dra_nodes: list[str],
+    start_controller: StartController,
+) -> None:
+    """Seven one-GPU pods on an eight-card DRA-only node. One card reports Unhealthy:
+    one DeviceTaintRule on exactly that card, only its pod evicted, the node
+    untainted and schedulable; the real scheduler gives a new pod the free card and
+    keeps the next off the fenced one. Once the quarantine expires the canary's
+    claim is allocated that very card; it passes, the record resolves, the rule goes,
+    and the waiting pod gets the card."""
+    node = unique_eks_node()
+    add_dra_node(kube, dra_nodes, node, pool)
+    for i in range(7):
+        apply(kube, gpu_claim(f"train-{i}-gpus", namespace))
+        apply(kube, claim_pod(f"train-{i}", namespace, f"train-{i}-gpus", node_selector=pool))
+    wait_pods_running(kube, namespace, count=7, timeout_s=90)
+    bad = card_of(kube, namespace, node, "train-2")
+    health = {
+        "canaryNamespace": CANARY_NAMESPACE,
+        "canaryTimeoutSeconds": 60,
+        "observationSeconds": 1,
+        "quarantineSeconds": 8,
+        "evictionsPerMinute": 600,
+        "evictionBurst": 10,
+    }
+    start_controller(controller_config(pool, deviceHealth=health))
+
+    report_claim_device(kube, namespace, "train-2", f"{DRIVER}/{node}/{bad}", "Unhealthy")
+    (rule,) = wait_for("the card's fence", lambda: our_rules(kube, node), timeout_s=30)
+    assert rule["spec"]["deviceSelector"] == {"driver": DRIVER, "pool": node, "device": bad}
+    assert rule["spec"]["taint"]["key"] == "gpuheal.io/gpu-fault"
+    assert rule["spec"]["taint"]["effect"] == "NoSchedule"
+    wait_for("train-2 evicted", lambda: "train-2" not in pods_on(kube, namespace, node))
+    assert pods_on(kube, namespace, node) == {f"train-{i}" for i in range(7) if i != 2}
+    (record,) = faults_of(kube, node)
+    assert record.spec["scope"] == "device" and record.spec["resourceName"] == DRIVER
+    assert rule["metadata"]["name"] == f"gpuheal-{record.metadata.name}"
+
+    def fence_entry() -> list[dict[str, Any]]:
+        return record_entries(kube.get(GPUFault, record.metadata.name), "fence")
+
+    (entry,) = wait_for("the record names its fence", fence_entry)
+    assert entry["detail"] == f"{rule['metadata']['name']} (NoSchedule)"
+    assert our_taint(kube, node) is None
+    assert not kube.get(Node, node).to_dict()["spec"].get("unschedulable")
+
+    # The real scheduler: a new pod gets the free card, the next waits (the only
+    # card left is the fenced one).
+    apply(kube, gpu_claim("new-0-gpus", namespace))
+    apply(kube, claim_pod("new-0", namespace, "new-0-gpus", node_selector=pool))
+    wait_for("new-0 running", lambda: "new-0" in held_by(kube, namespace, node), timeout_s=60)
+    assert card_of(kube, namespace, node, "new-0") != bad
+    apply(kube, gpu_claim("new-1-gpus", namespace))
+    apply(kube, claim_pod("new-1", namespace, "new-1-gpus", node_selector=pool))
+    time.sleep(3)
+    assert "new-1" not in held_by(kube, namespace, node)
+
+    # The quarantine expires: the canary's claim is allocated the fenced card itself.
+    def canary_claim() -> dict[str, Any] | None:
+        claims = as_dicts(kube.list(ResourceClaim, namespace=CANARY_NAMESPACE))
+        return next((c for c in claims if c["status"].get("allocation")), None)
+
+    claim = wait_for("the canary's claim allocated", canary_claim, timeout_s=60)
+    assert claim is not None
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    assert (result["pool"], result["device"]) == (node, bad)
+    canary = claim["metadata"]["name"]
+    wait_for("the canary running", lambda: _phase(kube, CANARY_NAMESPACE, canary) == "Running")
+    kube.patch(
+        Pod.Status, canary, {"status": {"phase": "Succeeded"}},
+        namespace=CANARY_NAMESPACE, patch_type=PatchType.MERGE,
+    )  # fmt: skip
+    wait_for(
+        "resolved",
+        lambda: record_phase(kube.get(GPUFault, record.metadata.name)) == "Resolved",
+        timeout_s=60,
+    )
+    wait_for("the fence gone", lambda: not our_rules(kube, node), timeout_s=30)
+    wait_for("the canary's claim gone", lambda: canary_claim() is None, timeout_s=30)
+    wait_for(
+        "new-1 given the card back",
+        lambda: "new-1" in held_by(kube, namespace, node),
+        timeout_s=90,
+    )
+    assert card_of(kube, namespace, node, "new-1") == bad
+
+
+def _phase(kube: Client, namespace: str, name: str) -> str:
+    try:
+        pod = kube.get(Pod, name, namespace=namespace)
+    except ApiError:
+        return ""
+    return str(pod.status.phase if pod.status else "")

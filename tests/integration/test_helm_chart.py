@@ -67,19 +67,21 @@ def test_the_chart_renders_for_the_default_and_other_values(control_plane: Contr
     assert kinds(default) == {
         "CustomResourceDefinition": 2, "ServiceAccount": 2, "ClusterRole": 4, "ClusterRoleBinding": 2,
         "Role": 4, "RoleBinding": 3, "ConfigMap": 2, "Secret": 1, "Deployment": 1, "Service": 1,
-        "PodDisruptionBudget": 1, "ValidatingAdmissionPolicy": 8, "ValidatingAdmissionPolicyBinding": 8,
+        "PodDisruptionBudget": 1, "ValidatingAdmissionPolicy": 9, "ValidatingAdmissionPolicyBinding": 9,
         "DaemonSet": 1, "ResourceQuota": 1,
     }  # fmt: skip
     crds = {o["metadata"]["name"]: o for o in default if o["kind"] == "CustomResourceDefinition"}
     assert set(crds) == {"gpufaults.gpuheal.io", "gpurollouts.gpuheal.io"}
     for name, crd in crds.items():
         assert crd == yaml.safe_load((CHART.parents[1] / "crds" / f"{name}.yaml").read_text())
-    # Canary pods: create/delete pods in the release namespace only, where the config runs them.
+    # Canary pods (and a DRA device's canary claim): create/delete pods and claims in
+    # the release namespace only, where the config runs them.
     canary = next(o for o in default if o["metadata"]["name"] == "gh-controller-canary")
     assert canary["kind"] == "Role" and canary["metadata"]["namespace"] == "gpuheal-system"
     assert canary["rules"] == [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "delete"]}
-    ]
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "delete"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["create", "delete"]},
+    ]  # fmt: skip
     # Validation Jobs: create/get/delete Jobs in the release namespace, where the config runs them.
     validation = next(o for o in default if o["metadata"]["name"] == "gh-controller-validation")
     assert validation["kind"] == "Role"

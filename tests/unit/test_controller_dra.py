@@ -88,12 +88,11 @@ class Controller:
         self.dra = DraIndex()
         pod_view = pod_view_factory(CONFIG.is_gpu_resource)
         self.nodes: Informer[NodeJson, NodeView] = Informer(
-            NO_API, "", NodeJson, lambda n: self.dra.with_node(node_view(n)), lambda n: n.name,
-            name="nodes",
+            NO_API, "", NodeJson, node_view, lambda n: n.name, name="nodes",
+            join=self.dra.with_node,
         )  # fmt: skip
         self.pods: Informer[PodJson, PodView] = Informer(
-            NO_API, "", PodJson, lambda p: self.dra.with_pod(pod_view(p)), lambda p: p.key,
-            name="pods",
+            NO_API, "", PodJson, pod_view, lambda p: p.key, name="pods", join=self.dra.with_pod
         )  # fmt: skip
         self.slices: Informer[SliceJson, SliceView] = Informer(
             NO_API, "", SliceJson, slice_view_factory(DRIVERS), lambda s: s.name, name="slices"
@@ -246,3 +245,22 @@ def test_slices_of_other_drivers_count_nothing() -> None:
 
 def _now() -> dt.datetime:
     return dt.datetime(2026, 12, 7, 8, 0, tzinfo=dt.UTC)
+
+
+def test_our_own_writes_written_through_keep_the_join() -> None:
+    """The effects write a node's or pod's API answer back into the cache (decoded
+    without DRA): the stored view is joined all the same, so the device plan that
+    follows a mark on the node still sees the node's devices."""
+    controller = Controller()
+    for name, item in events():
+        controller.take(getattr(controller, name), item)
+    answer = msgspec.json.decode(msgspec.json.encode(stored(dra_node(NODE), rv=9)), type=NodeJson)
+    controller.nodes.upsert(node_view(answer), "9")
+    assert len(controller.node().devices) == 8
+    pod = stored(scheduled(claim_pod("train", NS, "train-gpus")), rv=10)
+    plain = pod_view_factory(CONFIG.is_gpu_resource)(
+        msgspec.json.decode(msgspec.json.encode(pod), type=PodJson)
+    )
+    assert plain.held == ()
+    controller.pods.upsert(plain, "10")
+    assert controller.pod("train").gpu_count == 1

@@ -13,6 +13,10 @@ from gpuheal.kube.projections import PodJson, pod_view_factory
 from gpuheal.model import DeviceHealth, DeviceReport, PodView
 
 T0 = dt.datetime(2026, 11, 29, 12, 0, 0, tzinfo=dt.UTC)
+# The kubelet's resourceID of a DRA device: "<driver>/<pool>/<device>" (a pool may
+# hold slashes itself).
+DRA_GPU = "gpu.nvidia.com/ip-10-0-12-34.us-west-2.compute.internal/gpu-3"
+DRA_NIC = "net.example.com/rack-4/mlx-0/eth1"
 
 
 def decode(status: dict[str, object], labels: dict[str, str] | None = None) -> PodView:
@@ -49,13 +53,22 @@ def test_device_plugin_and_dra_entries_are_read_and_other_resources_ignored() ->
                 }
             ],
             "allocatedResourcesStatus": [
-                {"name": "claim:gpu/req", "resources": [{"resourceID": "d1", "health": "Weird"}]}
+                {
+                    "name": "claim:train-gpus/gpus",
+                    "resources": [{"resourceID": DRA_GPU, "health": "Weird"}],
+                },
+                # Another driver's device (a NIC through DRA) is no GPU.
+                {
+                    "name": "claim:nic",
+                    "resources": [{"resourceID": DRA_NIC, "health": "Unhealthy"}],
+                },
             ],
         },
         labels={"gpuheal.io/canary": "true"},
     )
     assert view.devices == (
-        DeviceReport("claim:gpu/req", "d1", DeviceHealth.UNKNOWN),  # an unknown word is Unknown
+        # An unknown word is Unknown; a DRA GPU is its driver's "driver/pool/device".
+        DeviceReport("gpu.nvidia.com", DRA_GPU, DeviceHealth.UNKNOWN),
         DeviceReport("nvidia.com/gpu", "GPU-a", DeviceHealth.HEALTHY),
         DeviceReport("nvidia.com/gpu", "GPU-b", DeviceHealth.UNHEALTHY, "Xid 79"),
     )

@@ -30,7 +30,12 @@ AT = dt.datetime(2026, 12, 7, 3, 0, tzinfo=dt.UTC)
 def test_the_rule_selects_exactly_the_device_and_carries_the_fault() -> None:
     record = fault_record_name(NODE, "xid-79-a1", "gpu.nvidia.com/gpu-3")
     rule = device_taint_rule(
-        record=record, fault_id="xid-79-a1", reason="XidCritical79", device=GPU3, expires=AT
+        node=NODE,
+        record=record,
+        fault_id="xid-79-a1",
+        reason="XidCritical79",
+        device=GPU3,
+        expires=AT,
     )
     assert rule["metadata"]["name"] == rule_name(record) == f"gpuheal-{record}"
     assert rule["spec"]["deviceSelector"] == {
@@ -47,11 +52,13 @@ def test_one_record_one_rule_name_and_no_effect_but_the_two_fences() -> None:
     record = fault_record_name(NODE, "f", "d")
     assert rule_name(record) == rule_name(record) != rule_name(fault_record_name(NODE, "g", "d"))
     rule = device_taint_rule(
-        record=record, fault_id="f", reason="r", device=GPU3, effect="NoExecute"
+        node=NODE, record=record, fault_id="f", reason="r", device=GPU3, effect="NoExecute"
     )
     assert rule["spec"]["taint"]["effect"] == "NoExecute"
     with pytest.raises(ValueError, match="NoSchedule"):
-        device_taint_rule(record=record, fault_id="f", reason="r", device=GPU3, effect="None")
+        device_taint_rule(
+            node=NODE, record=record, fault_id="f", reason="r", device=GPU3, effect="None"
+        )
 
 
 @given(node=NODE_NAMES, fault_id=st.text(min_size=1, max_size=600), reason=st.text(max_size=4000))
@@ -60,6 +67,7 @@ def test_any_node_and_fault_id_give_a_rule_the_api_server_takes(
 ) -> None:
     record = fault_record_name(node, fault_id, f"gpu.nvidia.com/{node}/gpu-0")
     rule = device_taint_rule(
+        node=node,
         record=record,
         fault_id=fault_id,
         reason=reason,

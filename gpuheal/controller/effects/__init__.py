@@ -1,5 +1,5 @@
 """The effects: what each kind of action does to the world, one module per resource
-(records, nodes, pods, events, jobs, hooks), each registering one handler per
+(records, nodes, pods, events, jobs, hooks, fences), each registering one handler per
 action type. An effect builds its bodies through gpuheal/kube/writes.py, writes
 through to the caches and says what came of it; it makes no policy choice (what to
 do, in which order, under which guard is the plan's, gpuheal/policy/plan.py)."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuheal.controller.effects import events, hooks, jobs, nodes, pods, records
+from gpuheal.controller.effects import events, fences, hooks, jobs, nodes, pods, records
 from gpuheal.controller.effects.context import Handler
 
 HANDLERS: dict[type, Handler] = {
@@ -17,6 +17,7 @@ HANDLERS: dict[type, Handler] = {
     **pods.HANDLERS,
     **events.HANDLERS,
     **jobs.HANDLERS,
+    **fences.HANDLERS,
     **hooks.HANDLERS,
 }
 

@@ -23,6 +23,7 @@ from gpuheal.model import (
     ActionEntry,
     CanaryView,
     FaultRecord,
+    FenceView,
     NodeView,
     Phase,
     PodView,
@@ -58,6 +59,7 @@ class WriteThrough:
     put_record: Callable[[FaultRecord], None]
     put_pod: Callable[[PodView], None]
     put_canary: Callable[[CanaryView], None] = lambda _: None
+    put_fence: Callable[[FenceView, str], None] = lambda _view, _version: None
 
     @classmethod
     def over(
@@ -66,6 +68,7 @@ class WriteThrough:
         records: Cache[FaultRecord],
         pods: Cache[PodView],
         canaries: Cache[CanaryView] | None = None,
+        fences: Cache[FenceView] | None = None,
     ) -> WriteThrough:
         """Hooks into informers: each written object replaces the cached one at the
         version the API server answered with."""
@@ -77,6 +80,7 @@ class WriteThrough:
             put_pod=lambda v: pods.upsert(v, v.resource_version),
             # No version yet: any watch event for the canary replaces this placeholder.
             put_canary=(lambda v: canaries.upsert(v, "0")) if canaries else (lambda _: None),
+            put_fence=fences.upsert if fences else (lambda _view, _version: None),
         )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
+from typing import Any
 
 from gpuheal.controller.effects.context import (
     CONFLICT_RETRIES,
@@ -16,7 +17,7 @@ from gpuheal.controller.effects.context import (
 )
 from gpuheal.controller.effects.events import warn_on_pod
 from gpuheal.kube import writes
-from gpuheal.kube.api import ApiError, pod_path
+from gpuheal.kube.api import ApiError, claim_path, pod_path
 from gpuheal.kube.projections import decode_meta
 from gpuheal.model import CHECKPOINT_REQUESTED, CanaryView, PodView
 from gpuheal.policy.actions import DeletePod, Evict, NodeState, RequestCheckpoint
@@ -161,6 +162,16 @@ async def create_canary(
     fx: EffectContext, action: CreateCanary, _state: NodeState, _outcome: PassOutcome
 ) -> str:
     cfg = fx.config().device_health
+    claim = ""
+    if action.dra:
+        if action.device is None:
+            return "unplaced"  # no slice publishes the device: the canary times out
+        claim = action.name
+        device_class = cfg.canary_device_classes.get(action.device.kind, "")
+        body = writes.canary_claim(
+            claim, cfg.canary_namespace, action.record, action.device, device_class
+        )
+        await _create(fx, claim_path(cfg.canary_namespace), body)
     body = writes.canary_pod(
         action.name,
         cfg.canary_namespace,
@@ -170,27 +181,46 @@ async def create_canary(
         image=cfg.canary_image,
         command=list(cfg.canary_command),
         timeout_seconds=cfg.canary_timeout_seconds,
+        claim=claim,
     )
-    try:
-        await fx.api.create(pod_path(cfg.canary_namespace), body)
-    except ApiError as err:
-        if err.code != 409:
-            raise
+    if not await _create(fx, pod_path(cfg.canary_namespace), body):
         return "present"
     fx.caches.put_canary(CanaryView(action.name, action.node, "Pending"))
     return "created"
 
 
+async def _create(fx: EffectContext, path: str, body: dict[str, Any]) -> bool:
+    """Create; False when it is there already (AlreadyExists: an earlier try's)."""
+    try:
+        await fx.api.create(path, body)
+    except ApiError as err:
+        if err.code != 409:
+            raise
+        return False
+    return True
+
+
 async def delete_canary(
     fx: EffectContext, action: DeleteCanary, _state: NodeState, _outcome: PassOutcome
 ) -> str:
+    """The canary pod, and its claim where it had one (a DRA device's): both named
+    after the canary, so a delete that finds either gone is done."""
+    namespace = fx.config().device_health.canary_namespace
+    gone = not await _delete(fx, pod_path(namespace, action.name))
+    if action.dra:
+        await _delete(fx, claim_path(namespace, action.name))
+    return "gone" if gone else "deleted"
+
+
+async def _delete(fx: EffectContext, path: str) -> bool:
+    """Delete; False when it was gone already."""
     try:
-        await fx.api.delete(pod_path(fx.config().device_health.canary_namespace, action.name))
+        await fx.api.delete(path)
     except ApiError as err:
         if err.code != 404:
             raise
-        return "gone"
-    return "deleted"
+        return False
+    return True
 
 
 HANDLERS: dict[type, Handler] = {

@@ -1,0 +1,229 @@
+"""The device fence's decisions (policy/devicefence.py) and the device plan around
+them: one DeviceTaintRule per open fault of a DRA GPU, created after its record,
+named on the record once seen, removed after the record closes; nothing for a
+device plugin's GPU, another driver's device, or where the API is not served."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+
+import pytest
+
+from gpuheal.clock import iso
+from gpuheal.config import Config, DeviceHealthConfig
+from gpuheal.model import (
+    ActionEntry,
+    CanaryView,
+    Condition,
+    DeviceHealth,
+    DeviceKey,
+    DeviceReport,
+    DraDevice,
+    FaultRecord,
+    FenceView,
+    NodeView,
+    Phase,
+    PodView,
+    fault_record_name,
+)
+from gpuheal.policy.actions import Evict, UpdateRecord
+from gpuheal.policy.devicefence import FenceDevice, Fences, Unfence, plan_fences
+from gpuheal.policy.devices import (
+    CreateCanary,
+    CreateDeviceRecord,
+    DeleteCanary,
+    DeviceEntry,
+    DeviceState,
+    canary_name,
+    plan_devices,
+)
+from gpuheal.policy.fence import rule_name
+from gpuheal.vocabulary import Entry
+
+pytestmark = pytest.mark.unit
+
+NOW = dt.datetime(2026, 12, 7, 8, 0, tzinfo=dt.UTC)
+NODE = "ip-10-0-12-34.us-west-2.compute.internal"
+DRIVER = "gpu.nvidia.com"
+GPU3 = DeviceKey(DRIVER, NODE, "gpu-3")
+DEVICE_ID = f"{DRIVER}/{NODE}/gpu-3"
+UUID3 = "GPU-5c1e0f27-0000-4000-8000-000000000003"
+DRIVERS = (DRIVER,)
+CFG = Config(
+    device_health=DeviceHealthConfig(
+        quarantine_seconds=600, canary_timeout_seconds=120, observation_seconds=300
+    )
+)
+
+
+def record(
+    phase: Phase = Phase.DRAINED,
+    *,
+    resource: str = DRIVER,
+    device: str = DEVICE_ID,
+    actions: tuple[ActionEntry, ...] = (),
+) -> FaultRecord:
+    fault_id = f"{device}#1"
+    return FaultRecord(
+        name=fault_record_name(NODE, fault_id, resource),
+        node=NODE,
+        fault_id=fault_id,
+        phase=phase,
+        reason="DeviceUnhealthy",
+        scope="device",
+        resource=resource,
+        device=device,
+        expiry=iso(NOW + dt.timedelta(seconds=600)),
+        actions=(ActionEntry(iso(NOW), Entry.DETECT, "ok", "pod-status"), *actions),
+        created_at=iso(NOW),
+        resource_version="7",
+    )
+
+
+def rule(of: FaultRecord, effect: str = "NoSchedule") -> FenceView:
+    return FenceView(rule_name(of.name), NODE, of.name, GPU3, effect)
+
+
+def plan(
+    *records: FaultRecord,
+    rules: tuple[FenceView, ...] = (),
+    available: bool = True,
+    effect: str = "NoSchedule",
+    phases: dict[str, Phase] | None = None,
+) -> list[object]:
+    fences = Fences({r.name: r for r in rules}, "v1beta2" if available else "")
+    return list(
+        plan_fences(
+            NODE,
+            records,
+            fences,
+            effect=effect,
+            drivers=DRIVERS,
+            phases=phases or {},
+            now=NOW,
+        )
+    )
+
+
+def test_an_open_fault_of_a_dra_gpu_gets_its_rule_of_the_configured_effect() -> None:
+    bad = record()
+    assert plan(bad) == [
+        FenceDevice(
+            NODE, bad.name, bad.fault_id, "DeviceUnhealthy", GPU3, "NoSchedule",
+            NOW + dt.timedelta(seconds=600),
+        )
+    ]  # fmt: skip
+    (made,) = plan(bad, effect="NoExecute")
+    assert isinstance(made, FenceDevice) and made.effect == "NoExecute"
+
+
+def test_the_record_names_its_rule_once_it_is_seen_in_the_phase_the_pass_leaves() -> None:
+    bad = record(Phase.DRAINING)
+    (named,) = plan(bad, rules=(rule(bad),), phases={bad.name: Phase.DRAINED})
+    assert isinstance(named, UpdateRecord)
+    assert named.phase is Phase.DRAINED  # not the phase read: the pass moved it on
+    assert (named.entry.action, named.entry.detail) == (
+        Entry.FENCE,
+        f"{rule_name(bad.name)} (NoSchedule)",
+    )
+    fenced = record(actions=(named.entry,))
+    assert plan(fenced, rules=(rule(fenced),)) == []
+
+
+def test_the_rule_goes_once_its_record_closes_or_is_gone() -> None:
+    bad = record()
+    for closed in (Phase.RESOLVED, Phase.FAILED):
+        assert plan(dataclasses.replace(bad, phase=closed), rules=(rule(bad),)) == [
+            Unfence(NODE, rule_name(bad.name), bad.name)
+        ]
+    # Released in this very pass: after the record's news, the rule goes.
+    assert plan(bad, rules=(rule(bad),), phases={bad.name: Phase.RESOLVED}) == [
+        Unfence(NODE, rule_name(bad.name), bad.name)
+    ]
+    # The record deleted (by hand, or retention): its rule fences nothing any more.
+    assert plan(rules=(rule(bad),)) == [Unfence(NODE, rule_name(bad.name), bad.name)]
+
+
+def test_no_fence_for_a_device_plugin_gpu_another_driver_or_when_not_served() -> None:
+    plugin = record(resource="nvidia.com/gpu", device="GPU-5c1e0f27")
+    nic = record(resource="net.example.com", device="net.example.com/rack-4/eth1")
+    assert plan(plugin, nic) == []
+    assert plan(record(), available=False) == []
+    # Turned off: none made, and those made before go.
+    bad = record()
+    assert plan(bad, effect="off") == []
+    assert plan(bad, rules=(rule(bad),), effect="off") == [
+        Unfence(NODE, rule_name(bad.name), bad.name)
+    ]
+
+
+# -- the device plan around it ----------------------------------------------------
+
+READY = Condition(type="Ready", status="True")
+DEVICES = tuple(
+    DraDevice(DeviceKey(DRIVER, NODE, f"gpu-{i}"), NODE, f"{UUID3[:-1]}{i}", "gpu")
+    for i in range(8)
+)
+
+
+def dra_state(
+    health: DeviceHealth,
+    *records: FaultRecord,
+    rules: tuple[FenceView, ...] = (),
+    canaries: dict[str, CanaryView] | None = None,
+) -> DeviceState:
+    node = NodeView(NODE, "1", conditions=(READY,), devices=DEVICES)
+    holder = PodView("training", "train-3", "uid-3", NODE, "Running", gpu=True, gpu_count=1)
+    report = DeviceReport(DRIVER, DEVICE_ID, health)
+    since = NOW - dt.timedelta(seconds=5)
+    return DeviceState(
+        node=node,
+        entries=(DeviceEntry(holder, report, since, since),),
+        records=records,
+        canaries=canaries or {},
+        fences=Fences({r.name: r for r in rules}, "v1"),
+    )
+
+
+def test_an_unhealthy_dra_gpu_is_recorded_then_fenced_and_its_pod_evicted() -> None:
+    done = plan_devices(dra_state(DeviceHealth.UNHEALTHY), CFG, NOW)
+    kinds = [type(a).__name__ for a in done.actions if type(a).__name__ != "Emit"]
+    # The record (the lock) before its rule: a crash between leaves a record whose
+    # next pass makes the rule, never a rule without a record.
+    assert kinds.index("CreateDeviceRecord") < kinds.index("FenceDevice")
+    (created,) = [a for a in done.actions if isinstance(a, CreateDeviceRecord)]
+    (fence,) = [a for a in done.actions if isinstance(a, FenceDevice)]
+    assert fence.record == created.record.name and fence.device == GPU3
+    assert fence.api_version == "v1"  # the version the API server serves the rules at
+    assert [a.pod.name for a in done.actions if isinstance(a, Evict)] == ["train-3"]
+    assert done.requeue_after == CFG.eviction_retry_base_seconds  # to name the rule
+
+
+def test_the_canary_of_a_dra_gpu_claims_that_very_gpu_and_its_claim_goes_with_it() -> None:
+    quarantined = record(Phase.DRAINED)
+    healthy = dra_state(DeviceHealth.HEALTHY, quarantined, rules=(rule(quarantined),))
+    (canary,) = [a for a in plan_devices(healthy, CFG, NOW).actions if isinstance(a, CreateCanary)]
+    assert canary.dra and canary.device == DEVICES[3]
+    assert canary.device.uuid == UUID3
+    started = record(
+        Phase.CANARY,
+        actions=(ActionEntry(iso(NOW), Entry.CANARY_START, "ok", canary.name),),
+    )
+    name = canary_name(started.name, 1)
+    passed = dra_state(
+        DeviceHealth.HEALTHY,
+        started,
+        rules=(rule(started),),
+        canaries={name: CanaryView(name, NODE, "Succeeded")},
+    )
+    (deleted,) = [a for a in plan_devices(passed, CFG, NOW).actions if isinstance(a, DeleteCanary)]
+    assert deleted == DeleteCanary(name, dra=True)
+
+
+def test_a_dra_gpu_no_slice_publishes_gets_no_device_to_claim() -> None:
+    quarantined = record(Phase.DRAINED)
+    state = dra_state(DeviceHealth.HEALTHY, quarantined, rules=(rule(quarantined),))
+    gone = dataclasses.replace(state, node=dataclasses.replace(state.node, devices=()))
+    (canary,) = [a for a in plan_devices(gone, CFG, NOW).actions if isinstance(a, CreateCanary)]
+    assert canary.dra and canary.device is None
