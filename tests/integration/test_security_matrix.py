@@ -40,6 +40,7 @@ from lightkube.resources.authentication_v1 import SelfSubjectReview
 from lightkube.resources.core_v1 import Namespace, Node, Pod, Secret, ServiceAccount
 from lightkube.resources.events_v1 import Event as EventsV1Event
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
+from lightkube.resources.resource_v1beta2 import DeviceTaintRule
 from lightkube.types import PatchType
 
 from gpuheal.agent.facts import FACT_KEYS
@@ -75,15 +76,19 @@ from gpuheal.model import (
     SUSPECT_DEVICES,
     TAINT_KEY,
     UNKNOWN_DEVICES,
+    DeviceKey,
+    DraDevice,
     FaultSignal,
     Mode,
 )
 from gpuheal.ops.maintenance import MAINTENANCE_ANNOTATIONS
+from gpuheal.policy.fence import device_taint_rule
 from gpuheal.policy.rollout import rollout_name
 from gpuheal.policy.validation import CreateValidationJob, job_manifest
 from gpuheal.sim import ControlPlane
 from gpuheal.sim.agent import AgentProcess
 from gpuheal.sim.controller import ControllerProcess
+from gpuheal.sim.dra import DRIVER as DRA_DRIVER
 from gpuheal.sim.nodes import create_gpu_nodes, delete_nodes, plain_node, wait_nodes_ready
 from gpuheal.sim.resources import GPUFault, GPURollout
 from gpuheal.sim.workloads import apply, create_namespace, gpu_pod, wait_pods_running
@@ -134,6 +139,9 @@ class Scene:
     infra: str = ""
     # A GPU node opted out (gpuheal.io/managed=false), with a maintenance request on it.
     opted: str = ""
+    # DeviceTaintRules: gpuheal's fence of one device, and a site's rule of its own.
+    fence: str = ""
+    foreign_rule: str = ""
     clients: dict[str, Client] = field(default_factory=dict)
     kubeconfigs: dict[str, Path] = field(default_factory=dict)
 
@@ -256,6 +264,9 @@ def scene(
             kube.create(rollout_object(rollout, tenant))
             told = xid_event(tenant, own)
             kube.create(codecs.from_dict(told))
+            fence, foreign_rule = our_fence(own), site_rule(own)
+            kube.create(codecs.from_dict(fence))
+            kube.create(codecs.from_dict(foreign_rule))
             s = Scene(
                 release,
                 own,
@@ -271,6 +282,8 @@ def scene(
                 event=told["metadata"]["name"],
                 infra=infra,
                 opted=opted,
+                fence=fence["metadata"]["name"],
+                foreign_rule=foreign_rule["metadata"]["name"],
             )
             tokens = {
                 "controller": token_for(kube, system, s.role("controller")),
@@ -304,6 +317,8 @@ def scene(
                 lambda: kube.delete(GPUFault, held),
                 lambda: kube.delete(GPUFault, repairing),
                 lambda: kube.delete(GPURollout, rollout),
+                lambda: kube.delete(DeviceTaintRule, fence["metadata"]["name"]),
+                lambda: kube.delete(DeviceTaintRule, foreign_rule["metadata"]["name"]),
                 lambda: kube.delete(Pod, system_pod, namespace="kube-system", grace_period=0),
             ]
             for remove in removals:
@@ -510,6 +525,42 @@ def privileged_pod(namespace: str, node: str) -> dict[str, Any]:
         volumeMounts=[{"name": "host", "mountPath": "/host"}],
     )
     return pod
+
+
+def our_fence(node: str, **change: Any) -> dict[str, Any]:
+    """gpuheal's fence of gpu-3 on `node`, as the controller builds it; `change`:
+    its spec's deviceSelector or taint replaced, or its metadata (an attempt to
+    fence more, or otherwise, than the policy lets the controller)."""
+    record = unique("fault")
+    rule = device_taint_rule(
+        node=node, record=record, fault_id="xid-79", reason="XidCritical79",
+        device=DeviceKey(DRA_DRIVER, node, "gpu-3"), version="v1beta2",
+    )  # fmt: skip
+    for key, value in change.items():
+        (rule["metadata"] if key in ("name", "labels") else rule["spec"])[key] = value
+    return rule
+
+
+def site_rule(node: str) -> dict[str, Any]:
+    """A rule of the site's own (a person fencing a card for a reason of theirs)."""
+    rule = our_fence(node, name=unique("site-fence"), labels={})
+    rule["spec"]["taint"] = {"key": "example.com/broken", "effect": "NoSchedule"}
+    return rule
+
+
+def create_rule(make: Callable[[Scene], dict[str, Any]]) -> Attempt:
+    return lambda c, s: c.create(codecs.from_dict(make(s)), dry_run=True)
+
+
+def canary_claim_in(namespace: Callable[[Scene], str]) -> Attempt:
+    def attempt(c: Client, s: Scene) -> None:
+        device = DraDevice(DeviceKey(DRA_DRIVER, s.own, "gpu-3"), s.own, "GPU-5c1e0f27", "gpu")
+        body = writes.canary_claim(
+            unique("gpuheal-canary"), namespace(s), "r", device, "gpu.nvidia.com"
+        )
+        c.create(codecs.from_dict(body), dry_run=True)
+
+    return attempt
 
 
 def create(make: Callable[[Scene], Any]) -> Attempt:
@@ -761,6 +812,26 @@ ACTIONS: tuple[Action, ...] = (
                              patch_type=PatchType.MERGE, dry_run=True)),
     act("gpurollouts: delete a finished one",
         lambda c, s: c.delete(GPURollout, s.rollout, dry_run=True), "operator"),
+    # -- DRA: the device fence and a DRA device's canary claim --------------------------
+    act("devicetaintrules: create gpuheal's fence of one device (NoSchedule)",
+        create_rule(lambda s: our_fence(s.own)), "controller"),
+    act("devicetaintrules: create a fence of every device of a driver (no pool, no device)",
+        create_rule(lambda s: our_fence(s.own, deviceSelector={"driver": DRA_DRIVER}))),
+    act("devicetaintrules: create a fence with another taint key",
+        create_rule(lambda s: our_fence(
+            s.own, taint={"key": "example.com/x", "effect": "NoSchedule"}))),
+    act("devicetaintrules: create a NoExecute fence (NoSchedule configured)",
+        create_rule(lambda s: our_fence(
+            s.own, taint={"key": TAINT_KEY, "value": "x", "effect": "NoExecute"}))),
+    act("devicetaintrules: create a rule that is not gpuheal's (name, label)",
+        create_rule(lambda s: site_rule(s.own))),
+    act("devicetaintrules: delete gpuheal's fence",
+        lambda c, s: c.delete(DeviceTaintRule, s.fence, dry_run=True), "controller"),
+    act("devicetaintrules: delete the site's own rule",
+        lambda c, s: c.delete(DeviceTaintRule, s.foreign_rule, dry_run=True)),
+    act("resourceclaims: create a canary's claim (release namespace)",
+        canary_claim_in(lambda s: s.system), "controller"),
+    act("resourceclaims: create in a tenant namespace", canary_claim_in(lambda s: s.tenant)),
     # -- CRDs: the controller reads its own two (is the schema this version's?) --
     act("crds: get gpufaults.gpuheal.io",
         lambda c, s: c.get(CustomResourceDefinition, "gpufaults.gpuheal.io"), "controller"),
