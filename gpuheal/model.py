@@ -257,6 +257,21 @@ class DeviceKey:
     device: str
 
 
+# The taint effects that keep new claims off a device (None only reports a fact).
+FENCING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+
+
+@dataclass(frozen=True)
+class DeviceTaint:
+    """A taint on a DRA device: its driver's (in the ResourceSlice), or a
+    DeviceTaintRule's (gpuheal's fence)."""
+
+    key: str
+    value: str = ""
+    effect: str = "NoSchedule"
+    time_added: str = ""  # RFC 3339, as the API server stamped it ("" unknown)
+
+
 @dataclass(frozen=True)
 class DraDevice:
     """One GPU or MIG device a DRA driver offers on a node (its ResourceSlice)."""
@@ -266,9 +281,9 @@ class DraDevice:
     uuid: str  # GPU-… for a whole GPU, MIG-… for a MIG device; "" when unpublished
     kind: str  # gpu | mig | vfio (the driver's `type` attribute)
     parent_uuid: str = ""  # the GPU a MIG device is carved from; "" otherwise
-    # Keys of the taints on it that keep new claims off it (NoSchedule or NoExecute),
-    # the driver's own (in the slice) and DeviceTaintRules' alike.
-    taints: tuple[str, ...] = ()
+    # The taints on it: the driver's own (in the slice), and gpuheal's fence where the
+    # controller joined its DeviceTaintRules in.
+    taints: tuple[DeviceTaint, ...] = ()
 
     @property
     def gpu_uuid(self) -> str:
@@ -276,9 +291,14 @@ class DraDevice:
         return self.parent_uuid or self.uuid
 
     @property
+    def fencing(self) -> tuple[str, ...]:
+        """The keys of the taints that keep new claims off it, sorted."""
+        return tuple(sorted({t.key for t in self.taints if t.effect in FENCING_EFFECTS}))
+
+    @property
     def usable(self) -> bool:
         """New claims may be given it: no taint keeps them off."""
-        return not self.taints
+        return not self.fencing
 
 
 @dataclass(frozen=True)

@@ -216,6 +216,7 @@ class Controller:
             self.pods,
             lambda n: self.fleet.pods_by_node.get(n, ()),
             refresh=(self.nodes.refresh, self.pods.refresh),
+            fences=self.fences.informers,
         )
         self.external = ExternalSignals(config.external_signal_ttl_seconds)
         self.reconciler = Reconciler(

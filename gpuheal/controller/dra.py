@@ -18,7 +18,17 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 
 from gpuheal.kube.informer import Store
-from gpuheal.model import ClaimView, DeviceKey, DraDevice, NodeView, PodView, SliceView
+from gpuheal.model import (
+    TAINT_KEY,
+    ClaimView,
+    DeviceKey,
+    DeviceTaint,
+    DraDevice,
+    FenceView,
+    NodeView,
+    PodView,
+    SliceView,
+)
 from gpuheal.policy.dra import gpu_count, newest_devices
 
 RefreshNode = Callable[[str, Callable[[NodeView], NodeView]], None]
@@ -36,6 +46,10 @@ class DraIndex:
         self._by_key: dict[DeviceKey, DraDevice] = {}
         self._claims: dict[str, ClaimView] = {}  # namespace/name
         self._pods_of: dict[str, set[str]] = defaultdict(set)  # claim key -> pod keys
+        # gpuheal's fences by node, then by rule name: joined into the devices' taints
+        # (the scheduler reads DeviceTaintRules beside the slices; so does the count of
+        # usable GPUs).
+        self._fences_on: dict[str, dict[str, FenceView]] = defaultdict(dict)
         self._pods_on: Callable[[str], Iterable[str]] = lambda _node: ()
         self.refresh_node: RefreshNode = lambda _key, _change: None
         self.refresh_pod: RefreshPod = lambda _key, _change: None
@@ -46,7 +60,9 @@ class DraIndex:
         claims: Store[ClaimView],
         pods: Store[PodView],
         pods_on: Callable[[str], Iterable[str]],
+        *,
         refresh: tuple[RefreshNode, RefreshPod],
+        fences: Iterable[Store[FenceView]] = (),
     ) -> None:
         """Follow the slice, claim and pod caches; `pods_on(node)`: its pods' keys;
         `refresh`: how to re-join a cached node view and pod view."""
@@ -54,13 +70,28 @@ class DraIndex:
         slices.handlers.append(self.on_slice)
         claims.handlers.append(self.on_claim)
         pods.handlers.append(self.on_pod)
+        for cache in fences:
+            cache.handlers.append(self.on_fence)
         self._pods_on = pods_on
 
     # -- the joins -------------------------------------------------------------
 
     def with_node(self, view: NodeView) -> NodeView:
-        devices = self.devices.get(view.name, ())
+        devices = self._fenced(view.name, self.devices.get(view.name, ()))
         return view if view.devices == devices else dataclasses.replace(view, devices=devices)
+
+    def _fenced(self, node: str, devices: tuple[DraDevice, ...]) -> tuple[DraDevice, ...]:
+        """The devices with gpuheal's fences among their taints."""
+        rules = self._fences_on.get(node)
+        if not rules:
+            return devices
+        taints: dict[DeviceKey, list[DeviceTaint]] = defaultdict(list)
+        for rule in rules.values():
+            taints[rule.device].append(DeviceTaint(TAINT_KEY, "", rule.effect))
+        return tuple(
+            dataclasses.replace(d, taints=(*d.taints, *taints[d.key])) if d.key in taints else d
+            for d in devices
+        )
 
     def with_pod(self, view: PodView) -> PodView:
         """The pod with the GPU devices its claims hold: a GPU pod if it holds one,
@@ -126,6 +157,16 @@ class DraIndex:
         self.refresh_node(node, self.with_node)
         for pod in tuple(self._pods_on(node)):
             self.refresh_pod(pod, self.with_pod)
+
+    def on_fence(self, old: FenceView | None, new: FenceView | None) -> None:
+        if old is not None:
+            self._fences_on[old.node].pop(old.name, None)
+            if not self._fences_on[old.node]:
+                del self._fences_on[old.node]
+        if new is not None:
+            self._fences_on[new.node][new.name] = new
+        for node in {f.node for f in (old, new) if f is not None}:
+            self.refresh_node(node, self.with_node)
 
     def on_claim(self, old: ClaimView | None, new: ClaimView | None) -> None:
         either = new or old

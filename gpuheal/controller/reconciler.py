@@ -42,6 +42,8 @@ from gpuheal.policy.backoff import Blocked, refused_again
 from gpuheal.policy.dedupe import BoundedSet
 from gpuheal.policy.devicefence import Fences
 from gpuheal.policy.devices import DeviceAction, DevicePlan, DeviceState, plan_devices
+from gpuheal.policy.drivertaints import DriverReport
+from gpuheal.policy.drivertaints import reports as driver_reports
 from gpuheal.policy.nodes import in_maintenance
 from gpuheal.policy.plan import current_signal, plan, plan_node_gone, reported
 from gpuheal.policy.pools import NO_POOL, pool_of
@@ -169,8 +171,16 @@ class Reconciler:
             records=self.fleet.records_of(node.name, self.records),
             canaries={k: c for k, c in self.canaries.items() if c.node == node.name},
             fences=self.fences(node.name),
+            driver=self._driver_reports(node, keys),
             evictions_allowed=int(bucket.tokens),
         )
+
+    def _driver_reports(self, node: NodeView, keys: Iterable[str]) -> tuple[DriverReport, ...]:
+        """What the DRA driver's taints on the node's devices say, with their holders."""
+        if not any(d.taints for d in node.devices):
+            return ()
+        pods = (p for key in tuple(keys) if (p := self.pods.get(key)) is not None and p.held)
+        return driver_reports(node.devices, pods, self.config().xid_overrides)
 
     def _device_bucket(self, node: str) -> TokenBucket:
         """The node's partial-drain bucket, refilled; new eviction rates (a reloaded

@@ -51,6 +51,7 @@ from gpuheal.model import (
 from gpuheal.policy import dra
 from gpuheal.policy.actions import Emit, Evict, UpdateRecord
 from gpuheal.policy.devicefence import FenceDevice, Fences, Unfence, fenced_device, plan_fences
+from gpuheal.policy.drivertaints import DriverReport
 from gpuheal.policy.history import opened_at
 from gpuheal.policy.nodes import opted_out
 from gpuheal.policy.sharing import GPU, physical_gpus
@@ -89,6 +90,7 @@ class Device:
     seen: dt.datetime
     message: str = ""
     holders: tuple[PodView, ...] = ()
+    node_wide: str = ""  # why its fault is its node's (a DRA driver's taint says so)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -106,6 +108,8 @@ class DeviceState:
     evictions_allowed: int = 1 << 30
     # The node's device fences (DeviceTaintRules) and whether there can be any.
     fences: Fences = field(default_factory=Fences)
+    # What a DRA driver's taints on the node's devices say (policy/drivertaints.py).
+    driver: tuple[DriverReport, ...] = ()
 
 
 # -- actions (plus UpdateRecord, Evict and Emit from plan.py) -------------------
@@ -241,6 +245,36 @@ def devices_of(
     return devices
 
 
+def with_driver(
+    devices: Mapping[tuple[str, str], Device], driver: Iterable[DriverReport], now: dt.datetime
+) -> dict[tuple[str, str], Device]:
+    """The devices as the kubelet reports them, and as a DRA driver's taints do: one
+    device whichever says it (the key is the driver and its "driver/pool/device"), its
+    worst health standing, its holders every pod that reports or holds it."""
+    merged = dict(devices)
+    for report in driver:
+        key = report.device.key
+        device_id = f"{key.driver}/{key.pool}/{key.device}"
+        since = parse_time(report.since) or now
+        said = Device(
+            key.driver, device_id, report.health, since, now, report.message, report.holders,
+            report.node_wide,
+        )  # fmt: skip
+        known = merged.get((key.driver, device_id))
+        if known is not None:
+            worse, other = (
+                (known, said) if _WORST[known.health] <= _WORST[said.health] else (said, known)
+            )
+            holders = {p.key: p for p in (*worse.holders, *other.holders)}
+            said = replace(
+                worse,
+                holders=tuple(holders[k] for k in sorted(holders)),
+                node_wide=worse.node_wide or other.node_wide,
+            )
+        merged[(key.driver, device_id)] = said
+    return merged
+
+
 def canary_name(record: str, attempt: int) -> str:
     """Deterministic per record and attempt: a restarted controller finds its canary.
     A record name ends in a 12-hex digest of its identity (model.fault_record_name)."""
@@ -297,7 +331,7 @@ def plan_devices(state: DeviceState, config: Config, now: dt.datetime) -> Device
         return DevicePlan(suppressed="disabled")
     if opted_out(node.labels):
         return DevicePlan(suppressed="opt-out")
-    devices = devices_of(state.entries, cfg, now)
+    devices = with_driver(devices_of(state.entries, cfg, now), state.driver, now)
     summary = _summary(devices, state, now)
     if not node_reachable(node):
         # Every device of a lost node reads Unknown or stale: not N device faults.
@@ -336,11 +370,19 @@ def _fence(work: _Pass) -> None:
         phases={a.name: a.phase for a in work.actions if isinstance(a, UpdateRecord)},
         now=work.now,
     )
-    if any(isinstance(a, FenceDevice) for a in fencing):
+    new = [a for a in fencing if isinstance(a, FenceDevice)]
+    if new:
         # The record names its rule once the rule is seen (our own write's echo
         # queues no pass): look again soon.
         work.requeue.at(work.config.eviction_retry_base_seconds)
-    work.actions += fencing
+    # A new fence right after the records (the lock) and before any eviction: the
+    # card is out of allocation before its pods leave, and a pass killed after the
+    # evictions (whose record news is written at its end) has fenced already.
+    # Removals go last, after the release that closes their record.
+    made = [i for i, a in enumerate(work.actions) if isinstance(a, CreateDeviceRecord)]
+    at = made[-1] + 1 if made else 0
+    work.actions[at:at] = new
+    work.actions += [a for a in fencing if not isinstance(a, FenceDevice)]
 
 
 def _summary(
@@ -429,6 +471,8 @@ def _episode(record: FaultRecord) -> int:
 def _escalation(work: _Pass, device: Device, history: list[FaultRecord]) -> str:
     """Why a new fault of `device` escalates to the whole node, or ''."""
     cfg, now, node = work.cfg, work.now, work.state.node
+    if device.node_wide:
+        return device.node_wide
     message = device.message.lower()
     whole = next((r for r in cfg.whole_node_reasons if r in message), None)
     if whole:

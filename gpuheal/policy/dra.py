@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gpuheal.model import ClaimView, DeviceKey, DraDevice, SliceView
+from gpuheal.model import ClaimView, DeviceKey, DeviceTaint, DraDevice, SliceView
 
 GPU_DRIVERS = frozenset({"gpu.nvidia.com"})
 # The driver's `type` attribute: a whole GPU or a MIG slice of one (vfio: passed
@@ -55,7 +55,7 @@ def slice_of(item: Mapping[str, Any], drivers: frozenset[str] = GPU_DRIVERS) -> 
                 uuid=_attribute(device, driver, "uuid"),
                 kind=kind,
                 parent_uuid=_attribute(device, driver, "parentUUID"),
-                taints=fencing(device.get("taints") or ()),
+                taints=tuple(_taint(t) for t in device.get("taints") or ()),
             )
         )
     return SliceView(
@@ -68,14 +68,12 @@ def slice_of(item: Mapping[str, Any], drivers: frozenset[str] = GPU_DRIVERS) -> 
     )
 
 
-# The taint effects that keep new claims off a device (None only reports a fact).
-FENCING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
-
-
-def fencing(taints: Iterable[Mapping[str, Any]]) -> tuple[str, ...]:
-    """The keys of a device's taints that keep new claims off it, sorted."""
-    return tuple(
-        sorted({str(t.get("key", "")) for t in taints if t.get("effect") in FENCING_EFFECTS})
+def _taint(taint: Mapping[str, Any]) -> DeviceTaint:
+    return DeviceTaint(
+        str(taint.get("key", "")),
+        str(taint.get("value") or ""),
+        str(taint.get("effect", "")),
+        str(taint.get("timeAdded") or ""),
     )
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from gpuheal.model import DraDevice, Severity
+from gpuheal.model import DeviceHealth, DraDevice, PodView, Severity
 from gpuheal.policy.dra import GPU_DRIVERS, slice_devices
 from gpuheal.xid import Action, XidRow, classify
 
@@ -122,3 +122,53 @@ def _scope(row: XidRow) -> Scope:
     if row.action is Action.REBOOT or "nvlink" in row.reason.lower():
         return Scope.NODE
     return Scope.DEVICE
+
+
+@dataclass(frozen=True)
+class DriverReport:
+    """What the driver's taints on one device say, as the device plan reads a
+    kubelet's report: the device's health, why, and whether the node goes with it."""
+
+    device: DraDevice
+    health: DeviceHealth  # Unhealthy (a fault), or Unknown (unmonitored)
+    message: str  # the taint and what it means ("gpu.nvidia.com/xid=79: ...")
+    node_wide: str  # why the fault is the node's; "" when it stays on the device
+    since: str  # when the driver tainted it (the API server's timeAdded), or ""
+    holders: tuple[PodView, ...] = ()  # the pods holding the device
+
+
+_RANK = {Scope.NODE: 3, Scope.DEVICE: 2, Scope.UNKNOWN: 1}
+
+
+def reports(
+    devices: Iterable[DraDevice],
+    pods: Iterable[PodView] = (),
+    overrides: Mapping[int, XidRow] | None = None,
+) -> tuple[DriverReport, ...]:
+    """One report per device the driver tainted with a meaning (its worst taint),
+    with the pods holding it; an application's Xid, and taints not the driver's
+    health taints (gpuheal's own fence among them), report nothing."""
+    held = tuple(pods)
+    found: list[DriverReport] = []
+    for device in devices:
+        read = [
+            (m, t)
+            for t in device.taints
+            if (m := meaning(DriverTaint(device, t.key, t.value, t.effect), overrides)) is not None
+            and m.scope is not Scope.NOTHING
+        ]
+        if not read:
+            continue
+        worst, taint = max(read, key=lambda pair: _RANK[pair[0].scope])
+        shown = f"{taint.key}={taint.value}" if taint.value else taint.key
+        found.append(
+            DriverReport(
+                device,
+                DeviceHealth.UNKNOWN if worst.scope is Scope.UNKNOWN else DeviceHealth.UNHEALTHY,
+                f"{shown}: {worst.why}",
+                f"{shown}: {worst.why}" if worst.scope is Scope.NODE else "",
+                taint.time_added,
+                tuple(p for p in held if any(d.key == device.key for d in p.held)),
+            )
+        )
+    return tuple(found)

@@ -263,7 +263,7 @@ def _dra_count(devices: Sequence[DraDevice], expected: int) -> Check:
     usable, total = dra.usable_count(devices), dra.gpu_count(devices)
     if usable == expected:
         return Check(GPU_COUNT, CheckResult.PASS, f"{usable} DRA GPU devices usable, as expected")
-    tainted = [f"{d.key.device} ({', '.join(d.taints)})" for d in devices if d.taints]
+    tainted = [f"{d.key.device} ({', '.join(d.fencing)})" for d in devices if d.fencing]
     why = f"; tainted: {', '.join(tainted)}" if tainted else ""
     return Check(
         GPU_COUNT,

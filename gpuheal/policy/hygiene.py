@@ -329,7 +329,7 @@ def _processes(
 
 def _withdrawn(node: NodeView) -> str:
     """Who keeps GPUs from new pods: a DRA device's taints, or the device plugin."""
-    tainted = sorted({k for d in node.devices for k in d.taints})
+    tainted = sorted({k for d in node.devices for k in d.fencing})
     if tainted:
         return f"taints ({', '.join(tainted)}) keep new claims off"
     return "the device plugin withdrew"

@@ -48,6 +48,7 @@ from tests.helpers import wait_for
 from tests.integration.conftest import (
     StartController,
     controller_config,
+    evictions_from,
     faults_of,
     our_taint,
     pods_on,
@@ -326,10 +327,11 @@ def test_the_controller_counts_a_dra_only_node_s_gpus_and_moves_its_claim_pods(
     tmp_path: Path,
 ) -> None:
     """No `nvidia.com/gpu` anywhere: the controller learns the node's eight GPUs from
-    its slice (one the driver tainted, so seven usable) and that the claim pods are
-    GPU pods from their allocated claims, and a node fault moves exactly those."""
+    its slice (one the driver tainted for a double-bit ECC error, so seven usable: that
+    card's own fault, fenced, no pod on it) and that the claim pods are GPU pods from
+    their allocated claims, and a node fault moves exactly those."""
     node = unique_eks_node()
-    add_dra_node(kube, dra_nodes, node, pool, taints=[("gpu-3", XID_KEY, "79")])
+    add_dra_node(kube, dra_nodes, node, pool, taints=[("gpu-3", XID_KEY, "48")])
     for i in range(7):
         apply(kube, gpu_claim(f"train-{i}-gpus", namespace))
         apply(kube, claim_pod(f"train-{i}", namespace, f"train-{i}-gpus", node_selector=pool))
@@ -344,10 +346,12 @@ def test_the_controller_counts_a_dra_only_node_s_gpus_and_moves_its_claim_pods(
     controller = start_controller(
         controller_config(pool, consoleViewTokenFile=str(tmp_path / "view-token"))
     )
+    wait_for("the card's fence", lambda: our_rules(kube, node), timeout_s=30)
     page = console_node(controller, "dra-view-token-5c1e0f27", node)
     gpus = re.search(r'<dd id="gpus">([^<]*)</dd>', page)
     assert gpus is not None and gpus.group(1) == "8 (7 usable)", page
-    assert f'gpu-3</code> <span class="state-quarantined">({XID_KEY})' in page
+    fenced = f'gpu-3</code> <span class="state-quarantined">({XID_KEY}, gpuheal.io/gpu-fault)'
+    assert fenced in page, page
 
     report_fault(kube, node, "dra-node-fault-1")
     wait_for("the taint", lambda: our_taint(kube, node) == "dra-node-fault-1", timeout_s=30)
@@ -356,7 +360,7 @@ def test_the_controller_counts_a_dra_only_node_s_gpus_and_moves_its_claim_pods(
         lambda: pods_on(kube, namespace, node) == {"logger"},
         timeout_s=60,
     )
-    (record,) = faults_of(kube, node)
+    (record,) = [r for r in faults_of(kube, node) if r.spec["scope"] == "node"]
     name = record.metadata.name
     wait_for("record Drained", lambda: record_phase(kube.get(GPUFault, name)) == "Drained")
     status: Any = kube.get(GPUFault, name).status or {}
@@ -498,3 +502,133 @@ def _phase(kube: Client, namespace: str, name: str) -> str:
     except ApiError:
         return ""
     return str(pod.status.phase if pod.status else "")
+
+
+def taint_card(kube: Client, node: str, device: str, key: str, value: str, effect: str) -> None:
+    """The driver's health check tainting one of its devices: the node's slice
+    written again with one more taint on `device`."""
+    (item,) = as_dicts(kube.list(ResourceSlice, fields={"spec.nodeName": node}))
+    tainted = with_taint(item, device, key, value, effect)
+    kube.patch(
+        ResourceSlice, item["metadata"]["name"], {"spec": {"devices": tainted["spec"]["devices"]}},
+        patch_type=PatchType.MERGE,
+    )  # fmt: skip
+
+
+def test_the_driver_s_xid_taints_mean_what_nvidia_s_catalogue_says(
+    kube: Client,
+    namespace: str,
+    pool: dict[str, str],
+    dra_nodes: list[str],
+    start_controller: StartController,
+) -> None:
+    """NVIDIA's DRA driver reports no health to the kubelet: it taints the device in
+    its slice. Xid 13 (an application's fault) on one node's card changes nothing;
+    Xid 48 (a double-bit ECC error) on another's fences that card and moves its pod
+    only; Xid 79 (fallen off the bus) on the first fences the card and takes the node."""
+    quiet, bad = unique_eks_node(), unique_eks_node()
+    for node in (quiet, bad):
+        add_dra_node(kube, dra_nodes, node, pool)
+    for node, prefix in ((quiet, "q"), (bad, "b")):
+        for i in range(2):
+            apply(kube, gpu_claim(f"{prefix}-{i}-gpus", namespace))
+            pinned = {**pool, "kubernetes.io/hostname": node}
+            apply(kube, claim_pod(f"{prefix}-{i}", namespace, f"{prefix}-{i}-gpus",
+                                  node_selector=pinned))  # fmt: skip
+    wait_pods_running(kube, namespace, count=4, timeout_s=90)
+    start_controller(controller_config(pool, deviceHealth={"evictionsPerMinute": 600}))
+
+    taint_card(kube, quiet, card_of(kube, namespace, quiet, "q-0"), XID_KEY, "13", "None")
+    ecc = card_of(kube, namespace, bad, "b-0")
+    taint_card(kube, bad, ecc, XID_KEY, "48", "NoSchedule")
+    (rule,) = wait_for("the ECC card's fence", lambda: our_rules(kube, bad), timeout_s=30)
+    assert rule["spec"]["deviceSelector"]["device"] == ecc
+    wait_for("b-0 evicted", lambda: pods_on(kube, namespace, bad) == {"b-1"})
+    (record,) = faults_of(kube, bad)
+    assert "xid=48" in record_entries(record, "detect")[0]["detail"]
+    assert our_taint(kube, bad) is None
+    # Xid 13, seen in the same watch as Xid 48: nothing.
+    assert not faults_of(kube, quiet) and not our_rules(kube, quiet)
+    assert pods_on(kube, namespace, quiet) == {"q-0", "q-1"}
+
+    lost = card_of(kube, namespace, quiet, "q-0")
+    taint_card(kube, quiet, lost, XID_KEY, "79", "NoSchedule")
+    wait_for("the node quarantined", lambda: our_taint(kube, quiet) is not None, timeout_s=30)
+    (fence,) = wait_for("the card fenced too", lambda: our_rules(kube, quiet), timeout_s=30)
+    assert fence["spec"]["deviceSelector"]["device"] == lost
+    wait_for("the node's GPU pods moved", lambda: not pods_on(kube, namespace, quiet), timeout_s=60)
+
+
+@pytest.mark.parametrize("crash_after", ["CreateDeviceRecord", "FenceDevice", "Evict"])
+def test_a_kill_at_any_step_of_a_card_s_fence_leaves_one_rule_one_record_one_eviction(
+    crash_after: str,
+    kube: Client,
+    namespace: str,
+    pool: dict[str, str],
+    dra_nodes: list[str],
+    start_controller: StartController,
+) -> None:
+    """The controller SIGKILLed right after a step (its crashpoint), then started
+    again: the card has one fence, the fault one record naming it once, the pod
+    on the card one eviction; the other pod stays."""
+    node = unique_eks_node()
+    add_dra_node(kube, dra_nodes, node, pool)
+    for i in range(2):
+        apply(kube, gpu_claim(f"k-{i}-gpus", namespace))
+        apply(kube, claim_pod(f"k-{i}", namespace, f"k-{i}-gpus", node_selector=pool))
+    wait_pods_running(kube, namespace, count=2, timeout_s=60)
+    config = controller_config(pool, deviceHealth={"evictionsPerMinute": 600})
+    doomed = start_controller(config, env={"GPUHEAL_CRASH_AFTER": crash_after})
+    card = card_of(kube, namespace, node, "k-0")
+    taint_card(kube, node, card, XID_KEY, "48", "NoSchedule")
+    assert doomed.wait_exit(30) == -9, "the crashpoint was not reached"
+
+    start_controller(config)
+    wait_for("k-0 moved", lambda: pods_on(kube, namespace, node) == {"k-1"}, timeout_s=60)
+    (record,) = faults_of(kube, node)
+
+    def named() -> list[dict[str, Any]]:
+        return record_entries(kube.get(GPUFault, record.metadata.name), "fence")
+
+    wait_for("the record names its fence", named)
+    time.sleep(1)  # anything a duplicate would do, done
+    (rule,) = our_rules(kube, node)
+    assert rule["spec"]["deviceSelector"]["device"] == card
+    assert len(named()) == 1
+    (stored,) = faults_of(kube, node)
+    listed = (stored.status or {}).get("evictedPods") or []
+    told = pods_told_evicted(kube, node)
+    if crash_after == "Evict":
+        # Killed between the eviction and the pass's end (where the record's news is
+        # written): the pod left once, its record cannot say so, its Event may be lost.
+        assert listed == [] and told in ([], [f"{namespace}/k-0"])
+    else:
+        assert listed == told == [f"{namespace}/k-0"]
+
+
+def test_a_budget_that_allows_no_disruption_holds_the_card_s_pod_and_the_event_says_so(
+    kube: Client,
+    namespace: str,
+    pool: dict[str, str],
+    dra_nodes: list[str],
+    start_controller: StartController,
+) -> None:
+    """The fence is NoSchedule and the pod leaves through the Eviction API: a
+    PodDisruptionBudget of maxUnavailable 0 holds it (unlike NoExecute's deletion),
+    the refusal is told once on the pod, and the card stays fenced meanwhile."""
+    node = unique_eks_node()
+    add_dra_node(kube, dra_nodes, node, pool)
+    labels = {"app": "serving"}
+    apply(kube, pod_disruption_budget("serving", namespace, match_labels=labels, max_unavailable=0))
+    apply(kube, gpu_claim("s-0-gpus", namespace))
+    apply(kube, claim_pod("s-0", namespace, "s-0-gpus", labels=labels, node_selector=pool))
+    wait_pods_running(kube, namespace, count=1, timeout_s=60)
+    start_controller(controller_config(pool, deviceHealth={"evictionsPerMinute": 600}))
+    taint_card(kube, node, card_of(kube, namespace, node, "s-0"), XID_KEY, "48", "NoSchedule")
+
+    wait_for("the card's fence", lambda: our_rules(kube, node), timeout_s=30)
+    (told,) = evictions_from(kube, node, "GPUPodEvictionBlocked", at_least=1)
+    assert "serving" in (told.message or ""), told
+    time.sleep(2)  # retries meanwhile, backed off
+    assert pods_on(kube, namespace, node) == {"s-0"}
+    assert len(evictions_from(kube, node, "GPUPodEvictionBlocked")) == 1

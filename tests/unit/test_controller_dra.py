@@ -29,7 +29,7 @@ from gpuheal.kube.projections import (
     pod_view_factory,
     slice_view_factory,
 )
-from gpuheal.model import ClaimView, DeviceKey, NodeView, PodView, SliceView
+from gpuheal.model import ClaimView, DeviceKey, FenceView, NodeView, PodView, SliceView
 from gpuheal.policy.gate import GPU_COUNT, CheckResult, evaluate, facts_from_views
 from gpuheal.policy.hygiene import examine
 from gpuheal.policy.nodes import gpus, usable_gpus
@@ -264,3 +264,22 @@ def test_our_own_writes_written_through_keep_the_join() -> None:
     assert plain.held == ()
     controller.pods.upsert(plain, "10")
     assert controller.pod("train").gpu_count == 1
+
+
+def test_gpuheal_s_own_fence_makes_its_card_unusable_until_it_goes() -> None:
+    """The scheduler reads DeviceTaintRules beside the slices; so does the count of
+    usable GPUs (the console's "8 (7 usable)", the gate)."""
+    controller = Controller()
+    fences: Informer[Any, FenceView] = Informer(
+        NO_API, "", msgspec.Raw, lambda r: r, lambda f: f.name, name="fences"
+    )
+    fences.handlers.append(controller.dra.on_fence)
+    for name, item in events()[:2]:
+        controller.take(getattr(controller, name), item)
+    rule = FenceView("gpuheal-x", NODE, "x", DeviceKey(DRIVER, NODE, "gpu-5"), "NoSchedule")
+    fences.upsert(rule, "3")
+    node = controller.node()
+    assert (gpus(node, CONFIG), usable_gpus(node, CONFIG)) == (8, 7)
+    assert node.devices[5].fencing == ("gpuheal.io/gpu-fault",)
+    fences._apply(rule.name, None, "4")  # the watch's deletion
+    assert usable_gpus(controller.node(), CONFIG) == 8

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from dataclasses import replace
 
 import pytest
 
@@ -19,6 +20,7 @@ from gpuheal.model import (
     DeviceHealth,
     DeviceKey,
     DeviceReport,
+    DeviceTaint,
     DraDevice,
     FaultRecord,
     FenceView,
@@ -35,11 +37,14 @@ from gpuheal.policy.devices import (
     DeleteCanary,
     DeviceEntry,
     DeviceState,
+    MarkDevices,
     canary_name,
     plan_devices,
 )
+from gpuheal.policy.drivertaints import reports as driver_reports
 from gpuheal.policy.fence import rule_name
 from gpuheal.vocabulary import Entry
+from gpuheal.xid import classify
 
 pytestmark = pytest.mark.unit
 
@@ -192,6 +197,9 @@ def test_an_unhealthy_dra_gpu_is_recorded_then_fenced_and_its_pod_evicted() -> N
     # The record (the lock) before its rule: a crash between leaves a record whose
     # next pass makes the rule, never a rule without a record.
     assert kinds.index("CreateDeviceRecord") < kinds.index("FenceDevice")
+    # And the card out of allocation before its pod leaves (a pass killed after the
+    # eviction has fenced already).
+    assert kinds.index("FenceDevice") < kinds.index("Evict")
     (created,) = [a for a in done.actions if isinstance(a, CreateDeviceRecord)]
     (fence,) = [a for a in done.actions if isinstance(a, FenceDevice)]
     assert fence.record == created.record.name and fence.device == GPU3
@@ -227,3 +235,58 @@ def test_a_dra_gpu_no_slice_publishes_gets_no_device_to_claim() -> None:
     gone = dataclasses.replace(state, node=dataclasses.replace(state.node, devices=()))
     (canary,) = [a for a in plan_devices(gone, CFG, NOW).actions if isinstance(a, CreateCanary)]
     assert canary.dra and canary.device is None
+
+
+# -- the DRA driver's own taints as a source ----------------------------------------
+
+
+def tainted_state(*taints: DeviceTaint, holder: bool = True) -> DeviceState:
+    """gpu-3 tainted by the driver, held by train-3 (through its claim), no kubelet
+    report at all (NVIDIA's driver reports no health to the kubelet)."""
+    devices = tuple(replace(d, taints=taints) if d.key == GPU3 else d for d in DEVICES)
+    node = NodeView(NODE, "1", conditions=(READY,), devices=devices)
+    pod = PodView("training", "train-3", "uid-3", NODE, "Running", gpu=True, gpu_count=1,
+                  held=(devices[3],))  # fmt: skip
+    return DeviceState(
+        node=node,
+        fences=Fences({}, "v1"),
+        driver=driver_reports(devices, (pod,) if holder else ()),
+    )
+
+
+def xid(code: int, effect: str = "NoSchedule") -> DeviceTaint:
+    return DeviceTaint(f"{DRIVER}/xid", str(code), effect, iso(NOW - dt.timedelta(seconds=3)))
+
+
+def test_an_application_xid_taint_is_nothing_whatever_its_effect() -> None:
+    for effect in ("None", "NoSchedule"):
+        done = plan_devices(tainted_state(xid(13, effect)), CFG, NOW)
+        assert not [a for a in done.actions if isinstance(a, CreateDeviceRecord | FenceDevice)]
+        assert not [a for a in done.actions if isinstance(a, Evict)]
+
+
+def test_a_gpu_xid_taint_fences_the_card_and_moves_its_pod_the_node_stays() -> None:
+    done = plan_devices(tainted_state(xid(48)), CFG, NOW)
+    (created,) = [a for a in done.actions if isinstance(a, CreateDeviceRecord)]
+    assert created.record.device == DEVICE_ID and created.record.resource == DRIVER
+    assert created.message == f"{DRIVER}/xid=48: {classify(48).description}"
+    assert not [e for e in created.record.actions if e.action == Entry.ESCALATE]
+    assert [a.device for a in done.actions if isinstance(a, FenceDevice)] == [GPU3]
+    assert [a.pod.name for a in done.actions if isinstance(a, Evict)] == ["train-3"]
+
+
+def test_xid_79_or_a_lost_gpu_fences_the_card_and_takes_the_node() -> None:
+    for taint in (xid(79), DeviceTaint(f"{DRIVER}/gpu-lost", "", "NoSchedule")):
+        done = plan_devices(tainted_state(taint), CFG, NOW)
+        (created,) = [a for a in done.actions if isinstance(a, CreateDeviceRecord)]
+        (escalated,) = [e for e in created.record.actions if e.action == Entry.ESCALATE]
+        assert escalated.detail.startswith(taint.key)
+        assert [a.device for a in done.actions if isinstance(a, FenceDevice)] == [GPU3]
+
+
+def test_an_unmonitored_gpu_is_unknown_then_suspect_never_a_fault() -> None:
+    unmonitored = DeviceTaint(f"{DRIVER}/unmonitored", "", "None", iso(NOW))
+    done = plan_devices(tainted_state(unmonitored, holder=False), CFG, NOW)
+    assert not [a for a in done.actions if isinstance(a, CreateDeviceRecord | FenceDevice)]
+    (marked,) = [a for a in done.actions if isinstance(a, MarkDevices)]
+    assert marked.unknown == (DEVICE_ID,)
