@@ -124,6 +124,12 @@ def advertised_address(listen_port: int) -> str:
     return f"http://{host}:{listen_port}"
 
 
+# A DRA API the API server does not serve is looked for again this often: turning one
+# on takes an API server restart, and a cluster without DRA (or DeviceTaintRules at
+# one of their two versions) must not be asked every 30 s forever.
+DRA_RECHECK_S = 600.0
+
+
 class Controller:
     def __init__(self, config: Config, api: KubeApi, identity: str) -> None:
         self.config = config
@@ -371,10 +377,12 @@ class Controller:
         slices = self._informer(
             "resourceslices", f"{RESOURCE_API}/resourceslices", SliceJson,
             slice_view_factory(drivers), lambda s: s.name, optional=True,
+            missing_retry_s=DRA_RECHECK_S,
         )  # fmt: skip
         claims = self._informer(
             "resourceclaims", f"{RESOURCE_API}/resourceclaims", ClaimJson,
             claim_view_factory(drivers), lambda c: c.key, optional=True,
+            missing_retry_s=DRA_RECHECK_S,
         )  # fmt: skip
         fences = FenceCaches(
             lambda name, path: self._informer(
@@ -385,8 +393,10 @@ class Controller:
                 lambda f: f.name,
                 label_selector=f"{FENCE_LABEL}={FENCE_LABEL_VALUE}",
                 optional=True,
+                missing_retry_s=DRA_RECHECK_S,
             )
         )
+        self.metrics.read_dra(self.dra.gpus, fences.served)
         return slices, claims, fences
 
     def _decode_error_counter(self, informer: str) -> Callable[[], None]:
@@ -406,6 +416,7 @@ class Controller:
         key_of: Callable[[str, str], str] = default_key_of,
         optional: bool = False,
         join: Callable[[V], V] | None = None,
+        missing_retry_s: float = 30.0,
     ) -> Informer[J, V]:
         """One of the controller's caches: its decode errors counted under its name,
         its watches as configured."""
@@ -424,6 +435,7 @@ class Controller:
             inactivity_s=self.config.watch_inactivity_seconds,
             optional=optional,
             join=join,
+            missing_retry_s=missing_retry_s,
         )
 
     @property

@@ -120,6 +120,10 @@ class DraIndex:
                     held[key] = device
         return tuple(held[k] for k in sorted(held))
 
+    def gpus(self) -> int:
+        """The GPUs the drivers offer on every node (the gpuheal_dra_gpus gauge)."""
+        return sum(gpu_count(devices) for devices in tuple(self.devices.values()))
+
     def device(self, key: DeviceKey) -> DraDevice | None:
         return self._by_key.get(key)
 

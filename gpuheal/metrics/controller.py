@@ -8,6 +8,7 @@ from collections.abc import Callable, Collection
 
 from gpuheal.metrics.declare import Metrics, counter, gauge, histogram
 from gpuheal.metrics.hygiene import HygieneCollector
+from gpuheal.policy.fence import RULE_VERSIONS
 from gpuheal.policy.hygiene import Examined
 
 # Seconds: from a fraction of a second to a day, for ages that can be that long.
@@ -67,6 +68,16 @@ class ControllerMetrics(Metrics):
         " gpuheal.io/managed=false): their faults are not acted on.",
     )
     held_faults = gauge("gpuheal_held_faults", "Faults held by the blast-radius breaker.")
+    dra_gpus = gauge(
+        "gpuheal_dra_gpus",
+        "GPUs the configured DRA drivers offer (devices in their ResourceSlices).",
+    )
+    device_fence = gauge(
+        "gpuheal_device_fence",
+        "1 at the resource.k8s.io version that serves DeviceTaintRules (the device fence "
+        "of DRA GPUs); 0 at every version when none does.",
+        "version",
+    )
     breaker_open = gauge(
         "gpuheal_breaker_open", "1 while the blast-radius breaker refuses new quarantines."
     )
@@ -235,6 +246,12 @@ class ControllerMetrics(Metrics):
         self.breaker_open.set_function(lambda: 1 if held() else 0)
         self.queue_depth.set_function(queued)
 
+    def read_dra(self, gpus: Callable[[], int], fence: Callable[[], str]) -> None:
+        """The DRA gauges read the controller's slice and fence caches when scraped."""
+        self.dra_gpus.set_function(gpus)
+        for version in RULE_VERSIONS:
+            self.device_fence.labels(version).set_function(_serves(fence, version))
+
     def read_hygiene(self, last: Callable[[], Examined | None]) -> None:
         """The hygiene gauges read the loop's latest examination when scraped."""
         self.registry.register(HygieneCollector(last))
@@ -245,6 +262,10 @@ class ControllerMetrics(Metrics):
         gauges = (self.devices_unknown, self.devices_suspect, self.devices_quarantined)
         for column, device_gauge in enumerate(gauges):
             device_gauge.set_function(_column_sum(counts, column))
+
+
+def _serves(fence: Callable[[], str], version: str) -> Callable[[], int]:
+    return lambda: int(fence() == version)
 
 
 def _column_sum(counts: Callable[[], Collection[DeviceCounts]], column: int) -> Callable[[], int]:

@@ -13,6 +13,7 @@ import re
 import time
 import urllib.parse
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from gpuheal.model import DeviceKey, fault_record_name
 from gpuheal.policy.dra import by_key, pod_gpus, slice_devices
 from gpuheal.policy.drivertaints import XID_KEY, Scope, driver_taints, meaning
 from gpuheal.policy.fence import FENCE_LABEL, NODE_ANNOTATION, device_taint_rule
+from gpuheal.sim import ControlPlane, audit
 from gpuheal.sim.agent import gpu_spec
 from gpuheal.sim.controller import ControllerProcess
 from gpuheal.sim.dra import (
@@ -632,3 +634,36 @@ def test_a_budget_that_allows_no_disruption_holds_the_card_s_pod_and_the_event_s
     time.sleep(2)  # retries meanwhile, backed off
     assert pods_on(kube, namespace, node) == {"s-0"}
     assert len(evictions_from(kube, node, "GPUPodEvictionBlocked")) == 1
+
+
+def test_the_controller_says_which_fence_it_has_and_asks_for_a_missing_one_once(
+    kube: Client,
+    control_plane: ControlPlane,
+    pool: dict[str, str],
+    dra_nodes: list[str],
+    audited_controller_user: str,
+    start_controller: StartController,
+) -> None:
+    """This API server (Kubernetes 1.36) serves DeviceTaintRules at v1beta2 only: the
+    controller fences at v1beta2, says so in gpuheal_device_fence, and asks for the
+    v1 it lacks once at start, not in a loop; and counts the DRA GPUs it sees."""
+    node = unique_eks_node()
+    add_dra_node(kube, dra_nodes, node, pool)
+    started = audit.offset(control_plane.audit_log)
+    controller = start_controller(controller_config(pool), user=audited_controller_user)
+    controller.wait_leading()
+    metrics = controller.metrics()
+    assert 'gpuheal_device_fence{version="v1beta2"} 1.0' in metrics
+    assert 'gpuheal_device_fence{version="v1"} 0.0' in metrics
+    dra_gpus = next(line for line in metrics.splitlines() if line.startswith("gpuheal_dra_gpus "))
+    assert float(dra_gpus.split()[1]) >= 8
+    time.sleep(5)  # what a retry loop would send meanwhile
+    asked = Counter(
+        (r.verb, r.code)
+        for r in audit.requests(
+            control_plane.audit_log, user=audited_controller_user, since=started
+        )
+        if r.resource == "devicetaintrules"
+    )
+    # v1: one LIST, not found; v1beta2: one LIST and its WATCH.
+    assert asked == {("list", 404): 1, ("list", 200): 1, ("watch", 200): 1}, asked
