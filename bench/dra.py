@@ -13,7 +13,7 @@ Two fleets of the same size, each on its own local control plane, and a cold
 
 Measured for each: ready (start → /readyz 200 and leading: every cache synced,
 slices and claims included), RSS 5 s after ready, and that the controller counts
-the fleet's GPUs (8 N) from its /metrics. The goal: DRA's ready time and memory
+the DRA fleet's GPUs (8 N) in gpuheal_dra_gpus. The goal: DRA's ready time and memory
 at most 1.3 times the device-plugin fleet's.
 
     .venv/bin/python bench/dra.py --nodes 1000
@@ -65,7 +65,7 @@ def measure(cp: ControlPlane, workdir: Path, fleet: str, starts: int) -> dict[st
         "ready_seconds": round(statistics.median(ready), 2),
         "ready_seconds_each": ready,
         "rss_mib": round(runs[0][1], 1),
-        "gpu_nodes_metric": _gauge(runs[0][2], "gpuheal_gpu_nodes"),
+        "dra_gpus_metric": _gauge(runs[0][2], "gpuheal_dra_gpus"),
     }
 
 

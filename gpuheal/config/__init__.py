@@ -200,6 +200,10 @@ class DeviceHealthConfig:
     # pods on it (Eviction API: budgets hold). NoExecute: kube-controller-manager
     # deletes them itself (no budget holds). off: no rule (the annotation alone).
     fence: str = setting(one_of("NoSchedule", "NoExecute", "off"), "NoSchedule")
+    # After its release, a DRA device stays this long under a NoSchedule probation taint
+    # (gpuheal.io/probation) only tolerating workloads pass: production load returns in
+    # stages. A fault meanwhile takes it straight back to quarantine. 0: none.
+    probation_seconds: float = setting(number(0, MAX_DELAY_S), 1800.0)
 
 
 @dataclass(frozen=True)

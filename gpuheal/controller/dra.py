@@ -19,17 +19,15 @@ from collections.abc import Callable, Iterable
 
 from gpuheal.kube.informer import Store
 from gpuheal.model import (
-    TAINT_KEY,
     ClaimView,
     DeviceKey,
-    DeviceTaint,
     DraDevice,
     FenceView,
     NodeView,
     PodView,
     SliceView,
 )
-from gpuheal.policy.dra import gpu_count, newest_devices
+from gpuheal.policy.dra import claim_gpus, fenced, gpu_count, newest_devices
 
 RefreshNode = Callable[[str, Callable[[NodeView], NodeView]], None]
 RefreshPod = Callable[[str, Callable[[PodView], PodView]], None]
@@ -44,7 +42,7 @@ class DraIndex:
         self._slices_of: dict[str, set[str]] = defaultdict(set)  # node -> slice names
         self.devices: dict[str, tuple[DraDevice, ...]] = {}  # node -> its GPU devices
         self._by_key: dict[DeviceKey, DraDevice] = {}
-        self._claims: dict[str, ClaimView] = {}  # namespace/name
+        self._allocated: dict[str, tuple[DeviceKey, ...]] = {}  # claim (namespace/name)
         self._pods_of: dict[str, set[str]] = defaultdict(set)  # claim key -> pod keys
         # gpuheal's fences by node, then by rule name: joined into the devices' taints
         # (the scheduler reads DeviceTaintRules beside the slices; so does the count of
@@ -83,15 +81,7 @@ class DraIndex:
     def _fenced(self, node: str, devices: tuple[DraDevice, ...]) -> tuple[DraDevice, ...]:
         """The devices with gpuheal's fences among their taints."""
         rules = self._fences_on.get(node)
-        if not rules:
-            return devices
-        taints: dict[DeviceKey, list[DeviceTaint]] = defaultdict(list)
-        for rule in rules.values():
-            taints[rule.device].append(DeviceTaint(TAINT_KEY, "", rule.effect))
-        return tuple(
-            dataclasses.replace(d, taints=(*d.taints, *taints[d.key])) if d.key in taints else d
-            for d in devices
-        )
+        return fenced(devices, rules.values()) if rules else devices
 
     def with_pod(self, view: PodView) -> PodView:
         """The pod with the GPU devices its claims hold: a GPU pod if it holds one,
@@ -111,14 +101,7 @@ class DraIndex:
 
     def held_by(self, namespace: str, claims: Iterable[str]) -> tuple[DraDevice, ...]:
         """The GPU devices of the named claims, as the slices publish them now."""
-        held: dict[DeviceKey, DraDevice] = {}
-        for name in claims:
-            claim = self._claims.get(f"{namespace}/{name}")
-            for key in claim.allocated if claim else ():
-                device = self._by_key.get(key)
-                if device is not None:
-                    held[key] = device
-        return tuple(held[k] for k in sorted(held))
+        return claim_gpus(namespace, claims, self._allocated, self._by_key)
 
     def gpus(self) -> int:
         """The GPUs the drivers offer on every node (the gpuheal_dra_gpus gauge)."""
@@ -178,9 +161,9 @@ class DraIndex:
             return
         key = either.key
         if new is None:
-            self._claims.pop(key, None)
+            self._allocated.pop(key, None)
         else:
-            self._claims[key] = new
+            self._allocated[key] = new.allocated
         if (old.allocated if old else ()) != (new.allocated if new else ()):
             for pod in tuple(self._pods_of.get(key, ())):
                 self.refresh_pod(pod, self.with_pod)

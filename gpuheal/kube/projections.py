@@ -13,7 +13,6 @@ fields never arrive: the API server prunes them (they are not nullable).
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
-from typing import Any
 
 import msgspec
 
@@ -31,6 +30,7 @@ from gpuheal.model import (
     DeviceHealth,
     DeviceKey,
     DeviceReport,
+    DeviceTaint,
     FaultRecord,
     FenceView,
     NodeView,
@@ -42,7 +42,7 @@ from gpuheal.model import (
     Taint,
     scheduled_gpus,
 )
-from gpuheal.policy.dra import GPU_DRIVERS, allocated_keys, slice_of
+from gpuheal.policy.dra import GPU_DRIVERS, gpu_device
 from gpuheal.policy.fence import NODE_ANNOTATION, record_of
 
 
@@ -353,13 +353,13 @@ def pod_view_factory(
             checkpoint_done=meta.annotations.get(CHECKPOINT_DONE, ""),
             owner=next((f"{o.kind}/{o.name}" for o in meta.ownerReferences if o.controller), ""),
             created_at=meta.creationTimestamp or "",
-            claims=_claims(pod),
+            claims=pod_claims(pod),
         )
 
     return view
 
 
-def _claims(pod: PodJson) -> tuple[str, ...]:
+def pod_claims(pod: PodJson) -> tuple[str, ...]:
     """The ResourceClaims the pod uses, by name: named in its spec, or generated from
     a template (the name the control plane chose is in the pod's status)."""
     generated = {s.name: s.resourceClaimName for s in pod.status.resourceClaimStatuses or ()}
@@ -504,17 +504,66 @@ def _approval(approval: ApprovalJson | None) -> dict[str, str]:
     return {"decision": approval.decision, "decided_by": approval.by, "decided_at": approval.at}
 
 
+class AttributeJson(msgspec.Struct):
+    """A device attribute: one typed value; gpuheal reads the strings (type, uuid)."""
+
+    string: str | None = None
+
+
+class DeviceTaintJson(msgspec.Struct):
+    key: str = ""
+    value: str | None = None
+    effect: str = ""
+    timeAdded: str | None = None  # noqa: N815
+
+
+class SliceDeviceJson(msgspec.Struct):
+    name: str = ""
+    attributes: dict[str, AttributeJson] | None = None
+    taints: list[DeviceTaintJson] | None = None
+
+
+class SlicePoolJson(msgspec.Struct):
+    name: str = ""
+    generation: int = 0
+
+
+class SliceSpecJson(msgspec.Struct):
+    driver: str = ""
+    nodeName: str | None = None  # noqa: N815
+    pool: SlicePoolJson = msgspec.field(default_factory=SlicePoolJson)
+    devices: list[SliceDeviceJson] | None = None
+
+
 class SliceJson(msgspec.Struct):
-    """A ResourceSlice: its spec kept as JSON until slice_of reads the few fields
-    gpuheal needs (devices' attributes are a map of typed values)."""
+    """A ResourceSlice: its pool and its devices' string attributes and taints
+    (capacities, counters and the rest are skipped in decoding)."""
 
     metadata: Meta
-    spec: dict[str, Any] = {}
+    spec: SliceSpecJson = msgspec.field(default_factory=SliceSpecJson)
+
+
+class ResultJson(msgspec.Struct):
+    driver: str = ""
+    pool: str = ""
+    device: str = ""
+
+
+class AllocatedJson(msgspec.Struct):
+    results: list[ResultJson] | None = None
+
+
+class AllocationJson(msgspec.Struct):
+    devices: AllocatedJson | None = None
+
+
+class ResourceClaimStatusJson(msgspec.Struct):
+    allocation: AllocationJson | None = None
 
 
 class ClaimJson(msgspec.Struct):
     metadata: Meta
-    status: dict[str, Any] = {}
+    status: ResourceClaimStatusJson | None = None
 
 
 def slice_view_factory(drivers: frozenset[str]) -> Callable[[SliceJson], SliceView]:
@@ -522,8 +571,24 @@ def slice_view_factory(drivers: frozenset[str]) -> Callable[[SliceJson], SliceVi
     informer's store holds every slice, and only GPU slices count."""
 
     def view(item: SliceJson) -> SliceView:
-        found = slice_of({"metadata": {"name": item.metadata.name}, "spec": item.spec}, drivers)
-        return found or SliceView(item.metadata.name, "", "", 0, "")
+        spec, name = item.spec, item.metadata.name
+        node = spec.nodeName or ""
+        if spec.driver not in drivers or not node:
+            return SliceView(name, "", "", 0, "")
+        found = (
+            gpu_device(
+                DeviceKey(spec.driver, spec.pool.name, d.name),
+                node,
+                {k: v.string for k, v in (d.attributes or {}).items() if v.string is not None},
+                tuple(
+                    DeviceTaint(t.key, t.value or "", t.effect, t.timeAdded or "")
+                    for t in d.taints or ()
+                ),
+            )
+            for d in spec.devices or ()
+        )
+        devices = tuple(d for d in found if d is not None)
+        return SliceView(name, spec.driver, spec.pool.name, spec.pool.generation, node, devices)
 
     return view
 
@@ -531,9 +596,12 @@ def slice_view_factory(drivers: frozenset[str]) -> Callable[[SliceJson], SliceVi
 def claim_view_factory(drivers: frozenset[str]) -> Callable[[ClaimJson], ClaimView]:
     def view(item: ClaimJson) -> ClaimView:
         meta = item.metadata
-        return ClaimView(
-            meta.namespace, meta.name, allocated_keys({"status": item.status}, drivers)
+        allocation = item.status.allocation if item.status else None
+        results = allocation.devices.results if allocation and allocation.devices else None
+        keys = tuple(
+            DeviceKey(r.driver, r.pool, r.device) for r in results or () if r.driver in drivers
         )
+        return ClaimView(meta.namespace, meta.name, keys)
 
     return view
 
@@ -566,7 +634,7 @@ def fence_view(rule: RuleJson) -> FenceView:
     return FenceView(
         name=meta.name,
         node=meta.annotations.get(NODE_ANNOTATION, ""),
-        record=record_of(meta.name),
+        record=record_of(meta.name, rule.spec.taint.key),
         device=DeviceKey(selector.driver, selector.pool, selector.device),
         effect=rule.spec.taint.effect,
     )

@@ -12,15 +12,36 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 import msgspec
 
-from gpuheal.kube.api import ApiError, KubeApi, gpufault_path, node_path
+from gpuheal.kube.api import (
+    RESOURCE_API,
+    ApiError,
+    KubeApi,
+    device_taint_rule_path,
+    gpufault_path,
+    node_path,
+)
 from gpuheal.kube.paging import each_page
-from gpuheal.kube.projections import FaultJson, NodeJson, PodJson, fault_record
-from gpuheal.model import FaultRecord
+from gpuheal.kube.projections import (
+    ClaimJson,
+    FaultJson,
+    NodeJson,
+    PodJson,
+    RuleJson,
+    SliceJson,
+    claim_view_factory,
+    fault_record,
+    fence_view,
+    slice_view_factory,
+)
+from gpuheal.model import DeviceKey, DraDevice, FaultRecord, FenceView
+from gpuheal.policy.dra import fenced, newest_devices
+from gpuheal.policy.fence import FENCE_LABEL, FENCE_LABEL_VALUE, RULE_VERSIONS
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +157,10 @@ class Snapshot:
     pods: list[PodJson]  # as listed: bound and live (LIVE_BOUND_PODS)
     # The GPUFault records; None when not read, or when the cluster has no GPUFault CRD.
     faults: list[FaultRecord] | None = None
+    # GPUs offered through DRA (when read): each node's devices, gpuheal's fences
+    # joined in; and each claim's allocated devices, by "namespace/name".
+    devices: dict[str, tuple[DraDevice, ...]] = field(default_factory=dict)
+    allocated: dict[str, tuple[DeviceKey, ...]] = field(default_factory=dict)
     pods_by_node: dict[str, list[PodJson]] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -160,14 +185,77 @@ async def _nothing() -> None:
     return None
 
 
+async def _served(listing: Awaitable[list[J]], kind: str) -> list[J]:
+    """A list of a resource the cluster may not serve (DRA before 1.34, DeviceTaintRules
+    before 1.36): none when it does not, or when the caller may not read it (said)."""
+    try:
+        return await listing
+    except ApiError as err:
+        if err.code == 403:
+            log.warning(
+                "cannot list %ss (forbidden): GPUs offered through DRA are not counted", kind,
+                extra={"kind": kind},
+            )  # fmt: skip
+            return []
+        if err.code != 404:
+            raise
+        return []
+
+
+async def _rules(api: KubeApi, selector: str, page: int) -> list[RuleJson]:
+    """gpuheal's DeviceTaintRules, at the newest version that serves them."""
+    for version in RULE_VERSIONS:
+        try:
+            return await list_all(
+                api, device_taint_rule_path("", version), RuleJson, "DeviceTaintRule",
+                label_selector=selector, page=page,
+            )  # fmt: skip
+        except ApiError as err:
+            if err.code != 404:
+                raise
+    return []
+
+
+async def read_dra(
+    api: KubeApi, drivers: frozenset[str], page: int = LIST_PAGE
+) -> tuple[dict[str, tuple[DraDevice, ...]], dict[str, tuple[DeviceKey, ...]]]:
+    """Each node's GPU devices (ResourceSlices of `drivers`, gpuheal's DeviceTaintRules
+    joined in) and each claim's allocated devices (ResourceClaims)."""
+    rules = f"{FENCE_LABEL}={FENCE_LABEL_VALUE}"
+    slices, claims, fences = await asyncio.gather(
+        _served(list_all(api, f"{RESOURCE_API}/resourceslices", SliceJson, "ResourceSlice",
+                         page=page), "ResourceSlice"),
+        _served(list_all(api, f"{RESOURCE_API}/resourceclaims", ClaimJson, "ResourceClaim",
+                         page=page), "ResourceClaim"),
+        _served(_rules(api, rules, page), "DeviceTaintRule"),
+    )  # fmt: skip
+    to_slice, to_claim = slice_view_factory(drivers), claim_view_factory(drivers)
+    found = newest_devices(v for s in slices if (v := to_slice(s)).node)
+    rules_by_name = {r.metadata.name: fence_view(r) for r in fences}
+    on_node: dict[str, list[FenceView]] = defaultdict(list)
+    for rule in rules_by_name.values():
+        on_node[rule.node].append(rule)
+    devices = {node: fenced(d, on_node.get(node, ())) for node, d in found.items()}
+    allocated = {(c := to_claim(item)).key: c.allocated for item in claims}
+    return devices, allocated
+
+
 async def read_snapshot(
-    api: KubeApi, *, faults: bool, node_selector: str = "", page: int = LIST_PAGE
+    api: KubeApi,
+    *,
+    faults: bool,
+    node_selector: str = "",
+    page: int = LIST_PAGE,
+    drivers: frozenset[str] = frozenset(),
 ) -> Snapshot:
     """Nodes (those matching `node_selector`, a labelSelector, when given), every live
-    pod bound to a node, and (`faults`) the GPUFault records, listed concurrently."""
-    nodes, pods, records = await asyncio.gather(
+    pod bound to a node, (`faults`) the GPUFault records and (`drivers`) the GPUs
+    those DRA drivers offer, listed concurrently."""
+    nodes, pods, records, dra = await asyncio.gather(
         list_all(api, node_path(), NodeJson, "Node", label_selector=node_selector, page=page),
         list_all(api, ALL_PODS, PodJson, "Pod", field_selector=LIVE_BOUND_PODS, page=page),
         _fault_records(api, page) if faults else _nothing(),
+        read_dra(api, drivers, page) if drivers else _nothing(),
     )
-    return Snapshot(nodes=nodes, pods=pods, faults=records)
+    devices, allocated = dra if dra is not None else ({}, {})
+    return Snapshot(nodes=nodes, pods=pods, faults=records, devices=devices, allocated=allocated)

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 from gpuheal.config import Config
 from gpuheal.kube import details
 from gpuheal.kube.api import node_path
-from gpuheal.kube.projections import Container, NodeJson, PodJson, TaintJson
-from gpuheal.kube.snapshot import list_all
+from gpuheal.kube.projections import Container, NodeJson, PodJson, TaintJson, pod_claims
+from gpuheal.kube.snapshot import Snapshot, list_all
 from gpuheal.model import ready, scheduled_gpus
-from gpuheal.policy import nodes
+from gpuheal.policy import dra, nodes
 from gpuheal.policy.pools import pool_of
 from gpuheal.values import is_label_value
 
@@ -73,9 +73,20 @@ def node_ready(node: NodeJson | details.Node) -> bool | None:
     return ready(node.status.conditions)
 
 
-def gpu_node(node: NodeJson | details.Node, config: Config) -> bool:
-    """Managed by gpuheal (policy/nodes.py), its GPU capacity every GPU resource's."""
-    return nodes.gpu_node(node.metadata.labels, gpu_total(node.status.capacity, config), config)
+def gpu_node(node: NodeJson | details.Node, config: Config, dra_gpus: int = 0) -> bool:
+    """Managed by gpuheal (policy/nodes.py), its GPU capacity every GPU resource's and
+    `dra_gpus`, the GPUs DRA drivers offer on it."""
+    capacity = gpu_total(node.status.capacity, config) + dra_gpus
+    return nodes.gpu_node(node.metadata.labels, capacity, config)
+
+
+def held_through_claims(pod: PodJson, snap: Snapshot) -> int:
+    """The GPUs a pod's ResourceClaims were allocated (a snapshot read with DRA)."""
+    claims = pod_claims(pod)
+    if not claims:
+        return 0
+    devices = dra.by_key(snap.devices)
+    return dra.gpu_count(dra.claim_gpus(pod.metadata.namespace, claims, snap.allocated, devices))
 
 
 def why_unmanaged(node: NodeJson | details.Node, config: Config) -> str | None:

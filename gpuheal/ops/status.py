@@ -32,6 +32,7 @@ from gpuheal.ops import exitcodes
 from gpuheal.ops.fleet import (
     gpu_node,
     gpu_total,
+    held_through_claims,
     node_selector_query,
     pod_gpus,
     pod_live,
@@ -41,6 +42,7 @@ from gpuheal.ops.output import Notes, Table, render
 from gpuheal.ops.selector import Requirement, SelectorError, parse_selector, selected
 from gpuheal.policy import access
 from gpuheal.policy.breaker import quarantine_capacity
+from gpuheal.policy.dra import gpu_count, usable_count
 from gpuheal.policy.nodes import HEALTHY, NODE_STATES, in_maintenance, node_state
 from gpuheal.policy.pools import pool_of
 from gpuheal.vocabulary import Entry
@@ -306,8 +308,10 @@ def fleet_status(
 ) -> StatusReport:
     """The whole answer of `gpuheal status`, from a snapshot (pure). `selector`
     narrows the nodes shown; the breaker is the controller's, over every GPU node."""
+    offered = {name: gpu_count(devices) for name, devices in snap.devices.items()}
     gpu_nodes = sorted(
-        (n for n in snap.nodes if gpu_node(n, config)), key=lambda n: n.metadata.name
+        (n for n in snap.nodes if gpu_node(n, config, offered.get(n.metadata.name, 0))),
+        key=lambda n: n.metadata.name,
     )
     # The controller's Fleet counts the same way: our fault taint on a managed node,
     # and a roll-out's maintenance.
@@ -336,10 +340,13 @@ def fleet_status(
         nodes.append(NodeStatus(name, state, pool))
         totals = pools[pool]
         totals[0] += 1
-        totals[1] += gpu_total(node.status.capacity, config)
-        totals[2] += gpu_total(node.status.allocatable, config)
+        devices = snap.devices.get(name, ())
+        totals[1] += gpu_total(node.status.capacity, config) + gpu_count(devices)
+        totals[2] += gpu_total(node.status.allocatable, config) + usable_count(devices)
         totals[3] += sum(
-            pod_gpus(p, config) for p in snap.pods_by_node.get(name, ()) if pod_live(p)
+            pod_gpus(p, config) + held_through_claims(p, snap)
+            for p in snap.pods_by_node.get(name, ())
+            if pod_live(p)
         )
     agents = tuple(a for n in shown if (a := agent_access(n)) is not None)
     return StatusReport(
@@ -361,7 +368,12 @@ async def run_status(ctx: Context, *, selector: str = "") -> int:
         ctx.err.print(Text(f"gpuheal status: {err}", style="red"))
         return exitcodes.USAGE
     # Only GPU nodes matter here (the breaker counts them all; -l narrows what is shown).
-    snap = await read_snapshot(ctx.api, faults=True, node_selector=node_selector_query(ctx.config))
+    snap = await read_snapshot(
+        ctx.api,
+        faults=True,
+        node_selector=node_selector_query(ctx.config),
+        drivers=frozenset(ctx.config.gpu_drivers),
+    )
     if snap.faults is None:
         # The controller is not installed (yet): nothing has faulted through it.
         ctx.err.print(Text("warning: no GPUFault CRD in this cluster: no fault records", "yellow"))

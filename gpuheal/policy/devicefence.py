@@ -26,7 +26,7 @@ from gpuheal.clock import iso, parse_time
 from gpuheal.model import OPEN_PHASES, ActionEntry, DeviceKey, FaultRecord, FenceView, Phase
 from gpuheal.policy.actions import UpdateRecord
 from gpuheal.policy.dra import device_key
-from gpuheal.policy.fence import rule_name
+from gpuheal.policy.fence import probation_name, rule_name
 from gpuheal.vocabulary import Entry
 
 OFF = "off"
@@ -58,6 +58,9 @@ class FenceDevice:
     effect: str
     expires: dt.datetime | None = None
     api_version: str = "v1beta2"
+    # The probation rule of a released device (PROBATION_KEY): only workloads that
+    # tolerate it get the card, until `expires`.
+    probation: bool = False
 
 
 @dataclass(frozen=True)
@@ -81,50 +84,92 @@ def fenced_device(record: FaultRecord, drivers: Collection[str]) -> DeviceKey | 
     return key if key is not None and key.driver == record.resource else None
 
 
+@dataclass(frozen=True)
+class FencePlan:
+    actions: tuple[FenceAction, ...] = ()
+    wake_after: float | None = None  # seconds until a probation ends (its rule goes)
+
+
 def plan_fences(
     node: str,
     records: Iterable[FaultRecord],
     fences: Fences,
     *,
     effect: str,
+    probation_s: float,
     drivers: Collection[str],
     phases: Mapping[str, Phase],
     now: dt.datetime,
-) -> list[FenceAction]:
+) -> FencePlan:
     """The rules to create and delete, and the `fence` entries to write, for the
     node's records as this pass leaves them (`phases`: the phase it moves each to)."""
     if not fences.available:
-        return []
+        return FencePlan()
+    records = tuple(records)
+    faulty = {
+        fenced_device(r, drivers) for r in records if phases.get(r.name, r.phase) in OPEN_PHASES
+    }
     actions: list[FenceAction] = []
     wanted: set[str] = set()
+    ends: list[dt.datetime] = []
     for record in records:
         device = fenced_device(record, drivers)
         phase = phases.get(record.name, record.phase)
-        if device is None or phase not in OPEN_PHASES or effect == OFF:
+        if device is None or effect == OFF:
             continue
-        name = rule_name(record.name)
-        wanted.add(name)
-        rule = fences.rules.get(name)
-        if rule is None:
-            expires = parse_time(record.expiry)
+        if phase in OPEN_PHASES:
+            wanted.add(rule_name(record.name))
+            made = FenceDevice(
+                node, record.name, record.fault_id, record.reason, device, effect,
+                parse_time(record.expiry), fences.api_version,
+            )  # fmt: skip
+            actions += _fence(made, record, phase, fences, now)
+            continue
+        end = _probation_end(record, phase, probation_s, now)
+        if end is None or end <= now or device in faulty:
+            continue  # over, or a new fault of the card took it back to quarantine
+        wanted.add(probation_name(record.name))
+        ends.append(end)
+        if probation_name(record.name) not in fences.rules:
             actions.append(
                 FenceDevice(
-                    node,
-                    record.name,
-                    record.fault_id,
-                    record.reason,
-                    device,
-                    effect,
-                    expires,
-                    fences.api_version,
+                    node, record.name, record.fault_id, record.reason, device, "NoSchedule",
+                    end, fences.api_version, probation=True,
                 )
-            )
-        elif not any(a.action == Entry.FENCE for a in record.actions):
-            entry = ActionEntry(iso(now), Entry.FENCE, "ok", f"{name} ({rule.effect})")
-            actions.append(UpdateRecord(record.name, phase, entry))
+            )  # fmt: skip
     actions += [
         Unfence(node, name, rule.record, fences.api_version)
         for name, rule in sorted(fences.rules.items())
         if name not in wanted
     ]
-    return actions
+    wake = min(ends, default=None)
+    return FencePlan(tuple(actions), (wake - now).total_seconds() if wake else None)
+
+
+def _fence(
+    made: FenceDevice, record: FaultRecord, phase: Phase, fences: Fences, now: dt.datetime
+) -> list[FenceAction]:
+    """An open fault's fence: `made`, or named on its record once seen."""
+    name = rule_name(record.name)
+    rule = fences.rules.get(name)
+    if rule is None:
+        return [made]
+    if any(a.action == Entry.FENCE for a in record.actions):
+        return []
+    entry = ActionEntry(iso(now), Entry.FENCE, "ok", f"{name} ({rule.effect})")
+    return [UpdateRecord(record.name, phase, entry)]
+
+
+def _probation_end(
+    record: FaultRecord, phase: Phase, probation_s: float, now: dt.datetime
+) -> dt.datetime | None:
+    """When the probation of a released device ends; None: it had none."""
+    if probation_s <= 0 or phase is not Phase.RESOLVED:
+        return None
+    release = next((a for a in reversed(record.actions) if a.action == Entry.RELEASE), None)
+    if release is None:
+        # Released in this very pass (its entry is written at the pass's end).
+        released = now if record.phase is not Phase.RESOLVED else None
+    else:
+        released = parse_time(release.time)
+    return released + dt.timedelta(seconds=probation_s) if released else None

@@ -366,15 +366,18 @@ def _fence(work: _Pass) -> None:
         (*work.state.records, *work.created),
         work.state.fences,
         effect=work.cfg.fence,
+        probation_s=work.cfg.probation_seconds,
         drivers=work.config.gpu_drivers,
         phases={a.name: a.phase for a in work.actions if isinstance(a, UpdateRecord)},
         now=work.now,
     )
-    new = [a for a in fencing if isinstance(a, FenceDevice)]
+    new = [a for a in fencing.actions if isinstance(a, FenceDevice)]
     if new:
         # The record names its rule once the rule is seen (our own write's echo
         # queues no pass): look again soon.
         work.requeue.at(work.config.eviction_retry_base_seconds)
+    if fencing.wake_after is not None:
+        work.requeue.at(fencing.wake_after)  # a probation ends: its rule goes
     # A new fence right after the records (the lock) and before any eviction: the
     # card is out of allocation before its pods leave, and a pass killed after the
     # evictions (whose record news is written at its end) has fenced already.
@@ -382,7 +385,7 @@ def _fence(work: _Pass) -> None:
     made = [i for i, a in enumerate(work.actions) if isinstance(a, CreateDeviceRecord)]
     at = made[-1] + 1 if made else 0
     work.actions[at:at] = new
-    work.actions += [a for a in fencing if not isinstance(a, FenceDevice)]
+    work.actions += [a for a in fencing.actions if not isinstance(a, FenceDevice)]
 
 
 def _summary(

@@ -13,9 +13,17 @@ the shell lists them; nothing here does I/O.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
-from gpuheal.model import ClaimView, DeviceKey, DeviceTaint, DraDevice, SliceView
+from gpuheal.model import (
+    TAINT_KEY,
+    DeviceKey,
+    DeviceTaint,
+    DraDevice,
+    FenceView,
+    SliceView,
+)
 
 GPU_DRIVERS = frozenset({"gpu.nvidia.com"})
 # The driver's `type` attribute: a whole GPU or a MIG slice of one (vfio: passed
@@ -23,15 +31,37 @@ GPU_DRIVERS = frozenset({"gpu.nvidia.com"})
 GPU_TYPES = frozenset({"gpu", "mig", "vfio"})
 
 
-def _attribute(device: Mapping[str, Any], driver: str, name: str) -> str:
+def attribute(attributes: Mapping[str, str], driver: str, name: str) -> str:
     """A string attribute of the driver's domain: unqualified keys are the driver's,
     so `uuid` and `gpu.nvidia.com/uuid` are one attribute."""
-    attributes = device.get("attributes") or {}
-    for key in (name, f"{driver}/{name}"):
-        value = attributes.get(key)
-        if isinstance(value, Mapping) and isinstance(value.get("string"), str):
-            return str(value["string"])
-    return ""
+    return attributes.get(name) or attributes.get(f"{driver}/{name}") or ""
+
+
+def gpu_device(
+    key: DeviceKey, node: str, attributes: Mapping[str, str], taints: tuple[DeviceTaint, ...]
+) -> DraDevice | None:
+    """One device of a slice, from its string attributes: a GPU, a MIG device or a
+    passed-through GPU; None for anything else the driver offers."""
+    kind = attribute(attributes, key.driver, "type")
+    if kind not in GPU_TYPES:
+        return None
+    return DraDevice(
+        key,
+        node,
+        uuid=attribute(attributes, key.driver, "uuid"),
+        kind=kind,
+        parent_uuid=attribute(attributes, key.driver, "parentUUID"),
+        taints=taints,
+    )
+
+
+def _strings(device: Mapping[str, Any]) -> dict[str, str]:
+    """A device's string attributes (the JSON `{"string": ...}` of each)."""
+    return {
+        k: v["string"]
+        for k, v in (device.get("attributes") or {}).items()
+        if isinstance(v, Mapping) and isinstance(v.get("string"), str)
+    }
 
 
 def slice_of(item: Mapping[str, Any], drivers: frozenset[str] = GPU_DRIVERS) -> SliceView | None:
@@ -43,21 +73,16 @@ def slice_of(item: Mapping[str, Any], drivers: frozenset[str] = GPU_DRIVERS) -> 
     if driver not in drivers or not node:
         return None
     name = str(pool.get("name", ""))
-    devices = []
-    for device in spec.get("devices") or []:
-        kind = _attribute(device, driver, "type")
-        if kind not in GPU_TYPES:
-            continue
-        devices.append(
-            DraDevice(
-                DeviceKey(driver, name, str(device.get("name", ""))),
-                node,
-                uuid=_attribute(device, driver, "uuid"),
-                kind=kind,
-                parent_uuid=_attribute(device, driver, "parentUUID"),
-                taints=tuple(_taint(t) for t in device.get("taints") or ()),
-            )
+    found = (
+        gpu_device(
+            DeviceKey(driver, name, str(device.get("name", ""))),
+            node,
+            _strings(device),
+            tuple(_taint(t) for t in device.get("taints") or ()),
         )
+        for device in spec.get("devices") or []
+    )
+    devices = [d for d in found if d is not None]
     return SliceView(
         name=str((item.get("metadata") or {}).get("name", "")),
         driver=driver,
@@ -136,14 +161,6 @@ def pod_claim_names(pod: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(names)
 
 
-def claim_of(claim: Mapping[str, Any], drivers: frozenset[str] = GPU_DRIVERS) -> ClaimView:
-    """A ResourceClaim (JSON as a mapping) and its allocated devices of `drivers`."""
-    meta = claim.get("metadata") or {}
-    return ClaimView(
-        str(meta.get("namespace", "")), str(meta.get("name", "")), allocated_keys(claim, drivers)
-    )
-
-
 def allocated_keys(
     claim: Mapping[str, Any], drivers: frozenset[str] = GPU_DRIVERS
 ) -> tuple[DeviceKey, ...]:
@@ -178,3 +195,31 @@ def pod_gpus(
 def by_key(nodes: Mapping[str, Iterable[DraDevice]]) -> dict[DeviceKey, DraDevice]:
     """slice_devices' answer indexed by device key."""
     return {d.key: d for devices in nodes.values() for d in devices}
+
+
+def fenced(devices: Iterable[DraDevice], fences: Iterable[FenceView]) -> tuple[DraDevice, ...]:
+    """The devices with gpuheal's fences (its DeviceTaintRules) among their taints:
+    the scheduler reads the rules beside the slices, and so does every count of the
+    GPUs new claims may be given."""
+    taints: dict[DeviceKey, list[DeviceTaint]] = {}
+    for rule in fences:
+        taints.setdefault(rule.device, []).append(DeviceTaint(TAINT_KEY, "", rule.effect))
+    return tuple(
+        replace(d, taints=(*d.taints, *taints[d.key])) if d.key in taints else d for d in devices
+    )
+
+
+def claim_gpus(
+    namespace: str,
+    claims: Iterable[str],
+    allocated: Mapping[str, Iterable[DeviceKey]],
+    devices: Mapping[DeviceKey, DraDevice],
+) -> tuple[DraDevice, ...]:
+    """The GPU devices a pod's claims (by name) were allocated, as the slices publish
+    them; `allocated`: each claim's devices by "namespace/name"."""
+    held: dict[DeviceKey, DraDevice] = {}
+    for name in claims:
+        for key in allocated.get(f"{namespace}/{name}", ()):
+            if key in devices:
+                held[key] = devices[key]
+    return tuple(held[k] for k in sorted(held))

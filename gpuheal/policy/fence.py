@@ -49,9 +49,21 @@ NODE_ANNOTATION = "gpuheal.io/node"
 REASON_MAX = 1024
 
 
-def record_of(rule: str) -> str:
-    """The record a rule fences for, from its name (rule_name's inverse)."""
-    return rule.removeprefix(RULE_PREFIX)
+# A released device's probation (deviceHealth.probationSeconds): a NoSchedule taint
+# of its own key, which workloads fit for a card just back (batch tiers) tolerate.
+PROBATION_KEY = "gpuheal.io/probation"
+PROBATION_PREFIX = f"{RULE_PREFIX}probation-"
+
+
+def record_of(rule: str, key: str = TAINT_KEY) -> str:
+    """The record a rule is for, from its name and taint key (the names' inverse)."""
+    prefix = PROBATION_PREFIX if key == PROBATION_KEY else RULE_PREFIX
+    return rule.removeprefix(prefix)
+
+
+def probation_name(record: str) -> str:
+    """The probation rule of a released device record (at most 231 characters)."""
+    return f"{PROBATION_PREFIX}{record}"
 
 
 def rule_name(record: str) -> str:
@@ -70,8 +82,10 @@ def device_taint_rule(
     effect: str = "NoSchedule",
     expires: dt.datetime | None = None,
     version: str = "v1beta2",
+    probation: bool = False,
 ) -> dict[str, Any]:
-    """The DeviceTaintRule that fences `device` for the fault `record` holds."""
+    """The DeviceTaintRule that fences `device` for the fault `record` holds, or
+    (`probation`) keeps it to tolerating workloads until `expires` after its release."""
     if effect not in EFFECTS:
         raise ValueError(f"a device fence's effect is one of {EFFECTS}, not {effect!r}")
     annotations = {
@@ -86,7 +100,7 @@ def device_taint_rule(
         "apiVersion": f"{RULE_GROUP}/{version}",
         "kind": "DeviceTaintRule",
         "metadata": {
-            "name": rule_name(record),
+            "name": probation_name(record) if probation else rule_name(record),
             "labels": {
                 FENCE_LABEL: FENCE_LABEL_VALUE,
                 RECORD_LABEL: values.label_value(record),
@@ -101,9 +115,9 @@ def device_taint_rule(
                 "device": device.device,
             },
             "taint": {
-                "key": TAINT_KEY,
+                "key": PROBATION_KEY if probation else TAINT_KEY,
                 "value": values.taint_value(fault_id),
-                "effect": effect,
+                "effect": "NoSchedule" if probation else effect,
             },
         },
     }

@@ -9,6 +9,7 @@ The node carries no `nvidia.com/gpu` anywhere, as under GPU Operator's DRA mode.
 from __future__ import annotations
 
 import http.cookiejar
+import json
 import re
 import time
 import urllib.parse
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from lightkube import ApiError, Client
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
@@ -28,7 +30,7 @@ from lightkube.types import PatchType
 from gpuheal.model import DeviceKey, fault_record_name
 from gpuheal.policy.dra import by_key, pod_gpus, slice_devices
 from gpuheal.policy.drivertaints import XID_KEY, Scope, driver_taints, meaning
-from gpuheal.policy.fence import FENCE_LABEL, NODE_ANNOTATION, device_taint_rule
+from gpuheal.policy.fence import FENCE_LABEL, NODE_ANNOTATION, PROBATION_KEY, device_taint_rule
 from gpuheal.sim import ControlPlane, audit
 from gpuheal.sim.agent import gpu_spec
 from gpuheal.sim.controller import ControllerProcess
@@ -52,6 +54,7 @@ from tests.integration.conftest import (
     controller_config,
     evictions_from,
     faults_of,
+    in_process_cli,
     our_taint,
     pods_on,
     pods_told_evicted,
@@ -410,17 +413,20 @@ def card_of(kube: Client, namespace: str, node: str, pod: str) -> str:
 
 def test_a_bad_card_is_fenced_alone_its_pod_moved_and_proven_by_a_canary_on_it(
     kube: Client,
+    control_plane: ControlPlane,
     namespace: str,
     pool: dict[str, str],
     dra_nodes: list[str],
     start_controller: StartController,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
 ) -> None:
     """Seven one-GPU pods on an eight-card DRA-only node. One card reports Unhealthy:
     one DeviceTaintRule on exactly that card, only its pod evicted, the node
     untainted and schedulable; the real scheduler gives a new pod the free card and
     keeps the next off the fenced one. Once the quarantine expires the canary's
-    claim is allocated that very card; it passes, the record resolves, the rule goes,
-    and the waiting pod gets the card."""
+    claim is allocated that very card; it passes, the record resolves, the rule gives
+    way to a probation rule, and once that ends the waiting pod gets the card."""
     node = unique_eks_node()
     add_dra_node(kube, dra_nodes, node, pool)
     for i in range(7):
@@ -433,6 +439,7 @@ def test_a_bad_card_is_fenced_alone_its_pod_moved_and_proven_by_a_canary_on_it(
         "canaryTimeoutSeconds": 60,
         "observationSeconds": 1,
         "quarantineSeconds": 8,
+        "probationSeconds": 6,
         "evictionsPerMinute": 600,
         "evictionBurst": 10,
     }
@@ -467,6 +474,15 @@ def test_a_bad_card_is_fenced_alone_its_pod_moved_and_proven_by_a_canary_on_it(
     apply(kube, claim_pod("new-1", namespace, "new-1-gpus", node_selector=pool))
     time.sleep(3)
     assert "new-1" not in held_by(kube, namespace, node)
+    # `gpuheal status` counts the node as the scheduler sees it: 8 GPUs, 7 usable
+    # (the fenced one aside), 7 held through claims.
+    config = tmp_path / "cli.yaml"
+    config.write_text(yaml.safe_dump({"nodeSelector": pool}))
+    cli = in_process_cli(control_plane.kubeconfig, capsys, "--config", str(config))
+    code, out, _ = cli("status", "-o", "json")
+    assert code == 0
+    (row,) = json.loads(out)["pools"]
+    assert (row["nodes"], row["capacity"], row["allocatable"], row["allocated"]) == (1, 8, 7, 7)
 
     # The quarantine expires: the canary's claim is allocated the fenced card itself.
     def canary_claim() -> dict[str, Any] | None:
@@ -488,8 +504,23 @@ def test_a_bad_card_is_fenced_alone_its_pod_moved_and_proven_by_a_canary_on_it(
         lambda: record_phase(kube.get(GPUFault, record.metadata.name)) == "Resolved",
         timeout_s=60,
     )
-    wait_for("the fence gone", lambda: not our_rules(kube, node), timeout_s=30)
+
+    # Released: the fence goes, and the card serves its probation (a NoSchedule rule
+    # of its own key): new-1, which does not tolerate it, still waits.
+    def on_probation() -> list[dict[str, Any]]:
+        rules = our_rules(kube, node)
+        return (
+            [r for r in rules if r["spec"]["taint"]["key"] == PROBATION_KEY]
+            if len(rules) == 1
+            else []
+        )
+
+    (probation,) = wait_for("the fence replaced by probation", on_probation, timeout_s=30)
+    assert probation["metadata"]["name"] == f"gpuheal-probation-{record.metadata.name}"
+    assert probation["spec"]["deviceSelector"]["device"] == bad
+    assert "new-1" not in held_by(kube, namespace, node)
     wait_for("the canary's claim gone", lambda: canary_claim() is None, timeout_s=30)
+    wait_for("the probation over", lambda: not our_rules(kube, node), timeout_s=30)
     wait_for(
         "new-1 given the card back",
         lambda: "new-1" in held_by(kube, namespace, node),

@@ -42,7 +42,7 @@ from gpuheal.policy.devices import (
     plan_devices,
 )
 from gpuheal.policy.drivertaints import reports as driver_reports
-from gpuheal.policy.fence import rule_name
+from gpuheal.policy.fence import probation_name, rule_name
 from gpuheal.vocabulary import Entry
 from gpuheal.xid import classify
 
@@ -57,7 +57,10 @@ UUID3 = "GPU-5c1e0f27-0000-4000-8000-000000000003"
 DRIVERS = (DRIVER,)
 CFG = Config(
     device_health=DeviceHealthConfig(
-        quarantine_seconds=600, canary_timeout_seconds=120, observation_seconds=300
+        quarantine_seconds=600,
+        canary_timeout_seconds=120,
+        observation_seconds=300,
+        probation_seconds=0,
     )
 )
 
@@ -96,19 +99,21 @@ def plan(
     available: bool = True,
     effect: str = "NoSchedule",
     phases: dict[str, Phase] | None = None,
+    probation_s: float = 0,
+    now: dt.datetime = NOW,
 ) -> list[object]:
     fences = Fences({r.name: r for r in rules}, "v1beta2" if available else "")
-    return list(
-        plan_fences(
-            NODE,
-            records,
-            fences,
-            effect=effect,
-            drivers=DRIVERS,
-            phases=phases or {},
-            now=NOW,
-        )
+    done = plan_fences(
+        NODE,
+        records,
+        fences,
+        effect=effect,
+        probation_s=probation_s,
+        drivers=DRIVERS,
+        phases=phases or {},
+        now=now,
     )
+    return list(done.actions)
 
 
 def test_an_open_fault_of_a_dra_gpu_gets_its_rule_of_the_configured_effect() -> None:
@@ -290,3 +295,45 @@ def test_an_unmonitored_gpu_is_unknown_then_suspect_never_a_fault() -> None:
     assert not [a for a in done.actions if isinstance(a, CreateDeviceRecord | FenceDevice)]
     (marked,) = [a for a in done.actions if isinstance(a, MarkDevices)]
     assert marked.unknown == (DEVICE_ID,)
+
+
+# -- probation ------------------------------------------------------------------------
+
+
+def released(at: dt.datetime) -> FaultRecord:
+    return record(Phase.RESOLVED, actions=(ActionEntry(iso(at), Entry.RELEASE, "ok", ""),))
+
+
+def test_a_released_card_is_on_probation_then_free() -> None:
+    """Released: its fence goes and its probation rule comes (NoSchedule, its own key:
+    tolerating workloads only); at the probation's end that goes too."""
+    back = released(NOW)
+    fence = rule(back)
+    done = plan(back, rules=(fence,), probation_s=600)
+    (made,) = [a for a in done if isinstance(a, FenceDevice)]
+    assert made.probation and made.effect == "NoSchedule" and made.device == GPU3
+    assert made.expires == NOW + dt.timedelta(seconds=600)
+    assert Unfence(NODE, fence.name, back.name) in done
+    # Released in this very pass: on probation at once.
+    (same_pass,) = [
+        a
+        for a in plan(record(), rules=(fence,), phases={record().name: Phase.RESOLVED},
+                      probation_s=600)
+        if isinstance(a, FenceDevice)
+    ]  # fmt: skip
+    assert same_pass.probation
+    on = FenceView(probation_name(back.name), NODE, back.name, GPU3, "NoSchedule")
+    assert plan(back, rules=(on,), probation_s=600, now=NOW + dt.timedelta(seconds=599)) == []
+    assert plan(back, rules=(on,), probation_s=600, now=NOW + dt.timedelta(seconds=600)) == [
+        Unfence(NODE, on.name, back.name)
+    ]
+
+
+def test_a_fault_on_probation_goes_straight_back_to_quarantine() -> None:
+    back = released(NOW)
+    on = FenceView(probation_name(back.name), NODE, back.name, GPU3, "NoSchedule")
+    again = dataclasses.replace(record(Phase.QUARANTINED), name="again", fault_id=f"{DEVICE_ID}#2")
+    done = plan(back, again, rules=(on,), probation_s=600)
+    assert Unfence(NODE, on.name, back.name) in done
+    (fence,) = [a for a in done if isinstance(a, FenceDevice)]
+    assert fence.record == "again" and not fence.probation
