@@ -26,7 +26,15 @@ from gpuheal.clock import iso, parse_time
 from gpuheal.model import OPEN_PHASES, ActionEntry, DeviceKey, FaultRecord, FenceView, Phase
 from gpuheal.policy.actions import UpdateRecord
 from gpuheal.policy.dra import device_key
-from gpuheal.policy.fence import probation_name, rule_name
+from gpuheal.policy.fence import (
+    FENCE,
+    PROBATION,
+    SUSPECT,
+    SUSPECT_VALUE,
+    probation_name,
+    rule_name,
+    suspect_name,
+)
 from gpuheal.vocabulary import Entry
 
 OFF = "off"
@@ -58,9 +66,10 @@ class FenceDevice:
     effect: str
     expires: dt.datetime | None = None
     api_version: str = "v1beta2"
-    # The probation rule of a released device (PROBATION_KEY): only workloads that
-    # tolerate it get the card, until `expires`.
-    probation: bool = False
+    # Which rule (policy/fence.py): FENCE; PROBATION, a released device's (only
+    # workloads that tolerate it get the card, until `expires`); SUSPECT, a device
+    # Unknown too long (`record` is the rule's name).
+    kind: str = FENCE
 
 
 @dataclass(frozen=True)
@@ -100,9 +109,11 @@ def plan_fences(
     drivers: Collection[str],
     phases: Mapping[str, Phase],
     now: dt.datetime,
+    suspect: Collection[str] = (),
 ) -> FencePlan:
     """The rules to create and delete, and the `fence` entries to write, for the
-    node's records as this pass leaves them (`phases`: the phase it moves each to)."""
+    node's records as this pass leaves them (`phases`: the phase it moves each to)
+    and its `suspect` devices (device ids)."""
     if not fences.available:
         return FencePlan()
     records = tuple(records)
@@ -134,9 +145,11 @@ def plan_fences(
             actions.append(
                 FenceDevice(
                     node, record.name, record.fault_id, record.reason, device, "NoSchedule",
-                    end, fences.api_version, probation=True,
+                    end, fences.api_version, kind=PROBATION,
                 )
             )  # fmt: skip
+    if effect != OFF:
+        actions += _suspects(node, suspect, fences, drivers, wanted)
     actions += [
         Unfence(node, name, rule.record, fences.api_version)
         for name, rule in sorted(fences.rules.items())
@@ -158,6 +171,28 @@ def _fence(
         return []
     entry = ActionEntry(iso(now), Entry.FENCE, "ok", f"{name} ({rule.effect})")
     return [UpdateRecord(record.name, phase, entry)]
+
+
+def _suspects(
+    node: str, suspect: Collection[str], fences: Fences, drivers: Collection[str], wanted: set[str]
+) -> list[FenceAction]:
+    """A suspect DRA device's rule (NoSchedule): allocation restricted once Unknown
+    has lasted past the tolerance; its pods stay (suspect is no fault)."""
+    made: list[FenceAction] = []
+    for device_id in sorted(suspect):
+        key = device_key(device_id)
+        if key is None or key.driver not in drivers:
+            continue
+        name = suspect_name(node, device_id)
+        wanted.add(name)
+        if name not in fences.rules:
+            made.append(
+                FenceDevice(
+                    node, name, SUSPECT_VALUE, "DeviceSuspect", key, "NoSchedule",
+                    api_version=fences.api_version, kind=SUSPECT,
+                )
+            )  # fmt: skip
+    return made
 
 
 def _probation_end(

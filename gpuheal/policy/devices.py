@@ -346,8 +346,8 @@ def plan_devices(state: DeviceState, config: Config, now: dt.datetime) -> Device
     for key in sorted(open_by_key):
         _advance(work, open_by_key[key], devices.get(key))
     quarantined = {k for k, r in open_by_key.items() if r.name not in work.released}
-    _fence(work)
     marked = _mark(work, devices, quarantined)
+    _fence(work, marked[1])
     # The gauges follow what this pass decides, not the marks it read: the node's own
     # echo of our write does not come back as another reconcile to update them.
     summary = replace(summary, suspect=len(marked[1]), quarantined=len(quarantined))
@@ -359,8 +359,9 @@ def plan_devices(state: DeviceState, config: Config, now: dt.datetime) -> Device
     )
 
 
-def _fence(work: _Pass) -> None:
-    """The node's device fences as its records stand after this pass."""
+def _fence(work: _Pass, suspect: tuple[str, ...]) -> None:
+    """The node's device fences as its records and suspect devices stand after this
+    pass."""
     fencing = plan_fences(
         work.state.node.name,
         (*work.state.records, *work.created),
@@ -370,6 +371,7 @@ def _fence(work: _Pass) -> None:
         drivers=work.config.gpu_drivers,
         phases={a.name: a.phase for a in work.actions if isinstance(a, UpdateRecord)},
         now=work.now,
+        suspect=suspect,
     )
     new = [a for a in fencing.actions if isinstance(a, FenceDevice)]
     if new:

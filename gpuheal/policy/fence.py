@@ -25,7 +25,7 @@ from typing import Any
 
 from gpuheal import values
 from gpuheal.clock import iso
-from gpuheal.model import TAINT_KEY, DeviceKey
+from gpuheal.model import TAINT_KEY, DeviceKey, fault_record_name
 
 # Kubernetes 1.36: beta, served only where resource.k8s.io/v1beta2 is turned on;
 # 1.37 serves it at resource.k8s.io/v1. Newest first: the one written where both are.
@@ -66,6 +66,20 @@ def probation_name(record: str) -> str:
     return f"{PROBATION_PREFIX}{record}"
 
 
+# A device Unknown past deviceHealth.unknownToleranceSeconds: suspect, not a fault, and
+# kept out of new allocations (gpuheal's taint, its value `suspect`).
+SUSPECT_PREFIX = f"{RULE_PREFIX}suspect-"
+SUSPECT_VALUE = "suspect"
+# Which rule a FenceDevice makes: a fault's fence, a released card's probation, or a
+# suspect card's restriction.
+FENCE, PROBATION, SUSPECT = "fence", "probation", "suspect"
+
+
+def suspect_name(node: str, device_id: str) -> str:
+    """The suspect rule of one device of a node (at most 229 characters)."""
+    return f"{SUSPECT_PREFIX}{fault_record_name(node, SUSPECT_VALUE, device_id)}"
+
+
 def rule_name(record: str) -> str:
     """The rule of a device fault record: the record's name (model.fault_record_name,
     a DNS-1123 subdomain of at most 213 characters, its digest last) behind the prefix."""
@@ -82,10 +96,12 @@ def device_taint_rule(
     effect: str = "NoSchedule",
     expires: dt.datetime | None = None,
     version: str = "v1beta2",
-    probation: bool = False,
+    kind: str = FENCE,
 ) -> dict[str, Any]:
-    """The DeviceTaintRule that fences `device` for the fault `record` holds, or
-    (`probation`) keeps it to tolerating workloads until `expires` after its release."""
+    """The DeviceTaintRule that fences `device` for the fault `record` holds; or, by
+    `kind`, keeps it to tolerating workloads until `expires` after its release
+    (PROBATION), or out of new allocations while it is suspect (SUSPECT: `record` is
+    then the rule's name)."""
     if effect not in EFFECTS:
         raise ValueError(f"a device fence's effect is one of {EFFECTS}, not {effect!r}")
     annotations = {
@@ -100,7 +116,7 @@ def device_taint_rule(
         "apiVersion": f"{RULE_GROUP}/{version}",
         "kind": "DeviceTaintRule",
         "metadata": {
-            "name": probation_name(record) if probation else rule_name(record),
+            "name": {FENCE: rule_name(record), PROBATION: probation_name(record)}.get(kind, record),
             "labels": {
                 FENCE_LABEL: FENCE_LABEL_VALUE,
                 RECORD_LABEL: values.label_value(record),
@@ -115,9 +131,9 @@ def device_taint_rule(
                 "device": device.device,
             },
             "taint": {
-                "key": PROBATION_KEY if probation else TAINT_KEY,
-                "value": values.taint_value(fault_id),
-                "effect": "NoSchedule" if probation else effect,
+                "key": PROBATION_KEY if kind == PROBATION else TAINT_KEY,
+                "value": SUSPECT_VALUE if kind == SUSPECT else values.taint_value(fault_id),
+                "effect": effect if kind == FENCE else "NoSchedule",
             },
         },
     }

@@ -42,7 +42,7 @@ from gpuheal.policy.devices import (
     plan_devices,
 )
 from gpuheal.policy.drivertaints import reports as driver_reports
-from gpuheal.policy.fence import probation_name, rule_name
+from gpuheal.policy.fence import FENCE, PROBATION, SUSPECT, probation_name, rule_name, suspect_name
 from gpuheal.vocabulary import Entry
 from gpuheal.xid import classify
 
@@ -311,7 +311,7 @@ def test_a_released_card_is_on_probation_then_free() -> None:
     fence = rule(back)
     done = plan(back, rules=(fence,), probation_s=600)
     (made,) = [a for a in done if isinstance(a, FenceDevice)]
-    assert made.probation and made.effect == "NoSchedule" and made.device == GPU3
+    assert made.kind == PROBATION and made.effect == "NoSchedule" and made.device == GPU3
     assert made.expires == NOW + dt.timedelta(seconds=600)
     assert Unfence(NODE, fence.name, back.name) in done
     # Released in this very pass: on probation at once.
@@ -321,7 +321,7 @@ def test_a_released_card_is_on_probation_then_free() -> None:
                       probation_s=600)
         if isinstance(a, FenceDevice)
     ]  # fmt: skip
-    assert same_pass.probation
+    assert same_pass.kind == PROBATION
     on = FenceView(probation_name(back.name), NODE, back.name, GPU3, "NoSchedule")
     assert plan(back, rules=(on,), probation_s=600, now=NOW + dt.timedelta(seconds=599)) == []
     assert plan(back, rules=(on,), probation_s=600, now=NOW + dt.timedelta(seconds=600)) == [
@@ -336,4 +336,34 @@ def test_a_fault_on_probation_goes_straight_back_to_quarantine() -> None:
     done = plan(back, again, rules=(on,), probation_s=600)
     assert Unfence(NODE, on.name, back.name) in done
     (fence,) = [a for a in done if isinstance(a, FenceDevice)]
-    assert fence.record == "again" and not fence.probation
+    assert fence.record == "again" and fence.kind == FENCE
+
+
+def test_a_dra_gpu_unknown_past_the_tolerance_is_kept_from_new_claims_not_moved() -> None:
+    """Unknown within the tolerance: Events only. Past it: suspect, and a NoSchedule rule
+    of its own keeps new claims off the card; its pod stays (suspect is no fault), and
+    the rule goes once the card reports again."""
+    holder = PodView("training", "train-3", "uid-3", NODE, "Running", gpu=True, gpu_count=1)
+    node = NodeView(NODE, "1", conditions=(READY,), devices=DEVICES)
+
+    def state(
+        health: DeviceHealth, unknown_for: float, rules: tuple[FenceView, ...] = ()
+    ) -> DeviceState:
+        since = NOW - dt.timedelta(seconds=unknown_for)
+        report = DeviceReport(DRIVER, DEVICE_ID, health)
+        fences = Fences({r.name: r for r in rules}, "v1")
+        return DeviceState(node, (DeviceEntry(holder, report, since, since),), fences=fences)
+
+    tolerance = CFG.device_health.unknown_tolerance_seconds
+    within = plan_devices(state(DeviceHealth.UNKNOWN, tolerance - 1), CFG, NOW)
+    assert not [a for a in within.actions if isinstance(a, FenceDevice)]
+    past = plan_devices(state(DeviceHealth.UNKNOWN, tolerance + 1), CFG, NOW)
+    (made,) = [a for a in past.actions if isinstance(a, FenceDevice)]
+    assert (made.kind, made.device, made.effect) == (SUSPECT, GPU3, "NoSchedule")
+    assert made.record == suspect_name(NODE, DEVICE_ID)
+    assert not [a for a in past.actions if isinstance(a, Evict | CreateDeviceRecord)]
+    rule_there = FenceView(made.record, NODE, made.record, GPU3, "NoSchedule")
+    again = plan_devices(state(DeviceHealth.HEALTHY, 0, (rule_there,)), CFG, NOW)
+    assert [a for a in again.actions if isinstance(a, Unfence)] == [
+        Unfence(NODE, made.record, made.record, "v1")
+    ]

@@ -26,7 +26,7 @@ async def fence_device(
         effect=action.effect,
         expires=action.expires,
         version=action.api_version,
-        probation=action.probation,
+        kind=action.kind,
     )
     try:
         raw = await fx.api.create(device_taint_rule_path("", action.api_version), body)
