@@ -82,6 +82,7 @@ from gpuheal.model import (
     PodView,
     SliceView,
 )
+from gpuheal.policy.devicefence import fence_problem
 from gpuheal.policy.fence import FENCE_LABEL, FENCE_LABEL_VALUE
 from gpuheal.policy.validation import VALIDATION_LABEL, ValidationPod
 from gpuheal.sources import dcgm, hygiene
@@ -530,6 +531,11 @@ class Controller:
             reasons += self._dcgm_source.problems()
         # Said, not unready: the task restarts by itself (or the controller ends).
         reasons += self.supervisor.down()
+        looked = all(i.synced.is_set() for i in self.fences.informers)
+        fence = fence_problem(
+            self.dra.gpus(), self.fences.served(), looked, self.config.device_health.fence
+        )
+        reasons += [fence] if fence else []
         return reasons
 
     @property

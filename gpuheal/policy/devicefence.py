@@ -208,3 +208,23 @@ def _probation_end(
     else:
         released = parse_time(release.time)
     return released + dt.timedelta(seconds=probation_s) if released else None
+
+
+def fence_problem(dra_gpus: int, served: str, looked: bool, effect: str) -> str | None:
+    """What /readyz says of the device fence where DRA GPUs need one and it is not
+    there (said, never a reason to be unready: node faults are handled without it)."""
+    if not dra_gpus or not looked:
+        return None
+    if effect == OFF:
+        return (
+            f"device fence off (deviceHealth.fence: off): a bad one of the {dra_gpus} DRA "
+            "GPUs is marked on its node and its pods moved, but new claims may be given it"
+        )
+    if served:
+        return None
+    return (
+        f"device fence unavailable: the API server serves no DeviceTaintRules (resource.k8s.io/v1 "
+        "from Kubernetes 1.37; v1beta2 in 1.36 with --runtime-config=resource.k8s.io/v1beta2="
+        f"true and the DRADeviceTaintRules gate): a bad one of the {dra_gpus} DRA GPUs is "
+        "marked on its node and its pods moved, but new claims may be given it"
+    )

@@ -30,7 +30,7 @@ from gpuheal.model import (
     fault_record_name,
 )
 from gpuheal.policy.actions import Evict, UpdateRecord
-from gpuheal.policy.devicefence import FenceDevice, Fences, Unfence, plan_fences
+from gpuheal.policy.devicefence import FenceDevice, Fences, Unfence, fence_problem, plan_fences
 from gpuheal.policy.devices import (
     CreateCanary,
     CreateDeviceRecord,
@@ -367,3 +367,13 @@ def test_a_dra_gpu_unknown_past_the_tolerance_is_kept_from_new_claims_not_moved(
     assert [a for a in again.actions if isinstance(a, Unfence)] == [
         Unfence(NODE, made.record, made.record, "v1")
     ]
+
+
+def test_readyz_says_when_dra_gpus_have_no_fence_and_only_then() -> None:
+    assert fence_problem(0, "", True, "NoSchedule") is None  # no DRA GPU: nothing to say
+    assert fence_problem(8, "v1beta2", True, "NoSchedule") is None
+    assert fence_problem(8, "", False, "NoSchedule") is None  # not looked yet
+    missing = fence_problem(8, "", True, "NoSchedule")
+    assert missing is not None and "no DeviceTaintRules" in missing and "8 DRA GPUs" in missing
+    off = fence_problem(8, "v1", True, "off")
+    assert off is not None and off.startswith("device fence off")

@@ -155,6 +155,20 @@ def test_the_install_says_what_device_health_needs_where_it_is_off_by_default(
         assert "ResourceHealthStatus" not in off  # nothing to say: the path is off
 
 
+def test_the_install_says_where_a_dra_gpu_cannot_be_fenced_alone(
+    control_plane: ControlPlane, crds: None, tmp_path: Path
+) -> None:
+    """DeviceTaintRules: GA (resource.k8s.io/v1) from 1.37; before, the install says
+    what the device fence needs, unless the fence is turned off."""
+    said = install_notes(control_plane, tmp_path)
+    if minor_of(control_plane) >= 37:
+        assert "DeviceTaintRule" not in said
+    else:
+        assert "fenced alone by a DeviceTaintRule" in said and "DRADeviceTaintRules" in said
+        off = install_notes(control_plane, tmp_path, "controller.config.deviceHealth.fence=off")
+        assert "DeviceTaintRule" not in off
+
+
 def test_helm_refuses_a_cluster_older_than_the_supported_range() -> None:
     def template(version: str) -> subprocess.CompletedProcess[str]:
         argv = [
