@@ -39,7 +39,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from gpuheal.sim.demo import DemoOptions, run_demo  # noqa: PLC0415
 
     options = DemoOptions(
-        nodes=args.nodes, replicas=args.replicas, gpus_per_pod=args.gpus_per_pod, keep=args.keep
+        nodes=args.nodes,
+        replicas=args.replicas,
+        gpus_per_pod=args.gpus_per_pod,
+        keep=args.keep,
+        dra=args.dra,
     )
     try:
         return run_demo(options)
@@ -566,6 +570,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--replicas", type=int, default=32, help="GPU pods (default 32)")
     demo.add_argument("--gpus-per-pod", type=int, default=2, help="GPUs per pod (default 2)")
     demo.add_argument("--keep", action="store_true", help="keep the cluster running until Ctrl-C")
+    demo.add_argument(
+        "--dra",
+        type=int,
+        default=0,
+        help="also N DRA-only GPU nodes, and one bad card fenced alone (default 0)",
+    )
     demo.set_defaults(func=_cmd_demo)
 
     controller = commands.add_parser(

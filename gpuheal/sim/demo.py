@@ -30,6 +30,7 @@ from lightkube import Client
 from lightkube.resources.core_v1 import Node, Pod
 
 from gpuheal.model import NODE_LABEL
+from gpuheal.sim import demo_dra
 from gpuheal.sim.agent import AgentProcess
 from gpuheal.sim.controller import ControllerProcess, install_crds
 from gpuheal.sim.controlplane import ControlPlane, ControlPlaneConfig
@@ -70,6 +71,7 @@ class DemoOptions:
     gpus_per_pod: int = 2
     keep: bool = False
     timeout_s: float = 180
+    dra: int = 0  # DRA-only GPU nodes beside the fleet (sim/demo_dra.py)
 
 
 @dataclass
@@ -169,36 +171,14 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
 
     timeout = options.timeout_s
     with (
-        ControlPlane(ControlPlaneConfig(start_timeout_s=timeout)) as cp,
+        ControlPlane(
+            ControlPlaneConfig(start_timeout_s=timeout, device_taint_rules=options.dra > 0)
+        ) as cp,
         tempfile.TemporaryDirectory(prefix="gpuheal-demo-") as tmp,
     ):
         say(f"control plane up in {cp.started_in_s:.1f}s at {cp.server}")
         client = cp.client()
-        names = [f"gpu-node-{i:03d}" for i in range(options.nodes)]
-        create_gpu_nodes(client, names)
-        wait_nodes_ready(client, names, timeout_s=timeout)
-        create_namespace(client, DEMO_NAMESPACE)
-        apply(
-            client,
-            gpu_deployment(
-                DEMO_DEPLOYMENT,
-                DEMO_NAMESPACE,
-                replicas=options.replicas,
-                gpus_per_pod=options.gpus_per_pod,
-            ),
-        )
-        wait_pods_running(
-            client,
-            DEMO_NAMESPACE,
-            count=options.replicas,
-            labels={"app": DEMO_DEPLOYMENT},
-            timeout_s=timeout,
-        )
-        say(
-            f"{len(names)} fake GPU nodes Ready; Deployment {DEMO_NAMESPACE}/{DEMO_DEPLOYMENT}: "
-            f"{options.replicas} pods x {options.gpus_per_pod} GPU Running\n"
-        )
-        say(render(read_gpu_state(client)))
+        names, dra = _fleet(client, options, say)
 
         install_crds(client)
         create_namespace(client, "gpuheal-system")
@@ -229,6 +209,8 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
             )
             _summary(client, controller, faults, say)
             _operator_view(cp.kubeconfig, controller.config_path, names[-1], say)
+            if dra:
+                say(f"\nDRA: {demo_dra.act(client, dra[0], say, timeout)}")
             if options.keep:
                 # "Press Ctrl-C" holds even when started from a script in the background,
                 # which ignores SIGINT (Python would then raise no KeyboardInterrupt).
@@ -252,6 +234,47 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
             say("stopping the control plane")
     say("control plane stopped")
     return 0
+
+
+def _fleet(
+    client: Client, options: DemoOptions, say: Callable[[str], None]
+) -> tuple[list[str], list[str]]:
+    """The fake GPU nodes and the training Deployment, Running; with --dra, the DRA
+    nodes and their inference pods. Their names."""
+    timeout = options.timeout_s
+    names = [f"gpu-node-{i:03d}" for i in range(options.nodes)]
+    create_gpu_nodes(client, names)
+    wait_nodes_ready(client, names, timeout_s=timeout)
+    create_namespace(client, DEMO_NAMESPACE)
+    apply(
+        client,
+        gpu_deployment(
+            DEMO_DEPLOYMENT,
+            DEMO_NAMESPACE,
+            replicas=options.replicas,
+            gpus_per_pod=options.gpus_per_pod,
+        ),
+    )
+    wait_pods_running(
+        client,
+        DEMO_NAMESPACE,
+        count=options.replicas,
+        labels={"app": DEMO_DEPLOYMENT},
+        timeout_s=timeout,
+    )
+    say(
+        f"{len(names)} fake GPU nodes Ready; Deployment {DEMO_NAMESPACE}/{DEMO_DEPLOYMENT}: "
+        f"{options.replicas} pods x {options.gpus_per_pod} GPU Running\n"
+    )
+    say(render(read_gpu_state(client)))
+    dra = demo_dra.setup(client, options.dra, timeout) if options.dra else []
+    if dra:
+        say(
+            f"{len(dra)} DRA-only GPU nodes (NVIDIA's DRA driver's slices, no "
+            f"nvidia.com/gpu): {len(dra) * demo_dra.PODS_PER_NODE} inference pods, each "
+            "through its own ResourceClaim\n"
+        )
+    return names, dra
 
 
 def _console_line(controller: ControllerProcess) -> str:

@@ -25,7 +25,18 @@ def _gpuheal() -> str:
 def test_demo_runs_the_whole_product_unattended_and_leaves_nothing_behind() -> None:
     before = set(_gpuheal_processes())
     result = subprocess.run(
-        [_gpuheal(), "demo", "--nodes", "8", "--replicas", "8", "--gpus-per-pod", "2"],
+        [
+            _gpuheal(),
+            "demo",
+            "--nodes",
+            "8",
+            "--replicas",
+            "8",
+            "--gpus-per-pod",
+            "2",
+            "--dra",
+            "1",
+        ],  # fmt: skip
         capture_output=True,
         text=True,
         timeout=300,
@@ -57,6 +68,16 @@ def test_demo_runs_the_whole_product_unattended_and_leaves_nothing_behind() -> N
     for step in ("maintenance start", "maintenance finish"):
         (said,) = [line for line in out.splitlines() if line.startswith(f"$ gpuheal {step}")]
         assert said.endswith("# exit 0"), said
+    # --dra 1: one DRA-only node, and its bad card fenced alone.
+    assert "1 DRA-only GPU nodes" in out
+    fenced = re.search(
+        r"^DRA: dra-node-000's gpu-\d fenced alone by DeviceTaintRule gpuheal-\S+ in [\d.]+s, "
+        r"dra-node-000-serve-0 evicted in [\d.]+s; the node keeps its 7 other cards "
+        r"\(node taints: none\)$",
+        out,
+        re.MULTILINE,
+    )
+    assert fenced, out[-2000:]
     assert out.rstrip().endswith("control plane stopped")
     assert set(_gpuheal_processes()) - before == set()
 
