@@ -36,7 +36,7 @@ def test_demo_runs_the_whole_product_unattended_and_leaves_nothing_behind() -> N
             "2",
             "--dra",
             "1",
-        ],  # fmt: skip
+        ],
         capture_output=True,
         text=True,
         timeout=300,
