@@ -27,7 +27,7 @@ from gpuheal.model import (
     PodView,
     SliceView,
 )
-from gpuheal.policy.dra import claim_gpus, fenced, gpu_count, newest_devices
+from gpuheal.policy.dra import claim_gpus, fenced, gpu_count, holding, newest_devices
 
 RefreshNode = Callable[[str, Callable[[NodeView], NodeView]], None]
 RefreshPod = Callable[[str, Callable[[PodView], PodView]], None]
@@ -88,16 +88,7 @@ class DraIndex:
         its gpu_count its extended resources' and its devices' together."""
         if not view.claims and not view.held:
             return view
-        held = self.held_by(view.namespace, view.claims)
-        if held == view.held:
-            return view
-        own = view.gpu_count - gpu_count(view.held)  # what its extended resources ask
-        return dataclasses.replace(
-            view,
-            held=held,
-            gpu=(own > 0 if view.held else view.gpu) or bool(held),
-            gpu_count=own + gpu_count(held),
-        )
+        return holding(view, self.held_by(view.namespace, view.claims))
 
     def held_by(self, namespace: str, claims: Iterable[str]) -> tuple[DraDevice, ...]:
         """The GPU devices of the named claims, as the slices publish them now."""

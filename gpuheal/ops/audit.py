@@ -10,8 +10,8 @@ turns the snapshot into the views the controller holds.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
@@ -19,9 +19,11 @@ from rich.text import Text
 from gpuheal.config import Config
 from gpuheal.kube.projections import device_plugin_matcher, node_view, pod_view_factory
 from gpuheal.kube.snapshot import Snapshot, read_snapshot
+from gpuheal.model import DeviceKey, DraDevice, PodView
 from gpuheal.ops import exitcodes
 from gpuheal.ops.output import Notes, Table, render
 from gpuheal.ops.selector import Requirement, SelectorError, parse_selector, selected
+from gpuheal.policy.dra import by_key, claim_gpus, holding
 from gpuheal.policy.hygiene import ERROR, KINDS, Finding, examine
 
 if TYPE_CHECKING:
@@ -84,10 +86,25 @@ def audit(
         config.is_gpu_resource,
         device_plugin_matcher(gate.device_plugin_selector, gate.device_plugin_namespaces),
     )
-    nodes = [node_view(n) for n in snap.nodes if selected(n.metadata.labels, selector)]
-    pods = {node: [pod_view(p) for p in listed] for node, listed in snap.pods_by_node.items()}
+    nodes = [
+        replace(node_view(n), devices=snap.devices.get(n.metadata.name, ()))
+        for n in snap.nodes
+        if selected(n.metadata.labels, selector)
+    ]
+    devices = by_key(snap.devices)
+    pods = {
+        node: [_holding(pod_view(p), snap, devices) for p in listed]
+        for node, listed in snap.pods_by_node.items()
+    }
     seen = examine(nodes, pods, config, now, stuck_after_s=stuck_after_s)
     return AuditReport(seen.findings, seen.nodes, seen.warnings)
+
+
+def _holding(view: PodView, snap: Snapshot, devices: Mapping[DeviceKey, DraDevice]) -> PodView:
+    """The pod with the GPU devices its claims were allocated (a snapshot with DRA)."""
+    if not view.claims:
+        return view
+    return holding(view, claim_gpus(view.namespace, view.claims, snap.allocated, devices))
 
 
 async def run_audit(ctx: Context, *, selector: str = "", stuck_after_s: float | None = None) -> int:
@@ -100,7 +117,7 @@ async def run_audit(ctx: Context, *, selector: str = "", stuck_after_s: float | 
         ctx.err.print(Text(f"gpuheal audit: {err}", style="red"))
         return exitcodes.USAGE
     # Every node: a GPU node the controller's nodeSelector misses is a finding.
-    snap = await read_snapshot(ctx.api, faults=False)
+    snap = await read_snapshot(ctx.api, faults=False, drivers=frozenset(ctx.config.gpu_drivers))
     report = audit(snap, ctx.config, ctx.now(), selector=wanted, stuck_after_s=stuck_after_s)
     for warning in report.warnings:
         ctx.err.print(Text(f"warning: {warning}", style="yellow"))

@@ -22,6 +22,7 @@ from gpuheal.model import (
     DeviceTaint,
     DraDevice,
     FenceView,
+    PodView,
     SliceView,
 )
 
@@ -223,3 +224,18 @@ def claim_gpus(
             if key in devices:
                 held[key] = devices[key]
     return tuple(held[k] for k in sorted(held))
+
+
+def holding(view: PodView, held: tuple[DraDevice, ...]) -> PodView:
+    """The pod holding `held` through its claims: a GPU pod if it holds one, its
+    gpu_count its extended resources' and its devices' together (the same view given
+    again is joined again, not added to)."""
+    if held == view.held:
+        return view
+    own = view.gpu_count - gpu_count(view.held)  # what its extended resources ask
+    return replace(
+        view,
+        held=held,
+        gpu=(own > 0 if view.held else view.gpu) or bool(held),
+        gpu_count=own + gpu_count(held),
+    )

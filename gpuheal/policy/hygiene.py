@@ -327,12 +327,12 @@ def _processes(
 # -- what the node offers ----------------------------------------------------------------
 
 
-def _withdrawn(node: NodeView) -> str:
-    """Who keeps GPUs from new pods: a DRA device's taints, or the device plugin."""
+def _withdrawn(node: NodeView, count: int) -> str:
+    """Who keeps `count` GPUs from new pods: DRA devices' taints, or the device plugin."""
     tainted = sorted({k for d in node.devices for k in d.fencing})
     if tainted:
-        return f"taints ({', '.join(tainted)}) keep new claims off"
-    return "the device plugin withdrew"
+        return f"taints ({', '.join(tainted)}) keep new claims off {count}"
+    return f"the device plugin withdrew {count} it found unhealthy"
 
 
 def _offered(node: NodeView, pool: str, config: Config) -> list[Finding]:
@@ -359,8 +359,8 @@ def _offered(node: NodeView, pool: str, config: Config) -> list[Finding]:
                 ALLOCATABLE_DROP,
                 name,
                 pool,
-                f"offers {allocatable} of its {capacity} GPU(s): {_withdrawn(node)} "
-                f"{capacity - allocatable} it found unhealthy; see which and why: "
+                f"offers {allocatable} of its {capacity} GPU(s): "
+                f"{_withdrawn(node, capacity - allocatable)}; see which and why: "
                 f"gpuheal doctor {name}.",
             )
         ]

@@ -483,6 +483,11 @@ def test_a_bad_card_is_fenced_alone_its_pod_moved_and_proven_by_a_canary_on_it(
     assert code == 0
     (row,) = json.loads(out)["pools"]
     assert (row["nodes"], row["capacity"], row["allocatable"], row["allocated"]) == (1, 8, 7, 7)
+    # `gpuheal audit` says which taint keeps the card from new claims.
+    code, out, _ = cli("audit", "-o", "json")
+    found = [f for f in json.loads(out)["findings"] if f["node"] == node]
+    assert [f["kind"] for f in found] == ["allocatable-drop"], found
+    assert "taints (gpuheal.io/gpu-fault) keep new claims off 1;" in found[0]["detail"]
 
     # The quarantine expires: the canary's claim is allocated the fenced card itself.
     def canary_claim() -> dict[str, Any] | None:

@@ -213,7 +213,9 @@ def test_a_driver_taint_makes_the_card_unusable_and_the_gate_and_hygiene_say_whi
     )
     seen = examine([labelled], {NODE: []}, CONFIG, _now())
     (finding,) = [f for f in seen.findings if f.node == NODE]
-    assert f"offers 7 of its 8 GPU(s): taints ({DRIVER}/xid) keep new claims off" in finding.detail
+    assert (
+        f"offers 7 of its 8 GPU(s): taints ({DRIVER}/xid) keep new claims off 1;" in finding.detail
+    )
 
 
 def test_a_healthy_dra_only_node_passes_the_gate_s_gpu_count() -> None:
