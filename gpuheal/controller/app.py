@@ -277,7 +277,7 @@ class Controller:
             synced=lambda: self.synced and self.schema_ok,
             leading=lambda: self.leading,
             caches=ConsoleCaches(
-                self.nodes.store, self.pods.store, self.records.store, self.events
+                self.nodes.store, self.pods.store, self.records.store, self.events, self.fence_said
             ),
             changes=self.changes,
         )
@@ -368,6 +368,23 @@ class Controller:
             join=self.dra.with_pod,
         )
         return nodes, pods
+
+    def _fence_problem(self) -> str | None:
+        """Where DRA GPUs have no fence: why (fence_problem), else None."""
+        looked = all(i.synced.is_set() for i in self.fences.informers)
+        served, effect = self.fences.served(), self.config.device_health.fence
+        return fence_problem(self.dra.gpus(), served, looked, effect)
+
+    def fence_said(self) -> str:
+        """Which fence a bad DRA GPU gets, in a sentence; "" without DRA GPUs."""
+        gpus, served = self.dra.gpus(), self.fences.served()
+        problem = self._fence_problem()
+        if problem or not gpus or not served:
+            return problem or ""
+        return (
+            f"device fence: a bad one of the {gpus} DRA GPUs gets a DeviceTaintRule "
+            f"(resource.k8s.io/{served}, {self.config.device_health.fence})"
+        )
 
     def _dra_informers(
         self, drivers: frozenset[str]
@@ -531,10 +548,7 @@ class Controller:
             reasons += self._dcgm_source.problems()
         # Said, not unready: the task restarts by itself (or the controller ends).
         reasons += self.supervisor.down()
-        looked = all(i.synced.is_set() for i in self.fences.informers)
-        fence = fence_problem(
-            self.dra.gpus(), self.fences.served(), looked, self.config.device_health.fence
-        )
+        fence = self._fence_problem()
         reasons += [fence] if fence else []
         return reasons
 

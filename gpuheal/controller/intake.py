@@ -37,6 +37,7 @@ class ConsoleCaches:
     pods: Mapping[str, PodView]
     records: Mapping[str, FaultRecord]
     events: EventCache | None = None  # gpuheal's own Events (the fault page)
+    fence: Callable[[], str] = lambda: ""  # which fence a bad DRA GPU gets, said
 
 
 class ControllerIntake:
@@ -87,6 +88,7 @@ class ControllerIntake:
             version=self.changes.tag(),
             events_of=events.of if events is not None else lambda _objects: [],
             events_synced=events is not None and events.synced.is_set(),
+            fence=self.caches.fence(),
         )
 
     def synced(self) -> bool:

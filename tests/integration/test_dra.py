@@ -308,8 +308,8 @@ def test_the_drivers_own_xid_taint_is_read_back_and_keeps_the_card_out(
 # -- the controller on a DRA-only node ------------------------------------------
 
 
-def console_node(controller: ControllerProcess, token: str, node: str) -> str:
-    """The console's node page as a signed-in viewer sees it (HTML)."""
+def console_page(controller: ControllerProcess, token: str, page: str) -> str:
+    """A console page as a signed-in viewer sees it (HTML): `nodes/<name>`, `fleet`."""
     browser = urllib.request.build_opener(
         urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar())
     )
@@ -319,8 +319,8 @@ def console_node(controller: ControllerProcess, token: str, node: str) -> str:
     sign_in = urllib.parse.urlencode({"_csrf": csrf.group(1), "user": "dra-test", "token": token})
     with browser.open(f"{controller.url}/console/login", sign_in.encode(), timeout=10) as fleet:
         assert fleet.url.endswith("/console/fleet"), fleet.url  # signed in, sent on
-    with browser.open(f"{controller.url}/console/nodes/{node}", timeout=10) as page:
-        return str(page.read().decode())
+    with browser.open(f"{controller.url}/console/{page}", timeout=10) as shown:
+        return str(shown.read().decode())
 
 
 def test_the_controller_counts_a_dra_only_node_s_gpus_and_moves_its_claim_pods(
@@ -352,11 +352,19 @@ def test_the_controller_counts_a_dra_only_node_s_gpus_and_moves_its_claim_pods(
         controller_config(pool, consoleViewTokenFile=str(tmp_path / "view-token"))
     )
     wait_for("the card's fence", lambda: our_rules(kube, node), timeout_s=30)
-    page = console_node(controller, "dra-view-token-5c1e0f27", node)
+    page = console_page(controller, "dra-view-token-5c1e0f27", f"nodes/{node}")
     gpus = re.search(r'<dd id="gpus">([^<]*)</dd>', page)
     assert gpus is not None and gpus.group(1) == "8 (7 usable)", page
     fenced = f'gpu-3</code> <span class="state-quarantined">({XID_KEY}, gpuheal.io/gpu-fault)'
     assert fenced in page, page
+    # The fleet page says which fence a bad DRA card gets (this API server: v1beta2).
+    fleet = console_page(controller, "dra-view-token-5c1e0f27", "fleet")
+    said = re.search(r'<p class="summary" id="fence">([^<]*)</p>', fleet)
+    assert said is not None, fleet
+    assert said.group(1).startswith("device fence: a bad one of the ")
+    assert said.group(1).endswith(
+        "DRA GPUs gets a DeviceTaintRule (resource.k8s.io/v1beta2, NoSchedule)"
+    )
 
     report_fault(kube, node, "dra-node-fault-1")
     wait_for("the taint", lambda: our_taint(kube, node) == "dra-node-fault-1", timeout_s=30)

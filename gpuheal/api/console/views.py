@@ -70,6 +70,8 @@ class Cluster:
     # (the controller's Event cache, gpuheal/kube/event_cache.py).
     events_of: Callable[[Iterable[tuple[str, str]]], list[EventView]] = lambda _objects: []
     events_synced: bool = False  # that cache has listed once
+    # Which fence a bad DRA GPU gets, in a sentence ("" where there are no DRA GPUs).
+    fence: str = ""
 
 
 def _open_records(cluster: Cluster, name: str) -> list[FaultRecord]:
@@ -115,6 +117,7 @@ class FleetPage:
     maintenance: list[NodeLine]
     open_faults: int
     version: str
+    fence: str = ""  # which fence a bad DRA GPU gets (Cluster.fence)
 
 
 def fleet(cluster: Cluster) -> FleetPage:
@@ -173,6 +176,7 @@ def fleet(cluster: Cluster) -> FleetPage:
         maintenance=maintenance,
         open_faults=sum(r.open for r in records),
         version=cluster.version,
+        fence=cluster.fence,
     )
 
 
