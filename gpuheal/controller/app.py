@@ -475,6 +475,10 @@ class Controller:
         )
 
     @property
+    def _dra_caches(self) -> tuple[Informer[Any, Any], ...]:
+        return (self.slices, self.claims, *self.fences.informers)
+
+    @property
     def _crd_informers(self) -> tuple[Informer[Any, Any], ...]:
         """Those of gpuheal's own resources: one not served is a CRD not installed."""
         return tuple(i for i in self._informers if i.path.startswith(f"/apis/{GPUFAULT_GROUP}/"))
@@ -548,6 +552,13 @@ class Controller:
             reasons += self._dcgm_source.problems()
         # Said, not unready: the task restarts by itself (or the controller ends).
         reasons += self.supervisor.down()
+        # Said, not unready: DRA is optional, and the chart grants what it needs.
+        reasons += [
+            f"cannot list {i.name} (forbidden): GPUs offered through DRA and the device "
+            "fence are off until list and watch are granted (the chart's ClusterRole does)"
+            for i in self._dra_caches
+            if i.forbidden
+        ]
         fence = self._fence_problem()
         reasons += [fence] if fence else []
         return reasons

@@ -142,6 +142,7 @@ class Informer(Generic[J, V]):
         self.optional = optional
         self.missing_retry_s = missing_retry_s
         self.missing = False
+        self.forbidden = False  # missing because this identity may not list it (403)
         self.path = path
         self.name = name
         self._json_type = json_type
@@ -239,11 +240,11 @@ class Informer(Generic[J, V]):
             except asyncio.CancelledError:
                 raise
             except ApiError as err:
-                if not (self.optional and err.code == 404):
+                if not (self.optional and err.code in (403, 404)):
                     await self._failed(err, backoff)
                     backoff = min(backoff * 2, 30.0)
                     continue
-                self._not_served()
+                self._not_served(forbidden=err.code == 403)
                 await asyncio.sleep(self.missing_retry_s)
             except Exception as err:
                 await self._failed(err, backoff)
@@ -256,15 +257,20 @@ class Informer(Generic[J, V]):
         )
         await asyncio.sleep(backoff + random.uniform(0, backoff))  # noqa: S311
 
-    def _not_served(self) -> None:
-        """The optional resource is not served: said once per absence, the cache emptied
-        (a CRD deleted meanwhile takes its objects with it), and synced."""
-        if not self.missing:
+    def _not_served(self, *, forbidden: bool = False) -> None:
+        """The optional resource is not served, or this identity may not list it: said
+        once per absence, the cache emptied (a CRD deleted meanwhile takes its objects
+        with it), and synced."""
+        if not self.missing or forbidden != self.forbidden:
             log.warning(
-                "resource not served: the features that need it are off until it is",
+                "resource not readable (forbidden): the features that need it are off "
+                "until list and watch are granted"
+                if forbidden
+                else "resource not served: the features that need it are off until it is",
                 extra={"informer": self.name, "path": self.path},
             )
         self.missing = True
+        self.forbidden = forbidden
         for key in list(self.store):
             self._apply(key, None, self.resource_version)
         self.synced.set()
@@ -289,7 +295,7 @@ class Informer(Generic[J, V]):
                 self._apply(key, view, rv)
         self.relists += 1
         if self.missing:
-            self.missing = False
+            self.missing = self.forbidden = False
             log.info("resource served again", extra={"informer": self.name, "path": self.path})
         self.synced.set()
 

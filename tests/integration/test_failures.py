@@ -145,6 +145,12 @@ NO_LEASES: list[dict[str, Any]] = [
         "resources": ["*"],
         "verbs": ["*"],
     },
+    # The GPUs DRA offers and the device fence (the chart grants the same).
+    {
+        "apiGroups": ["resource.k8s.io"],
+        "resources": ["resourceslices", "resourceclaims", "devicetaintrules"],
+        "verbs": ["*"],
+    },
     # Its own CRDs, read to compare their schema (the chart grants the same).
     {
         "apiGroups": ["apiextensions.k8s.io"],
@@ -346,6 +352,37 @@ def test_no_rbac_on_leases_is_told_and_leading_starts_once_granted(
     grant(LEASES)
     controller.wait_leading()
     assert readyz(controller)["reasons"] == []
+
+
+def test_without_rbac_on_dra_the_controller_is_ready_says_so_and_asks_once(
+    control_plane: ControlPlane,
+    pool: dict[str, str],
+    audited: tuple[AuditedStart, Callable[[list[dict[str, Any]]], None]],
+) -> None:
+    """A ClusterRole from before DRA (what an upgrade that kept an old role leaves):
+    the controller is ready and leads, /readyz names each DRA list it may not make,
+    and each is asked once, not in a loop (the audit log counts them)."""
+    start, _ = audited
+    without_dra = [r for r in NO_LEASES if "resource.k8s.io" not in r["apiGroups"]]
+    started = audit.offset(control_plane.audit_log)
+    controller = start(controller_config(pool), [*without_dra, *LEASES])
+    controller.wait_leading()
+    reasons = readyz(controller)["reasons"]
+    forbidden = sorted(r.split()[2] for r in reasons if "(forbidden)" in r)
+    assert forbidden == [
+        "devicetaintrules-v1", "devicetaintrules-v1beta2", "resourceclaims", "resourceslices",
+    ], reasons  # fmt: skip
+    time.sleep(3)  # what a retry loop would send meanwhile
+    made = audit.requests(control_plane.audit_log, user=AUDITED_CONTROLLER, since=started)
+    asked = sorted(
+        (r.resource, r.code)
+        for r in made
+        if r.resource in ("resourceslices", "resourceclaims", "devicetaintrules")
+    )
+    assert asked == [
+        ("devicetaintrules", 403), ("devicetaintrules", 403), ("resourceclaims", 403),
+        ("resourceslices", 403),
+    ], asked  # fmt: skip
 
 
 def test_without_the_gpurollout_crd_faults_are_handled_and_readyz_names_it(
