@@ -118,6 +118,7 @@ bench: $(BENCH_STAMP) testenv nvml monitoring
 	$(BIN)/python bench/alerts.py --posts 10000
 	$(BIN)/python bench/quarantine.py --singles 200 --storms 50 200
 	$(BIN)/python bench/scale.py --nodes 1000 2500 5000
+	$(BIN)/python bench/dra.py --nodes 1000
 	$(BIN)/python bench/lists.py --nodes 5000 --rounds 3
 	$(BIN)/python bench/transport.py --nodes 1000 --rounds 3
 	$(BIN)/python bench/profile_storm.py --nodes 200 --seconds 15

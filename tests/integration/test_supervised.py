@@ -60,6 +60,10 @@ EVERY_REPLICA = {
             "gpurollouts",
             "validations",
             "events",
+            "resourceslices",
+            "resourceclaims",
+            "devicetaintrules-v1",
+            "devicetaintrules-v1beta2",
         )
     ),
 }
