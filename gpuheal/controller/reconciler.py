@@ -37,6 +37,7 @@ from gpuheal.kube.informer import Store
 from gpuheal.kube.rollouts import RolloutState
 from gpuheal.metrics.controller import ControllerMetrics, DeviceCounts
 from gpuheal.model import CanaryView, FaultRecord, NodeView, PodView
+from gpuheal.policy import agentdevice
 from gpuheal.policy.actions import Action, NodeState, Plan
 from gpuheal.policy.backoff import Blocked, refused_again
 from gpuheal.policy.dedupe import BoundedSet
@@ -125,7 +126,12 @@ class Reconciler:
         if node is None:
             return tuple(s.fault_id for s in external)
         records = self.fleet.records_of(name, self.records)
-        return tuple(s.fault_id for s in reported(Seen(node, self.config(), external, records)))
+        seen = Seen(node, self.config(), external, records, self._device_fence(name))
+        return tuple(s.fault_id for s in reported(seen))
+
+    def _device_fence(self, node: str) -> bool:
+        """A device of the node can be fenced alone: the DeviceTaintRule API is served."""
+        return self.fences(node).available
 
     # -- state ------------------------------------------------------------------
 
@@ -153,6 +159,7 @@ class Reconciler:
             repairing=self.fleet.repairing_at(
                 dt.datetime.now(dt.UTC), self.config().repair.result_timeout
             ),
+            device_fence=self._device_fence(node.name),
         )
 
     def _rollout_view(self, node: NodeView) -> RolloutDriver | None:
@@ -171,7 +178,7 @@ class Reconciler:
             records=self.fleet.records_of(node.name, self.records),
             canaries={k: c for k, c in self.canaries.items() if c.node == node.name},
             fences=self.fences(node.name),
-            driver=self._driver_reports(node, keys),
+            driver=(*self._driver_reports(node, keys), *self._agent_reports(node, keys)),
             evictions_allowed=int(bucket.tokens),
         )
 
@@ -181,6 +188,16 @@ class Reconciler:
             return ()
         pods = (p for key in tuple(keys) if (p := self.pods.get(key)) is not None and p.held)
         return driver_reports(node.devices, pods, self.config().xid_overrides)
+
+    def _agent_reports(self, node: NodeView, keys: Iterable[str]) -> tuple[DriverReport, ...]:
+        """The agent's finding when it stays on one DRA card (policy/agentdevice.py)."""
+        if not node.devices:
+            return ()
+        records = self.fleet.records_of(node.name, self.records)
+        fence = self._device_fence(node.name)
+        seen = Seen(node, self.config(), records=records, device_fence=fence)
+        pods = (p for key in tuple(keys) if (p := self.pods.get(key)) is not None and p.held)
+        return agentdevice.reports(seen, pods)
 
     def _device_bucket(self, node: str) -> TokenBucket:
         """The node's partial-drain bucket, refilled; new eviction rates (a reloaded

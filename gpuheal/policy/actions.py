@@ -317,3 +317,5 @@ class NodeState:
     validations: Mapping[str, validation.ValidationPod] = field(default_factory=dict)
     # GPU nodes with a repair in flight (a request its agent has not answered).
     repairing: frozenset[str] = frozenset()
+    # A DRA device of the node can be fenced alone (sources/base.py, Seen).
+    device_fence: bool = False

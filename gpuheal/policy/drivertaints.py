@@ -13,10 +13,13 @@ It never writes `NoExecute` and never removes a taint until it restarts. So the 
 effect is no verdict: an Xid means what NVIDIA's catalogue says (gpuheal/xid), read the
 same way as from any other source, whatever effect the driver chose.
 
-The scope is gpuheal's: an application or informational Xid is nothing; a GPU that
-needs a reboot (Xid 79, fallen off the bus, and the like) or is lost takes its node;
-an NVLink error takes the node too, for on an NVSwitch system the links are the fabric
-every GPU's collectives cross; any other node fault stays on the one GPU.
+The scope is gpuheal's (scope_of): an application or informational Xid is nothing; a
+GPU that needs a reboot (Xid 79, fallen off the bus, and the like) or is lost takes
+its node; an NVLink error (74, the NVLink5 errors 144-150, 155, a link's training
+failure 136) takes the node too, for on an NVSwitch system the links are the fabric
+every GPU's collectives cross; any other node fault (an error of the GPU's own
+memory, engines or firmware, whose remedy is a GPU reset or support) stays on the
+one GPU.
 """
 
 from __future__ import annotations
@@ -112,14 +115,22 @@ def meaning(taint: DriverTaint, overrides: Mapping[int, XidRow] | None = None) -
         )
     row = classify(code, overrides)
     return Meaning(
-        _scope(row), row.reason, row.severity if row.node_fault else None, row.description
+        scope_of(row), row.reason, row.severity if row.node_fault else None, row.description
     )
 
 
-def _scope(row: XidRow) -> Scope:
+# What names an Xid of the NVLink fabric in its row: the reason (NvlinkError74), the
+# NVIDIA workflow it follows (WORKFLOW_NVLINK5_ERR), or NVIDIA's description
+# ("NVLINK: SW Defined Error", "Link Training Failed" of ALI, NVLink's link bring-up).
+_FABRIC = ("NVLINK", "LINK TRAINING")
+
+
+def scope_of(row: XidRow) -> Scope:
+    """What an Xid takes out of service, whichever source reported it."""
     if not row.node_fault:
         return Scope.NOTHING
-    if row.action is Action.REBOOT or "nvlink" in row.reason.lower():
+    said = f"{row.reason} {row.nvidia} {row.description}".upper()
+    if row.action is Action.REBOOT or any(word in said for word in _FABRIC):
         return Scope.NODE
     return Scope.DEVICE
 

@@ -39,7 +39,7 @@ from gpuheal.model import (
     Taint,
     fault_record_name,
 )
-from gpuheal.policy import disruption, validation
+from gpuheal.policy import agentdevice, disruption, validation
 from gpuheal.policy.actions import (
     STATE_QUARANTINED,
     Action,
@@ -125,7 +125,9 @@ def plan(
 
 def _decided(state: NodeState, config: Config, now: dt.datetime, sources: Sequence[Source]) -> Plan:
     node = state.node
-    seen = Seen(node, config, state.external, (*state.records, *state.device_records))
+    seen = Seen(
+        node, config, state.external, (*state.records, *state.device_records), state.device_fence
+    )
     signal = current_signal(seen, sources)
     # With repair on, a handled fault's node still has steps to take (the repair
     # request, its result): the memory rule would hide them.
@@ -208,13 +210,16 @@ def reported(seen: Seen, sources: Sequence[Source] = SOURCES) -> tuple[FaultSign
     """What the sources report about the node, the current signal first: the node's
     own report (the first signal of an OWN source, in the sources' order; the own
     sources after it are not asked), then every other source's signal, the most
-    severe first (ties: the oldest fault id, for stability)."""
+    severe first (ties: the oldest fault id, for stability). The agent's report of
+    one DRA card's fault is that card's (the device plan's), not the node's."""
     own: FaultSignal | None = None
     for source in sources:
         if source.OWN:
             own = next(iter(source.signals(seen)), None)
             if own is not None:
                 break
+    if own is not None and agentdevice.diverted(seen, own):
+        own = None
     others = sorted(
         (signal for source in sources if not source.OWN for signal in source.signals(seen)),
         key=lambda s: (s.severity.rank, s.fault_id),

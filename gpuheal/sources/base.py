@@ -47,6 +47,9 @@ class Seen:
     external: tuple[FaultSignal, ...] = ()
     # The node's GPUFault records, node-level and device-level.
     records: tuple[FaultRecord, ...] = ()
+    # One of its DRA devices can be fenced alone (the DeviceTaintRule API is served):
+    # the agent's one-GPU finding is then that device's (policy/agentdevice.py).
+    device_fence: bool = False
 
 
 class Source(Protocol):

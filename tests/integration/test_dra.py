@@ -50,11 +50,13 @@ from gpuheal.sim.workloads import apply, pod_disruption_budget, wait_pods_runnin
 from tests.corpus import unique_eks_node, unique_fqdn
 from tests.helpers import wait_for
 from tests.integration.conftest import (
+    StartAgent,
     StartController,
     controller_config,
     evictions_from,
     faults_of,
     in_process_cli,
+    node_annotations,
     our_taint,
     pods_on,
     pods_told_evicted,
@@ -711,3 +713,56 @@ def test_the_controller_says_which_fence_it_has_and_asks_for_a_missing_one_once(
     )
     # v1: one LIST, not found; v1beta2: one LIST and its WATCH.
     assert asked == {("list", 404): 1, ("list", 200): 1, ("watch", 200): 1}, asked
+
+
+def test_the_agent_s_xid_on_one_card_fences_that_card_and_two_cards_take_the_node(
+    kube: Client,
+    namespace: str,
+    pool: dict[str, str],
+    dra_nodes: list[str],
+    start_controller: StartController,
+    start_agent: StartAgent,
+) -> None:
+    """The real agent (NVML stand-in, its kernel log) on a DRA-only node reads Xid 48
+    (a double-bit ECC error: NVIDIA's remedy is that GPU's reset) on the card one pod
+    holds: one DeviceTaintRule on that card, that pod moved, the node untouched. The
+    agent's report then names a second card (Xid 48 on it too): the fault is the
+    node's, the node is quarantined and its pods leave, the first card's rule stays."""
+    node = unique_eks_node()
+    add_dra_node(kube, dra_nodes, node, pool)
+    for i in range(3):
+        apply(kube, gpu_claim(f"a-{i}-gpus", namespace))
+        apply(kube, claim_pod(f"a-{i}", namespace, f"a-{i}-gpus", node_selector=pool))
+    wait_pods_running(kube, namespace, count=3, timeout_s=90)
+    start_controller(controller_config(pool, deviceHealth={"evictionsPerMinute": 600}))
+    agent = start_agent(node, {"failRounds": 1, "intervalSeconds": 0.2})
+
+    def ecc(card: str) -> str:
+        pci = 0x18 + int(card.removeprefix("gpu-"))
+        return (
+            f"NVRM: Xid (PCI:0000:{pci:02x}:00): 48, pid='<unknown>', name=<unknown>, An "
+            "uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer "
+            "at partition 6, subpartition 0."
+        )
+
+    first = card_of(kube, namespace, node, "a-0")
+    agent.kernel(ecc(first))
+    (rule,) = wait_for("the card's fence", lambda: our_rules(kube, node), timeout_s=30)
+    assert rule["spec"]["deviceSelector"] == {"driver": DRIVER, "pool": node, "device": first}
+    wait_for("a-0 moved", lambda: pods_on(kube, namespace, node) == {"a-1", "a-2"}, timeout_s=60)
+    (record,) = faults_of(kube, node)
+    assert record.spec["scope"] == "device"
+    (detect,) = record_entries(record, "detect")
+    uuid = gpu_spec(node)["devices"][int(first.removeprefix("gpu-"))]["uuid"]
+    assert detect["detail"] == f"agent: EccDoubleBit48 on {uuid}"
+    assert node_annotations(kube, node)["gpuheal.io/fault-reason"] == "EccDoubleBit48"
+    time.sleep(2)  # what a node quarantine would do meanwhile
+    assert our_taint(kube, node) is None
+    assert pods_on(kube, namespace, node) == {"a-1", "a-2"}
+
+    agent.kernel(ecc(card_of(kube, namespace, node, "a-1")))
+    wait_for("the node quarantined", lambda: our_taint(kube, node) is not None, timeout_s=30)
+    wait_for("the node's pods moved", lambda: not pods_on(kube, namespace, node), timeout_s=60)
+    assert [r["metadata"]["name"] for r in our_rules(kube, node)] == [rule["metadata"]["name"]]
+    scopes = Counter(r.spec.get("scope", "node") for r in faults_of(kube, node))
+    assert scopes == {"device": 1, "node": 1}, scopes
