@@ -516,7 +516,9 @@ def _advance(work: _Pass, record: FaultRecord, device: Device | None) -> None:
     health = device.health if device else None
     if record.phase is Phase.CANARY:
         _canary_step(work, record, health)
-    elif record.phase is Phase.RECOVERING:
+        return
+    _leftover_canary(work, record)
+    if record.phase is Phase.RECOVERING:
         _observe_step(work, record, health)
     elif record.phase in _QUARANTINE_PHASES and not _drain_step(work, record, device):
         _release_trigger(work, record, health)
@@ -628,14 +630,27 @@ def _start_canary(work: _Pass, record: FaultRecord, why: str) -> None:
     work.requeue.at(work.cfg.canary_timeout_seconds)
 
 
+def _leftover_canary(work: _Pass, record: FaultRecord) -> None:
+    """The canary of a record past its canary phase goes, in a pass after the one
+    that wrote its result: the record's news is written when a pass ends, so a
+    canary deleted in the pass that read it could be run again by a controller
+    killed in between (its record still says Canary, its pod gone)."""
+    attempt = _attempt(record)
+    name = canary_name(record.name, attempt)
+    if attempt and name in work.state.canaries:
+        work.actions.append(DeleteCanary(name, _dra(work, record)))
+
+
 def _canary_step(work: _Pass, record: FaultRecord, health: DeviceHealth | None) -> None:
+    """The canary's result, written on the record; the canary itself goes in the
+    next pass (_leftover_canary), which comes at once."""
     cfg = work.cfg
     name = canary_name(record.name, max(_attempt(record), 1))
     start = _last(record, Entry.CANARY_START)
     started = (parse_time(start.time) if start else None) or work.now
     if health is DeviceHealth.UNHEALTHY:
-        work.actions.append(DeleteCanary(name, _dra(work, record)))
         _back_to_quarantine(work, record, Entry.FAULT_RETURNED, "Unhealthy again during the canary")
+        work.requeue.at(0)
         return
     pod = work.state.canaries.get(name)
     elapsed = (work.now - started).total_seconds()
@@ -644,20 +659,19 @@ def _canary_step(work: _Pass, record: FaultRecord, health: DeviceHealth | None) 
         work.actions.append(_canary(work, name, record))
         work.requeue.at(cfg.canary_timeout_seconds - elapsed)
     elif pod.phase == "Succeeded":
-        work.actions += [
-            DeleteCanary(name, _dra(work, record)),
+        work.actions.append(
             UpdateRecord(
                 record.name,
                 Phase.RECOVERING,
                 work.entry(Entry.CANARY_PASSED, detail=name),
                 recovering_since=iso(work.now),
             ),
-        ]
-        work.requeue.at(cfg.observation_seconds)
+        )
+        work.requeue.at(0)
     elif pod.phase == "Failed" or elapsed >= cfg.canary_timeout_seconds:
         why = "failed" if pod.phase == "Failed" else f"timed out after {elapsed:.0f}s"
-        work.actions.append(DeleteCanary(name, _dra(work, record)))
         _back_to_quarantine(work, record, Entry.CANARY_FAILED, f"canary {name} {why}")
+        work.requeue.at(0)
         work.emit(
             Reason.GATE_FAILED,
             f"{record.device}: canary {name} {why}; quarantine extended by "

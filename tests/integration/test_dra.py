@@ -28,6 +28,7 @@ from lightkube.resources.resource_v1beta2 import DeviceTaintRule
 from lightkube.types import PatchType
 
 from gpuheal.model import DeviceKey, fault_record_name
+from gpuheal.policy.devices import canary_name
 from gpuheal.policy.dra import by_key, pod_gpus, slice_devices
 from gpuheal.policy.drivertaints import XID_KEY, Scope, driver_taints, meaning
 from gpuheal.policy.fence import FENCE_LABEL, NODE_ANNOTATION, PROBATION_KEY, device_taint_rule
@@ -434,9 +435,10 @@ def test_a_bad_card_is_fenced_alone_its_pod_moved_and_proven_by_a_canary_on_it(
     """Seven one-GPU pods on an eight-card DRA-only node. One card reports Unhealthy:
     one DeviceTaintRule on exactly that card, only its pod evicted, the node
     untainted and schedulable; the real scheduler gives a new pod the free card and
-    keeps the next off the fenced one. Once the quarantine expires the canary's
-    claim is allocated that very card; it passes, the record resolves, the rule gives
-    way to a probation rule, and once that ends the waiting pod gets the card."""
+    keeps the next, and an 8-GPU pod, off the fenced one. Once the quarantine expires
+    the canary's claim is allocated that very card; it passes, the record resolves,
+    the rule gives way to a probation rule, and once that ends the waiting pod gets
+    the card; with the node's pods gone, the 8-GPU pod gets all eight."""
     node = unique_eks_node()
     add_dra_node(kube, dra_nodes, node, pool)
     for i in range(7):
@@ -482,8 +484,13 @@ def test_a_bad_card_is_fenced_alone_its_pod_moved_and_proven_by_a_canary_on_it(
     assert card_of(kube, namespace, node, "new-0") != bad
     apply(kube, gpu_claim("new-1-gpus", namespace))
     apply(kube, claim_pod("new-1", namespace, "new-1-gpus", node_selector=pool))
+    # An 8-GPU pod cannot have the node while one card is fenced: the scheduler says so.
+    apply(kube, gpu_claim("whole-gpus", namespace, gpus=8))
+    apply(kube, claim_pod("whole", namespace, "whole-gpus", node_selector=pool))
     time.sleep(3)
     assert "new-1" not in held_by(kube, namespace, node)
+    said = wait_for("the scheduler's reason", lambda: unschedulable(kube, namespace, "whole"))
+    assert "cannot allocate all claims" in said, said
     # `gpuheal status` counts the node as the scheduler sees it: 8 GPUs, 7 usable
     # (the fenced one aside), 7 held through claims.
     config = tmp_path / "cli.yaml"
@@ -542,6 +549,31 @@ def test_a_bad_card_is_fenced_alone_its_pod_moved_and_proven_by_a_canary_on_it(
         timeout_s=90,
     )
     assert card_of(kube, namespace, node, "new-1") == bad
+    # Every card free again, the 8-GPU pod is given all eight, the once bad one too.
+    for pod in pods_on(kube, namespace, node):
+        kube.delete(Pod, pod, namespace=namespace, grace_period=0)
+    wait_for("the 8-GPU pod placed", lambda: "whole" in held_by(kube, namespace, node), 60)
+    assert len(pod_cards(kube, namespace, "whole")) == 8
+
+
+def unschedulable(kube: Client, namespace: str, pod: str) -> str:
+    """The scheduler's message on a pod it could not place, or ""."""
+    status = kube.get(Pod, pod, namespace=namespace).status
+    conditions = (status.conditions if status else None) or []
+    return next(
+        (
+            c.message or ""
+            for c in conditions
+            if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
+        ),
+        "",
+    )
+
+
+def pod_cards(kube: Client, namespace: str, pod: str) -> list[str]:
+    """The devices the scheduler allocated the pod's claim."""
+    claim = kube.get(ResourceClaim, f"{pod}-gpus", namespace=namespace).to_dict()
+    return [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]]
 
 
 def _phase(kube: Client, namespace: str, name: str) -> str:
@@ -652,6 +684,69 @@ def test_a_kill_at_any_step_of_a_card_s_fence_leaves_one_rule_one_record_one_evi
         assert listed == [] and told in ([], [f"{namespace}/k-0"])
     else:
         assert listed == told == [f"{namespace}/k-0"]
+
+
+def test_a_kill_at_each_step_of_the_way_back_leaves_one_canary_one_release_no_rule(
+    kube: Client,
+    namespace: str,
+    pool: dict[str, str],
+    dra_nodes: list[str],
+    start_controller: StartController,
+) -> None:
+    """The way back of a fenced card, with the controller SIGKILLed right after each
+    of its steps in turn (the canary made, the canary deleted once it passed, the
+    fence replaced by probation, the probation lifted), each time started again:
+    one canary run, one release, the record resolved, no rule left, the card free."""
+    node = unique_eks_node()
+    add_dra_node(kube, dra_nodes, node, pool)
+    apply(kube, gpu_claim("w-0-gpus", namespace))
+    apply(kube, claim_pod("w-0", namespace, "w-0-gpus", node_selector=pool))
+    wait_pods_running(kube, namespace, count=1, timeout_s=60)
+    bad = card_of(kube, namespace, node, "w-0")
+    health = {
+        "canaryNamespace": CANARY_NAMESPACE,
+        "canaryTimeoutSeconds": 120,
+        "observationSeconds": 1,
+        "quarantineSeconds": 4,
+        "probationSeconds": 4,
+        "evictionsPerMinute": 600,
+    }
+    config = controller_config(pool, deviceHealth=health)
+
+    def canary() -> str:
+        """The name of the node's running canary pod, or "" (other tests' canaries
+        may be left in the namespace)."""
+        pods = as_dicts(kube.list(Pod, namespace=CANARY_NAMESPACE, fields={"spec.nodeName": node}))
+        running = [p for p in pods if p["status"].get("phase") == "Running"]
+        return running[0]["metadata"]["name"] if running else ""
+
+    steps = [("CreateCanary", None), ("DeleteCanary", canary), ("Unfence", None)]
+    for step, then in [*steps, ("Unfence:1", None)]:
+        doomed = start_controller(config, env={"GPUHEAL_CRASH_AFTER": step})
+        if step == "CreateCanary":
+            report_claim_device(kube, namespace, "w-0", f"{DRIVER}/{node}/{bad}", "Unhealthy")
+        if then is not None:
+            name = wait_for("the canary running", then, timeout_s=60)
+            kube.patch(
+                Pod.Status, name, {"status": {"phase": "Succeeded"}},
+                namespace=CANARY_NAMESPACE, patch_type=PatchType.MERGE,
+            )  # fmt: skip
+        assert doomed.wait_exit(60) == -9, f"the crashpoint after {step} was not reached"
+
+    start_controller(config)
+    (record,) = faults_of(kube, node)
+    wait_for(
+        "resolved", lambda: record_phase(kube.get(GPUFault, record.metadata.name)) == "Resolved"
+    )
+    wait_for("no rule left", lambda: not our_rules(kube, node), timeout_s=30)
+    stored = kube.get(GPUFault, record.metadata.name)
+    assert len(record_entries(stored, "canary-start")) == 1
+    assert len(record_entries(stored, "release")) == 1
+    assert len(record_entries(stored, "fence")) == 1
+    assert not list(kube.list(Pod, namespace=CANARY_NAMESPACE, fields={"spec.nodeName": node}))
+    claims = as_dicts(kube.list(ResourceClaim, namespace=CANARY_NAMESPACE))
+    assert canary_name(record.metadata.name, 1) not in {c["metadata"]["name"] for c in claims}
+    assert pods_told_evicted(kube, node) == [f"{namespace}/w-0"]
 
 
 def test_a_budget_that_allows_no_disruption_holds_the_card_s_pod_and_the_event_says_so(

@@ -224,10 +224,11 @@ def test_the_canary_of_a_dra_gpu_claims_that_very_gpu_and_its_claim_goes_with_it
         actions=(ActionEntry(iso(NOW), Entry.CANARY_START, "ok", canary.name),),
     )
     name = canary_name(started.name, 1)
+    recovering = dataclasses.replace(started, phase=Phase.RECOVERING, recovering_since=iso(NOW))
     passed = dra_state(
         DeviceHealth.HEALTHY,
-        started,
-        rules=(rule(started),),
+        recovering,
+        rules=(rule(recovering),),
         canaries={name: CanaryView(name, NODE, "Succeeded")},
     )
     (deleted,) = [a for a in plan_devices(passed, CFG, NOW).actions if isinstance(a, DeleteCanary)]

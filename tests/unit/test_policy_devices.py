@@ -300,13 +300,20 @@ def test_healthy_again_starts_a_canary_then_pass_observe_release() -> None:
 
     passed = {canary.name: CanaryView(canary.name, "n1", "Succeeded")}
     decided = plan_devices(replace(state, records=(running,), canaries=passed), CFG, NOW)
-    assert of(decided.actions, DeleteCanary)
+    # The result is written first; the canary goes in the next pass, at once (a
+    # controller killed between the two must not run the canary again).
+    assert not of(decided.actions, DeleteCanary) and decided.requeue_after == 0.1
     (update,) = of(decided.actions, UpdateRecord)
     assert update.phase is Phase.RECOVERING and update.recovering_since == iso(NOW)
+    recovering = replace(
+        running, phase=Phase.RECOVERING, actions=(*running.actions, update.entry),
+        recovering_since=iso(NOW),
+    )  # fmt: skip
+    decided = plan_devices(replace(state, records=(recovering,), canaries=passed), CFG, NOW)
+    assert of(decided.actions, DeleteCanary) == [DeleteCanary(canary.name)]
+    assert not of(decided.actions, UpdateRecord)
 
-    observed = replace(
-        running, phase=Phase.RECOVERING, recovering_since=iso(NOW - dt.timedelta(seconds=301))
-    )
+    observed = replace(recovering, recovering_since=iso(NOW - dt.timedelta(seconds=301)))
     decided = plan_devices(replace(state, records=(observed,)), CFG, NOW)
     (update,) = of(decided.actions, UpdateRecord)
     assert update.phase is Phase.RESOLVED
@@ -326,7 +333,7 @@ def test_a_failed_or_timed_out_canary_extends_the_quarantine() -> None:
         ({name: CanaryView(name, "n1", "Running")}, NOW + dt.timedelta(seconds=200)),
     ):
         decided = plan_devices(replace(state, canaries=canaries), CFG, now)
-        assert of(decided.actions, DeleteCanary)
+        assert not of(decided.actions, DeleteCanary)  # in the next pass
         (update,) = of(decided.actions, UpdateRecord)
         assert update.phase is Phase.QUARANTINED and update.entry.action == "canary-failed"
         assert update.expiry == iso(now + dt.timedelta(seconds=600))
@@ -339,6 +346,8 @@ def test_a_failed_or_timed_out_canary_extends_the_quarantine() -> None:
             actions=(*record.actions, update.entry),
             expiry=update.expiry or "",
         )
+        leftover = plan_devices(replace(state, records=(failed,), canaries=canaries), CFG, now)
+        assert of(leftover.actions, DeleteCanary) == [DeleteCanary(name)]
         waiting = plan_devices(replace(state, records=(failed,)), CFG, now)
         assert waiting.actions == () and waiting.requeue_after == 600
         after = now + dt.timedelta(seconds=601)
