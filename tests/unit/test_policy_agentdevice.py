@@ -63,12 +63,24 @@ def node(
     return NodeView(NODE, "1", conditions=(READY,), annotations=annotations, devices=dra)
 
 
-def seen(view: NodeView, *, fence: bool = True, config: Config = CFG, **kw: object) -> Seen:
-    return Seen(view, config, device_fence=fence, **kw)  # type: ignore[arg-type]
+def seen(
+    view: NodeView,
+    *,
+    fence: bool = True,
+    config: Config = CFG,
+    records: tuple[FaultRecord, ...] = (),
+) -> Seen:
+    return Seen(view, config, records=records, device_fence=fence)
 
 
-def card(view: NodeView, **kw: object) -> DraDevice | None:
-    s = seen(view, **kw)
+def card(
+    view: NodeView,
+    *,
+    fence: bool = True,
+    config: Config = CFG,
+    records: tuple[FaultRecord, ...] = (),
+) -> DraDevice | None:
+    s = seen(view, fence=fence, config=config, records=records)
     signal = current_signal(replace(s, device_fence=False))
     assert signal is not None
     return agentdevice.card_of(s, signal)
