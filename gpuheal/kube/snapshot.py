@@ -202,18 +202,64 @@ async def _served(listing: Awaitable[list[J]], kind: str) -> list[J]:
         return []
 
 
-async def _rules(api: KubeApi, selector: str, page: int) -> list[RuleJson]:
-    """gpuheal's DeviceTaintRules, at the newest version that serves them."""
+async def _rules(api: KubeApi, selector: str, page: int) -> tuple[str, list[RuleJson]]:
+    """gpuheal's DeviceTaintRules, at the newest version that serves them: that
+    version ("" when none does) and the rules."""
     for version in RULE_VERSIONS:
         try:
-            return await list_all(
+            return version, await list_all(
                 api, device_taint_rule_path("", version), RuleJson, "DeviceTaintRule",
                 label_selector=selector, page=page,
             )  # fmt: skip
         except ApiError as err:
             if err.code != 404:
                 raise
-    return []
+    return "", []
+
+
+async def _rule_items(api: KubeApi, selector: str, page: int) -> list[RuleJson]:
+    return (await _rules(api, selector, page))[1]
+
+
+@dataclass(frozen=True)
+class NodeDra:
+    """One node's GPUs offered through DRA, as a command reads them."""
+
+    devices: tuple[DraDevice, ...] = ()  # gpuheal's fences joined in
+    # The version of resource.k8s.io serving DeviceTaintRules ("" none: no device can
+    # be fenced); None: not known (the rules could not be read: forbidden).
+    fence_api: str | None = None
+    unread: tuple[str, ...] = ()  # what could not be read, and why
+
+
+async def read_node_dra(api: KubeApi, node: str, drivers: frozenset[str]) -> NodeDra:
+    """The node's GPU devices (its ResourceSlices of `drivers`, by field selector)
+    with gpuheal's DeviceTaintRules on them, and which version serves the rules.
+    A cluster without DRA has none; a refused read is named in `unread`."""
+    rules = f"{FENCE_LABEL}={FENCE_LABEL_VALUE}"
+    slices, fences = await asyncio.gather(
+        _refusable(list_all(api, f"{RESOURCE_API}/resourceslices", SliceJson, "ResourceSlice",
+                            field_selector=f"spec.nodeName={node}"), "ResourceSlices"),
+        _refusable(_rules(api, rules, LIST_PAGE), "DeviceTaintRules"),
+    )  # fmt: skip
+    to_slice = slice_view_factory(drivers)
+    found = newest_devices(v for s in slices[0] or () if (v := to_slice(s)).node == node)
+    version, items = fences[0] if fences[0] is not None else (None, [])
+    on_node = [f for r in items if (f := fence_view(r)).node == node]
+    unread = tuple(why for _, why in (slices, fences) if why)
+    return NodeDra(fenced(found.get(node, ()), on_node), version, unread)
+
+
+async def _refusable(read: Awaitable[T], what: str) -> tuple[T | None, str]:
+    """A read a command may be refused (403) or a cluster may not serve (404: none)."""
+    try:
+        return await read, ""
+    except ApiError as err:
+        if err.code == 403:
+            return None, f"{what} (forbidden)"
+        if err.code != 404:
+            raise
+        return None, ""
 
 
 async def read_dra(
@@ -227,7 +273,7 @@ async def read_dra(
                          page=page), "ResourceSlice"),
         _served(list_all(api, f"{RESOURCE_API}/resourceclaims", ClaimJson, "ResourceClaim",
                          page=page), "ResourceClaim"),
-        _served(_rules(api, rules, page), "DeviceTaintRule"),
+        _served(_rule_items(api, rules, page), "DeviceTaintRule"),
     )  # fmt: skip
     to_slice, to_claim = slice_view_factory(drivers), claim_view_factory(drivers)
     found = newest_devices(v for s in slices if (v := to_slice(s)).node)

@@ -1,7 +1,8 @@
 """`gpuheal doctor NODE`: read what the four questions need, then answer them.
 
 Reads only, never writes: the node, every node (candidates, pool, rack), the
-pods on the node, the Pending pods, and then only what those call for — the
+pods on the node, the Pending pods, the node's DRA GPUs (its ResourceSlices and
+gpuheal's DeviceTaintRules), and then only what those call for — the
 node's GPUFault records, PodDisruptionBudgets and ResourceQuotas of the
 namespaces involved, the scheduler's FailedScheduling Events of the Pending
 pods shown, and the pods bound elsewhere when free GPUs matter. Each round of
@@ -23,7 +24,7 @@ from gpuheal.config import Config
 from gpuheal.kube.api import ApiError, KubeApi, gpufault_path, node_path
 from gpuheal.kube.details import Event, Node, Pod, PodDisruptionBudget, ResourceQuota
 from gpuheal.kube.projections import FaultJson, fault_record
-from gpuheal.kube.snapshot import ALL_PODS, LIVE_BOUND_PODS, list_all
+from gpuheal.kube.snapshot import ALL_PODS, LIVE_BOUND_PODS, list_all, read_node_dra
 from gpuheal.model import NODE_LABEL
 from gpuheal.ops.diagnosis import Diagnosis, diagnose
 from gpuheal.ops.findings import Facts
@@ -105,10 +106,11 @@ async def gather(api: KubeApi, config: Config, name: str, now: dt.datetime) -> F
         if err.code == 404:
             return Facts(name=name, node=None, now=now)
         raise
-    nodes, on_node, pending = await asyncio.gather(
+    nodes, on_node, pending, dra = await asyncio.gather(
         list_all(api, node_path(), Node, "Node"),
         list_all(api, ALL_PODS, Pod, "Pod", field_selector=f"spec.nodeName={name}"),
         list_all(api, ALL_PODS, Pod, "Pod", field_selector="status.phase=Pending"),
+        read_node_dra(api, name, frozenset(config.gpu_drivers)),
     )
     shown = relevant_pending(node, pending, config)[:PENDING_SHOWN]
     movable = evictable(on_node)
@@ -158,7 +160,7 @@ async def gather(api: KubeApi, config: Config, name: str, now: dt.datetime) -> F
             field_selector=FAILED_SCHEDULING,
         ),
     )
-    unread = [no_bound, no_records, *pdbs[1], *quotas[1], *events[1]]
+    unread = [*dra.unread, no_bound, no_records, *pdbs[1], *quotas[1], *events[1]]
     faults = None if records is None else [fault_record(r) for r in records]
     return Facts(
         name=name,
@@ -173,6 +175,7 @@ async def gather(api: KubeApi, config: Config, name: str, now: dt.datetime) -> F
         quotas=quotas[0],
         scheduler_says=latest_messages(events[0]),
         unread=[why for why in unread if why],
+        dra=dra,
     )
 
 

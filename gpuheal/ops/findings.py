@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from gpuheal.clock import duration
 from gpuheal.kube.details import Node, NodeCondition, Pod, PodDisruptionBudget, ResourceQuota
+from gpuheal.kube.snapshot import NodeDra
 from gpuheal.model import FaultRecord
 
 # Severities: ok (checked, fine), info (context, not a problem), warn, bad.
@@ -55,6 +56,8 @@ class Facts:
     scheduler_says: Mapping[str, str] = field(default_factory=dict)
     # What could not be read ("PodDisruptionBudgets in ns-a: forbidden"), said as info.
     unread: Sequence[str] = ()
+    # The node's GPUs offered through DRA, and the device fence the cluster serves.
+    dra: NodeDra = field(default_factory=NodeDra)
 
 
 def when(moment: dt.datetime | None, now: dt.datetime) -> str:

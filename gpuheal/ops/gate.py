@@ -22,7 +22,7 @@ from gpuheal.config import Config
 from gpuheal.kube.api import ApiError, KubeApi, node_path
 from gpuheal.kube.projections import NodeJson, PodJson, device_plugin_matcher
 from gpuheal.kube.rollouts import pool_rollout
-from gpuheal.kube.snapshot import ALL_PODS, list_all
+from gpuheal.kube.snapshot import ALL_PODS, list_all, read_node_dra
 from gpuheal.model import MAINTENANCE_SINCE
 from gpuheal.ops import exitcodes
 from gpuheal.ops.fleet import (
@@ -82,10 +82,11 @@ async def gather(api: KubeApi, config: Config, node: NodeJson) -> GateFacts:
     name = node.metadata.name
     labels = node.metadata.labels
     pool = pool_of(labels, config)
-    nodes, pods, rollout = await asyncio.gather(
+    nodes, pods, rollout, dra = await asyncio.gather(
         list_all(api, node_path(), NodeJson, "Node", label_selector=node_selector_query(config)),
         pods_on(api, name),
         pool_rollout(api, pool) if pool != NO_POOL else asyncio.sleep(0, None),
+        read_node_dra(api, name, frozenset(config.gpu_drivers)),
     )
     peers: Counter[str] = Counter()
     for other in nodes:
@@ -112,6 +113,7 @@ async def gather(api: KubeApi, config: Config, node: NodeJson) -> GateFacts:
         pool_drivers=dict(peers),
         device_plugin_pods=plugins,
         rollout=rollout.driver_view(name) if rollout is not None else None,
+        devices=dra.devices,
     )
 
 

@@ -28,6 +28,7 @@ from gpuheal.model import (
     TAINT_KEY,
 )
 from gpuheal.ops.cluster import annotations_of, labels_of, name_of
+from gpuheal.ops.dravisibility import dra_node, question_dra
 from gpuheal.ops.findings import (
     BAD,
     INFO,
@@ -64,6 +65,13 @@ GFD_PRODUCT = "nvidia.com/gpu.product"
 
 
 def question_gpus(node: Node, facts: Facts, config: Config) -> list[Finding]:
+    if dra_node(node, facts, config):
+        return [
+            *question_dra(node, facts, config),
+            *_agent_report(node, facts),
+            *_labels(node, facts, config),
+            *_taints(node, facts, config),
+        ]
     labels = labels_of(node)
     capacity, allocatable = node_capacity(node, config), node_allocatable(node, config)
     expected = expected_gpus(labels, config)

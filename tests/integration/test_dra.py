@@ -494,7 +494,9 @@ def test_a_bad_card_is_fenced_alone_its_pod_moved_and_proven_by_a_canary_on_it(
     # `gpuheal status` counts the node as the scheduler sees it: 8 GPUs, 7 usable
     # (the fenced one aside), 7 held through claims.
     config = tmp_path / "cli.yaml"
-    config.write_text(yaml.safe_dump({"nodeSelector": pool}))
+    ((label, name),) = pool.items()
+    pools = {"label": label, "byName": {name: {"gpusPerNode": 8}}}
+    config.write_text(yaml.safe_dump({"nodeSelector": pool, "pools": pools}))
     cli = in_process_cli(control_plane.kubeconfig, capsys, "--config", str(config))
     code, out, _ = cli("status", "-o", "json")
     assert code == 0
@@ -505,6 +507,22 @@ def test_a_bad_card_is_fenced_alone_its_pod_moved_and_proven_by_a_canary_on_it(
     found = [f for f in json.loads(out)["findings"] if f["node"] == node]
     assert [f["kind"] for f in found] == ["allocatable-drop"], found
     assert "taints (gpuheal.io/gpu-fault) keep new claims off 1;" in found[0]["detail"]
+    # `gpuheal gate` fails the node on its count; `gpuheal doctor` names the fenced card
+    # and the fence.
+    assert gate_count(cli, node) == (
+        "fail",
+        f"7 of 8 DRA GPU devices usable, expected 8; tainted: {bad} (gpuheal.io/gpu-fault)",
+    )
+    said = doctor_findings(cli, node)
+    assert (
+        said["gpus-tainted"][0] == "warn"
+        and f"{bad} (gpuheal.io/gpu-fault)" in said["gpus-tainted"][1]
+    )
+    assert said["device-fence"] == (
+        "ok",
+        "A bad card here is fenced alone: a DeviceTaintRule (resource.k8s.io/v1beta2, "
+        "NoSchedule), its pods moved through the Eviction API.",
+    )
 
     # The quarantine expires: the canary's claim is allocated the fenced card itself.
     def canary_claim() -> dict[str, Any] | None:
@@ -549,11 +567,26 @@ def test_a_bad_card_is_fenced_alone_its_pod_moved_and_proven_by_a_canary_on_it(
         timeout_s=90,
     )
     assert card_of(kube, namespace, node, "new-1") == bad
+    assert gate_count(cli, node) == ("pass", "8 DRA GPU devices usable, as expected")
     # Every card free again, the 8-GPU pod is given all eight, the once bad one too.
     for pod in pods_on(kube, namespace, node):
         kube.delete(Pod, pod, namespace=namespace, grace_period=0)
     wait_for("the 8-GPU pod placed", lambda: "whole" in held_by(kube, namespace, node), 60)
     assert len(pod_cards(kube, namespace, "whole")) == 8
+
+
+def gate_count(cli: Any, node: str) -> tuple[str, str]:
+    """`gpuheal gate NODE`'s gpu-count check: (result, reason)."""
+    _, out, _ = cli("gate", node, "-o", "json")
+    check = next(c for c in json.loads(out)["checks"] if c["name"] == "gpu-count")
+    return check["result"], check["reason"]
+
+
+def doctor_findings(cli: Any, node: str) -> dict[str, tuple[str, str]]:
+    """`gpuheal doctor NODE`'s findings by kind: (severity, text)."""
+    _, out, _ = cli("doctor", node, "-o", "json")
+    questions = json.loads(out)["questions"]
+    return {f["kind"]: (f["severity"], f["text"]) for q in questions for f in q["findings"]}
 
 
 def unschedulable(kube: Client, namespace: str, pod: str) -> str:
