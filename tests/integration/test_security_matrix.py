@@ -43,7 +43,7 @@ from lightkube.resources.core_v1 import Namespace, Node, Pod, Secret, ServiceAcc
 from lightkube.resources.events_v1 import Event as EventsV1Event
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
 from lightkube.resources.resource_v1 import DeviceTaintRule as DeviceTaintRuleV1
-from lightkube.resources.resource_v1 import ResourceClaim
+from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 from lightkube.resources.resource_v1beta2 import DeviceTaintRule
 from lightkube.types import PatchType
 
@@ -895,8 +895,12 @@ ACTIONS: tuple[Action, ...] = (
             lambda c, s: c.delete(RULES[s.fence_version], s.fence, dry_run=True), "controller"),
         act("devicetaintrules: delete the site's own rule",
             lambda c, s: c.delete(RULES[s.fence_version], s.foreign_rule, dry_run=True)),
+        act("devicetaintrules: list (the fences; doctor, gate, status)",
+            lambda c, s: list(c.list(RULES[s.fence_version])), *MGMT),
     ),
     *needing("claims",
+        act("resourceslices: list (the GPUs DRA offers; doctor, gate, status)",
+            lambda c, s: list(c.list(ResourceSlice)), *MGMT),
         act("resourceclaims: create a canary's claim (release namespace)",
             canary_claim_in(lambda s: s.system), "controller"),
         act("resourceclaims: create in a tenant namespace",
