@@ -513,12 +513,12 @@ def test_a_bad_card_is_fenced_alone_its_pod_moved_and_proven_by_a_canary_on_it(
         "fail",
         f"7 of 8 DRA GPU devices usable, expected 8; tainted: {bad} (gpuheal.io/gpu-fault)",
     )
-    said = doctor_findings(cli, node)
+    findings = doctor_findings(cli, node)
     assert (
-        said["gpus-tainted"][0] == "warn"
-        and f"{bad} (gpuheal.io/gpu-fault)" in said["gpus-tainted"][1]
+        findings["gpus-tainted"][0] == "warn"
+        and f"{bad} (gpuheal.io/gpu-fault)" in findings["gpus-tainted"][1]
     )
-    assert said["device-fence"] == (
+    assert findings["device-fence"] == (
         "ok",
         "A bad card here is fenced alone: a DeviceTaintRule (resource.k8s.io/v1beta2, "
         "NoSchedule), its pods moved through the Eviction API.",
