@@ -29,6 +29,8 @@ def chaos_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPla
         scheduler=False,
         controller_manager=False,
         audit_users=[CONTROLLER_USER],
+        # The device fence (DeviceTaintRules) for the storm of bad DRA cards.
+        device_taint_rules=True,
         # kwok works a pod only while it holds its node's Lease, and it reads "held"
         # from its lease informer's cache. After the agent test's 60 s API outage
         # that informer can still be in its reconnect backoff when the next test
