@@ -9,11 +9,14 @@ per GPU named `gpu-<minor>`, with the attributes of cmd/gpu-kubelet-plugin/devic
 standard `resource.kubernetes.io/pciBusID`); `memory` as capacity. The driver writes
 `resource.k8s.io/v1` where the API server serves it (GA since Kubernetes 1.34).
 `index` and `minor` are no attributes since 2025-09: a GPU is known by its uuid.
+A GPU in MIG mode is published as its MIG devices only (`type: mig`, their own
+`uuid`, the GPU's as `parentUUID`, the `profile`), named by profile and placement.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -101,14 +104,32 @@ def gpu_device(minor: int, gpu: Mapping[str, Any], driver_version: str) -> dict[
     }
 
 
+# H100 80GB's MIG GPU-instance profiles as NVML names and numbers them: name ->
+# (profile id, memory slices, multiprocessors, memory). The driver publishes each
+# statically created MIG device as `gpu-<minor>-mig-<name without dots>-<id>-<start>`.
+H100_MIG = {
+    "1g.10gb": (19, 1, 16, "9856Mi"),
+    "1g.20gb": (15, 2, 26, "19968Mi"),
+    "2g.20gb": (14, 2, 32, "19968Mi"),
+    "3g.40gb": (9, 4, 60, "40192Mi"),
+    "4g.40gb": (5, 4, 64, "40192Mi"),
+    "7g.80gb": (0, 8, 132, "80896Mi"),
+}
+
+
 def resource_slice(node: str, spec: Mapping[str, Any], *, generation: int = 1) -> dict[str, Any]:
     """The driver's one slice for `node`, from the node's NVML spec (sim/agent.gpu_spec):
     the GPU at NVML index i is `gpu-i` (the driver names by device minor, which on a
-    standard node follows the index)."""
-    devices = [
-        gpu_device(minor, gpu, str(spec.get("driverVersion", "550.54.15")))
-        for minor, gpu in enumerate(spec.get("devices") or [])
-    ]
+    standard node follows the index). A GPU in MIG mode (its spec's `mig`: the MIG
+    devices' profiles, as the NVML stand-in takes them) is not published whole: its
+    MIG devices are, each its own device (cmd/gpu-kubelet-plugin/nvlib.go)."""
+    version = str(spec.get("driverVersion", "550.54.15"))
+    devices: list[dict[str, Any]] = []
+    for minor, gpu in enumerate(spec.get("devices") or []):
+        profiles = list(gpu.get("mig") or [])
+        if not profiles:
+            devices.append(gpu_device(minor, gpu, version))
+        devices += mig_devices(minor, gpu, version, profiles)
     return {
         "apiVersion": RESOURCE_API,
         "kind": "ResourceSlice",
@@ -121,6 +142,39 @@ def resource_slice(node: str, spec: Mapping[str, Any], *, generation: int = 1) -
             "devices": devices,
         },
     }
+
+
+def mig_devices(
+    minor: int, gpu: Mapping[str, Any], driver_version: str, profiles: Sequence[str]
+) -> list[dict[str, Any]]:
+    """The GPU's MIG devices, in its memory slices from the first, each aligned to its
+    size as NVML places them; attributes as cmd/gpu-kubelet-plugin/mig.go writes them
+    (CommonAttributesMig, the device's own `uuid`), capacity its multiprocessors,
+    memory and memory slices (the engine counts the driver adds are left out: gpuheal
+    reads no capacity)."""
+    whole = gpu_device(minor, gpu, driver_version)["attributes"]
+    devices, start = [], 0
+    for slot, profile in enumerate(profiles):
+        profile_id, size, multiprocessors, memory = H100_MIG[profile]
+        start = -(-start // size) * size  # the next placement aligned to its size
+        digest = hashlib.sha256(f"{gpu['uuid']}/{slot}".encode()).hexdigest()
+        uuid = f"MIG-{digest[:8]}-{digest[8:12]}-5{digest[13:16]}-8{digest[17:20]}-{digest[20:32]}"
+        attributes = {
+            **{k: v for k, v in whole.items() if k not in ("type", "uuid")},
+            "type": {"string": "mig"},
+            "uuid": {"string": uuid},
+            "parentUUID": {"string": str(gpu["uuid"])},
+            "profile": {"string": profile},
+        }
+        capacity = {
+            "multiprocessors": {"value": str(multiprocessors)},
+            "memory": {"value": memory},
+            **{f"memorySlice{i}": {"value": "1"} for i in range(start, start + size)},
+        }
+        name = f"gpu-{minor}-mig-{profile.replace('.', '')}-{profile_id}-{start}"
+        devices.append({"name": name, "attributes": attributes, "capacity": capacity})
+        start += size
+    return devices
 
 
 def with_taint(

@@ -29,7 +29,7 @@ from lightkube.types import PatchType
 
 from gpuheal.model import DeviceKey, fault_record_name
 from gpuheal.policy.devices import canary_name
-from gpuheal.policy.dra import by_key, pod_gpus, slice_devices
+from gpuheal.policy.dra import by_key, gpu_count, pod_gpus, slice_devices
 from gpuheal.policy.drivertaints import XID_KEY, Scope, driver_taints, meaning
 from gpuheal.policy.fence import FENCE_LABEL, NODE_ANNOTATION, PROBATION_KEY, device_taint_rule
 from gpuheal.sim import ControlPlane, audit
@@ -38,6 +38,7 @@ from gpuheal.sim.controller import ControllerProcess
 from gpuheal.sim.dra import (
     DRIVER,
     MAX_DRA_NODE_NAME,
+    MIG_CLASS,
     claim_pod,
     device_classes,
     dra_node,
@@ -154,6 +155,44 @@ def test_eight_one_gpu_claims_get_eight_cards_and_gpuheal_knows_which_pod_holds_
     message = wait_for("the ninth pod to be found unschedulable", unschedulable, timeout_s=60)
     assert "claim" in message.lower(), message
     assert kube.get(Pod, "train-8", namespace=namespace).to_dict()["status"]["phase"] == "Pending"
+
+
+def test_a_gpu_in_mig_mode_is_offered_as_its_mig_devices_and_a_claim_gets_one(
+    kube: Client, namespace: str, pool: dict[str, str], dra_nodes: list[str]
+) -> None:
+    """GPU 0 in MIG mode with seven 1g.10gb devices, as NVIDIA's driver publishes it:
+    not whole, its MIG devices each a device (the parent's UUID on each). The real API
+    server takes the slice; the real scheduler gives a MIG claim one of them and a
+    whole-GPU claim another card; gpuheal reads the MIG pod as holding that MIG device
+    of GPU 0, and counts the node as 7 GPUs and 7 MIG devices."""
+    node = unique_eks_node()
+    dra_nodes.append(node)
+    apply(kube, dra_node(node, labels=pool))
+    wait_nodes_ready(kube, [node])
+    spec = gpu_spec(node)
+    spec["devices"][0]["mig"] = ["1g.10gb"] * 7
+    apply(kube, resource_slice(node, spec))
+    apply(kube, gpu_claim("mig-0-gpus", namespace, device_class=MIG_CLASS))
+    apply(kube, claim_pod("mig-0", namespace, "mig-0-gpus", node_selector=pool))
+    apply(kube, gpu_claim("whole-0-gpus", namespace))
+    apply(kube, claim_pod("whole-0", namespace, "whole-0-gpus", node_selector=pool))
+    running = as_dicts(wait_pods_running(kube, namespace, count=2, timeout_s=90))
+
+    slices = as_dicts(kube.list(ResourceSlice, fields={"spec.nodeName": node}))
+    devices = by_key(slice_devices(slices))
+    claims = {
+        (namespace, c["metadata"]["name"]): c
+        for c in as_dicts(kube.list(ResourceClaim, namespace=namespace))
+    }
+    held = {p["metadata"]["name"]: pod_gpus(p, claims, devices) for p in running}
+    (mig,) = held["mig-0"]
+    assert mig.kind == "mig" and mig.key.device.startswith("gpu-0-mig-1g10gb-19-")
+    assert mig.uuid.startswith("MIG-") and mig.gpu_uuid == spec["devices"][0]["uuid"]
+    (whole,) = held["whole-0"]
+    assert whole.kind == "gpu" and whole.key.device != "gpu-0"
+    on_node = slice_devices(slices)[node]
+    assert gpu_count(on_node) == 14
+    assert sorted({d.kind for d in on_node}) == ["gpu", "mig"]
 
 
 def test_the_longest_node_name_the_driver_can_publish_a_pool_for(
