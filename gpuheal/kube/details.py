@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 
 # A container's resources are the same two maps in both projections.
-from gpuheal.kube.projections import Container
+from gpuheal.kube.projections import ClaimStatusJson, Container, PodClaimJson
 
 
 class OwnerReference(msgspec.Struct):
@@ -124,6 +124,7 @@ class PodSpec(msgspec.Struct):
     tolerations: list[Toleration] = []
     affinity: Affinity | None = None
     volumes: list[Volume] = []
+    resourceClaims: list[PodClaimJson] = []  # noqa: N815
 
 
 class Waiting(msgspec.Struct):
@@ -149,6 +150,7 @@ class ContainerStatus(msgspec.Struct):
 class PodStatus(msgspec.Struct):
     phase: str | None = None
     containerStatuses: list[ContainerStatus] = []  # noqa: N815
+    resourceClaimStatuses: list[ClaimStatusJson] = []  # noqa: N815
 
 
 class Pod(msgspec.Struct):

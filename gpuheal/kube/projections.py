@@ -12,7 +12,7 @@ fields never arrive: the API server prunes them (they are not nullable).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 import msgspec
 
@@ -360,10 +360,18 @@ def pod_view_factory(
 
 
 def pod_claims(pod: PodJson) -> tuple[str, ...]:
-    """The ResourceClaims the pod uses, by name: named in its spec, or generated from
-    a template (the name the control plane chose is in the pod's status)."""
-    generated = {s.name: s.resourceClaimName for s in pod.status.resourceClaimStatuses or ()}
-    names = (c.resourceClaimName or generated.get(c.name) for c in pod.spec.resourceClaims or ())
+    """The ResourceClaims the pod uses, by name (claim_names)."""
+    return claim_names(pod.spec.resourceClaims, pod.status.resourceClaimStatuses)
+
+
+def claim_names(
+    claims: Iterable[PodClaimJson] | None, statuses: Iterable[ClaimStatusJson] | None
+) -> tuple[str, ...]:
+    """A pod's ResourceClaims by name, from its spec's `resourceClaims` and its status'
+    `resourceClaimStatuses`: named in the spec, or generated from a template (the name
+    the control plane chose is in the status)."""
+    generated = {s.name: s.resourceClaimName for s in statuses or ()}
+    names = (c.resourceClaimName or generated.get(c.name) for c in claims or ())
     return tuple(n for n in names if n)
 
 

@@ -9,14 +9,26 @@ only the fuller projections carry.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from gpuheal.config import Config
 from gpuheal.kube import details
-from gpuheal.kube.api import node_path
-from gpuheal.kube.projections import Container, NodeJson, PodJson, TaintJson, pod_claims
+from gpuheal.kube.api import ApiError, KubeApi, claim_path, node_path
+from gpuheal.kube.projections import (
+    ClaimJson,
+    Container,
+    NodeJson,
+    PodJson,
+    TaintJson,
+    claim_names,
+    claim_view_factory,
+    pod_claims,
+)
 from gpuheal.kube.snapshot import Snapshot, list_all
 from gpuheal.model import ready, scheduled_gpus
 from gpuheal.policy import dra, nodes
@@ -57,6 +69,33 @@ def pod_gpus(pod: PodJson | details.Pod, config: Config) -> int:
         (_container_gpus(c, config) for c in pod.spec.containers),
         (_container_gpus(c, config) for c in pod.spec.initContainers),
     )
+
+
+async def claim_holders(
+    api: KubeApi, pods: Iterable[details.Pod], drivers: frozenset[str]
+) -> set[str]:
+    """The pods ("namespace/name") whose ResourceClaims were allocated a GPU of
+    `drivers`: a DRA pod holds its GPUs through claims, not a count. Each claim read
+    once, all at once; one gone or unreadable (403, 404) holds nothing."""
+    wanted = {
+        (p.metadata.namespace, name): f"{p.metadata.namespace}/{p.metadata.name}"
+        for p in pods
+        for name in claim_names(p.spec.resourceClaims, p.status.resourceClaimStatuses)
+    }
+    view = claim_view_factory(drivers)
+
+    async def holds(namespace: str, name: str) -> bool:
+        try:
+            raw = await api.get(claim_path(namespace, name))
+        except ApiError as err:
+            if err.code in (403, 404):
+                return False
+            raise
+        return bool(view(msgspec.json.decode(raw, type=ClaimJson)).allocated)
+
+    keys = list(wanted)
+    answers = await asyncio.gather(*(holds(ns, name) for ns, name in keys))
+    return {wanted[key] for key, held in zip(keys, answers, strict=True) if held}
 
 
 def pod_live(pod: PodJson | details.Pod) -> bool:

@@ -46,7 +46,7 @@ from gpuheal.ops import exitcodes
 from gpuheal.ops.drain import DrainOptions, DrainResult, drain, pods_on, skip_reason
 from gpuheal.ops.events import emit_node_event
 from gpuheal.ops.findings import pod_key
-from gpuheal.ops.fleet import pod_gpus, pod_live
+from gpuheal.ops.fleet import claim_holders, pod_gpus, pod_live
 from gpuheal.ops.gate import (
     GateReport,
     gate_exit_code,
@@ -217,12 +217,13 @@ async def guarded_write(
 
 
 async def gpu_pods(ctx: Context, node: str) -> list[Pod]:
-    """The node's GPU workloads (what is asked to checkpoint and waited for)."""
-    return [
-        p
-        for p in await pods_on(ctx.api, node)
-        if pod_gpus(p, ctx.config) > 0 and not skip_reason(p) and pod_live(p)
-    ]
+    """The node's GPU workloads (what is asked to checkpoint and waited for): those
+    asking for a GPU resource, and those holding a DRA GPU through a claim."""
+    pods = [p for p in await pods_on(ctx.api, node) if not skip_reason(p) and pod_live(p)]
+    claiming = [p for p in pods if p.spec.resourceClaims]
+    drivers = frozenset(ctx.config.gpu_drivers)
+    held = await claim_holders(ctx.api, claiming, drivers) if claiming else set()
+    return [p for p in pods if pod_gpus(p, ctx.config) > 0 or pod_key(p) in held]
 
 
 @dataclass

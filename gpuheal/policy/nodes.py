@@ -71,8 +71,8 @@ def managed(labels: Mapping[str, str], gpu_capacity: int, config: Config) -> boo
     for faults, maintenance requests and roll-outs alike, so that an identity that may
     only ask (a maintenance request) reaches no node the controller would not touch
     for a fault. A node whose GPUs only a DRA driver publishes (a ResourceSlice) has
-    no GPU capacity: the controller reads no ResourceSlices, so such a node is managed
-    through a label the nodeSelector names."""
+    no GPU capacity: such a node is managed through a label the nodeSelector names
+    (gpuheal counts its GPUs from the slices, but does not take a node on that alone)."""
     return gpu_node(labels, gpu_capacity, config) and not opted_out(labels)
 
 

@@ -821,6 +821,44 @@ def test_a_kill_at_each_step_of_the_way_back_leaves_one_canary_one_release_no_ru
     assert pods_told_evicted(kube, node) == [f"{namespace}/w-0"]
 
 
+def test_maintenance_asks_a_claim_pod_to_checkpoint_before_it_drains_a_dra_node(
+    kube: Client,
+    control_plane: ControlPlane,
+    namespace: str,
+    pool: dict[str, str],
+    dra_nodes: list[str],
+    start_controller: StartController,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    """`gpuheal maintenance start` on a DRA-only node: the pod holding a GPU through its
+    claim is a GPU workload, asked to checkpoint (annotated) before the drain moves
+    it; the pod without a GPU is drained without being asked (bare pods: `--force`)."""
+    node = unique_eks_node()
+    add_dra_node(kube, dra_nodes, node, pool)
+    apply(kube, gpu_claim("ckpt-0-gpus", namespace))
+    apply(kube, claim_pod("ckpt-0", namespace, "ckpt-0-gpus", node_selector=pool))
+    plain = claim_pod("web-0", namespace, "none", node_selector=pool)
+    del plain["spec"]["resourceClaims"], plain["spec"]["containers"][0]["resources"]
+    apply(kube, plain)
+    wait_pods_running(kube, namespace, count=2, timeout_s=60)
+    settings = controller_config(pool)
+    settings["maintenance"] = {"evictionRetrySeconds": 0.5, "pollSeconds": 0.2}
+    start_controller(settings).wait_leading()
+    config = tmp_path / "cli.yaml"
+    config.write_text(yaml.safe_dump(settings))
+    cli = in_process_cli(control_plane.kubeconfig, capsys, "--config", str(config))
+
+    code, out, err = cli(
+        "maintenance", "start", node, "--reason", "driver 580", "--checkpoint-wait", "1", "--force",
+        "-o", "json",
+    )  # fmt: skip
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["checkpoint"]["asked"] == [f"{namespace}/ckpt-0"]
+    assert sorted(report["evicted"]) == [f"{namespace}/ckpt-0", f"{namespace}/web-0"]
+
+
 def test_a_budget_that_allows_no_disruption_holds_the_card_s_pod_and_the_event_says_so(
     kube: Client,
     namespace: str,
