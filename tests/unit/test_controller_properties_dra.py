@@ -90,10 +90,13 @@ CAP = quarantine_capacity(len(NODES), CONFIG)
 
 
 class DraMemoryApi(MemoryApi):
-    """The node property's API server, serving the DRA collections too."""
+    """The node property's API server, serving the DRA collections too (the rules at
+    v1beta2, or not at all: Kubernetes 1.36 without the beta API)."""
+
+    rules_served = True
 
     async def get(self, path: str, params: dict[str, str] | None = None) -> bytes:
-        if path in (SLICES, CLAIMS, RULES):
+        if path in (SLICES, CLAIMS) or (path == RULES and self.rules_served):
             await self._request()
             part = "/resourceclaims/" if path == CLAIMS else path + "/"
             items = [o for p, o in self.objects.items() if part in p]
@@ -411,5 +414,37 @@ def test_the_controller_fences_at_the_one_version_the_server_serves() -> None:
         rules = [p for p in api.objects if "/devicetaintrules/" in p]
         assert [p.rsplit("/", 1)[0] for p in rules] == [RULES]
         assert set(RULE_VERSIONS) - {SERVED}  # the others, asked for and refused
+
+    asyncio.run(run())
+
+
+def test_without_the_rule_api_the_cards_are_marked_and_the_node_path_holds() -> None:
+    """DRA served, DeviceTaintRules not (1.36 without its beta API): a bad card is
+    marked and its pod moved, no rule is asked for beyond the informers' one look,
+    and a third bad card still takes the node (escalation), each pod evicted once."""
+
+    async def run() -> None:
+        api = DraMemoryApi(itertools.cycle([0]), crash_at=None)
+        api.rules_served = False
+        cluster(api)
+        process = await start(api)
+        node = NODES[0]
+        driver_taint(api, node, 0)
+        await relist(process)
+        await work(process, [node])
+        assert not [p for p in api.objects if "/devicetaintrules/" in p]
+        marked = api.objects[node_path(node)]["metadata"]["annotations"]
+        assert marked.get("gpuheal.io/quarantined-devices") == f"{DRIVER}/{node}/gpu-0"
+        assert api.ledger.evictions == {"pod-0-0": 1} and not api.tainted()
+        for card in (1, 2):
+            driver_taint(api, node, card)
+        await relist(process)
+        await work(process, [node])
+        api.kubelet()
+        await work(process, [node])
+        assert api.tainted() == {node}  # the third card escalates to the node
+        assert all(n == 1 for n in api.ledger.evictions.values()), api.ledger.evictions
+        assert set(api.ledger.evictions) == {f"pod-0-{c}" for c in range(CARDS)}
+        assert not [p for p in api.objects if "/devicetaintrules/" in p]
 
     asyncio.run(run())
