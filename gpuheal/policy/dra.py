@@ -180,17 +180,14 @@ def pod_gpus(
     claims: Mapping[tuple[str, str], Mapping[str, Any]],
     devices: Mapping[DeviceKey, DraDevice],
 ) -> tuple[DraDevice, ...]:
-    """The GPU devices a pod holds through its claims. `claims` by (namespace, name);
-    `devices` by key (from slice_devices). A claim not yet allocated holds none; an
-    allocated device no slice publishes any longer is left out (its node is gone)."""
+    """The GPU devices a pod holds through its claims, from the objects as JSON (the
+    read commands and tests; the controller's index joins its projections through
+    claim_gpus). `claims` by (namespace, name); `devices` by key (from
+    slice_devices). A claim not yet allocated holds none; an allocated device no
+    slice publishes any longer is left out (its node is gone)."""
     namespace = str((pod.get("metadata") or {}).get("namespace", ""))
-    held: list[DraDevice] = []
-    for name in pod_claim_names(pod):
-        claim = claims.get((namespace, name))
-        if claim is None:
-            continue
-        held.extend(devices[k] for k in allocated_keys(claim) if k in devices)
-    return tuple(held)
+    allocated = {f"{ns}/{name}": allocated_keys(claim) for (ns, name), claim in claims.items()}
+    return claim_gpus(namespace, pod_claim_names(pod), allocated, devices)
 
 
 def by_key(nodes: Mapping[str, Iterable[DraDevice]]) -> dict[DeviceKey, DraDevice]:
