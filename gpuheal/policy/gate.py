@@ -260,6 +260,8 @@ def _gpu_count(facts: GateFacts, config: Config) -> Check:
 def _dra_count(devices: Sequence[DraDevice], expected: int) -> Check:
     """A DRA node offers its GPUs as devices: the expected count must be there and
     usable (no taint keeping new claims off, the driver's or a DeviceTaintRule's)."""
+    if any(d.kind == "mig" for d in devices):
+        return _dra_gpus(devices, expected)
     usable, total = dra.usable_count(devices), dra.gpu_count(devices)
     if usable == expected:
         return Check(GPU_COUNT, CheckResult.PASS, f"{usable} DRA GPU devices usable, as expected")
@@ -269,6 +271,27 @@ def _dra_count(devices: Sequence[DraDevice], expected: int) -> Check:
         GPU_COUNT,
         CheckResult.FAIL,
         f"{usable} of {total} DRA GPU devices usable, expected {expected}{why}",
+    )
+
+
+def _dra_gpus(devices: Sequence[DraDevice], expected: int) -> Check:
+    """A node with GPUs in MIG mode: the expected count is of physical GPUs
+    (gpusPerNode, GFD's gpu.count), so its devices are counted by the GPU they are
+    carved from; a GPU is usable when none of its devices is kept from new claims."""
+    by_gpu: dict[str, list[DraDevice]] = {}
+    for device in devices:
+        by_gpu.setdefault(device.gpu_uuid, []).append(device)
+    usable = sum(1 for carved in by_gpu.values() if all(d.usable for d in carved))
+    partitioned = sum(1 for carved in by_gpu.values() if any(d.kind == "mig" for d in carved))
+    how = f"{partitioned} in MIG mode"
+    if usable == expected:
+        return Check(GPU_COUNT, CheckResult.PASS, f"{usable} DRA GPUs usable ({how}), as expected")
+    tainted = [f"{d.key.device} ({', '.join(d.fencing)})" for d in devices if d.fencing]
+    why = f"; tainted: {', '.join(tainted)}" if tainted else ""
+    return Check(
+        GPU_COUNT,
+        CheckResult.FAIL,
+        f"{usable} of {len(by_gpu)} DRA GPUs usable ({how}), expected {expected}{why}",
     )
 
 

@@ -22,6 +22,9 @@ from gpuheal.model import (
     MAINTENANCE_BASELINE,
     XID_ERRORS,
     Condition,
+    DeviceKey,
+    DeviceTaint,
+    DraDevice,
     NodeView,
     PodView,
 )
@@ -130,6 +133,33 @@ def test_gpu_count_from_pool_config_and_its_mig_resource() -> None:
     assert run(facts(allocatable={mig: 56, "nvidia.com/gpu": 0}), config).passed
     result = run(facts(allocatable={mig: 49}), config)
     assert result.bits == 2 and mig in check(result, "gpu-count")[1]
+
+
+def test_a_dra_node_with_a_gpu_in_mig_mode_counts_physical_gpus() -> None:
+    """GPU 0 carved into seven MIG devices, seven GPUs whole: eight GPUs, as
+    gpusPerNode and GFD count them; a fenced MIG device makes its GPU unusable."""
+    node = "n1"
+    whole = [
+        DraDevice(DeviceKey("gpu.nvidia.com", node, f"gpu-{i}"), node, f"GPU-{i}", "gpu")
+        for i in range(1, 8)
+    ]
+    carved = [
+        DraDevice(DeviceKey("gpu.nvidia.com", node, f"gpu-0-mig-1g10gb-19-{i}"), node,
+                  f"MIG-{i}", "mig", parent_uuid="GPU-0")
+        for i in range(7)
+    ]  # fmt: skip
+    result = run(facts(allocatable={}, devices=(*carved, *whole)))
+    assert check(result, "gpu-count") == (
+        CheckResult.PASS,
+        "8 DRA GPUs usable (1 in MIG mode), as expected",
+    )
+    fenced = replace(carved[2], taints=(DeviceTaint("gpuheal.io/gpu-fault", "f1"),))
+    result = run(facts(allocatable={}, devices=(*carved[:2], fenced, *carved[3:], *whole)))
+    assert check(result, "gpu-count") == (
+        CheckResult.FAIL,
+        "7 of 8 DRA GPUs usable (1 in MIG mode), expected 8; "
+        "tainted: gpu-0-mig-1g10gb-19-2 (gpuheal.io/gpu-fault)",
+    )
 
 
 def test_gpu_count_without_an_expectation_is_skipped_saying_how_to_declare_one() -> None:
