@@ -627,7 +627,12 @@ def _start_canary(work: _Pass, record: FaultRecord, why: str) -> None:
     work.emit(
         Reason.DEVICE_CANARY, f"{record.device} {why}: canary pod {name} started", record.name
     )
-    work.requeue.at(work.cfg.canary_timeout_seconds)
+    if name in work.state.canaries:
+        # Made by a controller killed before it wrote the start: it may have run
+        # already, and its end was an event before this process watched. Read it now.
+        work.requeue.at(0)
+    else:
+        work.requeue.at(work.cfg.canary_timeout_seconds)
 
 
 def _leftover_canary(work: _Pass, record: FaultRecord) -> None:

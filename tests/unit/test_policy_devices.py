@@ -292,6 +292,10 @@ def test_healthy_again_starts_a_canary_then_pass_observe_release() -> None:
     (update,) = of(decided.actions, UpdateRecord)
     assert update.phase is Phase.CANARY
 
+    # A canary a killed predecessor made (and that may have ended already): read at once.
+    made = {canary.name: CanaryView(canary.name, "n1", "Succeeded")}
+    assert plan_devices(replace(state, canaries=made), CFG, NOW).requeue_after == 0.1
+
     started = ActionEntry(iso(NOW - dt.timedelta(seconds=5)), "canary-start", "ok", canary.name)
     running = replace(record, phase=Phase.CANARY, actions=(*record.actions, started))
     pods = {canary.name: CanaryView(canary.name, "n1", "Running")}
