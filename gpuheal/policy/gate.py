@@ -265,8 +265,7 @@ def _dra_count(devices: Sequence[DraDevice], expected: int) -> Check:
     usable, total = dra.usable_count(devices), dra.gpu_count(devices)
     if usable == expected:
         return Check(GPU_COUNT, CheckResult.PASS, f"{usable} DRA GPU devices usable, as expected")
-    tainted = [f"{d.key.device} ({', '.join(d.fencing)})" for d in devices if d.fencing]
-    why = f"; tainted: {', '.join(tainted)}" if tainted else ""
+    why = _tainted(devices)
     return Check(
         GPU_COUNT,
         CheckResult.FAIL,
@@ -286,13 +285,19 @@ def _dra_gpus(devices: Sequence[DraDevice], expected: int) -> Check:
     how = f"{partitioned} in MIG mode"
     if usable == expected:
         return Check(GPU_COUNT, CheckResult.PASS, f"{usable} DRA GPUs usable ({how}), as expected")
-    tainted = [f"{d.key.device} ({', '.join(d.fencing)})" for d in devices if d.fencing]
-    why = f"; tainted: {', '.join(tainted)}" if tainted else ""
+    why = _tainted(devices)
     return Check(
         GPU_COUNT,
         CheckResult.FAIL,
         f"{usable} of {len(by_gpu)} DRA GPUs usable ({how}), expected {expected}{why}",
     )
+
+
+def _tainted(devices: Sequence[DraDevice]) -> str:
+    """ "; tainted: gpu-3 (gpuheal.io/gpu-fault)": the devices kept from new claims and
+    by which taints; "" for none."""
+    tainted = [f"{d.key.device} ({', '.join(d.fencing)})" for d in devices if d.fencing]
+    return f"; tainted: {', '.join(tainted)}" if tainted else ""
 
 
 def _driver(facts: GateFacts, config: Config) -> Check:

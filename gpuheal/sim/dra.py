@@ -104,9 +104,11 @@ def gpu_device(minor: int, gpu: Mapping[str, Any], driver_version: str) -> dict[
     }
 
 
-# H100 80GB's MIG GPU-instance profiles as NVML names and numbers them: name ->
-# (profile id, memory slices, multiprocessors, memory). The driver publishes each
-# statically created MIG device as `gpu-<minor>-mig-<name without dots>-<id>-<start>`.
+# H100 80GB's MIG GPU-instance profiles: name -> (profile id, memory slices,
+# multiprocessors, memory). Ids, slices and SM counts as NVIDIA's MIG User Guide
+# tables them for H100 (`nvidia-smi mig -lgip`); the memory sizes are approximate
+# (gpuheal reads no capacity). The driver publishes each statically created MIG device
+# as `gpu-<minor>-mig-<name without dots>-<id>-<start>` (its mig.go, ToCanonicalName).
 H100_MIG = {
     "1g.10gb": (19, 1, 16, "9856Mi"),
     "1g.20gb": (15, 2, 26, "19968Mi"),

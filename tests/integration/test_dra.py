@@ -109,6 +109,19 @@ def add_dra_node(
     apply(kube, item)
 
 
+def add_claim_pods(
+    kube: Client, namespace: str, prefix: str, count: int, node_selector: dict[str, str]
+) -> None:
+    """`count` one-GPU pods `<prefix>-<i>`, each through its own claim `<prefix>-<i>-gpus`,
+    for the real scheduler to place and allocate."""
+    for i in range(count):
+        apply(kube, gpu_claim(f"{prefix}-{i}-gpus", namespace))
+        pod = claim_pod(
+            f"{prefix}-{i}", namespace, f"{prefix}-{i}-gpus", node_selector=node_selector
+        )
+        apply(kube, pod)
+
+
 def as_dicts(items: Any) -> list[dict[str, Any]]:
     return [i.to_dict() for i in items]
 
@@ -120,9 +133,7 @@ def test_eight_one_gpu_claims_get_eight_cards_and_gpuheal_knows_which_pod_holds_
     add_dra_node(kube, dra_nodes, node, pool)
     stored = kube.get(Node, node).to_dict()
     assert GPU_RESOURCE not in stored["status"]["capacity"]
-    for i in range(8):
-        apply(kube, gpu_claim(f"train-{i}-gpus", namespace))
-        apply(kube, claim_pod(f"train-{i}", namespace, f"train-{i}-gpus", node_selector=pool))
+    add_claim_pods(kube, namespace, "train", 8, pool)
     running = as_dicts(wait_pods_running(kube, namespace, count=8, timeout_s=90))
     assert {p["spec"]["nodeName"] for p in running} == {node}
 
@@ -379,9 +390,7 @@ def test_the_controller_counts_a_dra_only_node_s_gpus_and_moves_its_claim_pods(
     their allocated claims, and a node fault moves exactly those."""
     node = unique_eks_node()
     add_dra_node(kube, dra_nodes, node, pool, taints=[("gpu-3", XID_KEY, "48")])
-    for i in range(7):
-        apply(kube, gpu_claim(f"train-{i}-gpus", namespace))
-        apply(kube, claim_pod(f"train-{i}", namespace, f"train-{i}-gpus", node_selector=pool))
+    add_claim_pods(kube, namespace, "train", 7, pool)
     logger = claim_pod("logger", namespace, "none", node_selector=pool)
     del logger["spec"]["resourceClaims"], logger["spec"]["containers"][0]["resources"]
     apply(kube, logger)
@@ -480,9 +489,7 @@ def test_a_bad_card_is_fenced_alone_its_pod_moved_and_proven_by_a_canary_on_it(
     the card; with the node's pods gone, the 8-GPU pod gets all eight."""
     node = unique_eks_node()
     add_dra_node(kube, dra_nodes, node, pool)
-    for i in range(7):
-        apply(kube, gpu_claim(f"train-{i}-gpus", namespace))
-        apply(kube, claim_pod(f"train-{i}", namespace, f"train-{i}-gpus", node_selector=pool))
+    add_claim_pods(kube, namespace, "train", 7, pool)
     wait_pods_running(kube, namespace, count=7, timeout_s=90)
     bad = card_of(kube, namespace, node, "train-2")
     health = {
@@ -682,11 +689,7 @@ def test_the_driver_s_xid_taints_mean_what_nvidia_s_catalogue_says(
     for node in (quiet, bad):
         add_dra_node(kube, dra_nodes, node, pool)
     for node, prefix in ((quiet, "q"), (bad, "b")):
-        for i in range(2):
-            apply(kube, gpu_claim(f"{prefix}-{i}-gpus", namespace))
-            pinned = {**pool, "kubernetes.io/hostname": node}
-            apply(kube, claim_pod(f"{prefix}-{i}", namespace, f"{prefix}-{i}-gpus",
-                                  node_selector=pinned))  # fmt: skip
+        add_claim_pods(kube, namespace, prefix, 2, {**pool, "kubernetes.io/hostname": node})
     wait_pods_running(kube, namespace, count=4, timeout_s=90)
     start_controller(controller_config(pool, deviceHealth={"evictionsPerMinute": 600}))
 
@@ -725,9 +728,7 @@ def test_a_kill_at_any_step_of_a_card_s_fence_leaves_one_rule_one_record_one_evi
     on the card one eviction; the other pod stays."""
     node = unique_eks_node()
     add_dra_node(kube, dra_nodes, node, pool)
-    for i in range(2):
-        apply(kube, gpu_claim(f"k-{i}-gpus", namespace))
-        apply(kube, claim_pod(f"k-{i}", namespace, f"k-{i}-gpus", node_selector=pool))
+    add_claim_pods(kube, namespace, "k", 2, pool)
     wait_pods_running(kube, namespace, count=2, timeout_s=60)
     config = controller_config(pool, deviceHealth={"evictionsPerMinute": 600})
     doomed = start_controller(config, env={"GPUHEAL_CRASH_AFTER": crash_after})
@@ -935,9 +936,7 @@ def test_the_agent_s_xid_on_one_card_fences_that_card_and_two_cards_take_the_nod
     node's, the node is quarantined and its pods leave, the first card's rule stays."""
     node = unique_eks_node()
     add_dra_node(kube, dra_nodes, node, pool)
-    for i in range(3):
-        apply(kube, gpu_claim(f"a-{i}-gpus", namespace))
-        apply(kube, claim_pod(f"a-{i}", namespace, f"a-{i}-gpus", node_selector=pool))
+    add_claim_pods(kube, namespace, "a", 3, pool)
     wait_pods_running(kube, namespace, count=3, timeout_s=90)
     start_controller(controller_config(pool, deviceHealth={"evictionsPerMinute": 600}))
     agent = start_agent(node, {"failRounds": 1, "intervalSeconds": 0.2})

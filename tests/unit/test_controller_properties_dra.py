@@ -63,6 +63,7 @@ from tests.corpus import AKS_NODE, EKS_NODES, GKE_NODE
 from tests.unit.test_controller_properties import (
     FAULTS,
     PODS,
+    TURNS,
     Crash,
     MemoryApi,
     Process,
@@ -339,7 +340,6 @@ ESCALATION = [
 ]
 
 STEPS = st.lists(step, min_size=3, max_size=25)
-TURNS = st.lists(st.integers(0, 3), min_size=1, max_size=50)
 
 
 @settings(max_examples=300, deadline=None, database=None)

@@ -24,7 +24,13 @@ NOW = dt.datetime(2026, 12, 7, 8, 0, tzinfo=dt.UTC)
 NAME = "aks-gpu-12345678-vmss000003"
 DRIVER = "gpu.nvidia.com"
 DEVICES = tuple(
-    DraDevice(DeviceKey(DRIVER, NAME, f"gpu-{i}"), NAME, f"GPU-0000-{i}", "gpu") for i in range(8)
+    DraDevice(
+        DeviceKey(DRIVER, NAME, f"gpu-{i}"),
+        NAME,
+        f"GPU-7d1c4e2a-9b3f-4a5c-8e6d-1f2a3b4c5d{i:02x}",
+        "gpu",
+    )
+    for i in range(8)
 )
 CONFIG = Config(pools=PoolsConfig(by_name={"a100": PoolConfig(gpus_per_node=8)}))
 

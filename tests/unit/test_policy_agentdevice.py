@@ -33,11 +33,12 @@ from gpuheal.policy.devicefence import FenceDevice, Fences
 from gpuheal.policy.devices import CreateDeviceRecord, DeviceState, plan_devices
 from gpuheal.policy.plan import current_signal, plan
 from gpuheal.sources import Seen
+from tests.corpus import GKE_NODE
 
 pytestmark = pytest.mark.unit
 
 NOW = dt.datetime(2026, 12, 7, 8, 0, tzinfo=dt.UTC)
-NODE = "gke-a3-highgpu-pool-1a2b3c4d-x9zq"
+NODE = GKE_NODE  # a GKE node name as long as GKE makes them
 DRIVER = "gpu.nvidia.com"
 READY = Condition(type="Ready", status="True")
 UUIDS = tuple(f"GPU-8d2f4c1a-7b3e-4f0a-9c6d-5e1b2a3c4d{i:02d}" for i in range(8))

@@ -138,14 +138,15 @@ def test_gpu_count_from_pool_config_and_its_mig_resource() -> None:
 def test_a_dra_node_with_a_gpu_in_mig_mode_counts_physical_gpus() -> None:
     """GPU 0 carved into seven MIG devices, seven GPUs whole: eight GPUs, as
     gpusPerNode and GFD count them; a fenced MIG device makes its GPU unusable."""
-    node = "n1"
+    node = "ip-10-0-12-34.us-west-2.compute.internal"
+    gpu = "GPU-5c1e0f27-8a3b-4d2e-9f61-0c7d2b4a{:04x}".format
     whole = [
-        DraDevice(DeviceKey("gpu.nvidia.com", node, f"gpu-{i}"), node, f"GPU-{i}", "gpu")
+        DraDevice(DeviceKey("gpu.nvidia.com", node, f"gpu-{i}"), node, gpu(i), "gpu")
         for i in range(1, 8)
     ]
     carved = [
         DraDevice(DeviceKey("gpu.nvidia.com", node, f"gpu-0-mig-1g10gb-19-{i}"), node,
-                  f"MIG-{i}", "mig", parent_uuid="GPU-0")
+                  f"MIG-3e0b9a41-5c2d-5f7a-8b16-2d9c4e1f{i:04x}", "mig", parent_uuid=gpu(0))
         for i in range(7)
     ]  # fmt: skip
     result = run(facts(allocatable={}, devices=(*carved, *whole)))
