@@ -14,12 +14,12 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint unit integration e2e chaos versions testenv nvml monitoring browser awks venv clean bench lock
+.PHONY: demo test lint unit integration e2e chaos versions node node-tier testenv nvml monitoring browser awks venv clean bench lock
 
 demo: $(STAMP) testenv nvml
 	$(BIN)/gpuheal demo
 
-test: lint testenv nvml monitoring browser awks
+test: lint testenv nvml node monitoring browser awks
 	$(BIN)/pytest
 
 lint: $(STAMP)
@@ -46,6 +46,22 @@ chaos: $(STAMP) testenv nvml
 # too): the oldest supported and the newest stable, one control plane each (tests/versions).
 versions: $(STAMP) testenv nvml
 	$(BIN)/pytest -m versions
+
+# The node tier (part of `make test` too): a real kubelet over Debian's containerd, runc
+# and CNI plugins, joined to the local control plane (gpuheal/sim/realnode.py).
+node-tier: $(STAMP) testenv nvml node
+	$(BIN)/pytest -m node
+
+# What a real node needs: Debian's container runtime, runc, CNI plugins, socat (the API
+# server's relay into the node's network) and busybox-static (the test workload image),
+# then the kubelet and the images (testenv/node/build.sh, its own stamp).
+node:
+	@command -v containerd >/dev/null && command -v runc >/dev/null && command -v socat >/dev/null \
+	  && test -x /usr/lib/cni/bridge && dpkg -s busybox-static >/dev/null 2>&1 && command -v gcc >/dev/null || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends containerd runc containernetworking-plugins socat \
+	    busybox-static iproute2 gcc libc6-dev >/dev/null; }
+	testenv/node/build.sh
 
 # The control plane, kwok and helm (testenv/build.sh), kured, the real reboot daemon
 # tests/integration/test_kured.py runs (testenv/kured/build.sh), node-problem-detector,

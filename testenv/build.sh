@@ -7,7 +7,7 @@
 #
 # Output: $GPUHEAL_TESTENV_DIR (default .cache/testenv at the repo root):
 #   bin/<binaries>  kwok-stages.yaml  stamp
-# The stamp is a hash of everything under testenv/ but nvml/, kured/, npd/ and versions/
+# The stamp is a hash of everything under testenv/ but nvml/, kured/, npd/, versions/ and node/
 # and the Go version; a build runs only when it changes, so repeated `make test` calls
 # cost nothing.
 #
@@ -28,7 +28,7 @@ helm_version="v3.22.0"  # keep in step with testenv/helm/go.mod
 # testenv/nvml, testenv/kured, testenv/npd and testenv/versions are not this build: each
 # has its own build and stamp (testenv/nvml/build.sh, testenv/kured/build.sh,
 # testenv/npd/build.sh, testenv/versions/build.sh; `make testenv` runs all but nvml's).
-stamp="$( (cd "$here" && find . \( -path ./nvml -o -path ./kured -o -path ./npd -o -path ./versions \) -prune -o -type f ! -name '*.md' -print0 | sort -z | xargs -0 sha256sum; go version) | sha256sum | cut -d' ' -f1)"
+stamp="$( (cd "$here" && find . \( -path ./nvml -o -path ./kured -o -path ./npd -o -path ./versions -o -path ./node \) -prune -o -type f ! -name '*.md' -print0 | sort -z | xargs -0 sha256sum; go version) | sha256sum | cut -d' ' -f1)"
 if [[ -f "$out/stamp" && "$(cat "$out/stamp")" == "$stamp" && "${1:-}" != "--force" ]]; then
   exit 0
 fi

@@ -1,5 +1,5 @@
-# Sourced by testenv/build.sh and testenv/versions/build.sh: the one way a Kubernetes
-# control plane is built here, whatever its version.
+# Sourced by testenv/build.sh, testenv/versions/build.sh and testenv/node/build.sh: the one
+# way a Kubernetes release is built here, whatever its version.
 #
 # build_kubernetes MODULE_DIR OUT_DIR
 #   Builds kube-apiserver, kube-scheduler, kube-controller-manager, kubectl and etcd
@@ -9,7 +9,20 @@
 #   builds are: `kubectl version` and the API server's /version say the release.
 
 build_kubernetes() {
+  build_kubernetes_commands "$1" "$2" \
+    k8s.io/kubernetes/cmd/kube-apiserver \
+    k8s.io/kubernetes/cmd/kube-scheduler \
+    k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kubectl \
+    ./cmd/etcd
+}
+
+# build_kubernetes_commands MODULE_DIR OUT_DIR PACKAGE...
+#   Builds the named commands of MODULE_DIR's release with the release's version stamp
+#   (testenv/node/build.sh builds the kubelet this way from testenv/k8s).
+build_kubernetes_commands() {
   local module="$1" out="$2"
+  shift 2
   (
     cd "$module"
     local k8s_version build_date minor pkg cv ldflags
@@ -23,11 +36,6 @@ build_kubernetes() {
     ldflags+=" -X $pkg.gitCommit=module-$k8s_version"
     cv=k8s.io/client-go/pkg/version
     ldflags+=" -X $cv.gitVersion=$k8s_version -X $cv.gitMajor=1 -X $cv.gitMinor=$minor -X $cv.gitTreeState=clean"
-    go build -trimpath -ldflags "$ldflags" -o "$out/" \
-      k8s.io/kubernetes/cmd/kube-apiserver \
-      k8s.io/kubernetes/cmd/kube-scheduler \
-      k8s.io/kubernetes/cmd/kube-controller-manager \
-      k8s.io/kubernetes/cmd/kubectl \
-      ./cmd/etcd
+    go build -trimpath -ldflags "$ldflags" -o "$out/" "$@"
   )
 }

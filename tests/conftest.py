@@ -19,17 +19,18 @@ from gpuheal.sim.workloads import create_namespace
 from tests.corpus import eks_node_names
 from tests.helpers import FakeNodes, unique
 
-_TIERS = ("unit", "integration", "e2e", "chaos", "versions")
+_TIERS = ("unit", "integration", "e2e", "chaos", "versions", "node")
 AUDITED_CONTROLLER = "gpuheal-controller"  # one of gpuheal.sim's static identities
 # Debian's chromium, installed by `make browser`; never a downloaded one.
 CHROMIUM = "/usr/bin/chromium"
+_TESTS = Path(__file__).parent
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        parts = Path(str(item.fspath)).parts
+        parts = Path(str(item.fspath)).relative_to(_TESTS).parts
         for tier in _TIERS:
-            if tier in parts:
+            if parts and parts[0] == tier:
                 item.add_marker(tier)
 
 

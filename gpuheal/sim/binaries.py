@@ -196,3 +196,47 @@ class KuredBuild:
 def default_kured() -> KuredBuild:
     """$GPUHEAL_KURED_DIR, else .cache/kured in the source tree."""
     return KuredBuild(_built(KURED_ENV_DIR, "kured"))
+
+
+# -- a real node: the kubelet and its images (testenv/node/build.sh) -----------
+
+NODE_ENV_DIR = "GPUHEAL_NODE_DIR"
+
+
+@dataclass(frozen=True)
+class NodeBuild:
+    """The kubelet of the default release and the images a real node imports: the pod
+    sandbox (pause) and the test pods' workload image, as OCI archives."""
+
+    directory: Path
+
+    @property
+    def kubelet(self) -> Path:
+        return self.directory / "bin" / "kubelet"
+
+    @property
+    def images(self) -> list[Path]:
+        return [self.directory / "images" / "pause.tar", self.directory / "images" / "workload.tar"]
+
+    def image_names(self) -> dict[str, str]:
+        """Each image's file stem and reference, from images.txt ("REF DIGEST SIZE bytes")."""
+        lines = (self.directory / "images.txt").read_text().splitlines()
+        names = [line.split()[0] for line in lines]
+        return {name.rsplit("/", 1)[-1].split(":")[0]: name for name in names}
+
+    @property
+    def pause_image(self) -> str:
+        return self.image_names()["pause"]
+
+    @property
+    def workload_image(self) -> str:
+        return self.image_names()["workload"]
+
+    def missing(self) -> list[str]:
+        wanted = [self.kubelet, *self.images, self.directory / "images.txt"]
+        return [f"{p} (testenv/node/build.sh; `make node`)" for p in wanted if not p.is_file()]
+
+
+def default_node_build() -> NodeBuild:
+    """$GPUHEAL_NODE_DIR, else .cache/node in the source tree."""
+    return NodeBuild(_built(NODE_ENV_DIR, "node"))

@@ -30,3 +30,28 @@ def write_kubeconfig(path: Path, *, server: str, ca_cert: Path, user: str, token
     path.touch(mode=0o600)
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
+
+
+def write_cert_kubeconfig(
+    path: Path, *, server: str, ca_cert: Path, user: str, cert: Path, key: Path
+) -> Path:
+    """Write a kubeconfig that talks to `server` with a client certificate (as a
+    kubelet does: system:node:<name> in system:nodes). Written 0600."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "gpuheal-sim",
+                "cluster": {"server": server, "certificate-authority": str(ca_cert)},
+            }
+        ],
+        "users": [
+            {"name": user, "user": {"client-certificate": str(cert), "client-key": str(key)}}
+        ],
+        "contexts": [{"name": user, "context": {"cluster": "gpuheal-sim", "user": user}}],
+        "current-context": user,
+    }
+    path.touch(mode=0o600)
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
