@@ -14,12 +14,12 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint unit integration e2e chaos versions node node-tier testenv nvml monitoring browser awks venv clean bench lock
+.PHONY: demo test lint unit integration e2e chaos versions node node-tier image testenv nvml monitoring browser awks venv clean bench lock
 
 demo: $(STAMP) testenv nvml
 	$(BIN)/gpuheal demo
 
-test: lint testenv nvml node monitoring browser awks
+test: lint testenv nvml node image monitoring browser awks
 	$(BIN)/pytest
 
 lint: $(STAMP)
@@ -49,7 +49,7 @@ versions: $(STAMP) testenv nvml
 
 # The node tier (part of `make test` too): a real kubelet over Debian's containerd, runc
 # and CNI plugins, joined to the local control plane (gpuheal/sim/realnode.py).
-node-tier: $(STAMP) testenv nvml node
+node-tier: $(STAMP) testenv nvml node image
 	$(BIN)/pytest -m node
 
 # What a real node needs: Debian's container runtime, runc, CNI plugins, socat (the API
@@ -62,6 +62,15 @@ node:
 	    --no-install-recommends containerd runc containernetworking-plugins socat \
 	    busybox-static iproute2 gcc libc6-dev >/dev/null; }
 	testenv/node/build.sh
+
+# gpuheal's image without docker or a registry (deploy/docker/build.sh: Debian's python3
+# by mmdebstrap, the locked wheels, gpuheal), as an OCI archive in .cache/image: the one
+# the node tier runs the chart with.
+image: $(STAMP)
+	@command -v mmdebstrap >/dev/null || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends mmdebstrap >/dev/null; }
+	PYTHON=$(BIN)/python deploy/docker/build.sh
 
 # The control plane, kwok and helm (testenv/build.sh), kured, the real reboot daemon
 # tests/integration/test_kured.py runs (testenv/kured/build.sh), node-problem-detector,

@@ -240,3 +240,32 @@ class NodeBuild:
 def default_node_build() -> NodeBuild:
     """$GPUHEAL_NODE_DIR, else .cache/node in the source tree."""
     return NodeBuild(_built(NODE_ENV_DIR, "node"))
+
+
+# -- the chart's image, built without a registry (deploy/docker/build.sh) -------
+
+IMAGE_ENV_DIR = "GPUHEAL_IMAGE_DIR"
+
+
+@dataclass(frozen=True)
+class ChartImage:
+    """gpuheal's image as an OCI archive, and its reference (image.txt: "REF DIGEST SIZE")."""
+
+    directory: Path
+
+    @property
+    def archive(self) -> Path:
+        return self.directory / "gpuheal.tar"
+
+    @property
+    def reference(self) -> str:
+        return (self.directory / "image.txt").read_text().split()[0]
+
+    @property
+    def digest(self) -> str:
+        return (self.directory / "image.txt").read_text().split()[1]
+
+
+def default_chart_image() -> ChartImage:
+    """$GPUHEAL_IMAGE_DIR, else .cache/image in the source tree."""
+    return ChartImage(_built(IMAGE_ENV_DIR, "image"))

@@ -89,6 +89,9 @@ def create_pki(directory: Path) -> Pki:
         x509.DNSName("kubernetes.default.svc.cluster.local"),
         x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
         x509.IPAddress(ipaddress.ip_address("::1")),
+        # The `kubernetes` Service's address, which pods on a real node dial
+        # (gpuheal/sim/realnode.py relays it to the API server).
+        x509.IPAddress(ipaddress.ip_address("10.96.0.1")),
     ]
     serving_cert = (
         x509.CertificateBuilder()

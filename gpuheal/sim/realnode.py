@@ -71,12 +71,16 @@ KERNEL_DEFAULTS = {
     "kernel/keys/root_maxbytes": "25000000",
 }
 # Paths the kubelet, CNI and containerd write whatever they are told: bound per node.
+# /var/lib/gpuheal is the agent's state (its hostPath), /etc/containerd the runtime's
+# configuration the agent reads (the node's own, not the machine's).
 HOST_PATHS = (
     "/var/lib/kubelet",
     "/var/lib/cni",
     "/var/log/pods",
     "/var/log/containers",
     "/run/netns",
+    "/var/lib/gpuheal",
+    "/etc/containerd",
 )
 DEBIAN_TOOLS = {
     "containerd": "containerd",
@@ -105,12 +109,15 @@ class RealNodeConfig:
     taints: tuple[str, ...] = ("gpuheal.test/real-node=true:NoSchedule",)
     feature_gates: dict[str, bool] = field(default_factory=lambda: {"ResourceHealthStatus": True})
     max_pods: int = 16
+    # OCI archives imported besides the build's own (the chart's image).
+    extra_images: tuple[Path, ...] = ()
     start_timeout_s: float = 90.0
     build: NodeBuild = field(default_factory=default_node_build)
 
 
-def missing_requirements(build: NodeBuild) -> list[str]:
+def missing_requirements(config: RealNodeConfig) -> list[str]:
     """What this machine lacks to run a real node, each with what provides it."""
+    build = config.build
     missing = [
         f"{tool} (Debian's {package}; `make node`)"
         for tool, package in DEBIAN_TOOLS.items()
@@ -119,6 +126,11 @@ def missing_requirements(build: NodeBuild) -> list[str]:
     if not (CNI_BIN_DIR / "bridge").is_file():
         missing.append(f"{CNI_BIN_DIR}/bridge (Debian's containernetworking-plugins; `make node`)")
     missing.extend(build.missing())
+    missing.extend(
+        f"{p} (`make image`: deploy/docker/build.sh)"
+        for p in config.extra_images
+        if not p.is_file()
+    )
     if os.geteuid() != 0:
         missing.append("root (namespaces, mounts and cgroups of its own)")
     return missing
@@ -181,7 +193,7 @@ class RealNode:
         return self.workdir / f"{component}.log"
 
     def start(self) -> Self:
-        missing = missing_requirements(self.config.build)
+        missing = missing_requirements(self.config)
         if missing:
             raise RealNodeError(
                 "this machine cannot run a real node; missing: " + "; ".join(missing)
@@ -264,9 +276,9 @@ class RealNode:
         _bind_node_role(cp, user, self.name)
 
     def _write_configs(self) -> None:
-        (self.workdir / "containerd.toml").write_text(
-            containerd_config(self.workdir, self.config.build.pause_image)
-        )
+        containerd = containerd_config(self.workdir, self.config.build.pause_image)
+        (self.workdir / "containerd.toml").write_text(containerd)
+        (self.host_path("/etc/containerd") / "config.toml").write_text(containerd)
         (self.workdir / "registries" / "_default").mkdir(parents=True)
         (self.workdir / "registries" / "_default" / "hosts.toml").write_text(registries_config())
         (self.workdir / "cni" / "10-bridge.conflist").write_text(json.dumps(cni_config()))
@@ -299,7 +311,7 @@ class RealNode:
             "NODE_NAME": self.name,
             "NODE_LABELS": ",".join(f"{k}={v}" for k, v in sorted(self.config.labels.items())),
             "NODE_TAINTS": ",".join(self.config.taints),
-            "NODE_IMAGES": " ".join(str(p) for p in build.images),
+            "NODE_IMAGES": " ".join(str(p) for p in [*build.images, *self.config.extra_images]),
             "HOST_PATHS": " ".join(HOST_PATHS),
             "KERNEL_DEFAULTS": " ".join(KERNEL_DEFAULTS),
         }
@@ -352,6 +364,20 @@ def namespace_members(inode: int) -> list[int]:
             except OSError:
                 continue
     return members
+
+
+def container_pids(container_id: str) -> list[int]:
+    """The processes of one container (the ID its pod's status names after
+    `containerd://`), as the machine numbers them: those in its cgroup."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if container_id in (entry / "cgroup").read_text():
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return sorted(pids)
 
 
 def _wait_empty(namespace: int, timeout_s: float) -> None:
@@ -422,6 +448,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   [plugins."io.containerd.grpc.v1.cri".containerd]
     default_runtime_name = "runc"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+    # The NVIDIA container runtime's handler name (the GPU Operator's RuntimeClass
+    # `nvidia`), run by plain runc: no driver to inject here; the NVML stand-in comes
+    # through the pod's own mounts.
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]
       runtime_type = "io.containerd.runc.v2"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{CNI_BIN_DIR}"

@@ -4,13 +4,13 @@
 # default Kubernetes release (from testenv/k8s, the control plane's own module, through
 # testenv/kubernetes.sh), the pod sandbox image from that release's own pause.c, and a
 # small workload image of Debian's busybox-static for the tier's test pods. The images
-# are OCI archives (testenv/node/oci_image.py) that gpuheal/sim/realnode.py imports into
+# are OCI archives (tools/oci_image.py) that gpuheal/sim/realnode.py imports into
 # the node's containerd: no registry is involved.
 #
 # Output: $GPUHEAL_NODE_DIR (default .cache/node at the repo root):
 #   bin/kubelet  images/pause.tar  images/workload.tar  images.txt  stamp
-# The stamp is a hash of testenv/node/, testenv/k8s/, testenv/kubernetes.sh, the Go
-# version and busybox's; a build runs only when it changes.
+# The stamp is a hash of testenv/node/, testenv/k8s/, testenv/kubernetes.sh,
+# tools/oci_image.py, the Go version and busybox's; a build runs only when it changes.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -26,7 +26,7 @@ if [[ "$(ldd "$busybox" 2>&1 || true)" != *"not a dynamic executable"* ]]; then
   echo "node: $busybox is not static (Debian's busybox, not busybox-static): run \`make node\`" >&2
   exit 1
 fi
-stamp="$( (cd "$testenv" && find node k8s kubernetes.sh -type f ! -name '*.md' -print0 | sort -z \
+stamp="$( (cd "$root" && find testenv/node testenv/k8s testenv/kubernetes.sh tools/oci_image.py -type f ! -name '*.md' -print0 | sort -z \
             | xargs -0 sha256sum; go version; sha256sum "$busybox") | sha256sum | cut -d' ' -f1)"
 if [[ -f "$out/stamp" && "$(cat "$out/stamp")" == "$stamp" && "${1:-}" != "--force" ]]; then
   exit 0
@@ -52,7 +52,7 @@ mkdir -p "$work/pause"
 gcc -Os -Wall -Werror -static -DVERSION="\"$release\"" -o "$work/pause/pause" \
   "$k8s_src/build/pause/linux/pause.c"
 strip "$work/pause/pause"
-python3 "$here/oci_image.py" --root "$work/pause" --name "gpuheal.dev/pause:$release" \
+python3 "$root/tools/oci_image.py" --root "$work/pause" --name "gpuheal.dev/pause:$release" \
   --out "$out.new/images/pause.tar" --cmd /pause >>"$out.new/images.txt"
 
 # The workload image: busybox and a link per applet, a shell and coreutils for test pods.
@@ -62,7 +62,7 @@ for applet in $("$busybox" --list); do
   [[ "$applet" == busybox ]] || ln -s busybox "$work/workload/bin/$applet"
 done
 mkdir -p "$work/workload/tmp" && chmod 1777 "$work/workload/tmp"
-python3 "$here/oci_image.py" --root "$work/workload" --name "gpuheal.dev/workload:1" \
+python3 "$root/tools/oci_image.py" --root "$work/workload" --name "gpuheal.dev/workload:1" \
   --out "$out.new/images/workload.tar" --cmd sh --env PATH=/bin >>"$out.new/images.txt"
 
 rm -rf "$out"

@@ -5,6 +5,7 @@ tokens for its ServiceAccounts with TokenRequest, and talk as them."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
@@ -168,3 +169,21 @@ def firing(prometheus_url: str) -> set[tuple[str, str]]:
         for a in alerts
         if a["state"] == "firing"
     }
+
+
+def helm(control_plane: ControlPlane, tmp_path: Path, *argv: str) -> str:
+    """The real helm against the control plane, with its own home (no user's repos)."""
+    home = {
+        f"HELM_{k}_HOME": str(tmp_path / "helm" / k.lower()) for k in ("CACHE", "CONFIG", "DATA")
+    }
+    argv = (
+        str(control_plane.config.binaries.helm),
+        *argv,
+        "--kubeconfig",
+        str(control_plane.kubeconfig),
+    )
+    done = subprocess.run(
+        argv, capture_output=True, text=True, timeout=120, check=False, env={**os.environ, **home}
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout

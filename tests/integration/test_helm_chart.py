@@ -8,7 +8,6 @@ gate read-only) and the view role cannot change a node."""
 from __future__ import annotations
 
 import base64
-import os
 import re
 import subprocess
 from collections.abc import Iterator
@@ -36,6 +35,7 @@ from tests.integration.chart import (
     as_token,
     bind,
     forbidden,
+    helm,
     helm_template,
     installed,
     is_test_hook,
@@ -353,19 +353,6 @@ def test_the_operator_roles_are_enough_for_the_cli_and_no_more(
 
 
 # -- the API token across upgrades -------------------------------------------------
-
-
-def helm(control_plane: ControlPlane, tmp_path: Path, *argv: str) -> str:
-    """The real helm against the control plane, with its own home (no user's repos)."""
-    home = {
-        f"HELM_{k}_HOME": str(tmp_path / "helm" / k.lower()) for k in ("CACHE", "CONFIG", "DATA")
-    }
-    done = subprocess.run(
-        [str(control_plane.config.binaries.helm), *argv, "--kubeconfig", str(control_plane.kubeconfig)],
-        capture_output=True, text=True, timeout=120, check=False, env={**os.environ, **home},
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return done.stdout
 
 
 def installed_token(kube: Client, name: str, namespace: str) -> str:

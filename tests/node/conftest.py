@@ -11,16 +11,17 @@ from collections.abc import Iterator
 import pytest
 
 from gpuheal.sim import ControlPlane
-from gpuheal.sim.realnode import RealNode
+from gpuheal.sim.binaries import default_chart_image
+from gpuheal.sim.realnode import RealNode, RealNodeConfig
 
 # The integration tier's fixtures, for the controller tests on the real node.
 from tests.integration.conftest import crds, pool, start_controller  # noqa: F401
 
-REAL_NODE_TAINT = {"key": "gpuheal.test/real-node", "operator": "Exists", "effect": "NoSchedule"}
-
 
 @pytest.fixture(scope="package")
 def real_node(control_plane: ControlPlane) -> Iterator[RealNode]:
-    """One real node for the tier, Ready; stopped (and removed) after its last test."""
-    with RealNode(control_plane) as node:
+    """One real node for the tier, Ready, with the chart's image imported (`make image`);
+    stopped (and removed) after its last test."""
+    config = RealNodeConfig(extra_images=(default_chart_image().archive,))
+    with RealNode(control_plane, config) as node:
         yield node

@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
-"""Writes an OCI image archive (an image layout in a tar) from a directory, with no
-registry and no image builder: what `ctr images import` loads into a container runtime.
+"""Writes an OCI image archive (an image layout in a tar) from directories, one layer
+each, with no registry and no image builder: what `ctr images import` loads into a
+container runtime, and what `docker load` or `skopeo copy oci-archive:` read.
 
-    oci_image.py --root DIR --name REF --out FILE.tar [--cmd ARG ...] [--env K=V ...]
+    oci_image.py --root DIR [--root DIR ...] --name REF --out FILE.tar
+                 [--cmd ARG ...] [--entrypoint ARG ...] [--env K=V ...] [--user UID:GID]
 
-Reproducible: one layer with every entry sorted, owned by root, dated SOURCE_DATE_EPOCH
-(default 0), gzip without a name or a time; the same directory gives the same bytes, so
-the image's digest names its content. Standard library only: testenv/node/build.sh runs
-it before any virtualenv exists.
+Reproducible: each layer's entries sorted, owned by root, dated SOURCE_DATE_EPOCH
+(default 0), gzip without a name or a time; the same directories give the same bytes,
+so the image's digest names its content. Standard library only: testenv/node/build.sh
+and deploy/docker/build.sh run it before any virtualenv exists.
 """
 
 from __future__ import annotations
@@ -63,26 +65,34 @@ def _json(value: object) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
 
-def write_image(root: Path, name: str, out: Path, cmd: list[str], env: list[str]) -> str:
-    """Write the archive; returns the manifest's digest."""
-    raw = layer_tar(root)
-    gz = gzip.compress(raw, compresslevel=6, mtime=0)
-    diff_id = "sha256:" + hashlib.sha256(raw).hexdigest()
-    config = {
+def write_image(roots: list[Path], name: str, out: Path, config: dict[str, object]) -> str:
+    """Write the archive, one layer per directory (the first at the bottom); returns the
+    manifest's digest. `config` is the image config's `config` (Cmd, Env, User, ...)."""
+    raws = [layer_tar(root) for root in roots]
+    image_config = {
         "architecture": "amd64",
         "os": "linux",
-        "config": {"Cmd": cmd, "Env": env, "WorkingDir": "/"},
-        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+        "config": config,
+        "rootfs": {
+            "type": "layers",
+            "diff_ids": ["sha256:" + hashlib.sha256(raw).hexdigest() for raw in raws],
+        },
     }
     tmp = out.with_suffix(".tmp")
-    with tarfile.open(tmp, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+    with tarfile.open(tmp, mode="w", format=tarfile.PAX_FORMAT) as tar:
         _file(tar, "oci-layout", _json({"imageLayoutVersion": "1.0.0"}))
-        config_bytes = _json(config)
-        layer = {"mediaType": MEDIA_LAYER, "digest": _blob(tar, gz), "size": len(gz)}
-        conf = {"mediaType": MEDIA_CONFIG, "digest": _blob(tar, config_bytes)}
-        conf["size"] = len(config_bytes)
+        layers = []
+        for raw in raws:
+            gz = gzip.compress(raw, compresslevel=6, mtime=0)
+            layers.append({"mediaType": MEDIA_LAYER, "digest": _blob(tar, gz), "size": len(gz)})
+        config_bytes = _json(image_config)
+        conf = {
+            "mediaType": MEDIA_CONFIG,
+            "digest": _blob(tar, config_bytes),
+            "size": len(config_bytes),
+        }
         manifest = _json(
-            {"schemaVersion": 2, "mediaType": MEDIA_MANIFEST, "config": conf, "layers": [layer]}
+            {"schemaVersion": 2, "mediaType": MEDIA_MANIFEST, "config": conf, "layers": layers}
         )
         digest = _blob(tar, manifest)
         annotations = {"io.containerd.image.name": name, "org.opencontainers.image.ref.name": name}
@@ -105,13 +115,22 @@ def write_image(root: Path, name: str, out: Path, cmd: list[str], env: list[str]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--root", type=Path, required=True, help="the image's filesystem")
+    parser.add_argument(
+        "--root", type=Path, action="append", required=True, help="a layer's files (repeat)"
+    )
     parser.add_argument("--name", required=True, help="its reference, e.g. gpuheal.dev/x:1")
     parser.add_argument("--out", type=Path, required=True, help="the archive to write")
     parser.add_argument("--cmd", nargs="*", default=[], help="the default command")
+    parser.add_argument("--entrypoint", nargs="*", default=[], help="the entrypoint")
     parser.add_argument("--env", nargs="*", default=[], help="KEY=VALUE, each")
+    parser.add_argument("--user", default="", help="UID:GID the container runs as")
     args = parser.parse_args()
-    digest = write_image(args.root, args.name, args.out, args.cmd, args.env)
+    config: dict[str, object] = {"Cmd": args.cmd, "Env": args.env, "WorkingDir": "/"}
+    if args.entrypoint:
+        config["Entrypoint"] = args.entrypoint
+    if args.user:
+        config["User"] = args.user
+    digest = write_image(args.root, args.name, args.out, config)
     print(f"{args.name} {digest} {args.out.stat().st_size} bytes")
 
 
