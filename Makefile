@@ -62,6 +62,7 @@ node:
 	    --no-install-recommends containerd runc containernetworking-plugins socat \
 	    busybox-static iproute2 gcc libc6-dev >/dev/null; }
 	testenv/node/build.sh
+	testenv/deviceplugin/build.sh
 
 # gpuheal's image without docker or a registry (deploy/docker/build.sh: Debian's python3
 # by mmdebstrap, the locked wheels, gpuheal), as an OCI archive in .cache/image: the one

@@ -7,9 +7,9 @@
 #
 # Output: $GPUHEAL_TESTENV_DIR (default .cache/testenv at the repo root):
 #   bin/<binaries>  kwok-stages.yaml  stamp
-# The stamp is a hash of everything under testenv/ but nvml/, kured/, npd/, versions/ and node/
-# and the Go version; a build runs only when it changes, so repeated `make test` calls
-# cost nothing.
+# The stamp is a hash of everything under testenv/ but nvml/, kured/, npd/, deviceplugin/,
+# node/ and versions/, and the Go version; a build runs only when it changes, so repeated
+# `make test` calls cost nothing.
 #
 # The other Kubernetes versions the multi-version tier runs on (the oldest supported,
 # the newest stable: docs/deploy.md#kubernetes-versions) are testenv/versions/<minor>/,
@@ -25,10 +25,12 @@ k8s_version="v1.36.3"   # keep in step with testenv/k8s/go.mod (the default vers
 kwok_version="v0.8.0"   # keep in step with testenv/kwok/go.mod
 helm_version="v3.22.0"  # keep in step with testenv/helm/go.mod
 
-# testenv/nvml, testenv/kured, testenv/npd and testenv/versions are not this build: each
-# has its own build and stamp (testenv/nvml/build.sh, testenv/kured/build.sh,
-# testenv/npd/build.sh, testenv/versions/build.sh; `make testenv` runs all but nvml's).
-stamp="$( (cd "$here" && find . \( -path ./nvml -o -path ./kured -o -path ./npd -o -path ./versions -o -path ./node \) -prune -o -type f ! -name '*.md' -print0 | sort -z | xargs -0 sha256sum; go version) | sha256sum | cut -d' ' -f1)"
+# testenv/nvml, testenv/kured, testenv/npd, testenv/deviceplugin, testenv/node and
+# testenv/versions are not this build: each has its own build and stamp
+# (testenv/nvml/build.sh, testenv/kured/build.sh, testenv/npd/build.sh,
+# testenv/deviceplugin/build.sh, testenv/node/build.sh, testenv/versions/build.sh; `make
+# testenv` runs kured's, npd's and versions'; `make node` node's and the device plugin's).
+stamp="$( (cd "$here" && find . \( -path ./nvml -o -path ./kured -o -path ./npd -o -path ./deviceplugin -o -path ./node -o -path ./versions \) -prune -o -type f ! -name '*.md' -print0 | sort -z | xargs -0 sha256sum; go version) | sha256sum | cut -d' ' -f1)"
 if [[ -f "$out/stamp" && "$(cat "$out/stamp")" == "$stamp" && "${1:-}" != "--force" ]]; then
   exit 0
 fi

@@ -34,9 +34,12 @@ flags=(-std=c11 -O2 -g -Wall -Wextra -Werror -fvisibility=hidden)
 # libyaml is linked statically into both: the library is dlopened by whatever process
 # loads NVML, and must not depend on the loader finding libyaml-0.so.2 beside it. Its
 # symbols stay inside (--exclude-libs): a process with its own libyaml (PyYAML's C
-# loader) must bind neither copy to the other.
+# loader) must bind neither copy to the other. It is never unloaded (-z nodelete): go-nvml
+# (NVIDIA's device plugin) dlcloses it when its last user shuts NVML down and dlopens it
+# again, while the program's lazily bound calls into it still hold the first mapping's
+# addresses; staying loaded also keeps its state (Xid events delivered) for the process.
 "$cc" "${flags[@]}" -fPIC -shared -Wl,-soname,libnvidia-ml.so.1 -Wl,--no-undefined \
-  -Wl,--exclude-libs,ALL \
+  -Wl,--exclude-libs,ALL -Wl,-z,nodelete \
   -o "$out.new/lib/libnvidia-ml.so.1" "$here/nvml.c" "$here/spec.c" \
   -Wl,-Bstatic -lyaml -Wl,-Bdynamic -lpthread
 ln -s libnvidia-ml.so.1 "$out.new/lib/libnvidia-ml.so"

@@ -4,9 +4,12 @@
  *
  * The real pynvml (nvidia-ml-py) dlopens it by its ordinary name, so the agent's probe
  * code (gpuheal/agent/nvml.py) runs unchanged over real ctypes structures and the
- * versioned entry points pynvml resolves. Only what the agent calls is here; the
- * struct layouts and constants are nvml.h's (NVML 12.x, as in NVIDIA/go-nvml's
- * pkg/nvml/nvml.h) and agree with pynvml's ctypes definitions.
+ * versioned entry points pynvml resolves. So does go-nvml in NVIDIA's Kubernetes device
+ * plugin (testenv/deviceplugin), which binds its calls lazily: a function it calls that
+ * is missing here kills it. Only what the agent and the device plugin call is here
+ * (testenv/deviceplugin/README.md lists the plugin's); the struct layouts and constants
+ * are nvml.h's (NVML 12.x, as in NVIDIA/go-nvml's pkg/nvml/nvml.h) and agree with
+ * pynvml's ctypes definitions.
  *
  * Semantics follow gpuheal/agent/fakenvml.py, the Python stand-in the unit tests use
  * (tests/unit/test_nvml_library.py runs one spec through both and compares). */
@@ -462,6 +465,108 @@ EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, nvmlPciInfo_t *
     return pci_info("nvmlDeviceGetPciInfo", device, pci);
 }
 
+/* The device file's minor number: /dev/nvidia<minor>. The N of the spec's devicePath
+ * when it names /dev/nvidia<N> (or a file so named elsewhere), else the GPU's index, as
+ * on a node whose GPUs the driver numbered in PCI order. */
+EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minorNumber) {
+    struct device d;
+    if (device && device->slot >= 0)
+        return NVML_ERROR_NOT_SUPPORTED; /* a MIG device has no /dev/nvidia<N> of its own */
+    nvmlReturn_t rc = enter("nvmlDeviceGetMinorNumber", device, &d);
+    if (rc)
+        return rc;
+    if (!minorNumber)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    const char *base = strrchr(d.device_path, '/');
+    base = base ? base + 1 : d.device_path;
+    *minorNumber = (unsigned)device->index;
+    if (!strncmp(base, "nvidia", 6) && base[6] >= '0' && base[6] <= '9' &&
+        strspn(base + 6, "0123456789") == strlen(base + 6) && strlen(base + 6) < 10)
+        *minorNumber = (unsigned)strtoul(base + 6, NULL, 10);
+    return NVML_SUCCESS;
+}
+
+/* What the GPU's name says of it: its CUDA compute capability (by the product family
+ * in the name) and its memory (the name's "<N>GB", as GiB). The spec's default GPU,
+ * an H100 80GB HBM3, is 9.0 with 80 GiB; so is a name neither table knows. */
+static void product(const char *name, int *major, int *minor, unsigned long long *memory) {
+    static const struct {
+        const char *family;
+        int major, minor;
+    } families[] = {
+        {"B200", 10, 0}, {"B100", 10, 0}, {"H200", 9, 0}, {"H100", 9, 0}, {"H800", 9, 0},
+        {"L40", 8, 9},   {"L4", 8, 9},    {"A100", 8, 0}, {"A800", 8, 0}, {"A30", 8, 0},
+        {"A10", 8, 6},   {"T4", 7, 5},    {"V100", 7, 0},
+    };
+    *major = 9;
+    *minor = 0;
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
+        if (strstr(name, families[i].family)) {
+            *major = families[i].major;
+            *minor = families[i].minor;
+            break;
+        }
+    *memory = 80ULL << 30;
+    for (const char *p = name; *p; p++) {
+        unsigned gb = 0;
+        int used = 0;
+        if (*p >= '0' && *p <= '9' && (p == name || p[-1] == ' ' || p[-1] == '-') &&
+            sscanf(p, "%uGB%n", &gb, &used) == 1 && used > 2 && gb > 0 && gb <= 4096) {
+            *memory = (unsigned long long)gb << 30;
+            break;
+        }
+    }
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major,
+                                                       int *minor) {
+    struct device d;
+    nvmlReturn_t rc = enter("nvmlDeviceGetCudaComputeCapability", device, &d);
+    if (rc)
+        return rc;
+    if (!major || !minor)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned long long memory;
+    product(d.name, major, minor, &memory);
+    return NVML_SUCCESS;
+}
+
+/* nvmlMemory_t (v1): total, free and used bytes. */
+typedef struct {
+    unsigned long long total;
+    unsigned long long free;
+    unsigned long long used;
+} nvmlMemory_t;
+_Static_assert(sizeof(nvmlMemory_t) == 24, "nvmlMemory_t");
+
+/* A GPU's memory: its product's (product()), used by its compute processes. A MIG
+ * device's is its profile's ("1g.10gb": 10 GiB), none of it used. */
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
+    struct device d;
+    nvmlReturn_t rc = enter("nvmlDeviceGetMemoryInfo", device, &d);
+    if (rc)
+        return rc;
+    if (!memory)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    int major, minor;
+    unsigned long long total, used = 0;
+    product(d.name, &major, &minor, &total);
+    unsigned slices = 0, gb = 0;
+    if (device->slot >= 0) {
+        if (device->slot >= d.nmig)
+            return NVML_ERROR_INVALID_ARGUMENT; /* an empty slot has no handle */
+        if (sscanf(d.mig[device->slot], "%ug.%ugb", &slices, &gb) == 2 && gb > 0 && gb <= 4096)
+            total = (unsigned long long)gb << 30;
+    } else {
+        for (int i = 0; i < d.nprocs; i++)
+            used += d.procs[i].used_bytes;
+        if (used > total)
+            used = total;
+    }
+    *memory = (nvmlMemory_t){total, total - used, used};
+    return NVML_SUCCESS;
+}
+
 static nvmlReturn_t processes(const char *call, nvmlDevice_t device, unsigned int *count,
                               nvmlProcessInfo_t *infos) {
     struct device d;
@@ -561,6 +666,54 @@ EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int l
     if (!isActive || link >= (unsigned)d.nlinks)
         return NVML_ERROR_INVALID_ARGUMENT;
     *isActive = d.link_up[link];
+    return NVML_SUCCESS;
+}
+
+/* The remote end of a GPU's NVLink: on the HGX board the spec's node stands for, every
+ * link goes to one of its 4 NVSwitches (link % 4), never straight to another GPU; the
+ * switches' PCI addresses are made up (bus 0x05 + switch). A link that is down still
+ * has its far end. */
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned int link,
+                                                        nvmlPciInfo_t *pci) {
+    struct device d;
+    nvmlReturn_t rc = enter("nvmlDeviceGetNvLinkRemotePciInfo", device, &d);
+    if (rc)
+        return rc;
+    if (!d.nlinks)
+        return NVML_ERROR_NOT_SUPPORTED; /* a GPU without NVLink */
+    if (!pci || link >= (unsigned)d.nlinks)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned bus = 0x05 + link % 4;
+    memset(pci, 0, sizeof *pci);
+    snprintf(pci->busId, sizeof pci->busId, "00000000:%02X:00.0", bus);
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "0000:%02X:00.0", bus);
+    pci->bus = bus;
+    pci->pciDeviceId = 0x22A310DE; /* NVSwitch (third generation): device 0x22A3, vendor 0x10DE */
+    return NVML_SUCCESS;
+}
+
+/* nvmlGpuTopologyLevel_t values (nvml.h). */
+enum { NVML_TOPOLOGY_INTERNAL = 0, NVML_TOPOLOGY_NODE = 40, NVML_TOPOLOGY_SYSTEM = 50 };
+
+/* The PCIe path between two GPUs, as on an 8-GPU HGX node with two CPU sockets: GPUs
+ * 0-3 on one NUMA node, 4-7 on the other (and so on by fours). A GPU with itself is
+ * INTERNAL (one board). */
+EXPORT nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t device1, nvmlDevice_t device2,
+                                                        int *pathInfo) {
+    struct device d1, d2;
+    nvmlReturn_t rc = enter("nvmlDeviceGetTopologyCommonAncestor", device1, &d1);
+    if (!rc)
+        rc = enter("nvmlDeviceGetTopologyCommonAncestor", device2, &d2);
+    if (rc)
+        return rc;
+    if (!pathInfo || device1->slot >= 0 || device2->slot >= 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (device1->index == device2->index)
+        *pathInfo = NVML_TOPOLOGY_INTERNAL;
+    else if (device1->index / 4 == device2->index / 4)
+        *pathInfo = NVML_TOPOLOGY_NODE;
+    else
+        *pathInfo = NVML_TOPOLOGY_SYSTEM;
     return NVML_SUCCESS;
 }
 

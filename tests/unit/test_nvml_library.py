@@ -336,6 +336,98 @@ print([ctypes.sizeof(t) for t in (pynvml.nvmlPciInfo_t, pynvml.c_nvmlProcessInfo
     assert done.stdout.splitlines() == ["[]", "[68, 24, 40, 32]"], done.stderr
 
 
+# Every NVML function NVIDIA's device plugin (testenv/deviceplugin) calls, by the name
+# its binary binds (LD_DEBUG=bindings): at start, in device discovery, in its health
+# checker and for a preferred allocation. One missing kills the plugin (go-nvml's calls
+# are bound lazily: "symbol lookup error").
+DEVICE_PLUGIN_ENTRY_POINTS = (
+    "nvmlInit_v2", "nvmlShutdown", "nvmlErrorString", "nvmlDeviceGetCount_v2",
+    "nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetHandleByUUID", "nvmlDeviceGetName",
+    "nvmlDeviceGetMigMode", "nvmlDeviceGetUUID", "nvmlDeviceGetMinorNumber",
+    "nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetCudaComputeCapability",
+    "nvmlEventSetCreate", "nvmlDeviceGetSupportedEventTypes", "nvmlDeviceRegisterEvents",
+    "nvmlEventSetWait_v2", "nvmlEventSetFree", "nvmlDeviceGetTopologyCommonAncestor",
+    "nvmlDeviceGetNvLinkState", "nvmlDeviceGetNvLinkRemotePciInfo_v2",
+)  # fmt: skip
+
+
+def test_what_the_device_plugin_reads(nvml: NvmlStandIn, tmp_path: Path) -> None:
+    document = node()
+    document["devices"][3]["devicePath"] = str(tmp_path / "nvidia7")  # its minor: 7
+    document["devices"][1].update(
+        name="NVIDIA A100-SXM4-40GB", processes=[{"pid": 42, "usedMemoryMiB": 2048}]
+    )
+    document["devices"][5]["nvlinks"] = 0
+    code = f"""
+import ctypes, pynvml
+lib = ctypes.CDLL("libnvidia-ml.so.1")
+print([n for n in {DEVICE_PLUGIN_ENTRY_POINTS!r} if not hasattr(lib, n)])
+pynvml.nvmlInit()
+gpus = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(8)]
+print([pynvml.nvmlDeviceGetMinorNumber(h) for h in gpus])
+print(*(pynvml.nvmlDeviceGetCudaComputeCapability(h) for h in gpus[:2]))
+for h in gpus[:2]:
+    m = pynvml.nvmlDeviceGetMemoryInfo(h)
+    print(m.total >> 20, m.free >> 20, m.used >> 20)
+print([pynvml.nvmlDeviceGetTopologyCommonAncestor(gpus[0], h) for h in gpus])
+print(pynvml.nvmlDeviceGetNvLinkRemotePciInfo(gpus[0], 5).busId)
+for call in (lambda: pynvml.nvmlDeviceGetNvLinkRemotePciInfo(gpus[0], 18),
+             lambda: pynvml.nvmlDeviceGetNvLinkRemotePciInfo(gpus[5], 0)):
+    try:
+        call()
+    except pynvml.NVMLError as err:
+        print(err.value)
+"""
+    done = run_python(nvml, write(tmp_path, document), code)
+    assert done.stdout.splitlines() == [
+        "[]",
+        "[0, 1, 2, 7, 4, 5, 6, 7]",
+        "(9, 0) (8, 0)",
+        "81920 81920 0",  # the name's 80GB (the default H100 80GB HBM3), nothing running
+        "40960 38912 2048",
+        "[0, 40, 40, 40, 50, 50, 50, 50]",  # one board; one NUMA node by fours; across
+        "00000000:06:00.0",  # link 5: NVSwitch 1
+        str(pynvml.NVML_ERROR_INVALID_ARGUMENT),  # link 18 of 18
+        str(pynvml.NVML_ERROR_NOT_SUPPORTED),  # no NVLink
+    ], done.stderr
+
+
+def test_an_event_wait_honours_its_timeout_and_sees_an_xid_added_while_it_waits(
+    nvml: NvmlStandIn, tmp_path: Path
+) -> None:
+    """The device plugin's health checker: nvmlEventSetWait_v2(set, 5000) in a loop,
+    while a test adds the Xid to the spec."""
+    spec = write(tmp_path, node())
+    code = f"""
+import os, threading, time, pynvml, yaml
+pynvml.nvmlInit()
+events = pynvml.nvmlEventSetCreate()
+two = pynvml.nvmlDeviceGetHandleByIndex(2)
+pynvml.nvmlDeviceRegisterEvents(two, pynvml.nvmlEventTypeXidCriticalError, events)
+start = time.monotonic()
+try:
+    pynvml.nvmlEventSetWait(events, 300)
+except pynvml.NVMLError_Timeout:
+    print("timeout", 0.3 <= time.monotonic() - start < 1.5)
+def add_xid():
+    doc = yaml.safe_load(open({str(spec)!r}))
+    doc["xidEvents"] = [{{"id": 1, "device": 2, "xid": 48}}]
+    open({str(spec)!r} + ".tmp", "w").write(yaml.safe_dump(doc))
+    os.replace({str(spec)!r} + ".tmp", {str(spec)!r})
+threading.Timer(0.5, add_xid).start()
+start = time.monotonic()
+data = pynvml.nvmlEventSetWait(events, 5000)
+print(pynvml.nvmlDeviceGetUUID(data.device), data.eventType, data.eventData,
+      0.5 <= time.monotonic() - start < 3)
+"""
+    done = run_python(nvml, spec, code)
+    uuid = gpu_spec("node-a")["devices"][2]["uuid"]
+    assert done.stdout.splitlines() == [
+        "timeout True",
+        f"{uuid} {pynvml.nvmlEventTypeXidCriticalError} 48 True",
+    ], done.stderr
+
+
 # -- the stand-in nvidia-smi ----------------------------------------------------
 
 
