@@ -66,12 +66,14 @@ node:
 
 # gpuheal's image without docker or a registry (deploy/docker/build.sh: Debian's python3
 # by mmdebstrap, the locked wheels, gpuheal), as an OCI archive in .cache/image: the one
-# the node tier runs the chart with.
-image: $(STAMP)
+# the node tier runs the chart with; and NVIDIA's device plugin on its base
+# (testenv/deviceplugin/image.sh) for the node tier's GPUs.
+image: $(STAMP) node
 	@command -v mmdebstrap >/dev/null || { \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	    --no-install-recommends mmdebstrap >/dev/null; }
 	PYTHON=$(BIN)/python deploy/docker/build.sh
+	PYTHON=$(BIN)/python testenv/deviceplugin/image.sh
 
 # The control plane, kwok and helm (testenv/build.sh), kured, the real reboot daemon
 # tests/integration/test_kured.py runs (testenv/kured/build.sh), node-problem-detector,

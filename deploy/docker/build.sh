@@ -86,5 +86,6 @@ mkdir -p "$out.new"
   --env PATH=/usr/local/bin:/usr/bin:/bin PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
   > "$out.new/image.txt"
 rm -rf "$out" && mv "$out.new" "$out"
+echo "$cache" > "$out/base"  # the base layer's files: testenv/deviceplugin/image.sh builds on it
 echo "$stamp" > "$out/stamp"
 echo "image: $(cat "$out/image.txt") in $(( $(date +%s) - start ))s" >&2

@@ -249,13 +249,14 @@ IMAGE_ENV_DIR = "GPUHEAL_IMAGE_DIR"
 
 @dataclass(frozen=True)
 class ChartImage:
-    """gpuheal's image as an OCI archive, and its reference (image.txt: "REF DIGEST SIZE")."""
+    """An image as an OCI archive, and its reference (image.txt: "REF DIGEST SIZE")."""
 
     directory: Path
+    file: str = "gpuheal.tar"
 
     @property
     def archive(self) -> Path:
-        return self.directory / "gpuheal.tar"
+        return self.directory / self.file
 
     @property
     def reference(self) -> str:
@@ -269,3 +270,9 @@ class ChartImage:
 def default_chart_image() -> ChartImage:
     """$GPUHEAL_IMAGE_DIR, else .cache/image in the source tree."""
     return ChartImage(_built(IMAGE_ENV_DIR, "image"))
+
+
+def default_device_plugin_image() -> ChartImage:
+    """NVIDIA's device plugin on the chart image's base (testenv/deviceplugin/image.sh):
+    $GPUHEAL_DEVICEPLUGIN_DIR, else .cache/deviceplugin."""
+    return ChartImage(_built("GPUHEAL_DEVICEPLUGIN_DIR", "deviceplugin"), "image.tar")

@@ -181,10 +181,11 @@ class RealNode:
         return self.workdir / "host" / path.strip("/").replace("/", "_")
 
     def pod_logs(self, namespace: str, pod: str) -> str:
-        """Every container log of a pod, as the kubelet keeps them (/var/log/pods)."""
+        """Every container log of the pods whose names start with `pod`, as the kubelet
+        keeps them (/var/log/pods)."""
         root = self.host_path("/var/log/pods")
         texts = [
-            f.read_text(errors="replace") for f in sorted(root.glob(f"{namespace}_{pod}_*/*/*.log"))
+            f.read_text(errors="replace") for f in sorted(root.glob(f"{namespace}_{pod}*/*/*.log"))
         ]
         return "".join(texts)
 

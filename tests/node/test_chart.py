@@ -17,27 +17,24 @@ from lightkube.resources.core_v1 import Node, Pod
 
 from gpuheal.model import AGENT_ACCESS
 from gpuheal.sim import ControlPlane
-from gpuheal.sim.agent import gpu_spec
-from gpuheal.sim.binaries import default_chart_image, default_nvml
+from gpuheal.sim.binaries import default_chart_image
 from gpuheal.sim.realnode import RealNode, container_pids
 from gpuheal.sim.workloads import create_namespace
 from tests.helpers import unique, wait_for
 from tests.integration.chart import helm
 from tests.integration.conftest import gpu_healthy
+from tests.node.gpus import NodeGpus
 from tests.node.workload import REAL_NODE_TOLERATION
 
 pytestmark = pytest.mark.timeout(300)
 READY_WITHIN_S = 90  # the issue's bound, from the images' import (done at the node's start)
-STAND_IN = "/opt/nvml"  # where the agent's container sees the NVML stand-in
 
 
-def chart_values(real_node: RealNode, spec_dir: Path, pool: dict[str, str]) -> dict[str, Any]:
+def chart_values(real_node: RealNode, gpus: NodeGpus, pool: dict[str, str]) -> dict[str, Any]:
     """The chart's defaults but: this image, both programs on the real node, the
     controller managing the test's pool, and the NVML stand-in mounted and named."""
-    image = default_chart_image()
-    repository, tag = image.reference.rsplit(":", 1)
+    repository, tag = default_chart_image().reference.rsplit(":", 1)
     on_node = {"kubernetes.io/hostname": real_node.name}
-    nvml = default_nvml().require()
     return {
         "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
         "controller": {
@@ -48,18 +45,9 @@ def chart_values(real_node: RealNode, spec_dir: Path, pool: dict[str, str]) -> d
         },
         "agent": {
             "nodeSelector": on_node,
-            "extraEnv": [
-                {"name": "LD_LIBRARY_PATH", "value": f"{STAND_IN}/lib"},
-                {"name": "GPUHEAL_FAKE_NVML_SPEC", "value": f"{STAND_IN}/spec/nvml-spec.yaml"},
-            ],
-            "extraVolumes": [
-                {"name": "nvml", "hostPath": {"path": str(nvml.lib_dir), "type": "Directory"}},
-                {"name": "nvml-spec", "hostPath": {"path": str(spec_dir), "type": "Directory"}},
-            ],
-            "extraVolumeMounts": [
-                {"name": "nvml", "mountPath": f"{STAND_IN}/lib", "readOnly": True},
-                {"name": "nvml-spec", "mountPath": f"{STAND_IN}/spec", "readOnly": True},
-            ],
+            "extraEnv": gpus.env(),
+            "extraVolumes": gpus.volumes(),
+            "extraVolumeMounts": gpus.mounts(),
         },
     }
 
@@ -113,6 +101,7 @@ def nvidia_runtime_class(kube: Client) -> None:
 
 def test_the_chart_runs_on_a_real_kubelet(
     real_node: RealNode,
+    node_gpus: NodeGpus,
     control_plane: ControlPlane,
     kube: Client,
     pool: dict[str, str],
@@ -120,14 +109,11 @@ def test_the_chart_runs_on_a_real_kubelet(
 ) -> None:
     namespace = unique("gpuheal")
     create_namespace(kube, namespace)
-    spec_dir = real_node.workdir / "nvml"
-    spec_dir.mkdir(exist_ok=True)
-    (spec_dir / "nvml-spec.yaml").write_text(yaml.safe_dump(gpu_spec(real_node.name)))
     nvidia_runtime_class(kube)
     labels = {"nvidia.com/gpu.present": "true", **pool}
     kube.patch(Node, real_node.name, {"metadata": {"labels": labels}})
     values = tmp_path / "values.yaml"
-    values.write_text(yaml.safe_dump(chart_values(real_node, spec_dir, pool)))
+    values.write_text(yaml.safe_dump(chart_values(real_node, node_gpus, pool)))
     release = "gpuheal"
     try:
         started = time.monotonic()

@@ -12,11 +12,9 @@ from typing import Any
 import pytest
 from lightkube import ApiError, Client
 from lightkube.resources.core_v1 import Node, Pod
-from lightkube.types import PatchType
 
 from gpuheal.model import CHECKPOINT_DONE
 from gpuheal.sim import ControlPlane
-from gpuheal.sim.nodes import GPU_RESOURCE
 from gpuheal.sim.realnode import POD_SUBNET, RealNode
 from gpuheal.sim.workloads import apply
 from tests.helpers import FakeNodes, wait_for
@@ -31,19 +29,6 @@ from tests.integration.conftest import (
 from tests.node.workload import journal, trainer_template
 
 pytestmark = pytest.mark.timeout(240)
-
-
-def advertise_gpus(kube: Client, node: str, count: int) -> None:
-    """Extended resources on the Node's status, as Kubernetes documents for resources
-    no device plugin serves: the scheduler and the kubelet's admission count them."""
-    patch = [
-        {
-            "op": "add",
-            "path": f"/status/capacity/{GPU_RESOURCE.replace('/', '~1')}",
-            "value": str(count),
-        }
-    ]
-    kube.patch(Node.Status, node, patch, patch_type=PatchType.JSON)
 
 
 def label(kube: Client, node: str, labels: dict[str, str | None]) -> None:
@@ -135,6 +120,7 @@ def _trainer_on(real_node: RealNode, kube: Client, namespace: str, pool: dict[st
 
 def test_a_checkpoint_request_reaches_the_process_and_the_eviction_is_real(
     real_node: RealNode,
+    device_plugin: str,
     kube: Client,
     namespace: str,
     pool: dict[str, str],
@@ -147,7 +133,6 @@ def test_a_checkpoint_request_reaches_the_process_and_the_eviction_is_real(
     after the pod's containers have ended. The Deployment's replacement lands on a kwok
     node."""
     journal_dir = real_node.workdir / "journal"
-    advertise_gpus(kube, real_node.name, 8)
     label(kube, real_node.name, dict(pool))
     try:
         trainer = _trainer_on(real_node, kube, namespace, pool)
