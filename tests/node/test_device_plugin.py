@@ -19,7 +19,7 @@ from tests.helpers import FakeNodes, wait_for
 from tests.integration.conftest import StartController, controller_config, faults_of, our_taint
 from tests.node.gpus import NodeGpus
 from tests.node.test_real_node import deployment, label, running_pods
-from tests.node.workload import trainer_template
+from tests.node.workload import journal, trainer_template
 
 pytestmark = pytest.mark.timeout(300)
 REPLICAS = 8  # every GPU of the node held: exactly one pod holds the faulty one
@@ -94,6 +94,8 @@ def test_an_xid_on_one_gpu_moves_exactly_the_pod_holding_it(
             timeout_s=60,
         )
         wait_for("the holder moved", lambda: holder not in holders(kube, namespace), timeout_s=60)
+        said = wait_for("the holder's end", lambda: _ended_journal(real_node, holder), timeout_s=30)
+        assert said == ["started", "preStop", "SIGTERM", "exited"], said
         after = wait_for(
             "the replacement running", lambda: _replaced(kube, namespace, before), timeout_s=60
         )
@@ -106,6 +108,12 @@ def test_an_xid_on_one_gpu_moves_exactly_the_pod_holding_it(
         assert record.spec and record.spec.get("resourceID") == faulty
     finally:
         label(kube, real_node.name, dict.fromkeys(pool))
+
+
+def _ended_journal(real_node: RealNode, pod: str) -> list[str]:
+    """What the pod's process said, once it has said it exited (the eviction was real)."""
+    said = [what for _, what in journal(real_node.workdir / "journal", pod)]
+    return said if said and said[-1] == "exited" else []
 
 
 def _all_health(kube: Client, namespace: str) -> list[dict[str, str]]:
