@@ -32,7 +32,8 @@ command -v mmdebstrap >/dev/null || { echo "image: mmdebstrap missing (Debian: a
   || { echo "image: $python is not Python 3.11 (the wheels must match Debian bookworm's python3)" >&2; exit 1; }
 
 version="$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/pyproject.toml")"
-base_stamp="$( (sha256sum "$here/requirements.lock" "$here/build.sh"; echo bookworm) | sha256sum | cut -c1-16)"
+# Of the files' content, not their paths: every clone of the repository shares one base.
+base_stamp="$( (cat "$here/requirements.lock" "$here/build.sh"; echo bookworm) | sha256sum | cut -c1-16)"
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/gpuheal/image-base-$base_stamp"
 stamp="$( (cd "$root" && git ls-files -z gpuheal pyproject.toml README.md | xargs -0 sha256sum; echo "$base_stamp") | sha256sum | cut -d' ' -f1)"
 if [[ -f "$out/stamp" && "$(cat "$out/stamp")" == "$stamp" && "${2:-}" != "--force" ]]; then

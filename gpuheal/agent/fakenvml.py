@@ -28,7 +28,8 @@ by rewriting it:
         mig: [1g.10gb, 1g.10gb]  # MIG enabled, these MIG devices ([]: enabled, none);
                                  # absent: MIG disabled; `migSupported: false`: no MIG
     xidEvents:                 # delivered once each through an event set registered
-      - {id: 1, device: 0, xid: 79}  # for Xids on that device
+      - {id: 1, device: 0, xid: 79}  # for Xids on that device; `reset: true` (a reset of
+                                     # the GPU since, nvidia-smi -r): to none
     initError: false           # nvmlInit fails (driver not loaded)
     errors:                    # the C stand-in only: a call's NVML error code, for every
       nvmlDeviceGetName: NOT_SUPPORTED  # device here or under a device (`errors:` there)
@@ -254,7 +255,8 @@ class FakeNvml:
                 key = event.get("id", (event.get("device"), event.get("xid")))
                 registered = events.masks.get(int(event.get("device", 0)), 0)
                 # As NVML: only to a set registered for Xids on the event's GPU.
-                if registered & pynvml.nvmlEventTypeXidCriticalError and key not in self._delivered:
+                fresh = key not in self._delivered and not event.get("reset")
+                if registered & pynvml.nvmlEventTypeXidCriticalError and fresh:
                     self._delivered.add(key)
                     return _EventData(
                         device=_Handle(int(event.get("device", 0))),
@@ -304,6 +306,10 @@ class FakeNvml:
         device["recoveryAction"] = 0
         if device.get("remappedRows"):
             device["remappedRows"] = {**device["remappedRows"], "pending": False}
+        # A session opened after the reset is not told of the GPU's past Xids.
+        for event in spec.get("xidEvents") or []:
+            if int(event.get("device", 0)) == index:
+                event["reset"] = True
         tmp = self.spec_path.with_suffix(".reset-tmp")
         tmp.write_text(yaml.safe_dump(spec))
         tmp.replace(self.spec_path)

@@ -252,6 +252,11 @@ class RealNode:
             self.host_path(path).mkdir(parents=True, exist_ok=True)
             self._made.extend(_make_missing(Path(path)))
         (self.workdir / "run").mkdir()
+        runtime = self.workdir / "bin" / "nvidia-container-runtime"
+        runtime.parent.mkdir()
+        runc = shutil.which("runc") or "runc"
+        runtime.write_text(f'#!/bin/sh\n# runc by the NVIDIA runtime\'s name\nexec {runc} "$@"\n')
+        runtime.chmod(0o755)
         (self.workdir / "cni").mkdir()
         sysctl = self.workdir / "sysctl"
         sysctl.mkdir()
@@ -450,11 +455,13 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     default_runtime_name = "runc"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
-    # The NVIDIA container runtime's handler name (the GPU Operator's RuntimeClass
-    # `nvidia`), run by plain runc: no driver to inject here; the NVML stand-in comes
-    # through the pod's own mounts.
+    # The NVIDIA container runtime's handler (the GPU Operator's RuntimeClass `nvidia`)
+    # as the toolkit configures it, by its binary's name: here a runc of that name (no
+    # driver to inject; the NVML stand-in comes through the pod's own mounts).
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]
       runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]
+        BinaryName = "{workdir}/bin/nvidia-container-runtime"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{CNI_BIN_DIR}"
     conf_dir = "{workdir}/cni"

@@ -842,7 +842,7 @@ static int was_delivered(const char *key) {
 static int next_event(nvmlEventSet_t set) {
     for (int i = 0; i < spec->nxids; i++) {
         const struct xid_event *x = &spec->xids[i];
-        if (x->device < 0 || x->device >= spec->ndevices || x->device >= MAX_DEVICES ||
+        if (x->reset || x->device < 0 || x->device >= spec->ndevices || x->device >= MAX_DEVICES ||
             !(set->mask[x->device] & nvmlEventTypeXidCriticalError) || was_delivered(x->key))
             continue;
         if (ndelivered == delivered_cap) {

@@ -10,7 +10,8 @@
  * `devicePath`, any other process with that file open: the device plugin, DCGM, an NVML
  * session not shut down), the first `resetFailures` resets of a GPU fail, a lost GPU cannot be
  * reset; otherwise it clears what a reset clears (the volatile ECC count, the driver's recovery
- * action, a pending row remap) in the spec. Each reset is a line of `<spec>.resets`,
+ * action, a pending row remap) in the spec, and marks the GPU's Xid events `reset: true` (a new
+ * NVML session, a restarted device plugin's, is not told of them). Each reset is a line of `<spec>.resets`,
  * `<uuid> ok|failed|in-use`.
  *
  * The query answers as NVML (nvml.c) answers over the same spec: a GPU past `visible` is not
@@ -141,6 +142,18 @@ static void clear_after_reset(const char *path, int index) {
     int id = devices->data.sequence.items.start[index];
     set_plain(&doc, id, "eccUncorrectedVolatile", "0");
     set_plain(&doc, id, "recoveryAction", "0");
+    /* The GPU's past Xid events: an NVML session opened after the reset (a restarted
+     * device plugin) never hears of them, as it would not on a real driver. */
+    yaml_node_t *xids = lookup(&doc, root, "xidEvents", NULL);
+    if (xids && xids->type == YAML_SEQUENCE_NODE) {
+        char mine[16];
+        snprintf(mine, sizeof mine, "%d", index);
+        for (yaml_node_item_t *e = xids->data.sequence.items.start; e < xids->data.sequence.items.top; e++) {
+            yaml_node_t *device = lookup(&doc, yaml_document_get_node(&doc, *e), "device", NULL);
+            if (device && device->type == YAML_SCALAR_NODE && !strcmp((char *)device->data.scalar.value, mine))
+                set_plain(&doc, *e, "reset", "true");
+        }
+    }
     yaml_node_t *rows = lookup(&doc, yaml_document_get_node(&doc, id), "remappedRows", NULL);
     if (rows && rows->type == YAML_MAPPING_NODE) {
         int rows_id = 0;

@@ -386,6 +386,8 @@ static int xid_pair(struct walk *w, const char *key, yaml_node_t *value, void *c
         c->has_xid = 1;
         return get_ull(w, value, "xidEvents.xid", 0xffffffffULL, &c->x->xid);
     }
+    if (!strcmp(key, "reset"))
+        return get_bool(w, value, "xidEvents.reset", &c->x->reset);
     return fail(w, value, "xidEvents: unknown key %s", key);
 }
 

@@ -60,6 +60,7 @@ struct xid_event {
     char key[64]; /* `id`, or device and xid: delivered once per key and process */
     int device;
     unsigned long long xid;
+    int reset; /* `reset: true`: the GPU was reset since (nvidia-smi -r): no session sees it */
 };
 
 struct spec {

@@ -69,3 +69,13 @@ def allocatable_gpus(kube: Client, node: str) -> int:
     status = kube.get(Node, node).status
     allocatable = (status.allocatable if status else None) or {}
     return int(allocatable.get(GPU_RESOURCE, "0"))
+
+
+def restart_device_plugin(kube: Client, namespace: str, node: str) -> None:
+    """Delete the plugin's pod and wait for the new one's 8 GPUs: after a test's Xid and
+    a reset of its GPU, the next test finds the node as the tier started it."""
+    for pod in kube.list(Pod, namespace=namespace, labels=dict(PLUGIN_LABELS)):
+        kube.delete(Pod, str(pod.metadata.name), namespace=namespace)  # type: ignore[union-attr]
+    wait_for(
+        "the device plugin's 8 GPUs again", lambda: allocatable_gpus(kube, node) == 8, timeout_s=60
+    )

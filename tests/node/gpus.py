@@ -14,9 +14,11 @@ from gpuheal.sim.agent import gpu_spec
 from gpuheal.sim.binaries import default_nvml
 from tests.node.workload import REAL_NODE_TOLERATION
 
-STAND_IN = "/opt/nvml"  # where a container sees the stand-in: lib/ and spec/
+STAND_IN = "/opt/nvml"  # where a container sees the stand-in: lib/, bin/ and spec/
 SPEC_FILE = "nvml-spec.yaml"
-PLUGIN_LABELS = {"app.kubernetes.io/name": "nvidia-device-plugin"}
+# The static manifest's pod label: a site without the GPU Operator selects its plugin by
+# it (the gate's devicePluginSelector, the agent's gpuReset.restartPods).
+PLUGIN_LABELS = {"name": "nvidia-device-plugin-ds"}
 
 
 @dataclass
@@ -47,6 +49,14 @@ class NodeGpus:
         events.append({"id": len(events) + 1, "device": index, "xid": xid})
         self.write()
 
+    def reset(self, index: int) -> None:
+        """As the stand-in's `nvidia-smi -r` leaves the spec: the GPU's past Xids reach no
+        NVML session opened after it (a restarted device plugin's)."""
+        for event in self.spec.get("xidEvents", []):
+            if event["device"] == index:
+                event["reset"] = True
+        self.write()
+
     def env(self) -> list[dict[str, str]]:
         """A container's environment to load the stand-in over this spec."""
         return [
@@ -58,14 +68,20 @@ class NodeGpus:
         nvml = default_nvml().require()
         return [
             {"name": "nvml", "hostPath": {"path": str(nvml.lib_dir), "type": "Directory"}},
+            {"name": "nvml-bin", "hostPath": {"path": str(nvml.smi.parent), "type": "Directory"}},
             {"name": "nvml-spec", "hostPath": {"path": str(self.directory), "type": "Directory"}},
         ]
 
-    def mounts(self) -> list[dict[str, Any]]:
-        return [
+    def mounts(self, *, resets: bool = False) -> list[dict[str, Any]]:
+        """`resets`: the stand-in's nvidia-smi too, and the spec writable (a reset
+        rewrites it and logs itself beside it), for the agent's GPU reset."""
+        mounts = [
             {"name": "nvml", "mountPath": f"{STAND_IN}/lib", "readOnly": True},
-            {"name": "nvml-spec", "mountPath": f"{STAND_IN}/spec", "readOnly": True},
+            {"name": "nvml-spec", "mountPath": f"{STAND_IN}/spec", "readOnly": not resets},
         ]
+        if resets:
+            mounts.append({"name": "nvml-bin", "mountPath": f"{STAND_IN}/bin", "readOnly": True})
+        return mounts
 
 
 def device_plugin_daemonset(
@@ -87,6 +103,12 @@ def device_plugin_daemonset(
                     "priorityClassName": "system-node-critical",
                     "tolerations": [
                         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                        # As docs/operations.md#gpu-reset asks: back on a quarantined node.
+                        {
+                            "key": "gpuheal.io/gpu-fault",
+                            "operator": "Exists",
+                            "effect": "NoSchedule",
+                        },
                         REAL_NODE_TOLERATION,
                     ],
                     "containers": [

@@ -17,6 +17,7 @@ from gpuheal.sim.realnode import RealNode
 from gpuheal.sim.workloads import apply
 from tests.helpers import FakeNodes, wait_for
 from tests.integration.conftest import StartController, controller_config, faults_of, our_taint
+from tests.node.conftest import restart_device_plugin
 from tests.node.gpus import NodeGpus
 from tests.node.test_real_node import deployment, label, running_pods
 from tests.node.workload import journal, trainer_template
@@ -108,6 +109,8 @@ def test_an_xid_on_one_gpu_moves_exactly_the_pod_holding_it(
         assert record.spec and record.spec.get("resourceID") == faulty
     finally:
         label(kube, real_node.name, dict.fromkeys(pool))
+        node_gpus.reset(2)
+        restart_device_plugin(kube, device_plugin, real_node.name)
 
 
 def _ended_journal(real_node: RealNode, pod: str) -> list[str]:

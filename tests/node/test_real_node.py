@@ -7,6 +7,7 @@ take the replacements."""
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -31,7 +32,7 @@ from tests.node.workload import journal, trainer_template
 pytestmark = pytest.mark.timeout(240)
 
 
-def label(kube: Client, node: str, labels: dict[str, str | None]) -> None:
+def label(kube: Client, node: str, labels: Mapping[str, str | None]) -> None:
     kube.patch(Node, node, {"metadata": {"labels": labels}})
 
 

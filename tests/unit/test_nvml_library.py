@@ -544,3 +544,47 @@ def test_smi_query_waits_as_long_as_a_hung_gpu(nvml: NvmlStandIn, tmp_path: Path
     done = smi(nvml, write(tmp_path, document), "--query-gpu=index,uuid", "--format=csv,noheader")
     assert time.monotonic() - started >= 0.5
     assert done.returncode == 0 and len(done.stdout.splitlines()) == 8
+
+
+def test_a_reset_gpu_s_past_xids_reach_no_session_opened_after_it(
+    nvml: NvmlStandIn, tmp_path: Path
+) -> None:
+    """A device plugin restarted after `nvidia-smi -r` (the agent's restartPods) opens a
+    new NVML session: the reset GPU's Xid is history to it, another GPU's is not."""
+    document = node()
+    document["xidEvents"] = [{"id": 1, "device": 2, "xid": 48}, {"id": 2, "device": 5, "xid": 79}]
+    spec = write(tmp_path, document)
+    twin = write(tmp_path, document, "twin.yaml")
+    uuid = document["devices"][2]["uuid"]
+    assert smi(nvml, spec, "-r", "-i", uuid).returncode == 0
+    FakeNvml(twin).reset_gpu(uuid)
+    for path in (spec, twin):
+        events = yaml.safe_load(path.read_text())["xidEvents"]
+        assert events == [
+            {"id": 1, "device": 2, "xid": 48, "reset": True},
+            {"id": 2, "device": 5, "xid": 79},
+        ]
+    code = """
+import pynvml
+pynvml.nvmlInit()
+events = pynvml.nvmlEventSetCreate()
+for i in range(8):
+    handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+    pynvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, events)
+seen = []
+while True:
+    try:
+        seen.append(pynvml.nvmlEventSetWait(events, 300).eventData)
+    except pynvml.NVMLError_Timeout:
+        break
+print(seen)
+"""
+    assert run_python(nvml, spec, code).stdout.strip() == "[79]"
+    fake = FakeNvml(twin)
+    fake_events = fake.nvmlEventSetCreate()
+    for i in range(8):
+        handle = fake.nvmlDeviceGetHandleByIndex(i)
+        fake.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, fake_events)
+    assert fake.nvmlEventSetWait(fake_events, 300).eventData == 79
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        fake.nvmlEventSetWait(fake_events, 300)
