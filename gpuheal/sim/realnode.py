@@ -89,6 +89,7 @@ DEBIAN_TOOLS = {
     "socat": "socat",
     "unshare": "util-linux",
     "ip": "iproute2",
+    "nsenter": "util-linux",
 }
 CNI_BIN_DIR = Path("/usr/lib/cni")  # Debian's containernetworking-plugins
 
@@ -171,6 +172,14 @@ class RealNode:
             return Path(f"/proc/{pid}/ns/pid").stat().st_ino if pid else None
         except OSError:
             return None
+
+    def in_network(self, argv: list[str]) -> list[str]:
+        """`argv` run in the node's network namespace (and only that): where its pods'
+        addresses answer, for a scraper or a probe started from the machine."""
+        pid = self.first_pid
+        if pid is None:
+            raise RealNodeError(f"real node {self.name} is not running")
+        return [shutil.which("nsenter") or "nsenter", f"--net=/proc/{pid}/ns/net", *argv]
 
     @property
     def containerd_socket(self) -> Path:

@@ -6,50 +6,33 @@ stand-in where the NVIDIA container runtime would inject the driver's library)."
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
+import urllib.parse
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from lightkube import ApiError, Client, codecs
+from lightkube import Client
 from lightkube.resources.core_v1 import Node, Pod
 
 from gpuheal.model import AGENT_ACCESS
 from gpuheal.sim import ControlPlane
-from gpuheal.sim.binaries import default_chart_image
+from gpuheal.sim.monitoring import PROMETHEUS, require
+from gpuheal.sim.process import Component, stop_all
 from gpuheal.sim.realnode import RealNode, container_pids
-from gpuheal.sim.workloads import create_namespace
-from tests.helpers import unique, wait_for
-from tests.integration.chart import helm
+from tests.helpers import wait_for
 from tests.integration.conftest import gpu_healthy
 from tests.node.gpus import NodeGpus
-from tests.node.workload import REAL_NODE_TOLERATION
+from tests.node.release import chart_values, installed, ready_pods
 
 pytestmark = pytest.mark.timeout(300)
 READY_WITHIN_S = 90  # the issue's bound, from the images' import (done at the node's start)
-
-
-def chart_values(real_node: RealNode, gpus: NodeGpus, pool: dict[str, str]) -> dict[str, Any]:
-    """The chart's defaults but: this image, both programs on the real node, the
-    controller managing the test's pool, and the NVML stand-in mounted and named."""
-    repository, tag = default_chart_image().reference.rsplit(":", 1)
-    on_node = {"kubernetes.io/hostname": real_node.name}
-    return {
-        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
-        "controller": {
-            "replicas": 1,
-            "nodeSelector": on_node,
-            "tolerations": [REAL_NODE_TOLERATION],
-            "config": {"nodeSelector": pool},
-        },
-        "agent": {
-            "nodeSelector": on_node,
-            "extraEnv": gpus.env(),
-            "extraVolumes": gpus.volumes(),
-            "extraVolumeMounts": gpus.mounts(),
-        },
-    }
 
 
 CAP_SYSLOG = 1 << 34
@@ -79,24 +62,68 @@ def node_annotation(kube: Client, node: str, key: str) -> str:
     return (meta.annotations or {}).get(key, "") if meta else ""
 
 
-def ready(pod: Pod) -> bool:
-    conditions = (pod.status.conditions if pod.status else None) or []
-    return any(c.type == "Ready" and c.status == "True" for c in conditions)
-
-
-def nvidia_runtime_class(kube: Client) -> None:
-    """The GPU Operator's RuntimeClass, whose handler the real node's containerd has."""
-    manifest = {
-        "apiVersion": "node.k8s.io/v1",
-        "kind": "RuntimeClass",
-        "metadata": {"name": "nvidia"},
-        "handler": "nvidia",
+@contextmanager
+def prometheus_in(
+    real_node: RealNode, targets: list[str], workdir: Path
+) -> Iterator[Callable[[str], Any]]:
+    """Debian's Prometheus in the node's network (the pods' addresses answer only
+    there), scraping `targets` every second; yields a query function (PromQL -> result)."""
+    config = {
+        "scrape_configs": [
+            {
+                "job_name": "gpuheal",
+                "scrape_interval": "1s",
+                "static_configs": [{"targets": targets}],
+            }
+        ]
     }
+    (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
+    prometheus = Component(
+        "prometheus",
+        real_node.in_network(
+            [
+                require(PROMETHEUS),
+                f"--config.file={workdir / 'prometheus.yml'}",
+                f"--storage.tsdb.path={workdir / 'tsdb'}",
+                "--web.listen-address=127.0.0.1:9090",
+            ]
+        ),
+        workdir / "prometheus.log",
+    )
+    prometheus.start()
+
+    def query(promql: str) -> Any:
+        url = "http://127.0.0.1:9090/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+        fetch = "import sys, urllib.request as u; print(u.urlopen(sys.argv[1], timeout=5).read().decode())"  # noqa: E501
+        done = subprocess.run(
+            real_node.in_network([sys.executable, "-c", fetch, url]),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        return json.loads(done.stdout)["data"]["result"] if done.returncode == 0 else []
+
     try:
-        kube.create(codecs.from_dict(manifest))
-    except ApiError as err:
-        if err.status.code != 409:
-            raise
+        yield query
+    finally:
+        stop_all([prometheus], grace=5)
+
+
+def scraped(query: Callable[[str], Any]) -> dict[str, str]:
+    """Each target's `up`, once Prometheus has scraped every one."""
+    return {r["metric"]["instance"]: r["value"][1] for r in query("up")}
+
+
+def metrics_targets(pods: list[Pod]) -> list[str]:
+    """Each pod's metrics endpoint: the controller's `http` port, the agent's `metrics`."""
+    return [
+        f"{pod.status.podIP}:{port.containerPort}"
+        for pod in pods
+        if pod.spec and pod.status
+        for port in pod.spec.containers[0].ports or []
+        if port.name in ("http", "metrics")
+    ]
 
 
 def test_the_chart_runs_on_a_real_kubelet(
@@ -107,47 +134,43 @@ def test_the_chart_runs_on_a_real_kubelet(
     pool: dict[str, str],
     tmp_path: Path,
 ) -> None:
-    namespace = unique("gpuheal")
-    create_namespace(kube, namespace)
-    nvidia_runtime_class(kube)
+    values = chart_values(real_node, node_gpus, pool)
     labels = {"nvidia.com/gpu.present": "true", **pool}
-    kube.patch(Node, real_node.name, {"metadata": {"labels": labels}})
-    values = tmp_path / "values.yaml"
-    values.write_text(yaml.safe_dump(chart_values(real_node, node_gpus, pool)))
-    release = "gpuheal"
-    try:
-        started = time.monotonic()
-        helm(
-            control_plane,
-            tmp_path,
-            "install",
-            release,
-            "deploy/helm/gpuheal",
-            "-n",
-            namespace,
-            "-f",
-            str(values),
-        )
+    started = time.monotonic()
+    with installed(control_plane, kube, real_node, tmp_path, values, labels) as namespace:
 
-        def both_ready() -> list[str]:
-            pods = kube.list(Pod, namespace=namespace)
-            names = [str(p.metadata.name) for p in pods if ready(p) and p.metadata]
-            return names if len(names) == 2 else []
+        def both_ready() -> list[Pod]:
+            found = ready_pods(kube, namespace)
+            return found if len(found) == 2 else []
 
-        names = wait_for("the controller and the agent ready", both_ready, timeout_s=READY_WITHIN_S)
-        print(f"ready in {time.monotonic() - started:.1f}s: {names}")
-
-        wait_for("the agent's GPUHealthy", lambda: gpu_healthy(kube, real_node.name)[0])
-        assert gpu_healthy(kube, real_node.name)[0] == "True", gpu_healthy(kube, real_node.name)
-        access = wait_for(
-            "the agent's access fact", lambda: node_annotation(kube, real_node.name, AGENT_ACCESS)
-        )
-        # runc hands an unprivileged container no /dev/kmsg (agent.kernelLog in the chart):
-        # the agent says so, and reads NVML through the chart's mounts.
-        assert "nvml=ok" in access and "gpus=8/" in access and "kmsg=unreadable" in access, access
-        for pod in kube.list(Pod, namespace=namespace):
+        both = wait_for("the controller and the agent ready", both_ready, READY_WITHIN_S)
+        print(f"ready in {time.monotonic() - started:.1f}s")
+        _the_agent_sees_its_node(kube, real_node.name)
+        _prometheus_scrapes_both(real_node, both, tmp_path)
+        for pod in both:
             component = (pod.metadata.labels or {}).get("app.kubernetes.io/component", "")  # type: ignore[union-attr]
             assert process_of(pod) == EXPECTED[component], component
-    finally:
-        helm(control_plane, tmp_path, "uninstall", release, "-n", namespace, "--wait")
-        kube.patch(Node, real_node.name, {"metadata": {"labels": dict.fromkeys(labels)}})
+
+
+def _the_agent_sees_its_node(kube: Client, node: str) -> None:
+    """The agent in its container: NVML through the chart's mounts, the API server with
+    its ServiceAccount's token. runc hands an unprivileged container no /dev/kmsg
+    (agent.kernelLog in the chart): the agent says so."""
+    wait_for("the agent's GPUHealthy", lambda: gpu_healthy(kube, node)[0])
+    assert gpu_healthy(kube, node)[0] == "True", gpu_healthy(kube, node)
+    access = wait_for("the agent's access fact", lambda: node_annotation(kube, node, AGENT_ACCESS))
+    assert "nvml=ok" in access and "gpus=8/" in access and "kmsg=unreadable" in access, access
+
+
+def _prometheus_scrapes_both(real_node: RealNode, pods: list[Pod], workdir: Path) -> None:
+    targets = metrics_targets(pods)
+    assert len(targets) == 2, targets
+    with prometheus_in(real_node, targets, workdir) as query:
+        up = wait_for(
+            "both scraped",
+            lambda: (found := scraped(query)) and len(found) == 2 and found,
+            timeout_s=60,
+        )
+        assert up == dict.fromkeys(targets, "1"), up
+        nvml = wait_for("the agent's own metric", lambda: query("gpuheal_agent_nvml_up"))
+        assert nvml[0]["value"][1] == "1"

@@ -10,14 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from lightkube import Client
 from lightkube.resources.core_v1 import Pod
 
 from gpuheal.sim import ControlPlane
-from gpuheal.sim.workloads import apply, create_namespace
-from tests.helpers import unique, wait_for
-from tests.integration.chart import helm
+from gpuheal.sim.realnode import RealNode
+from gpuheal.sim.workloads import apply
+from tests.helpers import wait_for
 from tests.integration.conftest import (
     StartController,
     controller_config,
@@ -28,8 +27,8 @@ from tests.integration.conftest import (
 )
 from tests.node.conftest import allocatable_gpus
 from tests.node.gpus import PLUGIN_LABELS, STAND_IN, NodeGpus
-from tests.node.test_chart import chart_values, nvidia_runtime_class, ready
-from tests.node.test_real_node import deployment, label, running_pods
+from tests.node.release import chart_values, installed, ready, ready_pods
+from tests.node.test_real_node import deployment, running_pods
 from tests.node.workload import trainer_template
 
 pytestmark = pytest.mark.timeout(300)
@@ -37,7 +36,7 @@ FAULTY = 5
 
 
 def agent_values(
-    real_node: Any, gpus: NodeGpus, pool: dict[str, str], namespace: str
+    real_node: RealNode, gpus: NodeGpus, pool: dict[str, str], namespace: str
 ) -> dict[str, Any]:
     """The chart's agent alone (the controller runs as a test process), allowed to reset
     with the stand-in's nvidia-smi and to restart the device plugin's pod."""
@@ -65,7 +64,7 @@ def plugin_pods(kube: Client, namespace: str) -> list[Pod]:
 
 
 def test_a_reset_restarts_the_device_plugin_and_the_gpu_is_allocatable_again(
-    real_node: Any,
+    real_node: RealNode,
     node_gpus: NodeGpus,
     device_plugin: str,
     control_plane: ControlPlane,
@@ -75,42 +74,13 @@ def test_a_reset_restarts_the_device_plugin_and_the_gpu_is_allocatable_again(
     start_controller: StartController,
     tmp_path: Path,
 ) -> None:
-    release_ns = unique("gpuheal")
-    create_namespace(kube, release_ns)
-    nvidia_runtime_class(kube)
+    values = agent_values(real_node, node_gpus, pool, device_plugin)
     # GPU Feature Discovery's labels: the gate's expected GPU count comes from the second,
     # so the node returns only once the kubelet offers all 8 again.
     labels = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "8", **pool}
-    label(kube, real_node.name, labels)
-    values = tmp_path / "values.yaml"
-    values.write_text(yaml.safe_dump(agent_values(real_node, node_gpus, pool, device_plugin)))
-    try:
-        helm(
-            control_plane,
-            tmp_path,
-            "install",
-            "gpuheal",
-            "deploy/helm/gpuheal",
-            "-n",
-            release_ns,
-            "-f",
-            str(values),
-        )
-        wait_for(
-            "the agent ready",
-            lambda: [p for p in kube.list(Pod, namespace=release_ns) if ready(p)],
-            timeout_s=90,
-        )
-        # A pod that takes 15 s to stop holds the drain, and so the reset, that long:
-        # long enough for the kubelet to say the GPU is gone (its 10 s status report).
-        template = trainer_template(
-            real_node.config.build.workload_image,
-            real_node.workdir / "journal",
-            grace_s=30,
-            stop_s=15,
-        )
-        apply(kube, deployment("trainer", namespace, template, pool))
-        wait_for("the trainer running", lambda: running_pods(kube, namespace), timeout_s=60)
+    with installed(control_plane, kube, real_node, tmp_path, values, labels) as release:
+        wait_for("the agent ready", lambda: ready_pods(kube, release), timeout_s=90)
+        _slow_trainer(real_node, kube, namespace, pool)
         (before,) = plugin_pods(kube, device_plugin)
         gate = {"devicePluginSelector": PLUGIN_LABELS, "devicePluginRequired": True}
         repair = {"enabled": True, "mode": "act", "resultTimeoutSeconds": 180}
@@ -119,35 +89,42 @@ def test_a_reset_restarts_the_device_plugin_and_the_gpu_is_allocatable_again(
         usable = allocatable_gpus(kube, real_node.name)
         node_gpus.xid(FAULTY, 48)
         wait_for("the node quarantined", lambda: our_taint(kube, real_node.name), timeout_s=60)
-        wait_for(
-            "the GPU Unhealthy to the kubelet",
-            lambda: allocatable_gpus(kube, real_node.name) == usable - 1,
-            timeout_s=60,
-        )
-
-        def node_records() -> list[Any]:
-            """The node's fault (the agent's report), not the device path's record of the
-            same GPU from the kubelet's pod status, which waits for its own canary."""
-            return [r for r in faults_of(kube, real_node.name) if not r.spec.get("resourceID")]
-
-        def returned() -> bool:
-            return any(record_phase(r) == "Resolved" for r in node_records())
-
-        try:
-            wait_for("the node returned", returned, timeout_s=240)
-        except AssertionError:
-            for record in faults_of(kube, real_node.name):
-                print(record_phase(record), record_entries(record))
-            raise
+        one_less = lambda: allocatable_gpus(kube, real_node.name) == usable - 1  # noqa: E731
+        wait_for("the GPU Unhealthy to the kubelet", one_less, timeout_s=60)
+        record = _returned(kube, real_node.name)
         assert our_taint(kube, real_node.name) is None
         assert allocatable_gpus(kube, real_node.name) == usable
         (after,) = plugin_pods(kube, device_plugin)
         assert after.metadata and before.metadata and after.metadata.name != before.metadata.name
         resets = (node_gpus.directory / "nvml-spec.yaml.resets").read_text().splitlines()
         assert resets == [f"{node_gpus.uuid(FAULTY)} ok"]
-        (record,) = node_records()
         actions = [e["action"] for e in record_entries(record)]
         assert "repaired" in actions, actions
-    finally:
-        helm(control_plane, tmp_path, "uninstall", "gpuheal", "-n", release_ns, "--wait")
-        label(kube, real_node.name, dict.fromkeys(labels))
+
+
+def _slow_trainer(real_node: RealNode, kube: Client, namespace: str, pool: dict[str, str]) -> None:
+    """A GPU pod that takes 15 s to stop holds the drain, and so the reset, that long:
+    long enough for the kubelet to say the GPU is gone (its 10 s status report)."""
+    workload = real_node.config.build.workload_image
+    template = trainer_template(workload, real_node.workdir / "journal", grace_s=30, stop_s=15)
+    apply(kube, deployment("trainer", namespace, template, pool))
+    wait_for("the trainer running", lambda: running_pods(kube, namespace), timeout_s=60)
+
+
+def _returned(kube: Client, node: str) -> Any:
+    """The node's fault (the agent's report), once Resolved: not the device path's record
+    of the same GPU from the kubelet's pod status, which waits for its own canary."""
+
+    def node_records() -> list[Any]:
+        return [r for r in faults_of(kube, node) if not r.spec.get("resourceID")]
+
+    try:
+        return wait_for(
+            "the node returned",
+            lambda: [r for r in node_records() if record_phase(r) == "Resolved"],
+            timeout_s=240,
+        )[0]
+    except AssertionError:
+        for record in faults_of(kube, node):
+            print(record_phase(record), record_entries(record))
+        raise
