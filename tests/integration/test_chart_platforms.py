@@ -285,9 +285,15 @@ def test_the_agent_runs_on_exactly_the_gpu_nodes_of_each_platform(
             return roles if roles == AGENTS[platform] else None
 
         wait_for(f"agent pods on {sorted(AGENTS[platform])}", placed, timeout_s=60)
-        # And no more: the DaemonSet controller wants exactly those nodes.
-        status = kube.get(DaemonSet, f"{chart.name}-agent", namespace=chart.namespace).status
-        assert status is not None and status.desiredNumberScheduled == len(AGENTS[platform])
+
+        # And no more: the DaemonSet controller wants exactly those nodes, once its status
+        # says so (it writes the status after it creates the pods; under load, seconds).
+        def wanted() -> int | None:
+            status = kube.get(DaemonSet, f"{chart.name}-agent", namespace=chart.namespace).status
+            observed = status is not None and status.observedGeneration is not None
+            return status.desiredNumberScheduled if status and observed else None
+
+        assert wait_for("the DaemonSet's status", wanted, timeout_s=30) == len(AGENTS[platform])
         # The controller's nodeSelector as the controller reads it: which nodes it manages.
         config = parse_config(controller_config(chart.objects) | {"apiTokenFile": "/dev/null"})
         ours = {

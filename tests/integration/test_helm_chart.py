@@ -442,6 +442,9 @@ def test_the_agent_runs_with_the_least_the_kernel_log_needs(
     assert context["seccompProfile"] == {"type": "RuntimeDefault"}
     if kernel_log == "privileged":
         assert context["privileged"] is True and "/dev/kmsg" in mounts and kmsg_enabled
+        # Root too: the image's user (65532) would hold no capability, privileged or not
+        # (found on a real kubelet: tests/node/test_chart.py).
+        assert (context["runAsUser"], context["runAsNonRoot"]) == (0, False)
     else:
         assert context["privileged"] is False and context["allowPrivilegeEscalation"] is False
         assert context["runAsUser"] == 0  # host UID 0: the state directory is root's

@@ -21,7 +21,7 @@ import yaml
 from lightkube import Client
 from lightkube.resources.core_v1 import Node, Pod
 
-from gpuheal.model import AGENT_ACCESS
+from gpuheal.model import AGENT_ACCESS, STATUS
 from gpuheal.sim import ControlPlane
 from gpuheal.sim.monitoring import PROMETHEUS, require
 from gpuheal.sim.process import Component, stop_all
@@ -36,6 +36,16 @@ READY_WITHIN_S = 90  # the issue's bound, from the images' import (done at the n
 
 
 CAP_SYSLOG = 1 << 34
+# A privileged container's: every capability runc knows, as this machine's root holds
+# them (CapBnd of this process, less none).
+ALL_CAPABILITIES = int(
+    next(
+        line.split()[1]
+        for line in Path("/proc/self/status").read_text().splitlines()
+        if line.startswith("CapBnd:")
+    ),
+    16,
+)
 # What the chart's security contexts make of each program's process, as the kernel
 # sees it: (user, effective capabilities, root filesystem read-only).
 EXPECTED = {"controller": (65532, 0, True), "agent": (0, CAP_SYSLOG, True)}
@@ -174,3 +184,69 @@ def _prometheus_scrapes_both(real_node: RealNode, pods: list[Pod], workdir: Path
         assert up == dict.fromkeys(targets, "1"), up
         nvml = wait_for("the agent's own metric", lambda: query("gpuheal_agent_nvml_up"))
         assert nvml[0]["value"][1] == "1"
+
+
+ROUND_S = 2  # the agent's report round, short: an absence is proven over three of them
+# An Xid 79 line as the driver writes it, but written by a process: facility user.
+USER_SPACE_XID = (
+    "NVRM: Xid (PCI:0000:18:00): 79, pid=1234, name=python, GPU has fallen off the bus."
+)
+
+
+def test_the_privileged_agent_reads_the_kernel_log_and_ignores_what_user_space_writes(
+    real_node: RealNode,
+    node_gpus: NodeGpus,
+    control_plane: ControlPlane,
+    kube: Client,
+    pool: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    """agent.kernelLog.privileged: the agent reads the machine's real /dev/kmsg through
+    the chart's mount; a record a process writes there (facility user) is read and
+    never taken for the driver's."""
+    values = chart_values(real_node, node_gpus, pool)
+    values["controller"]["replicas"] = 0
+    values["agent"]["kernelLog"] = {"enabled": True, "privileged": True}
+    values["agent"]["config"] = {"intervalSeconds": ROUND_S}
+    labels = {"nvidia.com/gpu.present": "true", **pool}
+    with installed(control_plane, kube, real_node, tmp_path, values, labels) as namespace:
+        (agent,) = wait_for("the agent ready", lambda: ready_pods(kube, namespace), timeout_s=90)
+        try:
+            wait_for("kmsg readable", lambda: "kmsg=ok" in _access(kube, real_node.name))
+        except AssertionError as err:
+            said = real_node.pod_logs(namespace, "gpuheal-agent")[-2000:]
+            raise AssertionError(f"{err}: {_access(kube, real_node.name)}\n{said}") from err
+        # Host root, every capability: what `privileged` means (docs/security.md).
+        assert process_of(agent)[:2] == (0, ALL_CAPABILITIES)
+        (target,) = metrics_targets([agent])
+        read_before = kmsg_records(real_node, target)
+        Path("/dev/kmsg").write_text(USER_SPACE_XID + "\n")
+        wait_for("the record read", lambda: kmsg_records(real_node, target) > read_before)
+        time.sleep(3 * ROUND_S)  # the driver's Xid 79 would be on the node by the next round
+        assert node_annotation(kube, real_node.name, STATUS) != "faulty"
+        assert gpu_healthy(kube, real_node.name)[0] == "True"
+
+
+def _access(kube: Client, node: str) -> str:
+    return node_annotation(kube, node, AGENT_ACCESS)
+
+
+def kmsg_records(real_node: RealNode, target: str) -> float:
+    """The agent's gpuheal_agent_kmsg_records_total, from its metrics endpoint in the
+    node's network."""
+    fetch = (
+        "import sys, urllib.request as u; print(u.urlopen(sys.argv[1], timeout=5).read().decode())"
+    )
+    done = subprocess.run(
+        real_node.in_network([sys.executable, "-c", fetch, f"http://{target}/metrics"]),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    found = [
+        line.split()[-1]
+        for line in done.stdout.splitlines()
+        if line.startswith("gpuheal_agent_kmsg_records_total ")
+    ]
+    return float(found[0]) if found else 0.0
