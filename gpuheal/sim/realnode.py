@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import tempfile
@@ -144,9 +145,10 @@ class RealNode:
         self.control_plane = control_plane
         self.config = config or RealNodeConfig()
         self.name = self.config.name
-        # Short: socket paths must fit in 108 bytes.
-        self.workdir = Path(tempfile.mkdtemp(prefix="gpuheal-node-"))
-        self.cgroup = CgroupRoot.beside_this_process(f"gpuheal-node-{self.workdir.name[-8:]}")
+        # Short (socket paths must fit in 108 bytes), and made at start, not here: a node
+        # never started leaves nothing.
+        self.workdir = Path(tempfile.gettempdir()) / f"gpuheal-node-{secrets.token_hex(4)}"
+        self.cgroup = CgroupRoot.beside_this_process(self.workdir.name)
         self._made: list[Path] = []
         self._relay: Component | None = None
         self._node: Component | None = None
@@ -257,6 +259,7 @@ class RealNode:
     # -- start-up ----------------------------------------------------------
 
     def _prepare(self) -> None:
+        self.workdir.mkdir(mode=0o700)
         for path in HOST_PATHS:
             self.host_path(path).mkdir(parents=True, exist_ok=True)
             self._made.extend(_make_missing(Path(path)))
