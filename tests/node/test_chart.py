@@ -104,15 +104,8 @@ def prometheus_in(
 
     def query(promql: str) -> Any:
         url = "http://127.0.0.1:9090/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-        fetch = "import sys, urllib.request as u; print(u.urlopen(sys.argv[1], timeout=5).read().decode())"  # noqa: E501
-        done = subprocess.run(
-            real_node.in_network([sys.executable, "-c", fetch, url]),
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-        return json.loads(done.stdout)["data"]["result"] if done.returncode == 0 else []
+        body = get_in_network(real_node, url)
+        return json.loads(body)["data"]["result"] if body else []
 
     try:
         yield query
@@ -231,22 +224,23 @@ def _access(kube: Client, node: str) -> str:
     return node_annotation(kube, node, AGENT_ACCESS)
 
 
-def kmsg_records(real_node: RealNode, target: str) -> float:
-    """The agent's gpuheal_agent_kmsg_records_total, from its metrics endpoint in the
-    node's network."""
+def get_in_network(real_node: RealNode, url: str) -> str:
+    """GET `url` from inside the node's network (where the pods' addresses answer);
+    "" when it does not answer."""
     fetch = (
         "import sys, urllib.request as u; print(u.urlopen(sys.argv[1], timeout=5).read().decode())"
     )
-    done = subprocess.run(
-        real_node.in_network([sys.executable, "-c", fetch, f"http://{target}/metrics"]),
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
+    argv = real_node.in_network([sys.executable, "-c", fetch, url])
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    return done.stdout if done.returncode == 0 else ""
+
+
+def kmsg_records(real_node: RealNode, target: str) -> float:
+    """The agent's gpuheal_agent_kmsg_records_total, from its metrics endpoint in the
+    node's network."""
     found = [
         line.split()[-1]
-        for line in done.stdout.splitlines()
+        for line in get_in_network(real_node, f"http://{target}/metrics").splitlines()
         if line.startswith("gpuheal_agent_kmsg_records_total ")
     ]
     return float(found[0]) if found else 0.0
