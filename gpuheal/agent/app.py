@@ -206,6 +206,7 @@ class Agent:
         self._listed_pids: tuple[int, ...] | None = None
         self._processes = ""
         self.probes: list[Callable[[], ProbeResult]] = []
+        self._warned: set[tuple[str, str]] = set()  # (reason, GPU) warned of last round
         self.nvml: NvmlProbe | None = None
         self.watcher: XidWatcher | None = None
         self.follower: KmsgFollower | None = None
@@ -215,10 +216,16 @@ class Agent:
                 expected_gpus=self._expected_gpus,
                 thresholds=Thresholds(config.temperature_warning_c, config.temperature_critical_c),
                 processes_due=self._processes_due,
+                limits=config.limits(),
             )
-            self.probes.append(
-                GuardedProbe("nvml", self.nvml.run, config.nvml_timeout_seconds, level=True).run
+            guarded = GuardedProbe(
+                "nvml",
+                self.nvml.run,
+                config.nvml_timeout_seconds,
+                level=True,
+                fault_after_s=config.driver_hang_seconds,
             )
+            self.probes.append(guarded.run)
             if config.nvml_events:
                 self.watcher = XidWatcher(nvml_lib, self._on_nvml_xid)
         if config.smi_enabled:
@@ -508,6 +515,7 @@ class Agent:
             results.append(ProbeResult("events", ran=True, findings=self.sticky.current()))
             rate = self.xid_history.rate_findings(time.monotonic())
             results.append(ProbeResult("application-xids", ran=True, findings=rate))
+        self._tell_warnings(results)
         reach = self.reach()
         problems = access.problems(reach)
         self._tell_access(reach, problems)
@@ -547,6 +555,28 @@ class Agent:
         self._report(seen)
         self._repair()
         return seen
+
+    def _tell_warnings(self, results: list[ProbeResult]) -> None:
+        """The round's warnings (P2 findings) as a gauge, and a log line when one
+        starts or ends: they never fault the node, and are never silently dropped."""
+        now = {
+            (f.reason, device): f.message
+            for r in results
+            for f in r.findings
+            if f.severity is Severity.P2
+            for device in (f.devices or ("",))
+        }
+        for reason, gpu in now.keys() - self._warned:
+            log.warning(
+                "GPU warning",
+                extra={"node": self.node, "reason": reason, "gpu": gpu, "detail": now[reason, gpu]},
+            )
+        for reason, gpu in self._warned - now.keys():
+            log.info("GPU warning cleared", extra={"node": self.node, "reason": reason, "gpu": gpu})
+        self.metrics.warnings.clear()
+        for reason, gpu in now:
+            self.metrics.warnings.labels(reason, gpu).set(1)
+        self._warned = set(now)
 
     def _new_fault_id(self) -> str:
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from gpuheal.agent.degradation import Limits
 from gpuheal.config.keys import (
     MAX_CELSIUS,
     MAX_COUNT,
@@ -145,6 +146,47 @@ class Probes:
 
 
 @dataclass(frozen=True)
+class Degradation:
+    """The degradation signals' thresholds (agent/degradation.py; docs/agent.md,
+    "Degradation signals", says where each default comes from)."""
+
+    # PCIe replays a minute above which a GPU is warned of; 0: DCGM's limit for the
+    # link's generation and width (ceil(per-lane rate x lanes)).
+    pcie_replays_per_minute: float = setting(number(0, 1e9), 0.0)
+    # A PCIe link below the card's width (or, busy, its generation) this long.
+    pcie_link_seconds: float = setting(number(0, 86400), 60.0)
+    nvlink_crc_per_second: float = setting(number(0.001, 1e9), 100.0)
+    # NVLink replays and recoveries within nvlinkWindowSeconds that are a fault; 0: off.
+    nvlink_replay_errors: int = setting(integer(0, 1_000_000), 1)
+    nvlink_recovery_errors: int = setting(integer(0, 1_000_000), 1)
+    nvlink_window_seconds: float = setting(number(60, 86400), 600.0)
+    # A hardware clock slowdown held this share of this window is a fault.
+    slowdown_window_seconds: float = setting(number(60, 86400), 600.0)
+    slowdown_share: float = setting(number(0.01, 1), 0.6)
+    # How long a GPU may wait for its NVSwitch fabric registration (after boot).
+    fabric_grace_seconds: float = setting(number(0, 86400), 300.0)
+    power_over_limit_ratio: float = setting(number(1, 10), 1.1)
+    expect_persistence_mode: bool = setting(boolean, True)
+    # An NVML call hung this long: the driver is unresponsive, a fault. 0: never.
+    driver_hang_seconds: float = setting(number(0, 86400), 60.0)
+
+    def limits(self) -> Limits:
+        return Limits(
+            pcie_replays_per_minute=self.pcie_replays_per_minute,
+            pcie_link_seconds=self.pcie_link_seconds,
+            nvlink_crc_per_second=self.nvlink_crc_per_second,
+            nvlink_replay_errors=self.nvlink_replay_errors,
+            nvlink_recovery_errors=self.nvlink_recovery_errors,
+            nvlink_window_seconds=self.nvlink_window_seconds,
+            slowdown_window_seconds=self.slowdown_window_seconds,
+            slowdown_share=self.slowdown_share,
+            fabric_grace_seconds=self.fabric_grace_seconds,
+            power_over_limit_ratio=self.power_over_limit_ratio,
+            expect_persistence_mode=self.expect_persistence_mode,
+        )
+
+
+@dataclass(frozen=True)
 class Reporting:
     """What the agent publishes besides its verdict: GPU processes, metrics."""
 
@@ -218,7 +260,7 @@ class Repairs:
 
 
 @dataclass(frozen=True)
-class AgentConfig(Rounds, Expectations, Probes, Reporting, Repairs):
+class AgentConfig(Rounds, Expectations, Probes, Degradation, Reporting, Repairs):
     """The whole document: every key is at the top level."""
 
 

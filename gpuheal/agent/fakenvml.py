@@ -27,6 +27,16 @@ by rewriting it:
         resetFailures: 0       # the first N resets of this GPU fail (reset_gpu)
         mig: [1g.10gb, 1g.10gb]  # MIG enabled, these MIG devices ([]: enabled, none);
                                  # absent: MIG disabled; `migSupported: false`: no MIG
+        # The degradation readings (agent/degradation.py); absent: a healthy card's.
+        pcie: {replays: 0, width: 16, maxWidth: 16, generation: 5, maxGeneration: 5}
+        clocksEventReasons: 0  # nvmlClocksEventReason* bits (0x8 HwSlowdown, 0x1 GpuIdle)
+        power: {drawW: 350, limitW: 700}  # usage and the enforced limit
+        nvlinkErrors: {crcFlit: 0, crcData: 0, replay: 0, recovery: 0}  # totals, all
+                               # links (NVML_FI_DEV_NVLINK_*_TOTAL); only with nvlinks
+        fabric: {state: 3, status: 0, healthMask: 0}  # nvmlGpuFabricInfo_v2; absent:
+                               # NOT_SUPPORTED (no NVSwitch fabric)
+        persistenceMode: true
+        vbios: "96.00.89.00.01"
     xidEvents:                 # delivered once each through an event set registered
       - {id: 1, device: 0, xid: 79}  # for Xids on that device; `reset: true` (a reset of
                                      # the GPU since, nvidia-smi -r): to none
@@ -96,9 +106,21 @@ class _EventSet:
 
 
 class _FieldValue:
-    def __init__(self, value: int) -> None:
-        self.nvmlReturn = pynvml.NVML_SUCCESS
-        self.value = type("V", (), {"uiVal": value})()
+    def __init__(self, value: int | None) -> None:
+        self.nvmlReturn = (
+            pynvml.NVML_SUCCESS if value is not None else pynvml.NVML_ERROR_NOT_SUPPORTED
+        )
+        self.value = type("V", (), {"uiVal": value or 0, "ullVal": value or 0})()
+
+
+# The NVLink error totals' field ids, by the spec's nvlinkErrors key.
+_NVLINK_FIELDS = {
+    pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL: "crcFlit",
+    pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL: "crcData",
+    pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL: "replay",
+    pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL: "recovery",
+}
+_PCIE = {"replays": 0, "width": 16, "maxWidth": 16, "generation": 5, "maxGeneration": 5}
 
 
 class FakeNvml:
@@ -213,7 +235,59 @@ class FakeNvml:
         return int(bool(states[link]))
 
     def nvmlDeviceGetFieldValues(self, handle: _Handle, fields: list[int]) -> list[_FieldValue]:  # noqa: N802
-        return [_FieldValue(int(self._device(handle).get("recoveryAction", 0))) for _ in fields]
+        device = self._device(handle)
+        return [_FieldValue(self._field(device, field)) for field in fields]
+
+    @staticmethod
+    def _field(device: dict[str, Any], field: int) -> int | None:
+        if field == pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
+            return int(device.get("recoveryAction", 0))
+        if field in _NVLINK_FIELDS and device.get("nvlinks"):
+            return int((device.get("nvlinkErrors") or {}).get(_NVLINK_FIELDS[field], 0))
+        return None  # a field this stand-in does not know: NOT_SUPPORTED
+
+    def _pcie(self, handle: _Handle, key: str) -> int:
+        return int({**_PCIE, **(self._device(handle).get("pcie") or {})}[key])
+
+    def nvmlDeviceGetPcieReplayCounter(self, handle: _Handle) -> int:  # noqa: N802
+        return self._pcie(handle, "replays")
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: _Handle) -> int:  # noqa: N802
+        return self._pcie(handle, "width")
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: _Handle) -> int:  # noqa: N802
+        return self._pcie(handle, "maxWidth")
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: _Handle) -> int:  # noqa: N802
+        return self._pcie(handle, "generation")
+
+    def nvmlDeviceGetGpuMaxPcieLinkGeneration(self, handle: _Handle) -> int:  # noqa: N802
+        return self._pcie(handle, "maxGeneration")
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: _Handle) -> int:  # noqa: N802
+        return int(self._device(handle).get("clocksEventReasons", 0))
+
+    def nvmlDeviceGetPowerUsage(self, handle: _Handle) -> int:  # noqa: N802
+        return int(float((self._device(handle).get("power") or {}).get("drawW", 350)) * 1000)
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: _Handle) -> int:  # noqa: N802
+        return int(float((self._device(handle).get("power") or {}).get("limitW", 700)) * 1000)
+
+    def nvmlDeviceGetPersistenceMode(self, handle: _Handle) -> int:  # noqa: N802
+        return int(bool(self._device(handle).get("persistenceMode", True)))
+
+    def nvmlDeviceGetVbiosVersion(self, handle: _Handle) -> str:  # noqa: N802
+        return str(self._device(handle).get("vbios", "96.00.89.00.01"))
+
+    def nvmlDeviceGetGpuFabricInfoV(self, handle: _Handle, ref: Any) -> int:  # noqa: N802
+        fabric = self._device(handle).get("fabric")
+        if fabric is None:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        info = ref._obj  # ctypes.byref(c_nvmlGpuFabricInfo_v2_t())
+        info.state = int(fabric.get("state", 3))
+        info.status = int(fabric.get("status", 0))
+        info.healthMask = int(fabric.get("healthMask", 0))
+        return 0  # NVML_SUCCESS
 
     def nvmlDeviceGetMigMode(self, handle: _Handle) -> list[int]:  # noqa: N802
         device = self._device(handle)

@@ -34,11 +34,15 @@ class ProbeResult:
     findings: tuple[ProbeFinding, ...] = ()
     warnings: tuple[str, ...] = ()
     error: str = ""
+    hung: bool = False  # it did not run because a call of it has not returned
 
 
 HEALTHY_REASON = "GPUsHealthy"
 HEALTHY_MESSAGE = "all GPU probes passed"
 UNKNOWN_REASON = "ProbesFailed"
+# Unknown because a level probe's driver call hangs (agent/timeouts.py): said apart
+# from a probe that failed, for a hang is the driver's fault, not the agent's access.
+HUNG_REASON = "DriverUnresponsive"
 
 
 class Health(StrEnum):
@@ -62,8 +66,8 @@ def verdict(results: list[ProbeResult]) -> Verdict:
 
     Faulty when any probe found a node fault (P0/P1): the reason is the most
     severe finding's. Unknown when there are level probes and none of them could
-    run: nobody can vouch for the GPUs, and Unknown is not Unhealthy. Otherwise
-    healthy.
+    run: nobody can vouch for the GPUs, and Unknown is not Unhealthy (the reason
+    says whether a driver call hangs). Otherwise healthy.
     """
     faults = sorted(
         (f for r in results for f in r.findings if f.severity in NODE_FAULT),
@@ -83,7 +87,8 @@ def verdict(results: list[ProbeResult]) -> Verdict:
     levels = [r for r in results if r.level]
     if levels and not any(r.ran for r in levels):
         errors = "; ".join(f"{r.probe}: {r.error}" for r in levels)
-        return Verdict(Health.UNKNOWN, reason=UNKNOWN_REASON, message=errors[:1024])
+        reason = HUNG_REASON if any(r.hung for r in levels) else UNKNOWN_REASON
+        return Verdict(Health.UNKNOWN, reason=reason, message=errors[:1024])
     return Verdict(Health.HEALTHY, reason=HEALTHY_REASON, message=HEALTHY_MESSAGE)
 
 

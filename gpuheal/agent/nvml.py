@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,9 +19,12 @@ from typing import Any
 
 import pynvml
 
+from gpuheal.agent import readings
+from gpuheal.agent.degradation import DegradationJudge, Limits, Readings, vbios_mismatch
 from gpuheal.agent.facts import cuda_text
 from gpuheal.agent.findings import ProbeFinding, ProbeResult
 from gpuheal.agent.kmsg import normalize_pci
+from gpuheal.agent.readings import SKIP, code, supported, text
 from gpuheal.model import Severity
 from gpuheal.policy.access import NVML_OK, NVML_PENDING, nvml_state
 from gpuheal.supervisor import Supervisor
@@ -29,8 +33,6 @@ from gpuheal.xid import RECOVERY_ACTIONS, XidRow
 log = logging.getLogger(__name__)
 
 PROBE = "nvml"
-
-_SKIP = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT)
 
 
 @dataclass(frozen=True)
@@ -75,10 +77,6 @@ def loaded_library(maps: Path = MAPS) -> str:
     return ""
 
 
-def _code(err: pynvml.NVMLError) -> int:
-    return int(getattr(err, "value", -1))
-
-
 class NvmlProbe:
     def __init__(
         self,
@@ -87,10 +85,16 @@ class NvmlProbe:
         expected_gpus: Callable[[], int | None],
         thresholds: Thresholds,
         processes_due: Callable[[], bool] = lambda: False,
+        limits: Limits | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.lib = lib
         self.expected_gpus = expected_gpus
         self.thresholds = thresholds
+        # The degradation signals (degradation.py), judged against each GPU's past.
+        self.judge = DegradationJudge(limits or Limits())
+        self.clock = clock
+        self.last_readings: dict[str, Readings] = {}
         # Asked once per round: list the GPUs' compute processes this round?
         self.processes_due = processes_due
         self.devices = Devices(by_pci={})
@@ -131,13 +135,13 @@ class NvmlProbe:
             self.versions = self._read_versions()
 
     def _read_versions(self) -> Versions:
-        driver = _supported(self.lib.nvmlSystemGetDriverVersion)
-        cuda = _supported(self.lib.nvmlSystemGetCudaDriverVersion)
-        nvml = _supported(self.lib.nvmlSystemGetNVMLVersion)
+        driver = supported(self.lib.nvmlSystemGetDriverVersion)
+        cuda = supported(self.lib.nvmlSystemGetCudaDriverVersion)
+        nvml = supported(self.lib.nvmlSystemGetNVMLVersion)
         return Versions(
-            driver=_text(driver) if driver is not None else "",
+            driver=text(driver) if driver is not None else "",
             cuda=cuda_text(int(cuda)) if cuda else "",
-            nvml=_text(nvml) if nvml is not None else "",
+            nvml=text(nvml) if nvml is not None else "",
             library=loaded_library(),
         )
 
@@ -148,7 +152,7 @@ class NvmlProbe:
         except pynvml.NVMLError as err:
             self._initialized = False
             # The code says why (policy/access.py): no library, no driver, no permission.
-            self.state, self.error = nvml_state(_code(err)), str(err)
+            self.state, self.error = nvml_state(code(err)), str(err)
             return ProbeResult(PROBE, level=True, ran=False, error=f"NVML unavailable: {err}")
         self.state, self.error = NVML_OK, ""
         findings: list[ProbeFinding] = []
@@ -167,9 +171,12 @@ class NvmlProbe:
         ecc: list[int] = []
         pids: list[int] | None = [] if self.processes_due() else None
         mig: dict[str, int] | None = None
+        self.last_readings = {}
         for index in range(count):
             findings += self._device(index, by_pci, warnings, ecc, pids)
             mig = _merge(mig, self._mig(index))
+        findings += vbios_mismatch(self.last_readings)
+        self.judge.forget_except(set(self.last_readings))
         self.devices = Devices(by_pci=by_pci, count=count)
         self.mig = mig
         self.ecc_uncorrected = sum(ecc)
@@ -191,17 +198,20 @@ class NvmlProbe:
         uuid = self._uuids.get(index, f"index-{index}")
         try:
             handle = lib.nvmlDeviceGetHandleByIndex(index)
-            uuid = self._uuids[index] = _text(lib.nvmlDeviceGetUUID(handle))
-            by_pci[normalize_pci(_text(lib.nvmlDeviceGetPciInfo(handle).busId))] = uuid
+            uuid = self._uuids[index] = text(lib.nvmlDeviceGetUUID(handle))
+            by_pci[normalize_pci(text(lib.nvmlDeviceGetPciInfo(handle).busId))] = uuid
             if pids is not None:
-                running = _supported(lib.nvmlDeviceGetComputeRunningProcesses, handle) or ()
+                running = supported(lib.nvmlDeviceGetComputeRunningProcesses, handle) or ()
                 pids.extend(int(p.pid) for p in running)
             found += self._ecc(handle, uuid, ecc)
             found += self._temperature(handle, uuid, warnings)
             found += self._nvlink(handle, uuid)
             found += self._recovery_action(handle, uuid)
+            seen = readings.read(lib, handle, text(lib.nvmlDeviceGetName(handle)))
+            self.last_readings[uuid] = seen
+            found += self.judge.judge(uuid, seen, self.clock())
         except pynvml.NVMLError as err:
-            if _code(err) == pynvml.NVML_ERROR_GPU_IS_LOST:
+            if code(err) == pynvml.NVML_ERROR_GPU_IS_LOST:
                 found.append(ProbeFinding("GpuLost", Severity.P0, f"GPU {uuid} is lost", (uuid,)))
             else:
                 found.append(
@@ -218,7 +228,7 @@ class NvmlProbe:
         lib = self.lib
         try:
             handle = lib.nvmlDeviceGetHandleByIndex(index)
-            mode = _supported(lib.nvmlDeviceGetMigMode, handle)
+            mode = supported(lib.nvmlDeviceGetMigMode, handle)
             if mode is None:
                 return None
             if int(mode[0]) != pynvml.NVML_DEVICE_MIG_ENABLE:
@@ -228,10 +238,10 @@ class NvmlProbe:
                 try:
                     device = lib.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
                 except pynvml.NVMLError as err:
-                    if _code(err) == pynvml.NVML_ERROR_NOT_FOUND:
+                    if code(err) == pynvml.NVML_ERROR_NOT_FOUND:
                         continue  # an empty slot
                     raise
-                profile = _text(lib.nvmlDeviceGetName(device)).rsplit(" ", 1)[-1]
+                profile = text(lib.nvmlDeviceGetName(device)).rsplit(" ", 1)[-1]
                 counts[profile] = counts.get(profile, 0) + 1
             return counts
         except pynvml.NVMLError:
@@ -243,7 +253,7 @@ class NvmlProbe:
         def fault(reason: str, severity: Severity, what: str) -> None:
             found.append(ProbeFinding(reason, severity, f"GPU {uuid}: {what}", (uuid,)))
 
-        uncorrected = _supported(
+        uncorrected = supported(
             lib.nvmlDeviceGetTotalEccErrors,
             handle,
             pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
@@ -255,20 +265,20 @@ class NvmlProbe:
             fault(
                 "EccUncorrectable", Severity.P0, f"{uncorrected} uncorrectable volatile ECC errors"
             )
-        rows = _supported(lib.nvmlDeviceGetRemappedRows, handle)
+        rows = supported(lib.nvmlDeviceGetRemappedRows, handle)
         if rows is not None:
             _corr, _unc, pending, failure = rows
             if failure:
                 fault("RowRemapFailure", Severity.P0, "row remapping failed")
             elif pending:
                 fault("RowRemapPending", Severity.P1, "row remapping pending a reset")
-        elif _supported(lib.nvmlDeviceGetRetiredPagesPendingStatus, handle):
+        elif supported(lib.nvmlDeviceGetRetiredPagesPendingStatus, handle):
             # Pre-Ampere: page retirement instead of row remapping.
             fault("RetiredPagesPending", Severity.P1, "retired pages pending a reset")
         return found
 
     def _temperature(self, handle: Any, uuid: str, warnings: list[str]) -> list[ProbeFinding]:
-        reading = _supported(self.lib.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU)
+        reading = supported(self.lib.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU)
         if reading is None:
             return []
         celsius = int(reading)
@@ -286,7 +296,7 @@ class NvmlProbe:
             try:
                 active = self.lib.nvmlDeviceGetNvLinkState(handle, link)
             except pynvml.NVMLError as err:
-                if _code(err) in _SKIP:
+                if code(err) in SKIP:
                     break  # no (more) NVLinks on this GPU
                 raise
             if not active:
@@ -299,7 +309,7 @@ class NvmlProbe:
         return []
 
     def _recovery_action(self, handle: Any, uuid: str) -> list[ProbeFinding]:
-        values = _supported(
+        values = supported(
             self.lib.nvmlDeviceGetFieldValues, handle, [pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION]
         )
         if values is None:
@@ -324,21 +334,6 @@ def _merge(total: dict[str, int] | None, one: dict[str, int] | None) -> dict[str
     for profile, n in one.items():
         merged[profile] = merged.get(profile, 0) + n
     return merged
-
-
-def _supported(call: Callable[..., Any], *args: Any) -> Any:
-    """call(*args), or None when the GPU or driver does not support the query.
-    Any other NVML error propagates (GPU lost, unknown errors are findings)."""
-    try:
-        return call(*args)
-    except pynvml.NVMLError as err:
-        if _code(err) not in _SKIP:
-            raise
-        return None
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class XidWatcher:
@@ -410,7 +405,7 @@ class XidWatcher:
                     events = self._register()
                 data = self.lib.nvmlEventSetWait(events, 1000)
             except pynvml.NVMLError as err:
-                if _code(err) == pynvml.NVML_ERROR_TIMEOUT:
+                if code(err) == pynvml.NVML_ERROR_TIMEOUT:
                     continue
                 log.warning("NVML event wait failed", extra={"error": str(err)})
                 self._close(events)
@@ -431,7 +426,7 @@ class XidWatcher:
         if not device:
             return ""
         try:
-            return _text(self.lib.nvmlDeviceGetUUID(device))
+            return text(self.lib.nvmlDeviceGetUUID(device))
         except pynvml.NVMLError as err:
             log.warning("cannot name the GPU of an NVML event", extra={"error": str(err)})
             return ""

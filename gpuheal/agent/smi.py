@@ -282,7 +282,9 @@ class SmiProbe:
     def run(self) -> ProbeResult:
         ran = execute(self.argv, self.timeout_s)
         if isinstance(ran, str):
-            return ProbeResult(PROBE, ran=False, level=True, error=ran)
+            # Killed for not answering: it hung in a driver call (agent/timeouts.py).
+            hung = "did not answer" in ran
+            return ProbeResult(PROBE, ran=False, level=True, error=ran, hung=hung)
         output = parse_output(ran.output)
         self.names.learn(output.gpus)
         return judge(output, ran.returncode, self.expected_gpus(), self.names, self.by_pci)

@@ -73,6 +73,13 @@ class AgentMetrics(Metrics):
     reports = counter("gpuheal_agent_reports_total", "Writes to the Node.")
     report_failures = counter("gpuheal_agent_report_failures_total", "Node writes that failed.")
     faulty = gauge("gpuheal_agent_faulty", "1 while a fault is reported.")
+    warnings = gauge(
+        "gpuheal_agent_warning",
+        "1 while a probe warns of a GPU (a P2 finding: never a node fault), by reason"
+        ' and GPU UUID ("" for the node): docs/agent.md#degradation-signals.',
+        "reason",
+        "gpu",
+    )
     state_file_errors = counter(
         "gpuheal_agent_state_file_errors_total",
         "State files that could not be read, set aside as <file>.corrupt (a fresh start).",

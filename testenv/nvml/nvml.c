@@ -15,6 +15,7 @@
  * (tests/unit/test_nvml_library.py runs one spec through both and compares). */
 #define _GNU_SOURCE
 #include <fcntl.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -41,14 +42,19 @@ enum {
     NVML_ERROR_TIMEOUT = 10,
     NVML_ERROR_LIBRARY_NOT_FOUND = 12,
     NVML_ERROR_GPU_IS_LOST = 15,
+    NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
     NVML_ERROR_UNKNOWN = 999,
 };
 
 enum { NVML_TEMPERATURE_GPU = 0 };
 enum { NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1 };
 enum { NVML_VOLATILE_ECC = 0 };
-enum { NVML_VALUE_TYPE_UNSIGNED_INT = 1 };
+enum { NVML_VALUE_TYPE_UNSIGNED_INT = 1, NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3 };
 #define NVML_FI_DEV_GET_GPU_RECOVERY_ACTION 230
+#define NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL 38
+#define NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL 45
+#define NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL 52
+#define NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL 59
 #define nvmlEventTypeXidCriticalError 0x0000000000000008ULL
 #define nvmlEventTypeGpuUnavailableError 0x0000000000004000ULL
 /* The event types this stand-in can deliver (nvmlDeviceGetSupportedEventTypes). */
@@ -115,11 +121,25 @@ typedef struct {
     unsigned int computeInstanceId;
 } nvmlEventData_t;
 
+/* nvmlGpuFabricInfo_v2_t: nvmlGpuFabricState_t is an unsigned char (pynvml reads it as
+ * a c_uint over the padding after it, which its zeroed struct keeps 0). */
+#define NVML_GPU_FABRIC_UUID_LEN 16
+typedef struct {
+    unsigned int version;
+    unsigned char clusterUuid[NVML_GPU_FABRIC_UUID_LEN];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    unsigned char state;
+    unsigned int healthMask;
+} nvmlGpuFabricInfo_v2_t;
+#define nvmlGpuFabricInfo_v2 (unsigned int)(sizeof(nvmlGpuFabricInfo_v2_t) | (2 << 24U))
+
 /* pynvml's ctypes mirror these; a layout change here would corrupt its reads. */
 _Static_assert(sizeof(nvmlPciInfo_t) == 68, "nvmlPciInfo_t");
 _Static_assert(sizeof(nvmlProcessInfo_t) == 24, "nvmlProcessInfo_t");
 _Static_assert(sizeof(nvmlFieldValue_t) == 40, "nvmlFieldValue_t");
 _Static_assert(sizeof(nvmlEventData_t) == 32, "nvmlEventData_t");
+_Static_assert(sizeof(nvmlGpuFabricInfo_v2_t) == 36, "nvmlGpuFabricInfo_v2_t");
 
 /* -- state ------------------------------------------------------------------- */
 
@@ -733,14 +753,109 @@ EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCoun
         v->latencyUsec = 0;
         memset(&v->value, 0, sizeof v->value);
         /* Each field answers for itself; only the one the agent reads is known here. */
+        const unsigned long long *nvlink = NULL;
+        switch (v->fieldId) {
+        case NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL:
+            nvlink = &d.nvlink_crc_flit;
+            break;
+        case NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL:
+            nvlink = &d.nvlink_crc_data;
+            break;
+        case NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL:
+            nvlink = &d.nvlink_replay;
+            break;
+        case NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL:
+            nvlink = &d.nvlink_recovery;
+            break;
+        }
         if (v->fieldId == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION) {
             v->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
             v->nvmlReturn = NVML_SUCCESS;
             v->value.uiVal = d.recovery_action;
+        } else if (nvlink && d.nlinks) { /* a GPU without NVLink has no such counter */
+            v->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+            v->nvmlReturn = NVML_SUCCESS;
+            v->value.ullVal = *nvlink;
         } else {
             v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
         }
     }
+    return NVML_SUCCESS;
+}
+
+/* -- degradation readings (gpuheal/agent/readings.py) ---------------------------- */
+
+/* One unsigned reading of the device: the spec's value at `offset` in struct device. */
+static nvmlReturn_t uint_reading(const char *call, nvmlDevice_t device, size_t offset,
+                                 unsigned int *out) {
+    struct device d;
+    nvmlReturn_t rc = enter(call, device, &d);
+    if (rc)
+        return rc;
+    if (!out)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *out = *(const unsigned *)((const char *)&d + offset);
+    return NVML_SUCCESS;
+}
+
+#define UINT_READING(fn, member)                                                      \
+    EXPORT nvmlReturn_t fn(nvmlDevice_t device, unsigned int *out) {                  \
+        return uint_reading(#fn, device, offsetof(struct device, member), out);       \
+    }
+UINT_READING(nvmlDeviceGetPcieReplayCounter, pcie_replays)
+UINT_READING(nvmlDeviceGetCurrPcieLinkWidth, pcie_width)
+UINT_READING(nvmlDeviceGetMaxPcieLinkWidth, pcie_max_width)
+UINT_READING(nvmlDeviceGetCurrPcieLinkGeneration, pcie_generation)
+UINT_READING(nvmlDeviceGetGpuMaxPcieLinkGeneration, pcie_max_generation)
+UINT_READING(nvmlDeviceGetPowerUsage, power_draw_mw)
+UINT_READING(nvmlDeviceGetEnforcedPowerLimit, power_limit_mw)
+
+EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device,
+                                                           unsigned long long *reasons) {
+    struct device d;
+    nvmlReturn_t rc = enter("nvmlDeviceGetCurrentClocksEventReasons", device, &d);
+    if (rc)
+        return rc;
+    if (!reasons)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *reasons = d.clocks_event_reasons;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, int *mode) {
+    struct device d;
+    nvmlReturn_t rc = enter("nvmlDeviceGetPersistenceMode", device, &d);
+    if (rc)
+        return rc;
+    if (!mode)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *mode = d.persistence_mode; /* nvmlEnableState_t: 1 enabled */
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetVbiosVersion(nvmlDevice_t device, char *version,
+                                              unsigned int length) {
+    struct device d;
+    nvmlReturn_t rc = enter("nvmlDeviceGetVbiosVersion", device, &d);
+    return rc ? rc : copy_text(d.vbios, version, length);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device,
+                                                nvmlGpuFabricInfo_v2_t *info) {
+    struct device d;
+    nvmlReturn_t rc = enter("nvmlDeviceGetGpuFabricInfoV", device, &d);
+    if (rc)
+        return rc;
+    if (!info)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (info->version != nvmlGpuFabricInfo_v2)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH; /* only v2 is served here */
+    if (!d.has_fabric)
+        return NVML_ERROR_NOT_SUPPORTED; /* no NVSwitch fabric */
+    memset((char *)info + sizeof info->version, 0, sizeof *info - sizeof info->version);
+    info->status = d.fabric_status;
+    info->state = (unsigned char)d.fabric_state;
+    info->healthMask = d.fabric_health_mask;
     return NVML_SUCCESS;
 }
 

@@ -261,6 +261,58 @@ static int rows_pair(struct walk *w, const char *key, yaml_node_t *value, void *
     return 0;
 }
 
+static int pcie_pair(struct walk *w, const char *key, yaml_node_t *value, void *ctx) {
+    struct device *d = ctx;
+    if (!strcmp(key, "replays"))
+        return get_uint(w, value, "pcie.replays", &d->pcie_replays);
+    if (!strcmp(key, "width"))
+        return get_uint(w, value, "pcie.width", &d->pcie_width);
+    if (!strcmp(key, "maxWidth"))
+        return get_uint(w, value, "pcie.maxWidth", &d->pcie_max_width);
+    if (!strcmp(key, "generation"))
+        return get_uint(w, value, "pcie.generation", &d->pcie_generation);
+    if (!strcmp(key, "maxGeneration"))
+        return get_uint(w, value, "pcie.maxGeneration", &d->pcie_max_generation);
+    return fail(w, value, "pcie: unknown key %s", key);
+}
+
+static int power_pair(struct walk *w, const char *key, yaml_node_t *value, void *ctx) {
+    struct device *d = ctx;
+    double watts;
+    if (strcmp(key, "drawW") && strcmp(key, "limitW"))
+        return fail(w, value, "power: unknown key %s", key);
+    if (get_double(w, value, key, &watts))
+        return -1;
+    if (watts < 0 || watts > 100000)
+        return fail(w, value, "power.%s: expected 0 to 100000 watts", key);
+    *(!strcmp(key, "drawW") ? &d->power_draw_mw : &d->power_limit_mw) = (unsigned)(watts * 1000);
+    return 0;
+}
+
+static int nvlink_errors_pair(struct walk *w, const char *key, yaml_node_t *value, void *ctx) {
+    struct device *d = ctx;
+    if (!strcmp(key, "crcFlit"))
+        return get_ull(w, value, "nvlinkErrors.crcFlit", ~0ULL, &d->nvlink_crc_flit);
+    if (!strcmp(key, "crcData"))
+        return get_ull(w, value, "nvlinkErrors.crcData", ~0ULL, &d->nvlink_crc_data);
+    if (!strcmp(key, "replay"))
+        return get_ull(w, value, "nvlinkErrors.replay", ~0ULL, &d->nvlink_replay);
+    if (!strcmp(key, "recovery"))
+        return get_ull(w, value, "nvlinkErrors.recovery", ~0ULL, &d->nvlink_recovery);
+    return fail(w, value, "nvlinkErrors: unknown key %s", key);
+}
+
+static int fabric_pair(struct walk *w, const char *key, yaml_node_t *value, void *ctx) {
+    struct device *d = ctx;
+    if (!strcmp(key, "state"))
+        return get_uint(w, value, "fabric.state", &d->fabric_state);
+    if (!strcmp(key, "status"))
+        return get_int(w, value, "fabric.status", &d->fabric_status);
+    if (!strcmp(key, "healthMask"))
+        return get_uint(w, value, "fabric.healthMask", &d->fabric_health_mask);
+    return fail(w, value, "fabric: unknown key %s", key);
+}
+
 static int proc_pair(struct walk *w, const char *key, yaml_node_t *value, void *ctx) {
     struct proc *p = ctx;
     if (!strcmp(key, "pid"))
@@ -302,6 +354,25 @@ static int device_pair(struct walk *w, const char *key, yaml_node_t *value, void
         return get_int(w, value, key, &d->reset_failures);
     if (!strcmp(key, "migSupported"))
         return get_bool(w, value, key, &d->mig_supported);
+    if (!strcmp(key, "clocksEventReasons"))
+        return get_ull(w, value, key, 0xffffffffULL, &d->clocks_event_reasons);
+    if (!strcmp(key, "persistenceMode"))
+        return get_bool(w, value, key, &d->persistence_mode);
+    if (!strcmp(key, "vbios"))
+        return get_str(w, value, key, d->vbios, sizeof d->vbios);
+    if (!strcmp(key, "pcie"))
+        return each_pair(w, value, key, pcie_pair, d);
+    if (!strcmp(key, "power"))
+        return each_pair(w, value, key, power_pair, d);
+    if (!strcmp(key, "nvlinkErrors"))
+        return each_pair(w, value, key, nvlink_errors_pair, d);
+    if (!strcmp(key, "fabric")) {
+        if (is_null(value))
+            return 0; /* null: no NVSwitch fabric */
+        d->has_fabric = 1;
+        d->fabric_state = 3; /* NVML_GPU_FABRIC_STATE_COMPLETED */
+        return each_pair(w, value, key, fabric_pair, d);
+    }
     if (!strcmp(key, "errors")) {
         struct errors_ctx e = {d->errors, &d->nerrors};
         return each_pair(w, value, key, error_pair, &e);
@@ -417,6 +488,12 @@ static int top_pair(struct walk *w, const char *key, yaml_node_t *value, void *c
             /* The Python fake's defaults (fakenvml.py), so both read one spec alike. */
             d->temperature = 40;
             d->mig_supported = 1;
+            d->pcie_width = d->pcie_max_width = 16;
+            d->pcie_generation = d->pcie_max_generation = 5;
+            d->power_draw_mw = 350000;
+            d->power_limit_mw = 700000;
+            d->persistence_mode = 1;
+            snprintf(d->vbios, sizeof d->vbios, "96.00.89.00.01");
             snprintf(d->name, sizeof d->name, "NVIDIA H100 80GB HBM3");
             snprintf(d->pci, sizeof d->pci, "00000000:%02X:00.0", (unsigned)(index + 1) & 0xff);
             yaml_node_t *node = yaml_document_get_node(w->doc, *i);

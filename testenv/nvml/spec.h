@@ -54,6 +54,16 @@ struct device {
     char mig[MAX_MIG][32];
     int nerrors;
     struct call_error errors[MAX_ERRORS];
+    /* The degradation readings (gpuheal/agent/degradation.py); defaults: a healthy card. */
+    unsigned pcie_replays, pcie_width, pcie_max_width, pcie_generation, pcie_max_generation;
+    unsigned long long clocks_event_reasons; /* nvmlClocksEventReason* bits */
+    unsigned power_draw_mw, power_limit_mw;
+    unsigned long long nvlink_crc_flit, nvlink_crc_data, nvlink_replay, nvlink_recovery;
+    int has_fabric; /* fabric given: the GPU joins an NVSwitch fabric */
+    unsigned fabric_state, fabric_health_mask;
+    int fabric_status;
+    int persistence_mode;
+    char vbios[32];
 };
 
 struct xid_event {

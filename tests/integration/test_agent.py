@@ -21,7 +21,10 @@ from gpuheal.model import (
     CUDA_VERSION,
     DRIVER_VERSION,
     ECC_ERRORS,
+    FAULT_DEVICES,
     FAULT_ID,
+    FAULT_REASON,
+    FAULT_SEVERITY,
     GPU_PROCESSES,
     HANDLED_FAULT_ID,
     LAST_GPU_ERROR,
@@ -102,16 +105,52 @@ def test_a_restarted_agent_does_not_report_old_kernel_lines_again(
         again.stop()
 
 
-def test_a_hung_nvml_call_times_out_and_the_node_is_reported_unknown(
+def test_a_hung_nvml_call_is_unknown_then_an_unresponsive_driver(
     kube: Client, fake_gpu_nodes: FakeNodes, start_agent: StartAgent
 ) -> None:
     (node,) = fake_gpu_nodes(1)
-    agent = start_agent(node, {"nvmlTimeoutSeconds": 0.3})
+    agent = start_agent(node, {"nvmlTimeoutSeconds": 0.3, "driverHangSeconds": 4})
     wait_for("healthy", lambda: gpu_healthy(kube, node)[0] == "True")
-    agent.set_device(0, hangSeconds=30)
-    wait_for("Unknown", lambda: gpu_healthy(kube, node)[0] == "Unknown")
+    agent.set_device(0, hangSeconds=60)
+    wait_for("Unknown", lambda: gpu_healthy(kube, node)[:2] == ("Unknown", "DriverUnresponsive"))
     assert STATUS not in node_annotations(kube, node)  # Unknown is not Unhealthy
     assert agent.metric('gpuheal_agent_probe_failures_total{probe="nvml"}') >= 1
+    # Still hung after driverHangSeconds: the driver answers nothing, a node fault.
+    wait_for("faulty", lambda: node_annotations(kube, node).get(STATUS) == "faulty")
+    assert gpu_healthy(kube, node)[:2] == ("False", "DriverUnresponsive")
+
+
+def test_degradation_faults_and_warnings_as_nvidia_documents_them(
+    kube: Client, fake_gpu_nodes: FakeNodes, start_agent: StartAgent
+) -> None:
+    (node,) = fake_gpu_nodes(1)
+    agent = start_agent(node, {})
+    wait_for("healthy", lambda: gpu_healthy(kube, node)[:2] == ("True", "GPUsHealthy"))
+    uuids = [d["uuid"] for d in agent.spec["devices"]]
+
+    def warned(reason: str, gpu: str) -> float:
+        return agent.metric(f'gpuheal_agent_warning{{gpu="{gpu}",reason="{reason}"}}')
+
+    # A replay burst above DCGM's limit and one hardware slowdown: warnings, never a fault.
+    agent.set_device(1, pcie={"replays": 5000}, clocksEventReasons=0x8)
+    agent.set_device(2, persistenceMode=False, vbios="96.00.61.00.01")
+    wait_for("warned", lambda: warned("PcieReplayRate", uuids[1]) == 1)
+    assert warned("HwSlowdown", uuids[1]) == warned("PersistenceModeOff", uuids[2]) == 1
+    assert warned("VbiosMismatch", uuids[2]) == 1
+    time.sleep(2)  # many rounds (and far more than failRounds)
+    assert gpu_healthy(kube, node)[:2] == ("True", "GPUsHealthy")
+    assert STATUS not in node_annotations(kube, node)
+    assert "GPU warning" in agent.log()
+
+    # A GPU whose NVSwitch fabric registration failed runs no CUDA work: a P1 fault.
+    agent.set_device(4, fabric={"state": 3, "status": 999})
+    wait_for("faulty", lambda: node_annotations(kube, node).get(STATUS) == "faulty")
+    found = node_annotations(kube, node)
+    assert (found[FAULT_REASON], found[FAULT_SEVERITY]) == ("FabricRegistrationFailed", "P1")
+    assert found[FAULT_DEVICES] == uuids[4]
+    # The warnings that cleared are gone from the gauge.
+    agent.set_device(1, pcie={"replays": 5000}, clocksEventReasons=0)
+    wait_for("cleared", lambda: warned("HwSlowdown", uuids[1]) == 0)
 
 
 def test_the_agent_survives_an_api_outage_and_reports_afterwards(

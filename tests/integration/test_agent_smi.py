@@ -126,7 +126,7 @@ def test_a_hung_gpu_is_bounded_by_the_timeout_and_unknown(
     started = time.monotonic()
     seen = _round(probe)
     assert time.monotonic() - started < 3
-    assert (seen.health, seen.reason) == (Health.UNKNOWN, "ProbesFailed")
+    assert (seen.health, seen.reason) == (Health.UNKNOWN, "DriverUnresponsive")
     assert seen.message == f"smi: {nvml.smi} did not answer within 0.5s; killed"
 
 
@@ -167,7 +167,7 @@ def test_the_agent_reports_a_hang_as_unknown_and_a_lost_gpu_by_its_uuid(
     wait_for("healthy", lambda: gpu_healthy(kube, node)[:2] == ("True", "GPUsHealthy"))
 
     agent.set_device(2, hangSeconds=60)
-    wait_for("unknown", lambda: gpu_healthy(kube, node)[:2] == ("Unknown", "ProbesFailed"))
+    wait_for("unknown", lambda: gpu_healthy(kube, node)[:2] == ("Unknown", "DriverUnresponsive"))
     assert "did not answer within 1s" in gpu_healthy(kube, node)[2]
     agent.set_device(2, hangSeconds=0)
     wait_for("healthy again", lambda: gpu_healthy(kube, node)[0] == "True")

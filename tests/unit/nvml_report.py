@@ -5,12 +5,14 @@ can compare the two on one spec."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from typing import Any
 
 import pynvml
 
+from gpuheal.agent.degradation import Readings
 from gpuheal.agent.nvml import NvmlProbe, Thresholds, loaded_library
 from gpuheal.agent.repair import holders
 
@@ -77,7 +79,14 @@ def report(lib: Any, expected: int | None = 8) -> dict[str, Any]:
         "versions": [probe.versions.driver, probe.versions.cuda, probe.versions.nvml],
         "holders": {u: list(p) for u, p in holders(lib, uuids).items()} if result.ran else {},
         "events": _events(lib) if result.ran else [],
+        "readings": {u: _plain(r) for u, r in sorted(probe.last_readings.items())},
     }
+
+
+def _plain(readings: Readings) -> dict[str, Any]:
+    """The readings as JSON would carry them (tuples as lists)."""
+    plain: dict[str, Any] = json.loads(json.dumps(dataclasses.asdict(readings)))
+    return plain
 
 
 if __name__ == "__main__":

@@ -12,8 +12,10 @@ import pytest
 import yaml
 
 from gpuheal.agent.fakenvml import FakeNvml
+from gpuheal.agent.findings import Health, verdict
 from gpuheal.agent.nvml import NvmlProbe, Thresholds, XidWatcher
 from gpuheal.agent.timeouts import GuardedProbe
+from gpuheal.model import Severity
 from gpuheal.supervisor import Supervisor
 
 
@@ -105,6 +107,34 @@ def test_a_hung_call_times_out_and_later_rounds_do_not_pile_up(tmp_path: Path) -
     assert not first.ran and "timed out after 0.2s" in first.error
     second = guarded.run()
     assert not second.ran and second.error == "previous call still hung"
+    assert first.hung and second.hung and not first.findings  # unknown, not faulty
+    seen = verdict([second])
+    assert (seen.health, seen.reason) == (Health.UNKNOWN, "DriverUnresponsive")
+
+
+def test_a_call_hung_past_the_limit_is_an_unresponsive_driver(tmp_path: Path) -> None:
+    now = [100.0]
+    guarded = GuardedProbe(
+        "nvml",
+        probe(spec(tmp_path, hangSeconds=3)).run,
+        0.1,
+        level=True,
+        fault_after_s=60,
+        clock=lambda: now[0],
+    )
+    assert not guarded.run().findings
+    now[0] += 59
+    assert not guarded.run().findings  # 59 s: still only unknown
+    now[0] += 1
+    (found,) = guarded.run().findings
+    assert (found.reason, found.severity) == ("DriverUnresponsive", Severity.P1)
+    assert verdict([guarded.run()]).health is Health.FAULTY
+
+
+def test_a_call_that_fails_fast_is_not_a_hang(tmp_path: Path) -> None:
+    result = GuardedProbe("nvml", probe(tmp_path / "none.yaml").run, 1, level=True).run()
+    assert not result.ran and not result.hung
+    assert verdict([result]).reason == "ProbesFailed"
 
 
 def test_a_gpu_lost_mid_run_is_named_by_the_uuid_it_last_answered(tmp_path: Path) -> None:

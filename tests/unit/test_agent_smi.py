@@ -217,7 +217,7 @@ def test_a_hung_nvidia_smi_is_killed_at_the_timeout_and_the_round_is_unknown() -
         f"{sys.executable} did not answer within 0.3s; killed",
     )
     seen = verdict([result])
-    assert (seen.health, seen.reason) == (Health.UNKNOWN, "ProbesFailed")
+    assert (seen.health, seen.reason) == (Health.UNKNOWN, "DriverUnresponsive")
     assert "smi: " in seen.message and "did not answer" in seen.message
 
 

@@ -127,8 +127,24 @@ def xids() -> dict[str, Any]:
     )
 
 
+def degraded() -> dict[str, Any]:
+    """Every degradation reading away from a healthy card's (agent/degradation.py)."""
+    document = node()
+    devices = document["devices"]
+    devices[0].update(pcie={"replays": 1234, "width": 8, "maxWidth": 16, "generation": 4})
+    devices[1].update(clocksEventReasons=0x8 | 0x40 | 0x80 | 0x20)
+    devices[2].update(power={"drawW": 812.5, "limitW": 500})
+    devices[3].update(nvlinkErrors={"crcFlit": 10**12, "crcData": 7, "replay": 3, "recovery": 1})
+    devices[4].update(fabric={"state": 3, "status": 999, "healthMask": 1})
+    devices[5].update(fabric={"state": 1}, persistenceMode=False)
+    devices[6].update(vbios="96.00.61.00.01", nvlinks=0, nvlinkErrors={"replay": 5})
+    devices[7].update(fabric={"state": 3, "healthMask": 2 << 14})
+    return document
+
+
 SPECS = {
     "healthy": node,
+    "degraded": degraded,
     "faulty": faulty,
     "pre-ampere": pre_ampere,
     "mig": mig,
@@ -162,6 +178,56 @@ def test_a_faulty_node_reads_as_nvml_would_say_it(nvml: NvmlStandIn, tmp_path: P
     assert over_c["versions"] == ["535.161.08", "12.2", "12.535.161.08"]
     assert over_c["pids"] == [4242, 7, 8] and over_c["ecc"] == 3
     assert lost not in over_c["by_pci"].values()
+
+
+def test_degradation_readings_read_as_nvml_gives_them(nvml: NvmlStandIn, tmp_path: Path) -> None:
+    over_c = c_report(nvml, write(tmp_path, degraded()))
+    uuids = [d["uuid"] for d in degraded()["devices"]]
+    seen = over_c["readings"]
+    assert seen[uuids[0]]["pcie_replays"] == 1234
+    assert seen[uuids[0]]["pcie_width"] == [8, 16] and seen[uuids[0]]["pcie_generation"] == [4, 5]
+    assert seen[uuids[1]]["clock_reasons"] == 0xE8
+    assert (seen[uuids[2]]["power_mw"], seen[uuids[2]]["power_limit_mw"]) == (812500, 500000)
+    assert seen[uuids[3]]["nvlink_errors"] == {
+        "crcFlit": 10**12, "crcData": 7, "replay": 3, "recovery": 1,
+    }  # fmt: skip
+    assert seen[uuids[4]]["fabric"] == {"state": 3, "status": 999, "health_mask": 1}
+    assert seen[uuids[5]]["fabric"] == {"state": 1, "status": 0, "health_mask": 0}
+    assert seen[uuids[5]]["persistence"] is False and seen[uuids[0]]["persistence"] is True
+    # Without NVLink there are no NVLink counters; without a fabric, no fabric.
+    assert seen[uuids[6]]["nvlink_errors"] == {} and seen[uuids[0]]["fabric"] is None
+    reasons = {(r, s) for r, s, _, _ in over_c["findings"]}
+    assert {
+        ("FabricRegistrationFailed", "P1"), ("VbiosMismatch", "P2"), ("PersistenceModeOff", "P2"),
+        ("HwSlowdown", "P2"), ("HwThermalSlowdown", "P2"), ("HwPowerBrakeSlowdown", "P2"),
+        ("SwThermalSlowdown", "P2"),
+    } <= reasons  # fmt: skip
+    # Held or counted over time, none of the rest is judged from one round.
+    assert not {r for r, _ in reasons} & {
+        "PcieLinkDegraded", "PcieReplayRate", "PowerOverLimit", "FabricNotReady",
+        "NvlinkRecoveryErrors",
+    }  # fmt: skip
+
+
+def test_an_older_fabric_struct_version_is_refused(nvml: NvmlStandIn, tmp_path: Path) -> None:
+    """The stand-in serves nvmlGpuFabricInfo_v2 only, and says so as NVML does."""
+    document = node()
+    document["devices"][0]["fabric"] = {"state": 3}
+    code = (
+        "import ctypes, pynvml\n"
+        "pynvml.nvmlInit()\n"
+        "h = pynvml.nvmlDeviceGetHandleByIndex(0)\n"
+        "for info in (pynvml.c_nvmlGpuFabricInfo_v3_t(), pynvml.c_nvmlGpuFabricInfo_v2_t()):\n"
+        "    try:\n"
+        "        pynvml.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(info))\n"
+        "        print(info.state)\n"
+        "    except pynvml.NVMLError as err:\n"
+        "        print('error', err.value)\n"
+    )
+    done = run_python(nvml, write(tmp_path, document), code)
+    assert done.returncode == 0, done.stderr
+    version_mismatch = pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+    assert done.stdout.split("\n")[:2] == [f"error {version_mismatch}", "3"]
 
 
 def test_per_call_errors_from_the_spec(nvml: NvmlStandIn, tmp_path: Path) -> None:
