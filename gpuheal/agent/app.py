@@ -26,6 +26,7 @@ from gpuheal.agent.debounce import Debounce, Report, step
 from gpuheal.agent.environment import EnvironmentProbe, HostPaths, read_driver_version
 from gpuheal.agent.facts import Counters, gpu_processes
 from gpuheal.agent.findings import ProbeFinding, ProbeResult, Verdict, verdict, with_access
+from gpuheal.agent.infiniband import IbProbe
 from gpuheal.agent.kmsg import (
     GpuAt,
     KernelEvent,
@@ -63,6 +64,7 @@ from gpuheal.supervisor import Supervisor
 from gpuheal.xid import VERSION as XID_CATALOGUE_VERSION
 from gpuheal.xid import classify, needs_line
 from gpuheal.xid.lines import OFF_THE_BUS_REASON, OFF_THE_BUS_SEVERITY
+from gpuheal.xid.nic import NicEvent
 from gpuheal.xid.sxid import classify_sxid
 
 log = logging.getLogger(__name__)
@@ -206,7 +208,7 @@ class Agent:
         self._listed_pids: tuple[int, ...] | None = None
         self._processes = ""
         self.probes: list[Callable[[], ProbeResult]] = []
-        self._warned: set[tuple[str, str]] = set()  # (reason, GPU) warned of last round
+        self._warned: set[tuple[str, str]] = set()  # (reason, device) warned of last round
         self.nvml: NvmlProbe | None = None
         self.watcher: XidWatcher | None = None
         self.follower: KmsgFollower | None = None
@@ -228,37 +230,9 @@ class Agent:
             self.probes.append(guarded.run)
             if config.nvml_events:
                 self.watcher = XidWatcher(nvml_lib, self._on_nvml_xid)
-        if config.smi_enabled:
-            self.probes.append(
-                GuardedProbe(
-                    "smi",
-                    SmiProbe(
-                        config.smi_command,
-                        config.smi_timeout_seconds,
-                        expected_gpus=self._expected_gpus,
-                        by_pci=self.pci_to_uuid.get,
-                    ).run,
-                    config.smi_timeout_seconds + 1,
-                    level=True,
-                ).run
-            )
+        self.network: IbProbe | None = None
         self.environment: EnvironmentProbe | None = None
-        if config.env_enabled:
-            host = HostPaths(
-                config.proc_root,
-                config.host_root,
-                config.runtime_config_paths,
-                config.required_modules,
-                config.nvswitch_pci_ids,
-            )
-            self.environment = EnvironmentProbe(
-                config.device_paths,
-                config.driver_version_path,
-                host,
-                config.env_facts_seconds,
-                node=node,
-            )
-            self.probes.append(self.environment.run)
+        self._add_probes_beside_nvml(config)
         self.repairer: Repairer | None = None
         self._next_repair_at = 0.0
         self._repair_failures = 0
@@ -293,6 +267,44 @@ class Agent:
             )
             self.metrics.follow_kmsg(self.follower)
         self.metrics.follow_access(self.reach)
+
+    def _add_probes_beside_nvml(self, config: AgentConfig) -> None:
+        """nvidia-smi, the node's network and the environment, each where enabled."""
+        if config.smi_enabled:
+            self.probes.append(
+                GuardedProbe(
+                    "smi",
+                    SmiProbe(
+                        config.smi_command,
+                        config.smi_timeout_seconds,
+                        expected_gpus=self._expected_gpus,
+                        by_pci=self.pci_to_uuid.get,
+                    ).run,
+                    config.smi_timeout_seconds + 1,
+                    level=True,
+                ).run
+            )
+        if config.ib_enabled:
+            self.network = IbProbe(
+                config.ib_sysfs_path, config.ib_expectations(), clock=time.monotonic
+            )
+            self.probes.append(self.network.run)
+        if config.env_enabled:
+            host = HostPaths(
+                config.proc_root,
+                config.host_root,
+                config.runtime_config_paths,
+                config.required_modules,
+                config.nvswitch_pci_ids,
+            )
+            self.environment = EnvironmentProbe(
+                config.device_paths,
+                config.driver_version_path,
+                host,
+                config.env_facts_seconds,
+                node=self.node,
+            )
+            self.probes.append(self.environment.run)
 
     # -- the agent's own NVML session, closed for a GPU reset ---------------------
 
@@ -389,6 +401,8 @@ class Agent:
                         immediate=True,
                     )
                 )
+            case NicEvent():
+                self._nic(event)
             case SxidEvent(sxid=sxid, switch=switch, fatal=fatal):
                 # The guide's table over the line's word (gpuheal/xid/sxid.py).
                 row = classify_sxid(sxid, fatal)
@@ -402,6 +416,19 @@ class Agent:
                             (switch,),
                         )
                     )
+
+    def _nic(self, event: NicEvent) -> None:
+        """A NIC's fault holds the node like an Xid (until reboot or xidHoldSeconds);
+        a transmit timeout the driver recovers from is counted and said, no more."""
+        self.metrics.nic_errors.labels(event.reason).inc()
+        if event.node_fault:
+            devices = (event.device,) if event.device else ()
+            self.sticky.add(ProbeFinding(event.reason, event.severity, event.text, devices))
+        else:
+            log.warning(
+                "NIC warning",
+                extra={"node": self.node, "reason": event.reason, "detail": event.text},
+            )
 
     def _uuid_for(self, pci: str) -> str:
         if pci in self.pci_to_uuid:
@@ -566,16 +593,16 @@ class Agent:
             if f.severity is Severity.P2
             for device in (f.devices or ("",))
         }
-        for reason, gpu in now.keys() - self._warned:
-            log.warning(
-                "GPU warning",
-                extra={"node": self.node, "reason": reason, "gpu": gpu, "detail": now[reason, gpu]},
-            )
-        for reason, gpu in self._warned - now.keys():
-            log.info("GPU warning cleared", extra={"node": self.node, "reason": reason, "gpu": gpu})
+        for reason, device in now.keys() - self._warned:
+            detail = now[reason, device]
+            extra = {"node": self.node, "reason": reason, "device": device, "detail": detail}
+            log.warning("warning", extra=extra)
+        for reason, device in self._warned - now.keys():
+            extra = {"node": self.node, "reason": reason, "device": device}
+            log.info("warning cleared", extra=extra)
         self.metrics.warnings.clear()
-        for reason, gpu in now:
-            self.metrics.warnings.labels(reason, gpu).set(1)
+        for reason, device in now:
+            self.metrics.warnings.labels(reason, device).set(1)
         self._warned = set(now)
 
     def _new_fault_id(self) -> str:

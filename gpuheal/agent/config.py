@@ -10,6 +10,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from gpuheal.agent.degradation import Limits
+from gpuheal.agent.infiniband import Expectations as IbExpectations
 from gpuheal.config.keys import (
     MAX_CELSIUS,
     MAX_COUNT,
@@ -186,6 +187,40 @@ class Degradation:
         )
 
 
+def link_layers(value: Any) -> tuple[str, ...]:
+    return _strings_that(
+        value, lambda v: v in ("InfiniBand", "Ethernet"), "must be InfiniBand or Ethernet (RoCE)"
+    )
+
+
+@dataclass(frozen=True)
+class Network:
+    """The node's InfiniBand and RoCE ports (agent/infiniband.py; docs/agent.md, "The
+    node's network")."""
+
+    ib_enabled: bool = setting(boolean, True)
+    ib_sysfs_path: Path = setting(file_path, Path("/sys/class/infiniband"))
+    ib_link_layers: tuple[str, ...] = setting(link_layers, ("InfiniBand",))
+    # What the node should have (0: not judged): HCAs, ports up, each port's rate.
+    ib_expected_hcas: int = setting(integer(0, MAX_GPUS), 0)
+    ib_expected_ports: int = setting(integer(0, MAX_GPUS), 0)
+    ib_expected_rate_gbps: float = setting(number(0, 100_000), 0.0)
+    ib_port_down_seconds: float = setting(number(0, 86400), 240.0)
+    ib_flaps: int = setting(integer(0, MAX_COUNT), 3)
+    ib_flap_window_seconds: float = setting(number(60, 7 * 86400), 3600.0)
+
+    def ib_expectations(self) -> IbExpectations:
+        return IbExpectations(
+            link_layers=self.ib_link_layers,
+            hcas=self.ib_expected_hcas,
+            ports=self.ib_expected_ports,
+            rate_gbps=self.ib_expected_rate_gbps,
+            port_down_seconds=self.ib_port_down_seconds,
+            flaps=self.ib_flaps,
+            flap_window_seconds=self.ib_flap_window_seconds,
+        )
+
+
 @dataclass(frozen=True)
 class Reporting:
     """What the agent publishes besides its verdict: GPU processes, metrics."""
@@ -260,7 +295,7 @@ class Repairs:
 
 
 @dataclass(frozen=True)
-class AgentConfig(Rounds, Expectations, Probes, Degradation, Reporting, Repairs):
+class AgentConfig(Rounds, Expectations, Probes, Degradation, Network, Reporting, Repairs):
     """The whole document: every key is at the top level."""
 
 

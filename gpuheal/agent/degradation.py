@@ -13,11 +13,11 @@ each GPU's recent past. The meaning and source of each signal: docs/agent.md,
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gpuheal.agent.findings import ProbeFinding
+from gpuheal.agent.past import Past
 from gpuheal.model import Severity
 
 # nvmlClocksEventReason* bits (nvml.h). The hardware ones mean the board itself pulls
@@ -106,56 +106,15 @@ def dcgm_replay_limit(generation: int, lanes: int) -> int:
     return math.ceil(rate * lanes)
 
 
-@dataclass
-class _Past:
-    """One GPU's recent past: counter samples, and since when each state has held."""
-
-    samples: dict[str, deque[tuple[float, int]]] = field(default_factory=dict)
-    since: dict[str, float] = field(default_factory=dict)
-    states: dict[str, deque[tuple[float, bool]]] = field(default_factory=dict)
-
-    def share(self, key: str, active: bool, now: float, window_s: float) -> float | None:
-        """The share of the last `window_s` that `key` was active (each round's state
-        counted from the round before it); None until the window has been watched."""
-        seen = self.states.setdefault(key, deque())
-        seen.append((now, active))
-        while len(seen) > 1 and seen[1][0] <= now - window_s:
-            seen.popleft()
-        if now - seen[0][0] < window_s:
-            return None
-        on = sum(b[0] - a[0] for a, b in zip(seen, list(seen)[1:], strict=False) if b[1])
-        return on / (now - seen[0][0])
-
-    def held(self, key: str, active: bool, now: float) -> float | None:
-        """How long `key` has been active without a break (None: it is not)."""
-        if not active:
-            self.since.pop(key, None)
-            return None
-        return now - self.since.setdefault(key, now)
-
-    def increase(self, key: str, total: int, now: float, window_s: float) -> tuple[int, float]:
-        """How much the counter grew within the window, and over how long. A counter
-        that went down was reset (a GPU reset, a driver reload): counting starts over."""
-        seen = self.samples.setdefault(key, deque())
-        if seen and total < seen[-1][1]:
-            seen.clear()
-        seen.append((now, total))
-        # Keep the newest sample at or before the window's start as its baseline.
-        while len(seen) > 1 and seen[1][0] <= now - window_s:
-            seen.popleft()
-        start_at, start = seen[0]
-        return total - start, now - start_at
-
-
 class DegradationJudge:
     """Judges each GPU's readings against its recent past and the limits."""
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
-        self._past: dict[str, _Past] = {}
+        self._past: dict[str, Past] = {}
 
     def judge(self, uuid: str, seen: Readings, now: float) -> list[ProbeFinding]:
-        past = self._past.setdefault(uuid, _Past())
+        past = self._past.setdefault(uuid, Past())
         found: list[ProbeFinding] = []
         for check in (_pcie, _clocks, _power, _nvlink, _fabric, _persistence):
             found += check(past, seen, now, self.limits, uuid)
@@ -176,7 +135,7 @@ def _per_minute(increase: int, span_s: float) -> float:
     return increase * 60.0 / max(span_s, 60.0)
 
 
-def _pcie(past: _Past, seen: Readings, now: float, lim: Limits, uuid: str) -> list[ProbeFinding]:
+def _pcie(past: Past, seen: Readings, now: float, lim: Limits, uuid: str) -> list[ProbeFinding]:
     found = []
     if seen.pcie_replays is not None:
         # As DCGM's health watch: the last minute's replays against the limit, a warning.
@@ -210,7 +169,7 @@ def _link_replay_limit(seen: Readings) -> float:
     return float(dcgm_replay_limit(seen.pcie_generation[0], seen.pcie_width[0]))
 
 
-def _clocks(past: _Past, seen: Readings, now: float, lim: Limits, uuid: str) -> list[ProbeFinding]:
+def _clocks(past: Past, seen: Readings, now: float, lim: Limits, uuid: str) -> list[ProbeFinding]:
     reasons = seen.clock_reasons or 0
     found = []
     for bit, reason in HARDWARE_SLOWDOWNS.items():
@@ -229,7 +188,7 @@ def _clocks(past: _Past, seen: Readings, now: float, lim: Limits, uuid: str) -> 
     return found
 
 
-def _power(past: _Past, seen: Readings, now: float, lim: Limits, uuid: str) -> list[ProbeFinding]:
+def _power(past: Past, seen: Readings, now: float, lim: Limits, uuid: str) -> list[ProbeFinding]:
     if seen.power_mw is None or not seen.power_limit_mw:
         return []
     over = seen.power_mw > seen.power_limit_mw * lim.power_over_limit_ratio
@@ -241,7 +200,7 @@ def _power(past: _Past, seen: Readings, now: float, lim: Limits, uuid: str) -> l
     return [_finding("PowerOverLimit", Severity.P2, uuid, what)]
 
 
-def _nvlink(past: _Past, seen: Readings, now: float, lim: Limits, uuid: str) -> list[ProbeFinding]:
+def _nvlink(past: Past, seen: Readings, now: float, lim: Limits, uuid: str) -> list[ProbeFinding]:
     """DCGM's NVLink health watch: replays and recoveries should be 0 (a failure
     each); CRC errors matter at 100 a second or more (a warning below)."""
     errors, found = seen.nvlink_errors, []
@@ -271,7 +230,7 @@ def _nvlink(past: _Past, seen: Readings, now: float, lim: Limits, uuid: str) -> 
     return found
 
 
-def _fabric(past: _Past, seen: Readings, now: float, lim: Limits, uuid: str) -> list[ProbeFinding]:
+def _fabric(past: Past, seen: Readings, now: float, lim: Limits, uuid: str) -> list[ProbeFinding]:
     fabric = seen.fabric
     if fabric is None or fabric.state == FABRIC_NOT_SUPPORTED:
         return []
@@ -301,7 +260,7 @@ def _fabric(past: _Past, seen: Readings, now: float, lim: Limits, uuid: str) -> 
 
 
 def _persistence(
-    past: _Past, seen: Readings, now: float, lim: Limits, uuid: str
+    past: Past, seen: Readings, now: float, lim: Limits, uuid: str
 ) -> list[ProbeFinding]:
     if seen.persistence is False and lim.expect_persistence_mode:
         return [_finding("PersistenceModeOff", Severity.P2, uuid, "persistence mode is off")]

@@ -69,16 +69,22 @@ class AgentMetrics(Metrics):
         "sxid",
         "kind",
     )
+    nic_errors = counter(
+        "gpuheal_agent_nic_errors_total",
+        "NIC lines of the kernel log (mlx5 health, the transmit watchdog), by reason: the"
+        " health ones hold the node, a transmit timeout is only counted.",
+        "reason",
+    )
     rounds = counter("gpuheal_agent_rounds_total", "Probe rounds.")
     reports = counter("gpuheal_agent_reports_total", "Writes to the Node.")
     report_failures = counter("gpuheal_agent_report_failures_total", "Node writes that failed.")
     faulty = gauge("gpuheal_agent_faulty", "1 while a fault is reported.")
     warnings = gauge(
         "gpuheal_agent_warning",
-        "1 while a probe warns of a GPU (a P2 finding: never a node fault), by reason"
-        ' and GPU UUID ("" for the node): docs/agent.md#degradation-signals.',
+        "1 while a probe warns (a P2 finding: never a node fault), by reason and device"
+        ' (a GPU UUID, an HCA port such as mlx5_0/1; "" for the node): docs/agent.md.',
         "reason",
-        "gpu",
+        "device",
     )
     state_file_errors = counter(
         "gpuheal_agent_state_file_errors_total",

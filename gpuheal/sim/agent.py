@@ -21,6 +21,7 @@ import yaml
 
 from gpuheal import values
 from gpuheal.sim.binaries import default_nvml
+from gpuheal.sim.ibsysfs import IbSysfs
 from gpuheal.sim.process import Component, http_ok, stop_all
 
 _PORT = re.compile(r'"metrics_port": (\d+)')
@@ -63,8 +64,7 @@ class AgentProcess:
         # Fails here, with what to build, when `make nvml` has not run.
         self.nvml = default_nvml().require()
         self.node = node
-        # A file name is at most 255 bytes; a node name, 253 characters.
-        self.dir = workdir / f"agent-{values.label_value(node)}"
+        self.dir = self.dir_for(workdir, node)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.spec_path = self.dir / "nvml-spec.yaml"
         self.kmsg_path = self.dir / "kmsg"
@@ -72,6 +72,8 @@ class AgentProcess:
         # The node's /var/run: a tmpfs a reboot empties (the reboot sentinel lives there).
         self.run_dir = self.dir / "run"
         self.reboot_sentinel = self.run_dir / "reboot-required"
+        # The node's /sys/class/infiniband: none until a test adds HCAs (sim/ibsysfs.py).
+        self.infiniband = IbSysfs(self.dir / "sys" / "class" / "infiniband")
         self.spec = gpu_spec(node, gpus)
         self.write_spec()
         self.kmsg_path.touch()
@@ -89,6 +91,7 @@ class AgentProcess:
             "envEnabled": False,
             "metricsPort": 0,
             "repairRebootSentinel": str(self.reboot_sentinel),
+            "ibSysfsPath": str(self.infiniband.root),
             **(config or {}),
         }
         self.config_path = self.dir / "agent.yaml"
@@ -105,6 +108,12 @@ class AgentProcess:
             env=self.nvml.environment(self.spec_path, nvml_lib_dir),
         )
         self.port = 0
+
+    @staticmethod
+    def dir_for(workdir: Path, node: str) -> Path:
+        """The node's directory under `workdir` (a test may fill it before the start)."""
+        # A file name is at most 255 bytes; a node name, 253 characters.
+        return workdir / f"agent-{values.label_value(node)}"
 
     def write_spec(self) -> None:
         tmp = self.spec_path.with_suffix(".tmp")

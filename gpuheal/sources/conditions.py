@@ -34,6 +34,7 @@ from gpuheal.xid.lines import (
     off_bus_opener,
     parse_message,
 )
+from gpuheal.xid.nic import NicEvent
 from gpuheal.xid.sxid import classify_sxid
 
 SOURCE = "node-condition"
@@ -62,7 +63,8 @@ def driver_lines(message: str, overrides: Mapping[int, XidRow]) -> tuple[DriverL
     """The driver lines of a message (node-problem-detector joins the log lines its
     rule matched with newlines), each classified: an Xid by the catalogue (the line's
     detail decodes Xids 74, 144-150 and 154, as on the agent), an SXid by the Fabric
-    Manager guide's table, "fallen off the bus" as `GpuFellOffBus`. Lines that are no
+    Manager guide's table, "fallen off the bus" as `GpuFellOffBus`, a NIC's health line
+    as the agent reads it (gpuheal/xid/nic.py). Lines that are no
     driver line are skipped; "NVRM: The NVIDIA GPU <pci>" lends its address to a
     "fallen off the bus" line after it that names none."""
     found: list[DriverLine] = []
@@ -76,6 +78,9 @@ def driver_lines(message: str, overrides: Mapping[int, XidRow]) -> tuple[DriverL
             found.append(
                 _of_row(classify_sxid(event.sxid, event.fatal), (event.switch,), event.text)
             )
+        elif isinstance(event, NicEvent):
+            devices = (event.device,) if event.device else ()
+            found.append(DriverLine(event.reason, event.severity, devices, event.text))
         elif isinstance(event, OffTheBus):
             pci = event.pci or opener
             devices = (pci,) if pci else ()

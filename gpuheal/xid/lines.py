@@ -33,6 +33,7 @@ import re
 from dataclasses import dataclass
 
 from gpuheal.model import Severity
+from gpuheal.xid.nic import NicEvent, parse_nic
 
 _PCI = r"(?:PCI:)?(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)"
 # "NVRM: GPU 18:00.0: GPU has fallen off the bus." (GPUd's tests): no domain.
@@ -127,7 +128,7 @@ class GpuAt:
     uuid: str
 
 
-KernelEvent = XidEvent | SxidEvent | OffTheBus | GpuAt
+KernelEvent = XidEvent | SxidEvent | OffTheBus | GpuAt | NicEvent
 
 
 def message_text(message: str) -> str:
@@ -180,6 +181,8 @@ def _sxid(match: re.Match[str], line: str) -> SxidEvent:
 def parse_message(message: str) -> KernelEvent | None:  # noqa: PLR0911 -- one return per shape
     """One kernel message -> an event, or None for anything else (never raises)."""
     line = message_text(message)
+    if "mlx5_core" in line or "NETDEV WATCHDOG" in line:
+        return parse_nic(line)
     if "NVRM" not in line and "SXid" not in line:
         return None
     if match := _XID.search(line):

@@ -33,6 +33,7 @@ from gpuheal.model import (
 )
 from gpuheal.sim import ControlPlane
 from gpuheal.sim.agent import AgentProcess
+from gpuheal.sim.ibsysfs import hgx_node
 from tests.helpers import FakeNodes, wait_for
 from tests.integration.conftest import (
     StartAgent,
@@ -129,7 +130,7 @@ def test_degradation_faults_and_warnings_as_nvidia_documents_them(
     uuids = [d["uuid"] for d in agent.spec["devices"]]
 
     def warned(reason: str, gpu: str) -> float:
-        return agent.metric(f'gpuheal_agent_warning{{gpu="{gpu}",reason="{reason}"}}')
+        return agent.metric(f'gpuheal_agent_warning{{device="{gpu}",reason="{reason}"}}')
 
     # A replay burst above DCGM's limit and one hardware slowdown: warnings, never a fault.
     agent.set_device(1, pcie={"replays": 5000}, clocksEventReasons=0x8)
@@ -140,7 +141,7 @@ def test_degradation_faults_and_warnings_as_nvidia_documents_them(
     time.sleep(2)  # many rounds (and far more than failRounds)
     assert gpu_healthy(kube, node)[:2] == ("True", "GPUsHealthy")
     assert STATUS not in node_annotations(kube, node)
-    assert "GPU warning" in agent.log()
+    assert '"msg": "warning"' in agent.log()
 
     # A GPU whose NVSwitch fabric registration failed runs no CUDA work: a P1 fault.
     agent.set_device(4, fabric={"state": 3, "status": 999})
@@ -249,3 +250,39 @@ def test_versions_counters_and_gpu_processes_land_on_the_node(
 
     agent.set_device(1, processes=[])
     wait_for("the processes gone", lambda: facts().get(GPU_PROCESSES) == "")
+
+
+def test_the_node_s_network_faults_and_warnings(
+    kube: Client, fake_gpu_nodes: FakeNodes, start_agent: StartAgent, tmp_path: Path
+) -> None:
+    (node,) = fake_gpu_nodes(1)
+    # An HGX node's eight 400 Gb/s rails (and a RoCE port), before the agent starts.
+    tree = hgx_node(AgentProcess.dir_for(tmp_path, node) / "sys" / "class" / "infiniband")
+    agent = start_agent(
+        node, {"ibExpectedHcas": 8, "ibExpectedPorts": 8, "ibExpectedRateGbps": 400}
+    )
+    wait_for("healthy", lambda: gpu_healthy(kube, node)[:2] == ("True", "GPUsHealthy"))
+
+    # One flap and a transmit timeout the driver recovers from: said, never a fault.
+    tree.set_counter("mlx5_3", 1, "link_downed", 1)
+    agent.kernel("NETDEV WATCHDOG: ib3 (mlx5_core): transmit queue 12 timed out 5376 ms")
+    wait_for(
+        "warned",
+        lambda: agent.metric('gpuheal_agent_warning{device="mlx5_3/1",reason="IbPortFlap"}') == 1,
+    )
+    wait_for(
+        "counted",
+        lambda: agent.metric('gpuheal_agent_nic_errors_total{reason="NicTxTimeout"}') == 1,
+    )
+    time.sleep(1)
+    assert STATUS not in node_annotations(kube, node)
+
+    # The firmware's health counter stopped on one HCA: the node is held.
+    agent.kernel(
+        "mlx5_core 0000:41:00.0: poll_health:852:(pid 0): device's health compromised"
+        " - reached miss count"
+    )
+    wait_for("faulty", lambda: node_annotations(kube, node).get(STATUS) == "faulty")
+    found = node_annotations(kube, node)
+    assert (found[FAULT_REASON], found[FAULT_SEVERITY]) == ("NicHealthCompromised", "P1")
+    assert found[FAULT_DEVICES] == "0000:41:00.0"

@@ -35,6 +35,7 @@ from gpuheal.agent.kmsg import (
 from gpuheal.metrics.agent import AgentMetrics
 from gpuheal.model import Severity
 from gpuheal.xid import Action, Kind, classify
+from gpuheal.xid.nic import NicEvent
 from gpuheal.xid.sxid import classify_sxid
 
 PUBLIC = Path(__file__).parent / "data" / "kmsg_public.txt"
@@ -88,6 +89,8 @@ def verdict(event: KernelEvent | None) -> str:
             return f"OffTheBus {event.pci or '?'}"
         case GpuAt():
             return f"GpuAt {event.pci} {event.uuid}"
+        case NicEvent():
+            return f"Nic {event.device} {event.reason} {event.severity.value}"
 
 
 def outcomes() -> dict[int, str]:
