@@ -1,8 +1,11 @@
 """Benchmark: the node agent's cost, and kernel-log parse throughput.
 
-1. A real `gpuheal agent` process with 8 fake GPUs (NVML fake backend, kernel
-   log file) reports to a fake node of the local control plane; after warm-up
-   it is sampled from /proc: resident memory, and CPU time per probe round.
+1. A real `gpuheal agent` process with 8 GPUs (the NVML stand-in, 18 NVLinks and an
+   NVSwitch fabric each, every degradation reading) and 8 HCAs (an HGX node's
+   /sys/class/infiniband tree, sim/ibsysfs.py), every probe on (NVML, nvidia-smi,
+   the network, the environment, the kernel log), reports to a fake node of the local
+   control plane; after warm-up it is sampled from /proc: resident memory, and CPU
+   time per probe round.
 2. parse_record + parse_message over the kernel-log corpus of the tests,
    repeated: lines per second, single core.
 
@@ -24,6 +27,7 @@ from common import cpu_seconds, emit, rss_mib
 from gpuheal.agent.kmsg import parse_message, parse_record
 from gpuheal.sim import ControlPlane, ControlPlaneConfig
 from gpuheal.sim.agent import AgentProcess
+from gpuheal.sim.ibsysfs import hgx_node
 from gpuheal.sim.nodes import create_gpu_nodes, wait_nodes_ready
 
 CORPUS = Path(__file__).resolve().parents[1] / "tests" / "unit" / "data" / "kmsg_corpus.txt"
@@ -35,7 +39,18 @@ def agent_cost(seconds: float, interval: float) -> dict[str, float]:
         client = cp.client()
         (node,) = create_gpu_nodes(client, ["bench-gpu-0"])
         wait_nodes_ready(client, [node])
-        agent = AgentProcess(Path(tmp), cp.kubeconfig, node, {"intervalSeconds": interval})
+        hgx_node(AgentProcess.dir_for(Path(tmp), node) / "sys" / "class" / "infiniband")
+        settings = {
+            "intervalSeconds": interval,
+            "smiEnabled": True,
+            "envEnabled": True,
+            "ibExpectedHcas": 8,
+            "ibExpectedPorts": 8,
+            "ibExpectedRateGbps": 400,
+        }
+        agent = AgentProcess(Path(tmp), cp.kubeconfig, node, settings)
+        for index in range(len(agent.spec["devices"])):
+            agent.set_device(index, nvlinks=18, fabric={"state": 3})
         agent.start()
         try:
             time.sleep(3)  # warm-up: imports, first report
@@ -86,6 +101,8 @@ def main() -> int:
     result = {
         "benchmark": "agent",
         "gpus": 8,
+        "hcas": 8,
+        "probes": ["nvml", "nvml-events", "smi", "ib", "env", "kmsg"],
         "agent": agent_cost(args.seconds, args.interval),
         "kmsg_parse": parse_throughput(args.lines),
     }
@@ -93,7 +110,8 @@ def main() -> int:
     emit(
         "agent",
         result,
-        f"agent (8 fake GPUs): RSS {a['rss_mib']} MiB, {a['cpu_ms_per_round']} ms CPU per round "
+        f"agent (8 GPUs, 8 HCAs, every probe): RSS {a['rss_mib']} MiB, "
+        f"{a['cpu_ms_per_round']} ms CPU per round "
         f"({a['rounds']:.0f} rounds); kmsg parse: {k['lines_per_second']:,} lines/s",
     )
     return 0
