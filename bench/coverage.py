@@ -127,8 +127,8 @@ ROWS = [
         "NCCL watchdog timeouts",
         7,
         why_none="a job-level symptom (a collective that never finished): where its cause is"
-        " node-local it is another row (NVLink, InfiniBand, a GPU); the stalled-job alert"
-        " (issue 44 item 5) is not built yet",
+        " node-local it is another row (NVLink, InfiniBand, a GPU); a GPU idle while a pod"
+        " holds it is an alert (GPUStalledJob), never a quarantine",
     ),
     Row(
         "Silent data corruption",

@@ -543,6 +543,7 @@ class Agent:
             rate = self.xid_history.rate_findings(time.monotonic())
             results.append(ProbeResult("application-xids", ran=True, findings=rate))
         self._tell_warnings(results)
+        self._tell_usage()
         reach = self.reach()
         problems = access.problems(reach)
         self._tell_access(reach, problems)
@@ -604,6 +605,22 @@ class Agent:
         for reason, device in now:
             self.metrics.warnings.labels(reason, device).set(1)
         self._warned = set(now)
+
+    def _tell_usage(self) -> None:
+        """Each GPU's utilisation, memory in use and processes, as gauges."""
+        if self.nvml is None:
+            return
+        gauges = (self.metrics.gpu_utilization, self.metrics.gpu_memory_used)
+        for gauge in (*gauges, self.metrics.gpu_processes):
+            gauge.clear()
+        for gpu, seen in self.nvml.last_readings.items():
+            if seen.utilization_percent is not None:
+                self.metrics.gpu_utilization.labels(gpu).set(seen.utilization_percent / 100)
+            if seen.memory_used_bytes is not None and seen.memory_total_bytes:
+                used = seen.memory_used_bytes / seen.memory_total_bytes
+                self.metrics.gpu_memory_used.labels(gpu).set(used)
+        for gpu, count in self.nvml.processes_by_gpu.items():
+            self.metrics.gpu_processes.labels(gpu).set(count)
 
     def _new_fault_id(self) -> str:
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")

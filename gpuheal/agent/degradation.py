@@ -74,6 +74,11 @@ class Readings:
     fabric: Fabric | None = None
     persistence: bool | None = None
     vbios: str = ""
+    # Usage, for metrics and alerts only (never judged): nvmlDeviceGetUtilizationRates'
+    # GPU percentage, nvmlDeviceGetMemoryInfo's bytes.
+    utilization_percent: int | None = None
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,8 @@ by rewriting it:
                                # NOT_SUPPORTED (no NVSwitch fabric)
         persistenceMode: true
         vbios: "96.00.89.00.01"
+        utilization: 0         # nvmlDeviceGetUtilizationRates' GPU percentage; memory
+                               # used is the processes' usedMemoryMiB (of 80 GiB)
     xidEvents:                 # delivered once each through an event set registered
       - {id: 1, device: 0, xid: 79}  # for Xids on that device; `reset: true` (a reset of
                                      # the GPU since, nvidia-smi -r): to none
@@ -57,6 +59,7 @@ a line of `<spec>.resets` (`<uuid> ok|failed|in-use`), across agent restarts.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -94,6 +97,19 @@ class _ProcessInfo:
 
 
 @dataclass
+class _Utilization:
+    gpu: int
+    memory: int
+
+
+@dataclass
+class _Memory:
+    total: int
+    free: int
+    used: int
+
+
+@dataclass
 class _EventData:
     device: Any
     eventType: int  # noqa: N815
@@ -120,6 +136,7 @@ _NVLINK_FIELDS = {
     pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL: "replay",
     pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL: "recovery",
 }
+_SIZE = re.compile(r"(?:^|[ -])(\d+)GB")
 _PCIE = {"replays": 0, "width": 16, "maxWidth": 16, "generation": 5, "maxGeneration": 5}
 
 
@@ -278,6 +295,18 @@ class FakeNvml:
 
     def nvmlDeviceGetVbiosVersion(self, handle: _Handle) -> str:  # noqa: N802
         return str(self._device(handle).get("vbios", "96.00.89.00.01"))
+
+    def nvmlDeviceGetUtilizationRates(self, handle: _Handle) -> _Utilization:  # noqa: N802
+        return _Utilization(int(self._device(handle).get("utilization", 0)), 0)
+
+    def nvmlDeviceGetMemoryInfo(self, handle: _Handle) -> _Memory:  # noqa: N802
+        # As the C stand-in: the size in the product name ("... 80GB HBM3"), else 80 GiB.
+        device = self._device(handle)
+        sized = _SIZE.search(str(device.get("name", "NVIDIA H100 80GB HBM3")))
+        total = (int(sized.group(1)) if sized and 0 < int(sized.group(1)) <= 4096 else 80) << 30
+        processes = device.get("processes") or []
+        used = min(total, sum(int(p.get("usedMemoryMiB", 0)) << 20 for p in processes))
+        return _Memory(total, total - used, used)
 
     def nvmlDeviceGetGpuFabricInfoV(self, handle: _Handle, ref: Any) -> int:  # noqa: N802
         fabric = self._device(handle).get("fabric")

@@ -102,6 +102,8 @@ class NvmlProbe:
         # Facts of the last completed round, read by the agent after the probe returns.
         self.ecc_uncorrected: int | None = None  # summed over the devices read
         self.pids: tuple[int, ...] | None = None  # None: not listed (yet)
+        # Compute processes per GPU UUID at the last listing ({}: not listed yet).
+        self.processes_by_gpu: dict[str, int] = {}
         # MIG devices per profile over the GPUs ({} with MIG disabled everywhere); None
         # when no GPU supports MIG (the fact is then not written).
         self.mig: dict[str, int] | None = None
@@ -172,6 +174,7 @@ class NvmlProbe:
         pids: list[int] | None = [] if self.processes_due() else None
         mig: dict[str, int] | None = None
         self.last_readings = {}
+        self._listed: dict[str, int] = {}
         for index in range(count):
             findings += self._device(index, by_pci, warnings, ecc, pids)
             mig = _merge(mig, self._mig(index))
@@ -182,6 +185,7 @@ class NvmlProbe:
         self.ecc_uncorrected = sum(ecc)
         if pids is not None:
             self.pids = tuple(pids)
+            self.processes_by_gpu = self._listed
         return ProbeResult(
             PROBE, level=True, ran=True, findings=tuple(findings), warnings=tuple(warnings)
         )
@@ -203,6 +207,7 @@ class NvmlProbe:
             if pids is not None:
                 running = supported(lib.nvmlDeviceGetComputeRunningProcesses, handle) or ()
                 pids.extend(int(p.pid) for p in running)
+                self._listed[uuid] = len(running)
             found += self._ecc(handle, uuid, ecc)
             found += self._temperature(handle, uuid, warnings)
             found += self._nvlink(handle, uuid)

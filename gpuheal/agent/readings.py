@@ -64,6 +64,8 @@ def read(lib: Any, handle: Any, name: str) -> Readings:
     )
     persistence = supported(lib.nvmlDeviceGetPersistenceMode, handle)
     vbios = supported(lib.nvmlDeviceGetVbiosVersion, handle)
+    use = supported(lib.nvmlDeviceGetUtilizationRates, handle)
+    memory = supported(lib.nvmlDeviceGetMemoryInfo, handle)
     return Readings(
         name=name,
         pcie_replays=_int(supported(lib.nvmlDeviceGetPcieReplayCounter, handle)),
@@ -76,6 +78,9 @@ def read(lib: Any, handle: Any, name: str) -> Readings:
         fabric=fabric(lib, handle),
         persistence=None if persistence is None else persistence == pynvml.NVML_FEATURE_ENABLED,
         vbios=text(vbios) if vbios is not None else "",
+        utilization_percent=None if use is None else int(use.gpu),
+        memory_used_bytes=None if memory is None else int(memory.used),
+        memory_total_bytes=None if memory is None else int(memory.total),
     )
 
 

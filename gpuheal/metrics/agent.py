@@ -86,6 +86,24 @@ class AgentMetrics(Metrics):
         "reason",
         "device",
     )
+    # Usage, for the chart's alerts (GPU memory nearly full; a GPU idle while processes
+    # hold it, a stalled job): never a fault.
+    gpu_utilization = gauge(
+        "gpuheal_agent_gpu_utilization_ratio",
+        "The GPU's utilisation (NVML's last sample period), 0 to 1, by GPU UUID.",
+        "device",
+    )
+    gpu_memory_used = gauge(
+        "gpuheal_agent_gpu_memory_used_ratio",
+        "The GPU's memory in use, 0 to 1, by GPU UUID.",
+        "device",
+    )
+    gpu_processes = gauge(
+        "gpuheal_agent_gpu_processes",
+        "Compute processes on the GPU at the last listing (processReportSeconds), by GPU"
+        " UUID: their pods are the node's gpuheal.io/gpu-processes fact.",
+        "device",
+    )
     state_file_errors = counter(
         "gpuheal_agent_state_file_errors_total",
         "State files that could not be read, set aside as <file>.corrupt (a fresh start).",

@@ -55,6 +55,9 @@ CORRECTABLE_REMAPPED = Counter(
 REMAP_FAILURE = Counter(
     "DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed"
 )
+GPU_UTIL = Counter("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).")
+FB_FREE = Counter("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).")
+FB_USED = Counter("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).")
 # Commented out or absent in dcgm-exporter's default list: exported only from a
 # counters file that lists them (the chart's dcgmCounters, docs/deploy.md).
 XID_WINDOW = Counter(
@@ -83,6 +86,9 @@ DEFAULT_COUNTERS = (
     UNCORRECTABLE_REMAPPED,
     CORRECTABLE_REMAPPED,
     REMAP_FAILURE,
+    GPU_UTIL,
+    FB_FREE,
+    FB_USED,
 )
 # With a counters file that enables every field gpuheal can read.
 OPTIONAL_COUNTERS = (
@@ -184,8 +190,10 @@ class FakeDcgmExporter:
 
     def add_gpu(self, labels: Mapping[str, str], **fields: float) -> Gpu:
         """A GPU the exporter publishes every counter of: 0 unless `fields` says
-        (by counter name), 40 °C."""
-        gpu = Gpu(dict(labels), {c.name: 0.0 for c in self.counters} | {GPU_TEMP.name: 40.0})
+        (by counter name), 40 °C, and at work (37 %, 1 GiB of its 80 GiB in use)."""
+        working = {GPU_TEMP.name: 40.0, GPU_UTIL.name: 37.0, FB_USED.name: 1024.0}
+        gpu = Gpu(dict(labels), {c.name: 0.0 for c in self.counters} | working)
+        gpu.fields[FB_FREE.name] = 80 * 1024.0 - 1024.0
         gpu.fields |= fields
         with self._lock:
             self.gpus[(labels.get("Hostname") or labels.get("hostname", ""), labels["UUID"])] = gpu

@@ -40,6 +40,8 @@ def signals(seen: Seen) -> tuple[FaultSignal, ...]:
     return claimed(SOURCE, seen)
 
 
+# An alert labelled `gpuheal_fault: "false"` is never a fault signal.
+FAULT_LABEL = "gpuheal_fault"
 _SEVERITIES = {
     "critical": Severity.P0,
     "page": Severity.P0,
@@ -177,6 +179,11 @@ def interpret(
             )
             why = f"no managed node matches {wanted}" if wanted else "no node label on the alert"
             outcomes.append(Outcome(name, fault_id=fault_id, status=alert.status, skipped=why))
+            continue
+        if alert.labels.get(FAULT_LABEL, "").lower() == "false":
+            # A rule that says it is no fault (the chart's usage alerts): told, not acted on.
+            why = f"{FAULT_LABEL}: false (the rule says it is no fault)"
+            outcomes.append(Outcome(name, node, fault_id, alert.status, skipped=why))
             continue
         # dcgm-exporter's GPU UUID; any other value is kept under a bounded identity.
         device = (alert.labels.get("UUID") or alert.labels.get("uuid") or "").strip()

@@ -822,6 +822,24 @@ EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device,
     return NVML_SUCCESS;
 }
 
+/* nvmlUtilization_t: percentages over the driver's last sample period. */
+typedef struct {
+    unsigned int gpu;
+    unsigned int memory;
+} nvmlUtilization_t;
+
+EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device,
+                                                  nvmlUtilization_t *utilization) {
+    struct device d;
+    nvmlReturn_t rc = enter("nvmlDeviceGetUtilizationRates", device, &d);
+    if (rc)
+        return rc;
+    if (!utilization)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *utilization = (nvmlUtilization_t){d.utilization, 0};
+    return NVML_SUCCESS;
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, int *mode) {
     struct device d;
     nvmlReturn_t rc = enter("nvmlDeviceGetPersistenceMode", device, &d);

@@ -360,6 +360,11 @@ static int device_pair(struct walk *w, const char *key, yaml_node_t *value, void
         return get_bool(w, value, key, &d->persistence_mode);
     if (!strcmp(key, "vbios"))
         return get_str(w, value, key, d->vbios, sizeof d->vbios);
+    if (!strcmp(key, "utilization")) {
+        if (get_uint(w, value, key, &d->utilization))
+            return -1;
+        return d->utilization > 100 ? fail(w, value, "utilization: at most 100") : 0;
+    }
     if (!strcmp(key, "pcie"))
         return each_pair(w, value, key, pcie_pair, d);
     if (!strcmp(key, "power"))

@@ -64,6 +64,7 @@ struct device {
     int fabric_status;
     int persistence_mode;
     char vbios[32];
+    unsigned utilization; /* nvmlDeviceGetUtilizationRates' GPU percentage */
 };
 
 struct xid_event {

@@ -247,3 +247,54 @@ def test_the_agent_alerts_stay_silent_on_a_healthy_agent_and_one_fires_when_it_d
         )
     finally:
         monitoring.stop()
+
+
+def test_the_usage_alerts_name_a_full_gpu_and_a_stalled_one_and_fault_nothing(
+    kube: Client,
+    control_plane: ControlPlane,
+    fake_gpu_nodes: FakeNodes,
+    new_agent: Callable[..., AgentProcess],
+    tmp_path: Path,
+) -> None:
+    (node,) = fake_gpu_nodes(1)
+    agent = new_agent(node, {"processReportSeconds": 0.5})
+    devices = agent.spec["devices"]
+    devices[1].update(utilization=0, processes=[{"pid": 4242, "usedMemoryMiB": 1024}])  # stalled
+    devices[2].update(utilization=97, processes=[{"pid": 4243, "usedMemoryMiB": 78_000}])  # full
+    devices[3].update(utilization=55, processes=[{"pid": 4244, "usedMemoryMiB": 2048}])  # working
+    agent.write_spec()
+    agent.start()
+    wait_for("healthy", lambda: gpu_healthy(kube, node)[:2] == ("True", "GPUsHealthy"))
+    usage = {"GPUHealGPUMemoryHigh", "GPUHealGPUStalled"}
+    rules = [r for r in alert_rules(control_plane, "gpuheal-agent") if r["alert"] in usage]
+    assert {r["alert"] for r in rules} == usage
+    token = tmp_path / "token"
+    token.write_text("unused\n")
+    monitoring = Monitoring(
+        tmp_path / "monitoring", targets=[f"127.0.0.1:{agent.port}"], rules=rules,
+        webhook_url="http://127.0.0.1:9/unused", token_file=token, job="gpuheal-agent",
+    ).start()  # fmt: skip
+    try:
+
+        def alerting() -> set[tuple[str, str]]:
+            url = f"{monitoring.prometheus_url}/api/v1/alerts"
+            with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310
+                alerts = json.load(response)["data"]["alerts"]
+            return {
+                (a["labels"]["alertname"], a["labels"].get("device", ""))
+                for a in alerts
+                if a["state"] == "firing"
+            }
+
+        wanted = {
+            ("GPUHealGPUStalled", devices[1]["uuid"]),
+            ("GPUHealGPUMemoryHigh", devices[2]["uuid"]),
+        }
+        wait_for("the usage alerts", lambda: alerting() == wanted, timeout_s=60)
+        time.sleep(4)  # more scrapes and evaluations: nothing else fires
+        assert alerting() == wanted
+        # Usage is never a fault.
+        assert STATUS not in node_annotations(kube, node)
+        assert gpu_healthy(kube, node)[:2] == ("True", "GPUsHealthy")
+    finally:
+        monitoring.stop()

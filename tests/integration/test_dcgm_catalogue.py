@@ -49,7 +49,7 @@ from gpuheal.sim.monitoring import (
 from gpuheal.sim.workloads import apply, gpu_pod, wait_pods_running
 from tests.corpus import GPU_UUIDS
 from tests.helpers import FakeNodes, wait_for
-from tests.integration.chart import render
+from tests.integration.chart import alert_rules, render
 from tests.integration.conftest import (
     StartController,
     controller_config,
@@ -310,3 +310,59 @@ def told_not_acted(
     assert status == 200 and ready["ready"]
     blind = {r.split(" ")[2] for r in ready["reasons"] if r.startswith("dcgm: query")}
     assert blind == (set() if optional else {"dbe", "remappend", "nvlink", "appxids"})
+
+
+def test_usage_alerts_name_the_pod_and_reach_gpuheal_as_no_fault(
+    kube: Client,
+    control_plane: ControlPlane,
+    tmp_path: Path,
+    namespace: str,
+    pool: dict[str, str],
+    fake_gpu_nodes: FakeNodes,
+    start_controller: StartController,
+) -> None:
+    """dcgm-exporter's default fields: a GPU a pod holds at 0 % (a stalled job) and a GPU
+    nearly out of memory alert, named with the pod; a GPU idle without a pod does not.
+    Routed to gpuheal's webhook, neither is a fault: nothing is tainted or recorded."""
+    stalled, full, idle = fake_gpu_nodes(3, labels=pool)
+    exporter = FakeDcgmExporter().start()
+    exporter.add_gpu(exporter_labels(stalled, 0, GPU_UUIDS[0], pod=(namespace, POD)), **{
+        "DCGM_FI_DEV_GPU_UTIL": 0.0})  # fmt: skip
+    exporter.add_gpu(exporter_labels(full, 0, GPU_UUIDS[1], pod=(namespace, "infer-0")), **{
+        "DCGM_FI_DEV_FB_USED": 78_000.0, "DCGM_FI_DEV_FB_FREE": 3_920.0})  # fmt: skip
+    exporter.add_gpu(exporter_labels(idle, 0, GPU_UUIDS[2]), **{"DCGM_FI_DEV_GPU_UTIL": 0.0})
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    controller = start_controller(controller_config(pool, apiTokenFile=str(token_file)))
+    controller.wait_leading()
+    usage = {"GPUMemoryHigh", "GPUStalledJob"}
+    rules = [r for r in alert_rules(control_plane, "gpuheal-dcgm") if r["alert"] in usage]
+    assert {r["alert"] for r in rules} == usage
+    monitoring = Monitoring(
+        tmp_path / "monitoring", targets=[f"127.0.0.1:{exporter.port}"], rules=rules,
+        webhook_url=f"{controller.url}/api/v1/alerts", token_file=token_file,
+        repeat_interval="3s",
+    ).start()  # fmt: skip
+    try:
+
+        def alerting() -> set[tuple[str, str, str]]:
+            found = prometheus_query(monitoring, 'ALERTS{alertstate="firing"}')
+            return {
+                (a["metric"]["alertname"], a["metric"]["Hostname"], a["metric"].get("pod", ""))
+                for a in found
+            }
+
+        wanted = {("GPUStalledJob", stalled, POD), ("GPUMemoryHigh", full, "infer-0")}
+        wait_for("the usage alerts", lambda: alerting() == wanted, timeout_s=60)
+        wait_for(
+            "told to gpuheal",
+            lambda: 'gpuheal_alerts_total{result="skipped"}' in controller.metrics(),
+            timeout_s=60,
+        )
+        time.sleep(3)  # the controller's passes over what it was told
+        for node in (stalled, full, idle):
+            assert our_taint(kube, node) is None
+        assert faults_of(kube, stalled) == faults_of(kube, full) == []
+    finally:
+        monitoring.stop()
+        exporter.stop()

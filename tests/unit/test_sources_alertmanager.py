@@ -203,3 +203,15 @@ def test_label_values_are_cut_to_what_the_record_carries() -> None:
 )
 def test_a_fault_id_from_a_person_is_printable_without_whitespace(value: str, ok: bool) -> None:
     assert fields.is_identifier(value) is ok
+
+
+def test_an_alert_whose_rule_says_it_is_no_fault_is_skipped_whatever_its_severity() -> None:
+    usage = firing(
+        alertname="GPUStalledJob", Hostname="n1", severity="critical", gpuheal_fault="false"
+    )
+    fault = firing(alertname="GPUTemperatureHigh", Hostname="n1", gpuheal_fault="true")
+    outcomes = interpret(
+        decode_webhook(payload(usage, fault)), node_labels=["Hostname"], find_node=lambda _, v: v
+    )
+    assert outcomes[0].signal is None and "gpuheal_fault: false" in outcomes[0].skipped
+    assert outcomes[1].signal is not None and outcomes[1].signal.severity is Severity.P1
