@@ -32,6 +32,7 @@ from gpuheal.config.keys import (
 from gpuheal.config.xids import xid_rows
 from gpuheal.values import is_label_key, is_label_value, is_subdomain
 from gpuheal.xid import XidRow
+from gpuheal.xid.limits import NVLINK_CRC_PER_SECOND, NVLINK_ERRORS, NVLINK_WINDOW_SECONDS
 
 TITLE = "invalid agent configuration"
 
@@ -156,11 +157,11 @@ class Degradation:
     pcie_replays_per_minute: float = setting(number(0, 1e9), 0.0)
     # A PCIe link below the card's width (or, busy, its generation) this long.
     pcie_link_seconds: float = setting(number(0, 86400), 60.0)
-    nvlink_crc_per_second: float = setting(number(0.001, 1e9), 100.0)
+    nvlink_crc_per_second: float = setting(number(0.001, 1e9), NVLINK_CRC_PER_SECOND)
     # NVLink replays and recoveries within nvlinkWindowSeconds that are a fault; 0: off.
-    nvlink_replay_errors: int = setting(integer(0, 1_000_000), 1)
-    nvlink_recovery_errors: int = setting(integer(0, 1_000_000), 1)
-    nvlink_window_seconds: float = setting(number(60, 86400), 600.0)
+    nvlink_replay_errors: int = setting(integer(0, 1_000_000), NVLINK_ERRORS)
+    nvlink_recovery_errors: int = setting(integer(0, 1_000_000), NVLINK_ERRORS)
+    nvlink_window_seconds: float = setting(number(60, 86400), NVLINK_WINDOW_SECONDS)
     # A hardware clock slowdown held this share of this window is a fault.
     slowdown_window_seconds: float = setting(number(60, 86400), 600.0)
     slowdown_share: float = setting(number(0.01, 1), 0.6)

@@ -19,6 +19,14 @@ from dataclasses import dataclass, field
 from gpuheal.agent.findings import ProbeFinding
 from gpuheal.agent.past import Past
 from gpuheal.model import Severity
+from gpuheal.xid.limits import (
+    NVLINK_CRC_PER_SECOND,
+    NVLINK_CRC_REASON,
+    NVLINK_ERRORS,
+    NVLINK_RECOVERY_REASON,
+    NVLINK_REPLAY_REASON,
+    NVLINK_WINDOW_SECONDS,
+)
 
 # nvmlClocksEventReason* bits (nvml.h). The hardware ones mean the board itself pulls
 # the clocks down: HwSlowdown (temperature, an external power brake, or power draw too
@@ -88,11 +96,11 @@ class Limits:
     # PCIe replays a minute; 0: DCGM's limit for the link's generation and width.
     pcie_replays_per_minute: float = 0.0
     pcie_link_seconds: float = 60.0
-    nvlink_crc_per_second: float = 100.0
-    nvlink_replay_errors: int = 1
-    nvlink_recovery_errors: int = 1
+    nvlink_crc_per_second: float = NVLINK_CRC_PER_SECOND
+    nvlink_replay_errors: int = NVLINK_ERRORS
+    nvlink_recovery_errors: int = NVLINK_ERRORS
     # How long NVLink replays and recoveries are counted (and a finding held).
-    nvlink_window_seconds: float = 600.0
+    nvlink_window_seconds: float = NVLINK_WINDOW_SECONDS
     slowdown_window_seconds: float = 600.0
     slowdown_share: float = 0.6
     fabric_grace_seconds: float = 300.0
@@ -217,13 +225,13 @@ def _nvlink(past: Past, seen: Readings, now: float, lim: Limits, uuid: str) -> l
             what = (
                 f"{per_second:.0f} NVLink CRC errors a second (limit {lim.nvlink_crc_per_second:g})"
             )
-            found.append(_finding("NvlinkCrcErrors", Severity.P1, uuid, what))
+            found.append(_finding(NVLINK_CRC_REASON, Severity.P1, uuid, what))
         elif grew:
             what = f"{grew} NVLink CRC errors in the last minute"
-            found.append(_finding("NvlinkCrcErrors", Severity.P2, uuid, what))
+            found.append(_finding(NVLINK_CRC_REASON, Severity.P2, uuid, what))
     for key, reason, limit in (
-        (NVLINK_REPLAY, "NvlinkReplayErrors", lim.nvlink_replay_errors),
-        (NVLINK_RECOVERY, "NvlinkRecoveryErrors", lim.nvlink_recovery_errors),
+        (NVLINK_REPLAY, NVLINK_REPLAY_REASON, lim.nvlink_replay_errors),
+        (NVLINK_RECOVERY, NVLINK_RECOVERY_REASON, lim.nvlink_recovery_errors),
     ):
         if key not in errors:
             continue

@@ -43,6 +43,12 @@ from gpuheal.sources.base import Seen, claimed
 from gpuheal.sources.xids import XID_MAX, Observed, workload, xid_of
 from gpuheal.values import FIELD_MAX, digest, label_value, text
 from gpuheal.xid import CATALOGUE, Kind, XidRow, classify
+from gpuheal.xid.limits import (
+    NVLINK_ERRORS,
+    NVLINK_RECOVERY_REASON,
+    NVLINK_REPLAY_REASON,
+    NVLINK_WINDOW_SECONDS,
+)
 
 SOURCE = "dcgm"
 OWN = False
@@ -155,6 +161,7 @@ def queries(
 ) -> list[Query]:
     """The dcgm-exporter series that mean a GPU is in trouble."""
     temp = selector(GPU_TEMP)
+    held = int(NVLINK_WINDOW_SECONDS)
     found = [
         # The reason and severity are the catalogue's, per value (signal_for).
         Query(XID, f"{selector(XID_GAUGE)} != 0", "DcgmXid", Severity.P0, (XID_GAUGE,)),
@@ -184,13 +191,21 @@ def queries(
             Severity.P1,
             (GPU_TEMP,),
         ),
-        Query(
-            "nvlink",
-            f"increase({selector(NVLINK_RECOVERY).replace('{o}', '[5m]{o}')}) > 0"
-            f" or increase({selector(NVLINK_REPLAY).replace('{o}', '[5m]{o}')}) > 100",
-            "NvlinkErrors",
-            Severity.P1,
-            (NVLINK_RECOVERY, NVLINK_REPLAY),
+        # As the agent judges NVML's counters (gpuheal/xid/limits.py, DCGM's health
+        # watch): a replay or a recovery within the window is a failure.
+        *(
+            Query(
+                name,
+                f"increase({selector(counter).replace('{o}', f'[{held}s]{{o}}')})"
+                f" > {NVLINK_ERRORS - 1}",
+                reason,
+                Severity.P1,
+                (counter,),
+            )
+            for name, counter, reason in (
+                ("nvreplay", NVLINK_REPLAY, NVLINK_REPLAY_REASON),
+                ("nvrecover", NVLINK_RECOVERY, NVLINK_RECOVERY_REASON),
+            )
         ),
     ]
     codes = "|".join(map(str, application_xids(overrides)))

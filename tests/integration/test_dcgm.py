@@ -372,11 +372,22 @@ def test_a_query_whose_counters_dcgm_exporter_does_not_export_is_said(
             await poll_until("a poll", dcgm, session, lambda: dcgm.series)
 
     asyncio.run(scenario())
-    blind = {q for q in ("xid", "dbe", "remapfail", "remappend", "tempcrit", "nvlink", "appxids")
-             if value(metrics, "gpuheal_dcgm_query_series", query=q) == 0}  # fmt: skip
-    assert blind == {"dbe", "remappend", "nvlink", "appxids"}
+    names = (
+        "xid",
+        "dbe",
+        "remapfail",
+        "remappend",
+        "tempcrit",
+        "nvreplay",
+        "nvrecover",
+        "appxids",
+    )
+    blind = {q for q in names if value(metrics, "gpuheal_dcgm_query_series", query=q) == 0}
+    assert blind == {"dbe", "remappend", "nvreplay", "nvrecover", "appxids"}
     said = dcgm.problems()
-    assert [p.split(" ")[2] for p in said] == ["dbe", "remappend", "nvlink", "appxids"]
+    assert [p.split(" ")[2] for p in said] == [
+        "dbe", "remappend", "nvreplay", "nvrecover", "appxids",
+    ]  # fmt: skip
     assert "DCGM_FI_DEV_ROW_REMAP_PENDING (not in dcgm-exporter's default counters" in said[1]
 
 

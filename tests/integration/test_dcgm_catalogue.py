@@ -309,7 +309,9 @@ def told_not_acted(
     status, ready = readyz(controller)
     assert status == 200 and ready["ready"]
     blind = {r.split(" ")[2] for r in ready["reasons"] if r.startswith("dcgm: query")}
-    assert blind == (set() if optional else {"dbe", "remappend", "nvlink", "appxids"})
+    assert blind == (
+        set() if optional else {"dbe", "remappend", "nvreplay", "nvrecover", "appxids"}
+    )
 
 
 def test_usage_alerts_name_the_pod_and_reach_gpuheal_as_no_fault(

@@ -108,7 +108,8 @@ def test_the_gauge_query_for_node_faults_chains_the_others_out() -> None:
 def test_the_queries_read_dcgm_exporters_counters_and_say_which_are_optional() -> None:
     found = {q.name: q for q in queries(85, 95)}
     assert list(found) == [
-        "xid", "dbe", "remapfail", "remappend", "tempcrit", "tempwarn", "nvlink", "appxids",
+        "xid", "dbe", "remapfail", "remappend", "tempcrit", "tempwarn", "nvreplay", "nvrecover",
+        "appxids",
     ]  # fmt: skip
     exported = {c.name for c in OPTIONAL_COUNTERS}
     default = {c.name for c in DEFAULT_COUNTERS}
