@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -173,19 +174,8 @@ class Degradation:
     driver_hang_seconds: float = setting(number(0, 86400), 60.0)
 
     def limits(self) -> Limits:
-        return Limits(
-            pcie_replays_per_minute=self.pcie_replays_per_minute,
-            pcie_link_seconds=self.pcie_link_seconds,
-            nvlink_crc_per_second=self.nvlink_crc_per_second,
-            nvlink_replay_errors=self.nvlink_replay_errors,
-            nvlink_recovery_errors=self.nvlink_recovery_errors,
-            nvlink_window_seconds=self.nvlink_window_seconds,
-            slowdown_window_seconds=self.slowdown_window_seconds,
-            slowdown_share=self.slowdown_share,
-            fabric_grace_seconds=self.fabric_grace_seconds,
-            power_over_limit_ratio=self.power_over_limit_ratio,
-            expect_persistence_mode=self.expect_persistence_mode,
-        )
+        """The judge's limits: each of Limits' fields is the key of the same name."""
+        return Limits(**{f.name: getattr(self, f.name) for f in dataclasses.fields(Limits)})
 
 
 def link_layers(value: Any) -> tuple[str, ...]:

@@ -102,8 +102,10 @@ class NvmlProbe:
         # Facts of the last completed round, read by the agent after the probe returns.
         self.ecc_uncorrected: int | None = None  # summed over the devices read
         self.pids: tuple[int, ...] | None = None  # None: not listed (yet)
-        # Compute processes per GPU UUID at the last listing ({}: not listed yet).
+        # Compute processes per GPU UUID at the last listing ({}: not listed yet), and
+        # the listing under way in a round.
         self.processes_by_gpu: dict[str, int] = {}
+        self._listed: dict[str, int] = {}
         # MIG devices per profile over the GPUs ({} with MIG disabled everywhere); None
         # when no GPU supports MIG (the fact is then not written).
         self.mig: dict[str, int] | None = None
@@ -174,7 +176,7 @@ class NvmlProbe:
         pids: list[int] | None = [] if self.processes_due() else None
         mig: dict[str, int] | None = None
         self.last_readings = {}
-        self._listed: dict[str, int] = {}
+        self._listed = {}
         for index in range(count):
             findings += self._device(index, by_pci, warnings, ecc, pids)
             mig = _merge(mig, self._mig(index))

@@ -71,6 +71,17 @@ def status(control_plane: ControlPlane, capsys: pytest.CaptureFixture[str]) -> d
     return dict(json.loads(capsys.readouterr().out))
 
 
+def scraping(agent: AgentProcess, rules: list[dict[str, Any]], tmp_path: Path) -> Monitoring:
+    """A real Prometheus scraping the agent as the chart's PodMonitor does (job
+    gpuheal-agent), evaluating `rules`; Alertmanager sends nowhere."""
+    token = tmp_path / "token"
+    token.write_text("unused\n")
+    return Monitoring(
+        tmp_path / "monitoring", targets=[f"127.0.0.1:{agent.port}"], rules=rules,
+        webhook_url="http://127.0.0.1:9/unused", token_file=token, job="gpuheal-agent",
+    ).start()  # fmt: skip
+
+
 def test_no_nvml_and_no_kernel_log_say_why_within_one_interval_and_alert(
     kube: Client,
     control_plane: ControlPlane,
@@ -120,12 +131,7 @@ def test_no_nvml_and_no_kernel_log_say_why_within_one_interval_and_alert(
 
     # The chart's rules as they render, `for` made seconds, in real Prometheus.
     rules = alert_rules(control_plane, "gpuheal-agent")
-    token = tmp_path / "token"
-    token.write_text("unused\n")
-    monitoring = Monitoring(
-        tmp_path / "monitoring", targets=[f"127.0.0.1:{agent.port}"], rules=rules,
-        webhook_url="http://127.0.0.1:9/unused", token_file=token, job="gpuheal-agent",
-    ).start()  # fmt: skip
+    monitoring = scraping(agent, rules, tmp_path)
 
     def firing_now() -> set[tuple[str, str]]:
         return firing(monitoring.prometheus_url)
@@ -221,12 +227,7 @@ def test_the_agent_alerts_stay_silent_on_a_healthy_agent_and_one_fires_when_it_d
     wait_for("healthy", lambda: gpu_healthy(kube, node)[:2] == ("True", "GPUsHealthy"))
     rules = alert_rules(control_plane, "gpuheal-agent")
     assert {r["alert"] for r in rules} >= {"GPUHealAgentDown", "GPUHealAgentStuck"}
-    token = tmp_path / "token"
-    token.write_text("unused\n")
-    monitoring = Monitoring(
-        tmp_path / "monitoring", targets=[f"127.0.0.1:{agent.port}"], rules=rules,
-        webhook_url="http://127.0.0.1:9/unused", token_file=token, job="gpuheal-agent",
-    ).start()  # fmt: skip
+    monitoring = scraping(agent, rules, tmp_path)
     try:
 
         def evaluated() -> bool:
@@ -268,12 +269,7 @@ def test_the_usage_alerts_name_a_full_gpu_and_a_stalled_one_and_fault_nothing(
     usage = {"GPUHealGPUMemoryHigh", "GPUHealGPUStalled"}
     rules = [r for r in alert_rules(control_plane, "gpuheal-agent") if r["alert"] in usage]
     assert {r["alert"] for r in rules} == usage
-    token = tmp_path / "token"
-    token.write_text("unused\n")
-    monitoring = Monitoring(
-        tmp_path / "monitoring", targets=[f"127.0.0.1:{agent.port}"], rules=rules,
-        webhook_url="http://127.0.0.1:9/unused", token_file=token, job="gpuheal-agent",
-    ).start()  # fmt: skip
+    monitoring = scraping(agent, rules, tmp_path)
     try:
 
         def alerting() -> set[tuple[str, str]]:
