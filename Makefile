@@ -14,7 +14,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint unit integration e2e chaos versions node node-tier image testenv nvml monitoring browser awks venv clean bench lock
+.PHONY: demo test lint unit integration e2e chaos soak versions node node-tier image testenv nvml monitoring browser awks venv clean bench lock
 
 demo: $(STAMP) testenv nvml
 	$(BIN)/gpuheal demo
@@ -38,9 +38,15 @@ e2e: $(STAMP) testenv nvml
 	$(BIN)/pytest -m e2e
 
 # Crashes, failovers and outages during fault storms (part of `make test` too).
-# GPUHEAL_CHAOS_ROUNDS / GPUHEAL_CHAOS_SEED steer the random-kill rounds.
+# GPUHEAL_CHAOS_ROUNDS (5 here) / GPUHEAL_CHAOS_SEED steer the random-kill rounds.
 chaos: $(STAMP) testenv nvml
 	$(BIN)/pytest -m chaos
+
+# The long soak of the random kills (not part of `make test`): 40 rounds of a
+# 100-fault storm, one to three SIGKILLs each (about 12 minutes here).
+soak: $(STAMP) testenv nvml
+	GPUHEAL_CHAOS_ROUNDS=$${GPUHEAL_CHAOS_ROUNDS:-40} $(BIN)/pytest -m chaos \
+	  tests/chaos/test_chaos.py::test_random_sigkills_during_storms_remediate_every_fault_exactly_once
 
 # The core of the integration tier on the other Kubernetes versions (part of `make test`
 # too): the oldest supported and the newest stable, one control plane each (tests/versions).
