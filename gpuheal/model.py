@@ -105,6 +105,12 @@ CHECKPOINT_DONE = "gpuheal.io/checkpoint-done"
 REPAIR_REQUEST = "gpuheal.io/repair-request"
 REPAIR_RESULT = "gpuheal.io/repair-result"
 
+# The idle-node sweep (policy/sweep.py): the node's check, running or last ended
+# (JSON, the controller's only; a person removes it to end a failed check's hold),
+# and the taint that fences the node while its check runs.
+SWEEP = "gpuheal.io/sweep"
+SWEEP_TAINT = "gpuheal.io/sweep"
+
 # The autoscalers' "leave this node alone" annotations (Cluster Autoscaler's, and
 # Karpenter's from v0.32 and before it), which the controller sets on a node while
 # a repair, the gate or a roll-out step is in progress there, and the ones of them
@@ -362,6 +368,9 @@ class NodeView:
     # Its GPUs offered through DRA (the ResourceSlices of the configured drivers),
     # sorted by key: joined to the Node by the controller's DRA index (controller/dra.py).
     devices: tuple[DraDevice, ...] = ()
+    # status.nodeInfo.bootID: a new one means the machine booted again (the sweep's
+    # failed check holds until then).
+    boot_id: str = ""
 
     def taint(self, key: str = TAINT_KEY) -> Taint | None:
         return next((t for t in self.taints if t.key == key), None)

@@ -189,6 +189,12 @@ class Reason(StrEnum):
     GATE_FAILED = "GPUHealthGateFailed"
     VALIDATION_STARTED = "GPUValidationStarted"
     VALIDATION_PASSED = "GPUValidationPassed"
+    # The idle-node sweep (gpuheal/policy/sweep.py).
+    SWEEP_STARTED = "GPUSweepStarted"
+    SWEEP_PASSED = "GPUSweepPassed"
+    SWEEP_FAILED = "GPUSweepFailed"
+    SWEEP_YIELDED = "GPUSweepYielded"
+    SWEEP_ERROR = "GPUSweepError"
     # The controller's own (gpuheal/controller/).
     RECONCILE_FAILED = "GPUHealReconcileFailed"
     NODE_UNMANAGED = "GPUNodeUnmanaged"

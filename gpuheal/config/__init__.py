@@ -675,6 +675,31 @@ class HygieneConfig:
 
 
 @dataclass(frozen=True)
+class SweepConfig:
+    """Active checks on idle nodes (controller/sweep.py, docs/operations.md, "The
+    idle-node sweep"): the validation Job (healthGate.validation's image, command and
+    NCCL threshold) on GPU nodes that hold no GPU pods, fenced only while it runs."""
+
+    # Off by default: the Job needs the validation image on the GPU nodes, and each
+    # check holds a node's GPUs for up to timeoutSeconds.
+    enabled: bool = setting(boolean, False)
+    # A node is checked at most this often (from the end of its last check).
+    interval_hours: float = setting(number(1, 24 * 365), 168.0)
+    # Checks running at once, fleet-wide: each holds one idle node out.
+    max_concurrent: int = setting(integer(1, 1000), 2)
+    # The pools swept (empty: every pool).
+    pools: tuple[str, ...] = setting(strings, ())
+    # DCGM's diagnostic level for the sweep: 3 finds what a short run does not (the
+    # memory and stress tests), and an idle node can spare the time.
+    dcgm_level: int = setting(integer(1, 4), 3)
+    # A check with no result by then ends: a running one as a failure (a hang on the
+    # GPUs), one that never started as an error, not a fault.
+    timeout_seconds: float = setting(number(60, 86400), 3600.0)
+    # How often the leader looks (a pending GPU pod also wakes it at once).
+    pass_seconds: float = setting(number(1, 3600), 30.0)
+
+
+@dataclass(frozen=True)
 class Config(Scope, Remediation, Eviction, Pace, Signals, HttpApi, Runtime):
     """The whole document: the top-level keys of each concern, and the sections."""
 
@@ -687,6 +712,7 @@ class Config(Scope, Remediation, Eviction, Pace, Signals, HttpApi, Runtime):
     autoscalers: AutoscalersConfig = section(AutoscalersConfig)
     hygiene: HygieneConfig = section(HygieneConfig)
     rollouts: RolloutsConfig = section(RolloutsConfig)
+    sweep: SweepConfig = section(SweepConfig)
 
 
 # Every section's keys by its place in the document ("": the top level).

@@ -38,6 +38,7 @@ from gpuheal.controller.reconciler import Reconciler
 from gpuheal.controller.retention import RecordCollector
 from gpuheal.controller.rollouts import RolloutLoop
 from gpuheal.controller.signals import ExternalSignals
+from gpuheal.controller.sweep import SweepCaches, SweepLoop
 from gpuheal.controller.worker import ReconcileFailures, work
 from gpuheal.kube import crds
 from gpuheal.kube.api import (
@@ -52,6 +53,8 @@ from gpuheal.kube.event_cache import EventCache
 from gpuheal.kube.events import EventRecorder, ObjectRef, node_ref
 from gpuheal.kube.informer import Informer, J, V, default_key_of
 from gpuheal.kube.leader import LeaderElector
+from gpuheal.kube.pending import FIELD_SELECTOR as PENDING_FIELD_SELECTOR
+from gpuheal.kube.pending import PendingPodJson, pending_pod_factory
 from gpuheal.kube.projections import (
     ClaimJson,
     FaultJson,
@@ -84,8 +87,10 @@ from gpuheal.model import (
 )
 from gpuheal.policy.devicefence import fence_problem
 from gpuheal.policy.fence import FENCE_LABEL, FENCE_LABEL_VALUE
+from gpuheal.policy.sweep import PendingPod, SweepPass
 from gpuheal.policy.validation import VALIDATION_LABEL, ValidationPod
 from gpuheal.sources import dcgm, hygiene
+from gpuheal.sources import sweep as sweep_source
 from gpuheal.sources.dcgm import Query
 from gpuheal.sources.dcgm import queries as dcgm_queries
 from gpuheal.supervisor import OnCrash, Supervisor
@@ -281,20 +286,8 @@ class Controller:
             ),
             changes=self.changes,
         )
-        # Fleet hygiene from the caches: gpuheal_hygiene_* and, as configured, signals.
-        self.external.expect(hygiene.SOURCE)
-        self.hygiene = HygieneLoop(
-            lambda: self.config,
-            nodes=self.nodes.values,
-            pod=self.pods.get,
-            pods_by_node=self.fleet.pods_by_node,
-            records=self.records.values,
-            submit=self.intake.submit,
-            resolve=lambda node, fault_id: self.intake.resolve(node, fault_id, None),
-            managed=lambda node: self.intake.node_status(node) == "managed",
-            looked=lambda: self.external.settled(hygiene.SOURCE),
-        )
-        self.metrics.read_hygiene(lambda: self.hygiene.last)
+        self.hygiene = self._hygiene_loop()
+        self.sweep_loop = self._sweep_loop(api)
         # GPURollouts, driven by the leader alone (started with the workers).
         self.rollout_loop = RolloutLoop(
             lambda: self.config,
@@ -338,6 +331,68 @@ class Controller:
         # How the API server serves gpuheal's CRDs against this version's (kube/crds.py).
         self.crds: dict[str, crds.Served] = {}
         self._crds_error = ""
+
+    def _hygiene_loop(self) -> HygieneLoop:
+        """Fleet hygiene from the caches: gpuheal_hygiene_* and, as configured, signals."""
+        self.external.expect(hygiene.SOURCE)
+        loop = HygieneLoop(
+            lambda: self.config,
+            nodes=self.nodes.values,
+            pod=self.pods.get,
+            pods_by_node=self.fleet.pods_by_node,
+            records=self.records.values,
+            submit=self.intake.submit,
+            resolve=lambda node, fault_id: self.intake.resolve(node, fault_id, None),
+            managed=lambda node: self.intake.node_status(node) == "managed",
+            looked=lambda: self.external.settled(hygiene.SOURCE),
+        )
+        self.metrics.read_hygiene(lambda: loop.last)
+        return loop
+
+    def _sweep_loop(self, api: KubeApi) -> SweepLoop:
+        """The idle-node sweep, the leader's (started with the workers)."""
+        # Unscheduled pods, for the idle-node sweep to yield to: watched only when the
+        # sweep is on at start (turning it on takes a restart; see docs/operations.md).
+        pending: Informer[PendingPodJson, PendingPod] | None = (
+            self._informer(
+                "pending-pods", "/api/v1/pods", PendingPodJson,
+                pending_pod_factory(self.config.is_gpu_resource),
+                lambda p: f"{p.namespace}/{p.name}", field_selector=PENDING_FIELD_SELECTOR,
+            )
+            if self.config.sweep.enabled
+            else None
+        )  # fmt: skip
+        self.pending = pending
+        self.external.expect(sweep_source.SOURCE)
+        caches = SweepCaches(
+            nodes=self.nodes.values,
+            pods_by_node=self.fleet.pods_by_node,
+            pod=self.pods.get,
+            pending=pending.values if pending is not None else None,
+            checks=self.validations.values,
+            records=self.records.values,
+            managed=lambda node: self.intake.node_status(node) == "managed",
+            put_node=lambda view: self.nodes.upsert(view, view.resource_version),
+        )
+
+        def looked(seen: SweepPass) -> None:
+            self.metrics.sweep_running.set(seen.running)
+            self.metrics.sweep_waiting.set(seen.due)
+            self.external.settled(sweep_source.SOURCE)
+
+        loop = SweepLoop(
+            lambda: self.config,
+            api,
+            caches,
+            recorder=self.recorder,
+            submit=self.intake.submit,
+            resolve=lambda node, fault_id: self.intake.resolve(node, fault_id, None),
+            counted=lambda result: self.metrics.sweep_checks.labels(result).inc(),
+            looked=looked,
+        )
+        if pending is not None:
+            pending.handlers.append(loop.on_pending)
+        return loop
 
     def _node_ref(self, name: str) -> ObjectRef:
         node = self.nodes.get(name)
@@ -472,6 +527,7 @@ class Controller:
             self.slices,
             self.claims,
             *self.fences.informers,
+            *((self.pending,) if self.pending is not None else ()),
         )
 
     @property
@@ -578,8 +634,9 @@ class Controller:
         self.supervisor.spawn("rollouts", self.rollout_loop.run)
         self.supervisor.spawn("maintenance-requests", self.maintenance_loop.run)
         self.supervisor.spawn("retention", self.collector.run)
+        self.supervisor.spawn("sweep", self.sweep_loop.run)
         names = [f"worker-{i}" for i in range(self.config.workers)]
-        self._leader_tasks = (*names, "rollouts", "maintenance-requests", "retention")
+        self._leader_tasks = (*names, "rollouts", "maintenance-requests", "retention", "sweep")
         # Level-triggered start: look at every node once, whatever happened before we led.
         self.handlers.enqueue_all()
 
@@ -658,6 +715,9 @@ class Controller:
             return False
         if config.leader_election != self.config.leader_election:
             log.warning("leaderElection changes need a restart; the rest is applied")
+        if config.sweep.enabled and self.pending is None:
+            # The pending pods it yields to are watched only when it is on at start.
+            log.warning("turning sweep.enabled on needs a restart; the rest is applied")
         # What reads the config where it needs it (fleet, reconciler, executor,
         # retention) sees the new one from here; the rest takes it here.
         self.config = config

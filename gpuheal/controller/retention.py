@@ -6,8 +6,8 @@ on its own task every `retention.intervalSeconds`, and deletes one record at a
 time at `retention.deletesPerSecond`. Every delete goes through the API layer's
 write gate like any write (a replica that loses the lease stops at once) and
 carries the record's resourceVersion as a precondition: a record that changed
-since it was read is left for the next sweep. A delete the API server refuses
-(RBAC, an outage) ends the sweep with one warning: the next one tries again.
+since it was read is left for the next pass. A delete the API server refuses
+(RBAC, an outage) ends the pass with one warning: the next one tries again.
 """
 
 from __future__ import annotations
@@ -45,23 +45,23 @@ class RecordCollector:
         # would look new without them.
         self.reported = reported
         self.metrics = metrics
-        self.sweeps = 0
+        self.passes = 0
 
     async def run(self) -> None:
         """Sweep now, then every interval, until cancelled (the leader stepping down)."""
         while True:
             try:
-                await self.sweep()
+                await self.collect()
             except NotLeaderError:
-                log.info("retention sweep stopped: not the leader")
+                log.info("retention pass stopped: not the leader")
             await asyncio.sleep(self.config().retention.interval_seconds)
 
-    async def sweep(self) -> int:
+    async def collect(self) -> int:
         """Delete what is due now; returns how many records were deleted."""
         cfg = self.config().retention
         if not cfg.enabled:
             return 0
-        self.sweeps += 1
+        self.passes += 1
         records = list(self.records())
         nodes = {r.node for r in records if not r.open}
         keep = {fault_record_name(n, f) for n in nodes for f in self.reported(n)}
@@ -78,7 +78,7 @@ class RecordCollector:
             pause = 1.0 / self.config().retention.deletes_per_second
             await asyncio.sleep(max(0.0, pause - (time.monotonic() - began)))
         log.info(
-            "retention sweep",
+            "retention pass",
             extra={
                 "due": len(due),
                 "deleted": deleted,
@@ -89,7 +89,7 @@ class RecordCollector:
 
     async def _delete(self, item: Collectable) -> int | None:
         """1 when deleted, 0 when it needs no delete (gone, or changed since read),
-        None when the sweep must stop."""
+        None when the pass must stop."""
         body = {"preconditions": {"resourceVersion": item.resource_version}}
         try:
             await self.api.delete(gpufault_path(item.name), body)
@@ -100,7 +100,7 @@ class RecordCollector:
             return None
         except NotLeaderError:
             raise
-        except Exception as err:  # no answer (timeout, connection): the next sweep retries
+        except Exception as err:  # no answer (timeout, connection): the next pass retries
             self._failed(item, err)
             return None
         self.metrics.records_collected.labels(item.why).inc()
@@ -110,7 +110,7 @@ class RecordCollector:
         reason = failure_reason(err)
         self.metrics.records_collect_errors.labels(reason).inc()
         log.warning(
-            "retention sweep stopped: a delete failed; retrying at the next sweep",
+            "retention pass stopped: a delete failed; retrying at the next pass",
             extra={
                 "record": item.name,
                 "node": item.node,

@@ -91,7 +91,12 @@ class AddressJson(msgspec.Struct):
     type: str = ""
 
 
+class NodeInfoJson(msgspec.Struct):
+    bootID: str = ""  # noqa: N815 -- API field name
+
+
 class NodeStatus(msgspec.Struct):
+    nodeInfo: NodeInfoJson = msgspec.field(default_factory=NodeInfoJson)  # noqa: N815
     conditions: list[ConditionJson] = []
     capacity: dict[str, str] = {}
     allocatable: dict[str, str] = {}
@@ -250,7 +255,7 @@ class FaultJson(msgspec.Struct):
     status: FaultStatusJson = msgspec.field(default_factory=FaultStatusJson)
 
 
-def _quantity(value: str) -> int:
+def quantity(value: str) -> int:
     try:
         return int(value)
     except ValueError:
@@ -284,18 +289,19 @@ def node_view(node: NodeJson, gpu_resource: str = "nvidia.com/gpu") -> NodeView:
             )
             for c in node.status.conditions
         ),
-        gpus=_quantity(node.status.capacity.get(gpu_resource, "0")),
+        gpus=quantity(node.status.capacity.get(gpu_resource, "0")),
         addresses=tuple(a.address for a in node.status.addresses if a.address),
         # Extended resources only (a domain in the name): a handful, not cpu/memory/pods.
         allocatable=_extended(node.status.allocatable),
         capacity=_extended(node.status.capacity),
         provider_id=node.spec.providerID,
+        boot_id=node.status.nodeInfo.bootID,
     )
 
 
 def _extended(resources: Mapping[str, str]) -> tuple[tuple[str, int], ...]:
     """Extended resources only (a domain in the name): a handful, not cpu/memory/pods."""
-    return tuple(sorted((k, _quantity(v)) for k, v in resources.items() if "/" in k))
+    return tuple(sorted((k, quantity(v)) for k, v in resources.items() if "/" in k))
 
 
 def device_plugin_matcher(
@@ -323,7 +329,7 @@ def pod_view_factory(
 
     def gpus_requested(container: Container) -> int:
         wanted = {**container.resources.limits, **container.resources.requests}
-        return sum(_quantity(q) for n, q in wanted.items() if is_gpu_resource(n))
+        return sum(quantity(q) for n, q in wanted.items() if is_gpu_resource(n))
 
     def view(pod: PodJson) -> PodView:
         meta = pod.metadata

@@ -187,7 +187,7 @@ class ControllerMetrics(Metrics):
     )
     records_collect_errors = counter(
         "gpuheal_fault_records_collect_errors_total",
-        "Retention deletes that failed (the sweep stops until the next), by reason.",
+        "Retention deletes that failed (the pass stops until the next), by reason.",
         "reason",
     )
     contact_support = counter(
@@ -201,6 +201,21 @@ class ControllerMetrics(Metrics):
         "refused, timed-out, ineffective, proposed, contact-support.",
         "action",
         "step",
+    )
+    # The idle-node sweep (controller/sweep.py): the leader's passes.
+    sweep_checks = counter(
+        "gpuheal_sweep_checks_total",
+        "Idle-node checks, by result: started, passed, failed (a fault), yielded (to a "
+        "workload, a fault or a cordon), error (could not run; no fault).",
+        "result",
+    )
+    sweep_running = gauge(
+        "gpuheal_sweep_checks_running", "Idle-node checks running at the leader's last pass."
+    )
+    sweep_waiting = gauge(
+        "gpuheal_sweep_nodes_waiting",
+        "Idle nodes due a check that no slot (sweep.maxConcurrent) was left for at the "
+        "leader's last pass.",
     )
     # The notifier (controller/notify.py).
     notifications = counter(

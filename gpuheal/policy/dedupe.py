@@ -10,9 +10,9 @@ class TtlSet:
     """Keys remembered for `ttl` seconds; time is passed in, never read.
 
     Expired keys are dropped when looked up, and all at once whenever the set has
-    doubled since the last sweep: a key that is never looked up again (a node
+    doubled since the last prune: a key that is never looked up again (a node
     that left the fleet, a fault that never repeats) does not stay forever, and
-    the sweeps cost O(1) per add, amortized."""
+    the prunes cost O(1) per add, amortized."""
 
     def __init__(self, ttl: float) -> None:
         self.ttl = ttl

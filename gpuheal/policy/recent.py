@@ -39,7 +39,7 @@ class HandledFaults:
     was marked (`dedupeTtlSeconds`)."""
 
     def __init__(self) -> None:
-        # Expiry and sweeps per node/fault key; the node's ids to look them up by.
+        # Expiry and prunes per node/fault key; the node's ids to look them up by.
         self._keys = TtlSet(0.0)
         self._ids: dict[str, set[str]] = {}
 

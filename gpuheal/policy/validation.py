@@ -29,10 +29,12 @@ from gpuheal.config import Config, PoolValidationConfig, ValidationConfig
 from gpuheal.model import (
     NODE_LABEL,
     RECORD_ANNOTATION,
+    SWEEP_TAINT,
     TAINT_KEY,
     ActionEntry,
     FaultRecord,
     NodeView,
+    Taint,
 )
 from gpuheal.policy.gate import Validated
 from gpuheal.policy.pools import pool_config, pool_of
@@ -43,6 +45,8 @@ from gpuheal.vocabulary import Entry, Reason
 VALIDATION_LABEL = "gpuheal.io/validation"
 # On the pod: the Job's name (the pod's own name is the Job controller's).
 VALIDATION_JOB_LABEL = "gpuheal.io/validation-job"
+# On the idle-node sweep's Jobs and pods (policy/sweep.py), beside VALIDATION_LABEL.
+SWEEP_LABEL = "gpuheal.io/sweep"
 # On the Job and its pod: the node's full name (a label holds 63 characters, a
 # node name 253, and an unscheduled pod has no spec.nodeName yet).
 NODE_ANNOTATION = "gpuheal.io/node"
@@ -91,9 +95,15 @@ class CreateValidationJob:
     node: str
     pool: str
     name: str
-    record: str
+    record: str  # the fault record the gate's Job proves ("" for the sweep's)
     resource: str
     gpus: int
+    # The idle-node sweep's (policy/sweep.py): its DCGM level and timeout over the
+    # gate's, the node's other taints it tolerates, and its own label.
+    dcgm_level: int | None = None
+    timeout_seconds: float | None = None
+    tolerate: tuple[Taint, ...] = ()
+    sweep: bool = False
 
 
 @dataclass(frozen=True)
@@ -140,8 +150,12 @@ def job_manifest(action: CreateValidationJob, config: Config) -> dict[str, Any]:
     cfg = config.health_gate.validation
     name, node, gpus = action.name, action.node, action.gpus
     run = run_for(action.pool, gpus, cfg)
+    if action.dcgm_level is not None:
+        run = replace(run, env={**run.env, "GPUHEAL_DCGM_LEVEL": str(action.dcgm_level)})
+    timeout = action.timeout_seconds if action.timeout_seconds is not None else cfg.timeout_seconds
     marks = {VALIDATION_LABEL: "true", NODE_LABEL: values.node_label(node)}
-    notes = {NODE_ANNOTATION: node, RECORD_ANNOTATION: action.record}
+    marks |= {SWEEP_LABEL: "true"} if action.sweep else {}
+    notes = {NODE_ANNOTATION: node} | ({RECORD_ANNOTATION: action.record} if action.record else {})
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -154,7 +168,7 @@ def job_manifest(action: CreateValidationJob, config: Config) -> dict[str, Any]:
         "spec": {
             "backoffLimit": 0,
             # A backstop should the controller be away: it judges (and deletes) first.
-            "activeDeadlineSeconds": int(cfg.timeout_seconds) + JOB_DEADLINE_GRACE_S,
+            "activeDeadlineSeconds": int(timeout) + JOB_DEADLINE_GRACE_S,
             "ttlSecondsAfterFinished": cfg.ttl_seconds_after_finished,
             "template": {
                 "metadata": {
@@ -181,11 +195,7 @@ def job_manifest(action: CreateValidationJob, config: Config) -> dict[str, Any]:
                             }
                         }
                     },
-                    "tolerations": [
-                        {"key": TAINT_KEY, "operator": "Exists"},
-                        {"key": config.maintenance.taint_key, "operator": "Exists"},
-                        {"key": UNSCHEDULABLE_TAINT, "operator": "Exists", "effect": "NoSchedule"},
-                    ],
+                    "tolerations": _tolerations(action, config),
                     "containers": [
                         {
                             "name": CONTAINER,
@@ -200,6 +210,24 @@ def job_manifest(action: CreateValidationJob, config: Config) -> dict[str, Any]:
             },
         },
     }
+
+
+def _tolerations(action: CreateValidationJob, config: Config) -> list[dict[str, str]]:
+    """Ours, the maintenance taint and the cordon; the sweep's Job also its own fence
+    and the node's other taints as they are (those its GPU pods tolerate)."""
+    found = [
+        {"key": TAINT_KEY, "operator": "Exists"},
+        {"key": config.maintenance.taint_key, "operator": "Exists"},
+        {"key": UNSCHEDULABLE_TAINT, "operator": "Exists", "effect": "NoSchedule"},
+    ]
+    if action.sweep:
+        found.append({"key": SWEEP_TAINT, "operator": "Exists", "effect": "NoSchedule"})
+    for t in action.tolerate:
+        if t.key in (TAINT_KEY, SWEEP_TAINT, config.maintenance.taint_key):
+            continue
+        said = {"key": t.key, "operator": "Equal", "value": t.value} if t.value else {}
+        found.append((said or {"key": t.key, "operator": "Exists"}) | {"effect": t.effect})
+    return found
 
 
 def parse_result(exit_code: int, message: str, reason: str = "") -> Validated:  # noqa: PLR0911 -- one return per way a message is wrong

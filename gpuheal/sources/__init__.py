@@ -14,6 +14,7 @@ from gpuheal.sources import (
     escalation,
     hygiene,
     manual,
+    sweep,
 )
 from gpuheal.sources.base import Seen, Source, source_name
 
@@ -23,6 +24,7 @@ SOURCES: tuple[Source, ...] = (
     alertmanager,
     dcgm,
     hygiene,
+    sweep,
     manual,
     escalation,
 )
@@ -45,4 +47,5 @@ __all__ = [
     "hygiene",
     "manual",
     "registered",
+    "sweep",
 ]

@@ -78,6 +78,8 @@ from gpuheal.model import (
     STATE_LABEL,
     STATUS,
     SUSPECT_DEVICES,
+    SWEEP,
+    SWEEP_TAINT,
     TAINT_KEY,
     UNKNOWN_DEVICES,
     DeviceKey,
@@ -682,6 +684,8 @@ CONTROL_PLANE = "node-role.kubernetes.io/control-plane"
 EVIL_TAINT = {"key": "example.com/evil", "effect": "NoExecute"}
 FAULT_TAINT = {"key": TAINT_KEY, "value": "xid-79", "effect": "NoSchedule"}
 MAINTENANCE_TAINT = {"key": MAINTENANCE_TAINT_KEY, "effect": "NoSchedule"}
+SWEEP_FENCE = {"key": SWEEP_TAINT, "effect": "NoSchedule"}
+SWEEP_MARK = '{"job": "gpuheal-sweep-0123456789-1796674018", "started": "2026-12-07T20:06:58Z"}'
 CRD = "gpufaults.gpuheal.io"
 REPORT = {"metadata": {"annotations": {STATUS: "faulty", FAULT_ID: "xid-79"}}}
 REPORT |= condition(GPU_HEALTHY_CONDITION, "False")
@@ -754,6 +758,13 @@ ACTIONS: tuple[Action, ...] = (
         "controller"),
     act("node: lift the fault taint",
         taint_change(lambda ts: [t for t in ts if t["key"] != TAINT_KEY], "other"), "controller"),
+    act("node: the idle-node check's fence and mark, a node it manages",
+        taint_change(lambda ts: [*ts, SWEEP_FENCE], annotations={SWEEP: SWEEP_MARK}),
+        "controller"),
+    act("node: the idle-node check's fence, a node gpuheal does not manage",
+        taint_change(lambda ts: [*ts, SWEEP_FENCE], "infra")),
+    act("node: the idle-node check's fence, a GPU node opted out",
+        taint_change(lambda ts: [*ts, SWEEP_FENCE], "opted")),
     act("node: the controller's annotations (handled-*)",
         node_change({"metadata": {"annotations": {HANDLED_FAULT_ID: "x", HANDLED_AT: DEADLINE}}}),
         "controller"),
@@ -1181,7 +1192,7 @@ def test_the_policies_name_exactly_the_keys_the_code_writes(scene: Scene) -> Non
     assert keys("controller-nodes") == {
         HANDLED_FAULT_ID, HANDLED_AT, LAST_PROCESS_TIME,
         QUARANTINED_DEVICES, SUSPECT_DEVICES, UNKNOWN_DEVICES, REPAIR_REQUEST,
-        DISRUPTION_GUARD, *DISRUPTION_KEYS, MAINTENANCE_PROGRESS,
+        DISRUPTION_GUARD, *DISRUPTION_KEYS, MAINTENANCE_PROGRESS, SWEEP,
     }  # fmt: skip
     assert keys("operator-nodes") == {MAINTENANCE_REQUEST, DIAGNOSTICS}
     # On a node it takes out (a GPURollout's, a maintenance request's) the leader writes

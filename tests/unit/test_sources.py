@@ -40,6 +40,7 @@ from gpuheal.sources import (
     hygiene,
     manual,
     registered,
+    sweep,
 )
 from gpuheal.sources import annotations as contract
 from gpuheal.vocabulary import Entry
@@ -245,6 +246,7 @@ def _one_signal_of_each_kind() -> list[FaultSignal]:
         *(_dcgm_signal(q.name) for q in dcgm.queries(85, 95)),
         _manual_signal(),
         hygiene.signal_for(N1, ZERO_ALLOCATABLE, Severity.P1, "hygiene-zero-allocatable-x", NOW),
+        sweep.signal_for(N1, "sweep-20261129100000", NOW),
     )
     seen = Seen(replace(faulty(), conditions=(cond,)), config, pushed, (_escalated_device(),))
     produced = [s for source in SOURCES for s in source.signals(seen)]

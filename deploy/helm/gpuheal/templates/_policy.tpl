@@ -26,7 +26,7 @@ change on an object RBAC lets them patch. The key lists are the code's
   (model.DISRUPTION_KEYS), whatever autoscalers.doNotDisrupt says now, so that a
   guard set under an earlier config can still be taken back. */}}
 {{- define "gpuheal.controller.nodeAnnotations" -}}
-{{- toJson (concat (list "gpuheal.io/handled-fault-id" "gpuheal.io/handled-at" "gpuheal.io/last-process-time" "gpuheal.io/quarantined-devices" "gpuheal.io/suspect-devices" "gpuheal.io/unknown-devices" "gpuheal.io/repair-request" "gpuheal.io/disruption-guard" "gpuheal.io/maintenance-progress") (include "gpuheal.disruptionKeys" . | fromJsonArray)) -}}
+{{- toJson (concat (list "gpuheal.io/handled-fault-id" "gpuheal.io/handled-at" "gpuheal.io/last-process-time" "gpuheal.io/quarantined-devices" "gpuheal.io/suspect-devices" "gpuheal.io/unknown-devices" "gpuheal.io/repair-request" "gpuheal.io/disruption-guard" "gpuheal.io/maintenance-progress" "gpuheal.io/sweep") (include "gpuheal.disruptionKeys" . | fromJsonArray)) -}}
 {{- end -}}
 
 {{- define "gpuheal.disruptionKeys" -}}
