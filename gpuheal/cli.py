@@ -427,13 +427,15 @@ def _add_operator_commands(
         commands,
         "release",
         ops.release,
-        help="let one fault held by the breaker past it, once",
+        help="let one fault held by the breaker past it, or a repeat offender's node back",
         description=(
             "Release a GPUFault in phase Held (the blast-radius breaker kept it from being "
-            "quarantined): written to the record's status with your identity as the API "
-            "server knows it; the controller quarantines that fault once, past the full "
-            "breaker, and every other held fault stays held. Exit 5: no such fault; 2: it "
-            "is not held (quarantined, cleared) or already released."
+            "quarantined), or a repeat offender's (its node stays out after the fault "
+            "clears until a person releases it): written to the record's status with your "
+            "identity as the API server knows it. The controller quarantines a held fault "
+            "once, past the full breaker (every other held fault stays held); a repeat "
+            "offender's node goes on to the health gate. Exit 5: no such fault; 2: it is "
+            "neither (quarantined, cleared) or already released."
         ),
     )
     release.add_argument("fault", metavar="FAULT", help="the GPUFault name, or its fault id")

@@ -29,7 +29,9 @@ class Entry(StrEnum):
     EVICT = "evict"
     DRAIN = "drain"
     HOLD = "hold"  # the breaker is full: Held
-    RELEASED = "released"  # a person released a Held record
+    RELEASED = "released"  # a person released a Held record (or a repeat offender's)
+    REPEAT_OFFENDER = "repeat-offender"  # its node's faults recur: contact support
+    HELD_FOR_A_PERSON = "held-for-a-person"  # a repeat offender's node stays out
     SUPERSEDED = "superseded"  # a newer fault of the node took over
     NODE_DELETED = "node-deleted"
     MANUAL_UNTAINT = "manual-untaint"  # a person removed our taint: respected
@@ -92,6 +94,8 @@ SAID: dict[Entry, str] = {
     Entry.DRAIN: "drained",
     Entry.HOLD: "held by the blast-radius breaker",
     Entry.RELEASED: "released from the breaker's hold",
+    Entry.REPEAT_OFFENDER: "repeat offender: contact support",
+    Entry.HELD_FOR_A_PERSON: "cleared, held out until a person releases it",
     Entry.SUPERSEDED: "superseded by a newer fault",
     Entry.NODE_DELETED: "node deleted, record closed",
     Entry.MANUAL_UNTAINT: "taint removed by hand (respected)",

@@ -192,9 +192,6 @@ class DeviceHealthConfig:
     observation_seconds: float = setting(number(0, MAX_DELAY_S), 600.0)
     # Released this soon after its quarantine, with no canary failure: a false quarantine.
     false_quarantine_seconds: float = setting(number(0, MAX_WINDOW_S), 3600.0)
-    # This many faults of one node within the window: flagged "contact support".
-    contact_support_after: int = setting(integer(1, MAX_COUNT), 3)
-    contact_support_window_seconds: float = setting(number(0, MAX_WINDOW_S), 3 * 86400.0)
     # A bad DRA device's fence: a DeviceTaintRule of this effect on exactly that device
     # while its fault is open. NoSchedule: no new claim gets it, and gpuheal moves the
     # pods on it (Eviction API: budgets hold). NoExecute: kube-controller-manager
@@ -675,6 +672,21 @@ class HygieneConfig:
 
 
 @dataclass(frozen=True)
+class RepeatOffendersConfig:
+    """Nodes whose faults recur (policy/offenders.py, docs/controller.md, "Repeat
+    offenders"): the node's `faults`-th fault within the window, device faults
+    included, flags contact support, and the node is held out after it until a
+    person releases it."""
+
+    # Meta's study of its clusters (arXiv 2410.21680) found such "lemon" nodes
+    # behind a large share of large jobs' failures: three in three days is past chance.
+    faults: int = setting(integer(1, MAX_COUNT), 3)
+    window_seconds: float = setting(number(0, MAX_WINDOW_S), 3 * 86400.0)
+    # Off: flagged and told, then returned as any other node once the gate passes.
+    hold: bool = setting(boolean, True)
+
+
+@dataclass(frozen=True)
 class SweepConfig:
     """Active checks on idle nodes (controller/sweep.py, docs/operations.md, "The
     idle-node sweep"): the validation Job (healthGate.validation's image, command and
@@ -713,6 +725,7 @@ class Config(Scope, Remediation, Eviction, Pace, Signals, HttpApi, Runtime):
     hygiene: HygieneConfig = section(HygieneConfig)
     rollouts: RolloutsConfig = section(RolloutsConfig)
     sweep: SweepConfig = section(SweepConfig)
+    repeat_offenders: RepeatOffendersConfig = section(RepeatOffendersConfig)
 
 
 # Every section's keys by its place in the document ("": the top level).

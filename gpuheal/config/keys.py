@@ -103,6 +103,13 @@ def _each(parse: Parser, parts: Iterable[tuple[str, Any]]) -> list[Any]:
     return parsed
 
 
+# Keys a release moved elsewhere: an old config is refused with where they went.
+MOVED = {
+    "contactSupportAfter": "repeatOffenders.faults",
+    "contactSupportWindowSeconds": "repeatOffenders.windowSeconds",
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class Section:
     """Parses a map of keys into the dataclass `kind`, reporting every bad key."""
@@ -121,7 +128,9 @@ class Section:
         for key, item in value.items():
             f = keys.get(key)
             if f is None:
-                found.append((f".{key}", f"unknown key (known: {', '.join(sorted(keys))})"))
+                moved = MOVED.get(key)
+                said = f"moved to {moved}" if moved else f"known: {', '.join(sorted(keys))}"
+                found.append((f".{key}", f"unknown key ({said})"))
                 continue
             try:
                 values[f.name] = f.metadata[_PARSE](item)

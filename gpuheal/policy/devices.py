@@ -54,6 +54,7 @@ from gpuheal.policy.devicefence import FenceDevice, Fences, Unfence, fenced_devi
 from gpuheal.policy.drivertaints import DriverReport
 from gpuheal.policy.history import opened_at
 from gpuheal.policy.nodes import opted_out
+from gpuheal.policy.offenders import offence
 from gpuheal.policy.sharing import GPU, physical_gpus
 from gpuheal.vocabulary import Entry, Reason
 
@@ -416,16 +417,15 @@ def _open_fault(work: _Pass, device: Device) -> FaultRecord:
     fault_id = f"{device.device_id}#{episode}"
     name = fault_record_name(node.name, fault_id, device.resource)
     why = _escalation(work, device, history)
-    recent = [
-        r
-        for r in (*state.records, *work.created)
-        if (t := opened_at(r)) is not None
-        and (now - t).total_seconds() <= cfg.contact_support_window_seconds
-    ]
-    contact = len(recent) + 1 >= cfg.contact_support_after
+    # The repeat-offender rule, the node path's (policy/offenders.py): the device
+    # fault is flagged and told; its node is held only by its node fault's record.
+    offender = offence((*state.records, *work.created), name, work.config, now)
+    contact = offender is not None
     entries = [work.entry(Entry.DETECT, detail=device.message or SOURCE)]
     if why:
         entries.append(work.entry(Entry.ESCALATE, detail=why))
+    if offender:
+        entries.append(work.entry(Entry.REPEAT_OFFENDER, detail=offender))
     record = FaultRecord(
         name=name,
         node=node.name,
@@ -456,14 +456,8 @@ def _open_fault(work: _Pass, device: Device) -> FaultRecord:
     )
     if why:
         work.emit(Reason.DEVICE_ESCALATED, f"node quarantine: {why}", name, warning=True)
-    if contact:
-        work.emit(
-            Reason.CONTACT_SUPPORT,
-            f"{len(recent) + 1} faults on this node within "
-            f"{cfg.contact_support_window_seconds / 86400:g} days: contact support",
-            name,
-            warning=True,
-        )
+    if offender:
+        work.emit(Reason.CONTACT_SUPPORT, offender, name, warning=True)
     return record
 
 

@@ -65,6 +65,7 @@ from gpuheal.policy.checkpoint import CheckpointStep, PodCheckpoint, next_look, 
 from gpuheal.policy.gate import GateResult, evaluate, facts_from_views
 from gpuheal.policy.history import opened_at
 from gpuheal.policy.nodes import in_maintenance, opted_out
+from gpuheal.policy.offenders import held_for_a_person, offence
 from gpuheal.policy.recent import handled_lately
 from gpuheal.policy.release import released
 from gpuheal.policy.repair import RepairStep, RequestRepair, Subject, outcome_only
@@ -455,13 +456,15 @@ def _first_sight(  # noqa: PLR0911 -- one return per rule, as in _remediate
     )
     # The Events follow the record they point to.
     announced = (detected, _altered(signal, name)) if signal.altered else (detected,)
+
+    def made(phase: Phase) -> list[Action]:
+        created = _created(name, signal, phase, mode, now, supersedes=older)
+        return [*created, *announced, *_offended(fault, phase, config, now)]
+
     if watching and mode is not Mode.OBSERVE:
         # P1: notify now, act only if it is still there after the observation window.
         fence = _p1_fence(fault, config, now)
-        actions += [
-            *_created(name, signal, Phase.DETECTED, mode, now, supersedes=older),
-            *announced,
-        ]
+        actions += made(Phase.DETECTED)
         return _with(
             base,
             actions,
@@ -471,29 +474,33 @@ def _first_sight(  # noqa: PLR0911 -- one return per rule, as in _remediate
         )
     if mode is Mode.OBSERVE:
         # Nothing is written to the node: the record is the fault's only trace (and lock).
-        actions += [
-            *_created(name, signal, Phase.DETECTED, mode, now, supersedes=older),
-            *announced,
-        ]
+        actions += made(Phase.DETECTED)
         if signal.severity is Severity.P0:
             actions.append(_would_quarantine(fault, config, now))
         return _with(base, actions, requeue_after=_p1_pending(fault, config, now))
     if _needs_approval(fault, config) and not fenced:
-        actions += [
-            *_created(name, signal, Phase.DETECTED, mode, now, supersedes=older),
-            *announced,
-            *_request_approval(fault, config, now),
-        ]
+        actions += [*made(Phase.DETECTED), *_request_approval(fault, config, now)]
         return _with(base, actions, requeue_after=config.approval.expiry_seconds)
     if not _may_quarantine(fault.state, config):
-        actions += [
-            *_created(name, signal, Phase.HELD, mode, now, supersedes=older),
-            *announced,
-            Emit(Reason.HELD, _held_note(fault.state, config), node.name, name, warning=True),
-        ]
+        held = Emit(Reason.HELD, _held_note(fault.state, config), node.name, name, warning=True)
+        actions += [*made(Phase.HELD), held]
         return _with(base, actions, requeue_after=config.hold_retry_seconds)
-    actions += [*_created(name, signal, Phase.DETECTED, mode, now, supersedes=older), *announced]
+    actions += made(Phase.DETECTED)
     return None
+
+
+def _offended(fault: _Fault, phase: Phase, config: Config, now: dt.datetime) -> list[Action]:
+    """A new fault that makes its node a repeat offender (policy/offenders.py): said
+    in its record and asked of a person, right after its creation."""
+    records = (*fault.state.records, *fault.state.device_records)
+    why = offence(records, fault.record.name, config, now)
+    if why is None:
+        return []
+    entry = _entry(now, Entry.REPEAT_OFFENDER, "contact-support", why)
+    return [
+        UpdateRecord(fault.record.name, phase, entry, contact_support=True),
+        Emit(Reason.CONTACT_SUPPORT, why, fault.state.node.name, fault.record.name, warning=True),
+    ]
 
 
 def _gpu_pods(state: NodeState) -> list[PodView]:
@@ -1120,22 +1127,12 @@ def _recover(state: NodeState, config: Config, now: dt.datetime) -> Plan:
         # A repair's result that came as the fault cleared is recorded all the same.
         told = outcome_only(_subject(state, record, None), now)
         actions += _repair_actions(told, node.name, record)
-        since = parse_time(record.recovering_since)
-        if since is None:
-            actions.append(
-                UpdateRecord(
-                    record.name,
-                    Phase.RECOVERING,
-                    _entry(now, Entry.RECOVERING),
-                    recovering_since=iso(now),
-                )
-            )
-            requeue = _soonest(requeue, config.recovery_window_seconds)
+        waiting = _not_yet(record, node.name, config, now)
+        if waiting is not None:
+            actions += waiting[0]
+            requeue = _soonest(requeue, waiting[1])
             continue
-        remaining = (since - now).total_seconds() + config.recovery_window_seconds
-        if remaining > 0:
-            requeue = _soonest(requeue, remaining)
-            continue
+        since = parse_time(record.recovering_since) or now
         taint = node.taint()
         if taint is not None and config.health_gate.on_recovery:
             # The same gate as `gpuheal maintenance finish`: the taint stays until it passes.
@@ -1167,6 +1164,41 @@ def _recover(state: NodeState, config: Config, now: dt.datetime) -> Plan:
             ),
         ]
     return Plan(release=tuple(actions), requeue_after=requeue)
+
+
+def _not_yet(
+    record: FaultRecord, node: str, config: Config, now: dt.datetime
+) -> tuple[list[Action], float] | None:
+    """A cleared fault's node that may not be judged for return yet: its recovery
+    begins now, its window runs, or a person must release it first. The actions
+    and when to look again; None when the gate may judge it."""
+    since = parse_time(record.recovering_since)
+    if since is None:
+        began = UpdateRecord(
+            record.name, Phase.RECOVERING, _entry(now, Entry.RECOVERING), recovering_since=iso(now)
+        )
+        return [began], config.recovery_window_seconds
+    remaining = (since - now).total_seconds() + config.recovery_window_seconds
+    if remaining > 0:
+        return [], remaining
+    if held_for_a_person(record, config):
+        return _held_for_a_person(record, node, now), config.hold_retry_seconds
+    return None
+
+
+def _held_for_a_person(record: FaultRecord, node: str, now: dt.datetime) -> list[Action]:
+    """A repeat offender's fault cleared: the node stays out, said once, until a
+    person releases the record (policy/offenders.py)."""
+    if any(a.action == Entry.HELD_FOR_A_PERSON for a in record.actions):
+        return []
+    why = (
+        f"fault {record.fault_id} cleared, but its node is a repeat offender: it stays "
+        f"out until a person releases it (gpuheal release {record.name})"
+    )
+    return [
+        UpdateRecord(record.name, record.phase, _entry(now, Entry.HELD_FOR_A_PERSON, "held", why)),
+        Emit(Reason.HELD, why, node, record.name, warning=True),
+    ]
 
 
 def _cleared(record: FaultRecord, now: dt.datetime) -> ActionEntry:

@@ -1,5 +1,7 @@
-"""A person's release of a fault the breaker holds (`gpuheal release`, the API or
-the console): when it may be given, and what it writes on the record.
+"""A person's release of a fault the breaker holds, or of a repeat offender's
+(policy/offenders.py: its node stays out after the fault clears), through
+`gpuheal release`, the API or the console: when it may be given, and what it
+writes on the record.
 
 The release is written to the record's status (status.release: who, when) under
 the resourceVersion it was checked against, so of two releases given at once
@@ -14,6 +16,7 @@ from typing import Any
 
 from gpuheal import values
 from gpuheal.model import FaultRecord, Phase
+from gpuheal.policy.offenders import repeat_offender
 
 
 def refusal(record: FaultRecord) -> str | None:
@@ -23,10 +26,10 @@ def refusal(record: FaultRecord) -> str | None:
             f"GPUFault {record.name} was already released by {record.released_by} "
             f"at {record.released_at}"
         )
-    if record.phase is not Phase.HELD:
+    if record.phase is not Phase.HELD and not (record.open and repeat_offender(record)):
         return (
-            f"GPUFault {record.name} is {record.phase.value}, not held by the breaker: "
-            "nothing to release"
+            f"GPUFault {record.name} is {record.phase.value}, not held by the breaker nor "
+            "a repeat offender's: nothing to release"
         )
     return None
 

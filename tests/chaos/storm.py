@@ -51,6 +51,9 @@ class Replicas:
             "rateLimitBurst": 10_000,
             "breakerMaxNodes": 10_000,
             "breakerMaxPercent": 100,
+            # Every round faults the same nodes seconds apart: by the third, each would
+            # be a repeat offender held for a person (tests/unit/test_policy_offenders.py).
+            "repeatOffenders": {"faults": 1000},
             "evictionRetryBaseSeconds": 0.2,
             "evictionRetryMaxSeconds": 1,
             "leaderElection": {

@@ -118,7 +118,7 @@ def test_a_held_fault_that_cleared_takes_no_release(
     the_record(kube, second, "Resolved")
 
     code, _, err = gpuheal(control_plane, capsys, "release", name)
-    assert code == 2 and "Resolved, not held by the breaker" in err
+    assert code == 2 and "Resolved, not held by the breaker nor a repeat offender" in err
     assert post(controller, f"/api/v1/faults/{name}/release")[0] == 409
     time.sleep(1)
     assert our_taint(kube, second) is None
