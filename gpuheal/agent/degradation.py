@@ -20,29 +20,22 @@ from gpuheal.agent.findings import ProbeFinding
 from gpuheal.agent.past import Past
 from gpuheal.model import Severity
 from gpuheal.xid.limits import (
+    HARDWARE_SLOWDOWNS,
     NVLINK_CRC_PER_SECOND,
     NVLINK_CRC_REASON,
     NVLINK_ERRORS,
     NVLINK_RECOVERY_REASON,
     NVLINK_REPLAY_REASON,
     NVLINK_WINDOW_SECONDS,
+    SLOWDOWN_SHARE,
+    SLOWDOWN_WINDOW_SECONDS,
 )
 
-# nvmlClocksEventReason* bits (nvml.h). The hardware ones mean the board itself pulls
-# the clocks down: HwSlowdown (temperature, an external power brake, or power draw too
-# high for the supply), HwThermalSlowdown, HwPowerBrakeSlowdown (the system's power
-# supply asserted the brake). SwPowerCap and SwThermalSlowdown are the driver keeping
-# the GPU inside its limits, normal under load; GpuIdle says nothing runs.
+# nvmlClocksEventReason* bits (nvml.h); the hardware slowdowns are gpuheal/xid/limits.py's
+# (the DCGM source reads them too). SwPowerCap and SwThermalSlowdown are the driver
+# keeping the GPU inside its limits, normal under load; GpuIdle says nothing runs.
 GPU_IDLE = 0x1
 SW_THERMAL = 0x20
-HW_SLOWDOWN = 0x8
-HW_THERMAL = 0x40
-HW_POWER_BRAKE = 0x80
-HARDWARE_SLOWDOWNS = {
-    HW_SLOWDOWN: "HwSlowdown",
-    HW_THERMAL: "HwThermalSlowdown",
-    HW_POWER_BRAKE: "HwPowerBrakeSlowdown",
-}
 
 # nvmlGpuFabricState_t, and the degraded-bandwidth field of nvmlGpuFabricInfo_v2's
 # healthMask (NVML_GPU_FABRIC_HEALTH_MASK_*_DEGRADED_BW).
@@ -101,8 +94,8 @@ class Limits:
     nvlink_recovery_errors: int = NVLINK_ERRORS
     # How long NVLink replays and recoveries are counted (and a finding held).
     nvlink_window_seconds: float = NVLINK_WINDOW_SECONDS
-    slowdown_window_seconds: float = 600.0
-    slowdown_share: float = 0.6
+    slowdown_window_seconds: float = SLOWDOWN_WINDOW_SECONDS
+    slowdown_share: float = SLOWDOWN_SHARE
     fabric_grace_seconds: float = 300.0
     power_over_limit_ratio: float = 1.1
     expect_persistence_mode: bool = True

@@ -575,6 +575,8 @@ class Signals:
     dcgm_interval_seconds: float = setting(number(0.5, 3600), 30.0)
     dcgm_temperature_warning_c: int = setting(integer(0, MAX_CELSIUS), 85)
     dcgm_temperature_critical_c: int = setting(integer(0, MAX_CELSIUS), 95)
+    # A hardware clock slowdown held 60 % of this window is a fault (as the agent's).
+    dcgm_slowdown_window_seconds: float = setting(number(20, 86400), 600.0)
     # Overrides of NVIDIA's Xid catalogue (the agent's `xid` key): every controller
     # source (DCGM, Alertmanager, the manual API) classifies through them first.
     xid_overrides: Mapping[int, XidRow] = setting(xid_rows, factory=dict, key="xid")

@@ -860,6 +860,7 @@ def _dcgm_queries(config: Config) -> list[Query]:
         config.dcgm_temperature_critical_c,
         overrides=config.xid_overrides,
         application_xids_per_gpu=config.application_xids.per_gpu,
+        slowdown_window_s=config.dcgm_slowdown_window_seconds,
     )
 
 

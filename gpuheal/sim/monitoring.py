@@ -79,6 +79,7 @@ NVLINK_RECOVERY = Counter(
     "counter",
     "Total number of NVLink recovery errors.",
 )
+CLOCK_EVENTS = Counter("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "gauge", "Current clock event reasons.")
 # The counters of etc/default-counters.csv (3.x and 4.x alike) that gpuheal relates to.
 DEFAULT_COUNTERS = (
     XID_GAUGE,
@@ -93,6 +94,7 @@ DEFAULT_COUNTERS = (
 # With a counters file that enables every field gpuheal can read.
 OPTIONAL_COUNTERS = (
     *DEFAULT_COUNTERS, XID_WINDOW, ECC_DBE, REMAP_PENDING, NVLINK_REPLAY, NVLINK_RECOVERY,
+    CLOCK_EVENTS,
 )  # fmt: skip
 COUNTERS = {c.name: c for c in OPTIONAL_COUNTERS}
 # dcgm-exporter's --xid-count-window-size default: 5 minutes.

@@ -44,10 +44,13 @@ from gpuheal.sources.xids import XID_MAX, Observed, workload, xid_of
 from gpuheal.values import FIELD_MAX, digest, label_value, text
 from gpuheal.xid import CATALOGUE, Kind, XidRow, classify
 from gpuheal.xid.limits import (
+    HARDWARE_SLOWDOWNS,
     NVLINK_ERRORS,
     NVLINK_RECOVERY_REASON,
     NVLINK_REPLAY_REASON,
     NVLINK_WINDOW_SECONDS,
+    SLOWDOWN_SHARE,
+    SLOWDOWN_WINDOW_SECONDS,
 )
 
 SOURCE = "dcgm"
@@ -82,6 +85,12 @@ REMAP_FAILURE = "DCGM_FI_DEV_ROW_REMAP_FAILURE"
 REMAP_PENDING = "DCGM_FI_DEV_ROW_REMAP_PENDING"  # DCGM field 396; in no dcgm-exporter list
 NVLINK_RECOVERY = "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"
 NVLINK_REPLAY = "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL"
+# NVML's clock event reasons, a bitmask (dcgm-exporter 3.3 and later; before, the same
+# field was DCGM_FI_DEV_CLOCK_THROTTLE_REASONS): in no default counters file.
+CLOCK_EVENTS = "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"
+# The queries of the hardware slowdowns, by bit: names of at most 9 characters.
+SLOWDOWN_QUERIES = {0x8: "hwslow", 0x40: "hwthermal", 0x80: "hwbrake"}
+SLOWDOWN_LOOKS = 20
 # Exported by dcgm-exporter's default counters file (etc/default-counters.csv, the
 # same in 3.x and 4.x) of what gpuheal reads; the rest only where a counters file
 # lists them (docs/deploy.md). The remapped-row counts are lifetime counts of rows
@@ -158,6 +167,7 @@ def queries(
     *,
     overrides: Mapping[int, XidRow] | None = None,
     application_xids_per_gpu: int = 10,
+    slowdown_window_s: float = SLOWDOWN_WINDOW_SECONDS,
 ) -> list[Query]:
     """The dcgm-exporter series that mean a GPU is in trouble."""
     temp = selector(GPU_TEMP)
@@ -208,6 +218,7 @@ def queries(
             )
         ),
     ]
+    found += slowdowns(slowdown_window_s)
     codes = "|".join(map(str, application_xids(overrides)))
     if application_xids_per_gpu > 0 and codes:
         # dcgm-exporter's window counts each Xid per GPU: the application ones summed.
@@ -222,6 +233,27 @@ def queries(
             )
         )
     return found
+
+
+def slowdowns(window_s: float) -> list[Query]:
+    """As the agent judges NVML's clock event reasons (gpuheal/xid/limits.py): a
+    hardware slowdown held SLOWDOWN_SHARE of the window is a P1. PromQL has no
+    bitwise operators: bit b of the mask is floor(mask / b) % 2, looked at twenty
+    times over the window (a subquery); the share is of those twenty looks, so a
+    GPU seen for less than the window is not judged on what little was seen."""
+    window, step = int(window_s), max(int(window_s / SLOWDOWN_LOOKS), 1)
+    held = math.ceil(SLOWDOWN_SHARE * window / step)
+    return [
+        Query(
+            SLOWDOWN_QUERIES[bit],
+            f"sum_over_time((floor({selector(CLOCK_EVENTS)} / {bit}) % 2)[{window}s:{step}s])"
+            f" >= {held}",
+            reason,
+            Severity.P1,
+            (CLOCK_EVENTS,),
+        )
+        for bit, reason in HARDWARE_SLOWDOWNS.items()
+    ]
 
 
 def node_xid_query(gauge: Query, overrides: Mapping[int, XidRow] | None = None) -> Query:

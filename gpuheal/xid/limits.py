@@ -20,3 +20,21 @@ NVLINK_CRC_PER_SECOND = 100.0
 # How long replays and recoveries are counted (and a finding held): DCGM compares a
 # minute's growth; gpuheal holds it for ten, so a burst outlives the debounce.
 NVLINK_WINDOW_SECONDS = 600.0
+
+# nvmlClocksEventReason* bits (nvml.h), as NVML returns them and dcgm-exporter exports
+# them (DCGM_FI_DEV_CLOCKS_EVENT_REASONS). The hardware ones mean the board itself
+# pulls the clocks down by half or more: HwSlowdown (temperature, an external power
+# brake, or power draw too high for the supply), HwThermalSlowdown,
+# HwPowerBrakeSlowdown (the system's power supply asserted the brake).
+HW_SLOWDOWN = 0x8
+HW_THERMAL = 0x40
+HW_POWER_BRAKE = 0x80
+HARDWARE_SLOWDOWNS = {
+    HW_SLOWDOWN: "HwSlowdown",
+    HW_THERMAL: "HwThermalSlowdown",
+    HW_POWER_BRAKE: "HwPowerBrakeSlowdown",
+}
+# GPUd's rule: a hardware slowdown held this share of this window is a fault (one
+# slow rank slows a whole synchronous job); a moment of it is not.
+SLOWDOWN_WINDOW_SECONDS = 600.0
+SLOWDOWN_SHARE = 0.6

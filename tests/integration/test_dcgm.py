@@ -29,6 +29,7 @@ from gpuheal.controller.dcgm_source import DcgmSource
 from gpuheal.metrics.controller import ControllerMetrics
 from gpuheal.model import FaultSignal, Severity
 from gpuheal.sim.monitoring import (
+    CLOCK_EVENTS,
     DEFAULT_COUNTERS,
     OPTIONAL_COUNTERS,
     FakeDcgmExporter,
@@ -380,15 +381,56 @@ def test_a_query_whose_counters_dcgm_exporter_does_not_export_is_said(
         "tempcrit",
         "nvreplay",
         "nvrecover",
+        "hwslow",
         "appxids",
     )
     blind = {q for q in names if value(metrics, "gpuheal_dcgm_query_series", query=q) == 0}
-    assert blind == {"dbe", "remappend", "nvreplay", "nvrecover", "appxids"}
+    assert blind == {"dbe", "remappend", "nvreplay", "nvrecover", "hwslow", "appxids"}
     said = dcgm.problems()
     assert [p.split(" ")[2] for p in said] == [
-        "dbe", "remappend", "nvreplay", "nvrecover", "appxids",
+        "dbe", "remappend", "nvreplay", "nvrecover", "hwslow", "hwthermal", "hwbrake", "appxids",
     ]  # fmt: skip
     assert "DCGM_FI_DEV_ROW_REMAP_PENDING (not in dcgm-exporter's default counters" in said[1]
+
+
+# -- clock slowdowns ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("exporter", [OPTIONAL_COUNTERS], indirect=True)
+def test_a_hardware_slowdown_held_most_of_the_window_is_a_fault_a_moment_of_one_is_not(
+    prometheus: Monitoring, exporter: FakeDcgmExporter
+) -> None:
+    """dcgmSlowdownWindowSeconds at 20 (600 shipped: the same query, scaled), and
+    Prometheus scraping every second: 12 of the 20 looks must see the bit."""
+    node = unique_eks_node()
+    held = exporter.add_gpu(dcgm_labels(node, 0), **{CLOCK_EVENTS.name: 0x8 | 0x4})
+    exporter.add_gpu(dcgm_labels(node, 1), **{CLOCK_EVENTS.name: 0x4 | 0x20})  # capped
+    blip = exporter.add_gpu(dcgm_labels(node, 2), **{CLOCK_EVENTS.name: 0x80})
+    wait_scraped(prometheus, f"{CLOCK_EVENTS.name} > 0", 3)
+    exporter.set_field(blip, CLOCK_EVENTS, 0x1)  # a brake for a second, then idle
+    heard = Heard()
+    queries = dcgm_queries(85, 95, application_xids_per_gpu=3, slowdown_window_s=20)
+    dcgm = source(prometheus, heard, {node}, queries=queries)
+    started = time.monotonic()
+
+    async def scenario() -> None:
+        async with aiohttp.ClientSession() as session:
+            await poll_until("the held slowdown", dcgm, session, lambda: heard.submitted)
+            (signal,) = heard.submitted
+            assert (signal.reason, signal.severity, signal.source) == (
+                "HwSlowdown", Severity.P1, "dcgm/hwslow"
+            )  # fmt: skip
+            assert signal.devices == (GPU_UUIDS[0],)
+            # The power cap and the software thermal slowdown are the driver at work.
+            for _ in range(5):
+                await asyncio.sleep(1)
+                await dcgm.poll(session)
+            assert [s.devices for s in heard.submitted] == [(GPU_UUIDS[0],)] * len(heard.submitted)
+            exporter.set_field(held, CLOCK_EVENTS, 0x4)  # the slowdown ends
+            await poll_until("withdrawn", dcgm, session, lambda: heard.resolved, timeout_s=40)
+
+    asyncio.run(scenario())
+    print(f"the held slowdown was a fault {time.monotonic() - started:.1f} s into the window")
 
 
 # -- the windowed Xid count -----------------------------------------------------------

@@ -310,7 +310,18 @@ def told_not_acted(
     assert status == 200 and ready["ready"]
     blind = {r.split(" ")[2] for r in ready["reasons"] if r.startswith("dcgm: query")}
     assert blind == (
-        set() if optional else {"dbe", "remappend", "nvreplay", "nvrecover", "appxids"}
+        set()
+        if optional
+        else {
+            "dbe",
+            "remappend",
+            "nvreplay",
+            "nvrecover",
+            "hwslow",
+            "hwthermal",
+            "hwbrake",
+            "appxids",
+        }
     )
 
 

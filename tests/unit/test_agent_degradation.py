@@ -17,8 +17,6 @@ from gpuheal.agent.degradation import (
     FABRIC_NOT_STARTED,
     FABRIC_NOT_SUPPORTED,
     GPU_IDLE,
-    HW_POWER_BRAKE,
-    HW_SLOWDOWN,
     DegradationJudge,
     Fabric,
     Limits,
@@ -28,6 +26,7 @@ from gpuheal.agent.degradation import (
 )
 from gpuheal.agent.findings import ProbeFinding
 from gpuheal.model import Severity
+from gpuheal.xid.limits import HW_POWER_BRAKE, HW_SLOWDOWN
 
 GPU = "GPU-3f1ee7a4-6f0e-9d3c-5e7b-8d4c2a1b0c9e"
 ROUND_S = 10.0

@@ -109,7 +109,7 @@ def test_the_queries_read_dcgm_exporters_counters_and_say_which_are_optional() -
     found = {q.name: q for q in queries(85, 95)}
     assert list(found) == [
         "xid", "dbe", "remapfail", "remappend", "tempcrit", "tempwarn", "nvreplay", "nvrecover",
-        "appxids",
+        "hwslow", "hwthermal", "hwbrake", "appxids",
     ]  # fmt: skip
     exported = {c.name for c in OPTIONAL_COUNTERS}
     default = {c.name for c in DEFAULT_COUNTERS}
