@@ -133,8 +133,9 @@ ROWS = [
     Row(
         "Silent data corruption",
         6,
-        why_none="found only by active checks (DCGM's diagnostic, NCCL tests) on idle"
-        " nodes; the sweep (issue 44 item 3) is not built yet",
+        why_none="no passive node signal: found only by active checks (DCGM's diagnostic,"
+        " NCCL tests), which the idle-node sweep runs (a failure is a SweepFailed fault,"
+        " tests/integration/test_sweep.py); this bench injects passive signals only",
     ),
     Row(
         "GPU thermal interface + sensor",
