@@ -320,10 +320,19 @@ def _yield_reason(
     waiting = next((p for p in fleet.pending if p.fits(node)), None)
     if waiting is not None:
         return f"pending pod {waiting.namespace}/{waiting.name} wants the node's GPUs"
+    return _taken_out(node, fleet, config)
+
+
+def _taken_out(node: NodeView, fleet: Fleet, config: Config) -> str | None:
+    """Why the node is no longer one to check, or None."""
     if node.unschedulable or in_maintenance(node.labels) or node.taint(TAINT_KEY):
         return "the node was cordoned or taken out"
     if node.taint(config.maintenance.taint_key) or not fleet.managed(node.name):
         return "the node was taken out or is no longer managed"
+    if node.ready is not True:
+        # Its kubelet is gone: the Job's pod would read Running to the timeout and
+        # fail there, a fault made of a node problem the node's lifecycle handles.
+        return "the node is not Ready"
     return None
 
 

@@ -242,6 +242,9 @@ def test_a_check_yields_at_once_to_a_pending_pod_a_placed_pod_or_a_fault() -> No
         ),
         "pod ml/train-0 was placed": fleet(node, checks=(ours,), pods={name: [gpu_pod(name)]}),
         "a fault on the node": fleet(node, checks=(ours,), records=(record,)),
+        "the node is not Ready": fleet(
+            replace(node, conditions=(Condition("Ready", "Unknown"),)), checks=(ours,)
+        ),
     }
     for said, seen in cases.items():
         (end,) = plan(seen, CONFIG, NOW).ends
