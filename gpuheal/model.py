@@ -52,6 +52,9 @@ RECORD_ANNOTATION = "gpuheal.io/fault-record"
 # Facts the agent reports on its Node for the health gate, `status` and `audit`.
 DRIVER_VERSION = "gpuheal.io/driver-version"
 CUDA_VERSION = "gpuheal.io/cuda-version"
+# The GPUs' VBIOS version (nvmlDeviceGetVbiosVersion), or the versions the node's
+# GPUs disagree on, comma-separated: the agent's fact, `gpuheal audit`'s vbios-skew.
+VBIOS_VERSION = "gpuheal.io/vbios-version"
 # Error counters since COUNTERS_SINCE (the agent's start: a reboot resets them).
 XID_ERRORS = "gpuheal.io/xid-errors"
 ECC_ERRORS = "gpuheal.io/ecc-errors"  # uncorrectable

@@ -24,7 +24,7 @@ from gpuheal.agent.config import AgentConfig
 from gpuheal.agent.daemons import NodeDaemons
 from gpuheal.agent.debounce import Debounce, Report, step
 from gpuheal.agent.environment import EnvironmentProbe, HostPaths, read_driver_version
-from gpuheal.agent.facts import Counters, gpu_processes
+from gpuheal.agent.facts import Counters, gpu_processes, vbios_text
 from gpuheal.agent.findings import ProbeFinding, ProbeResult, Verdict, verdict, with_access
 from gpuheal.agent.infiniband import IbProbe
 from gpuheal.agent.kmsg import (
@@ -54,6 +54,7 @@ from gpuheal.model import (
     MIG_LAYOUT,
     NODE_ENVIRONMENT,
     REPAIR_RESULT,
+    VBIOS_VERSION,
     Severity,
 )
 from gpuheal.policy import access
@@ -459,6 +460,9 @@ class Agent:
             facts[DRIVER_VERSION] = nvml.versions.driver
         if nvml.versions.cuda:
             facts[CUDA_VERSION] = nvml.versions.cuda
+        vbios = vbios_text(r.vbios for r in nvml.last_readings.values())
+        if vbios:
+            facts[VBIOS_VERSION] = vbios
         if nvml.mig is not None:
             facts[MIG_LAYOUT] = layout(nvml.mig)
         if nvml.pids is not None:

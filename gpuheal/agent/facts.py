@@ -28,6 +28,7 @@ from gpuheal.model import (
     LAST_GPU_ERROR,
     MIG_LAYOUT,
     NODE_ENVIRONMENT,
+    VBIOS_VERSION,
     XID_ERRORS,
 )
 
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 FACT_KEYS = (
     DRIVER_VERSION,
     CUDA_VERSION,
+    VBIOS_VERSION,
     XID_ERRORS,
     ECC_ERRORS,
     COUNTERS_SINCE,
@@ -60,6 +62,12 @@ _POD_UID = re.compile(
     r"|[0-9a-f]{32}"
     r")(?:\.slice)?(?:/|$)"
 )
+
+
+def vbios_text(versions: Iterable[str]) -> str:
+    """The node's VBIOS fact: the one version its GPUs run, or the ones they disagree
+    on, sorted and comma-separated; "" when none could be read."""
+    return ",".join(sorted({v for v in versions if v}))
 
 
 def cuda_text(version: int) -> str:

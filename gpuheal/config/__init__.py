@@ -214,6 +214,7 @@ class PoolConfig:
     # "": the version most nodes of the pool run.
     driver_version: str = setting(string, "")
     cuda_version: str = setting(string, "")
+    vbios_version: str = setting(string, "")
     # `gpuheal audit`: labels ("*": any value) and taints this pool's nodes must carry,
     # on top of the fleet-wide ones in PoolsConfig.
     expected_labels: Mapping[str, str] = setting(string_map, factory=dict)

@@ -18,8 +18,10 @@ Each finding names a node, its pool, a kind, and one actionable sentence:
 - device-plugin-missing: a Ready GPU node without a device-plugin pod
   (healthGate.devicePluginSelector) while the fleet's other nodes run one (or
   healthGate.devicePluginRequired): nothing new can be given its GPUs;
-- driver-skew / cuda-skew: a version other than the pool's (configured, else
-  the one most of the pool's nodes run);
+- driver-skew / cuda-skew / vbios-skew: a version other than the pool's
+  (configured, else the one most of the pool's nodes run); the VBIOS as the
+  agent reports it (GCM checks it within a node; a pool of one model should
+  run one VBIOS too);
 - missing-label / missing-taint: a GPU node without the labels or taints the
   config expects (pools.expectedLabels / expectedTaints, fleet-wide and per pool);
 - unmanaged: a node with GPUs that the controller's nodeSelector does not match
@@ -57,8 +59,10 @@ from gpuheal.policy.pools import (
     expected_cuda,
     expected_driver,
     expected_gpus,
+    expected_vbios,
     pool_config,
     pool_of,
+    vbios_version,
 )
 from gpuheal.sources import hygiene
 from gpuheal.sources.base import source_name
@@ -68,6 +72,7 @@ ZOMBIE_PROCESS = "zombie-process"
 HOST_PROCESS = "host-process"
 DRIVER_SKEW = "driver-skew"
 CUDA_SKEW = "cuda-skew"
+VBIOS_SKEW = "vbios-skew"
 MISSING_LABEL = "missing-label"
 MISSING_TAINT = "missing-taint"
 UNMANAGED = "unmanaged"
@@ -81,6 +86,7 @@ KINDS = (
     DEVICE_PLUGIN_MISSING,
     DRIVER_SKEW,
     CUDA_SKEW,
+    VBIOS_SKEW,
     MISSING_LABEL,
     MISSING_TAINT,
 )
@@ -481,6 +487,7 @@ def _missing_taints(node: NodeView, pool: str, config: Config) -> list[Finding]:
 _VERSIONS: tuple[tuple[str, str, Callable[..., str], Callable[..., str], str], ...] = (
     (DRIVER_SKEW, "driver", driver_version, expected_driver, "driver_version"),
     (CUDA_SKEW, "CUDA", cuda_version, expected_cuda, "cuda_version"),
+    (VBIOS_SKEW, "VBIOS", vbios_version, expected_vbios, "vbios_version"),
 )
 
 

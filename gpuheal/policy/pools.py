@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 
 from gpuheal.config import Config, PoolConfig
-from gpuheal.model import CUDA_VERSION, DRIVER_VERSION
+from gpuheal.model import CUDA_VERSION, DRIVER_VERSION, VBIOS_VERSION
 
 NO_POOL = "(none)"
 
@@ -69,6 +69,13 @@ def cuda_version(labels: Mapping[str, str], annotations: Mapping[str, str]) -> s
     )
 
 
+def vbios_version(_labels: Mapping[str, str], annotations: Mapping[str, str]) -> str:
+    """The agent's report ("" when unknown, or when the node's GPUs disagree: that is
+    the agent's own warning, VbiosMismatch)."""
+    found = annotations.get(VBIOS_VERSION, "")
+    return "" if "," in found else found
+
+
 def prevailing(versions: Iterable[str]) -> str:
     """The version most nodes run (ties: the highest string, for stability); "" if none."""
     counts = Counter(v for v in versions if v)
@@ -84,3 +91,7 @@ def expected_driver(pool: str, versions_in_pool: Iterable[str], config: Config) 
 
 def expected_cuda(pool: str, versions_in_pool: Iterable[str], config: Config) -> str:
     return pool_config(pool, config).cuda_version or prevailing(versions_in_pool)
+
+
+def expected_vbios(pool: str, versions_in_pool: Iterable[str], config: Config) -> str:
+    return pool_config(pool, config).vbios_version or prevailing(versions_in_pool)

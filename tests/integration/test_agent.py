@@ -29,6 +29,7 @@ from gpuheal.model import (
     HANDLED_FAULT_ID,
     LAST_GPU_ERROR,
     STATUS,
+    VBIOS_VERSION,
     XID_ERRORS,
 )
 from gpuheal.sim import ControlPlane
@@ -225,6 +226,7 @@ def test_versions_counters_and_gpu_processes_land_on_the_node(
     reported = facts()
     assert reported[DRIVER_VERSION] == "550.54.15"
     assert reported[CUDA_VERSION] == "12.4"
+    assert reported[VBIOS_VERSION] == "96.00.89.00.01"  # every GPU's, the stand-in's default
     assert (reported[XID_ERRORS], reported[ECC_ERRORS]) == ("0", "0")
     assert LAST_GPU_ERROR not in reported
     since = dt.datetime.fromisoformat(reported[COUNTERS_SINCE])

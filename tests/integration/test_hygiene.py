@@ -18,7 +18,7 @@ from lightkube import ApiError, Client, codecs
 from lightkube.resources.core_v1 import Node, Pod
 
 from gpuheal.cli import main
-from gpuheal.model import CUDA_VERSION, DRIVER_VERSION, GPU_PROCESSES
+from gpuheal.model import CUDA_VERSION, DRIVER_VERSION, GPU_PROCESSES, VBIOS_VERSION
 from gpuheal.policy.hygiene import KINDS
 from gpuheal.sim import ControlPlane, audit
 from gpuheal.sim.monitoring import Monitoring
@@ -116,7 +116,8 @@ def test_each_finding_is_its_metric_and_alert_and_the_audit_agrees(
     config_file = tmp_path / "gpuheal.yaml"
     config_file.write_text(yaml.safe_dump(config))
     for node in (n0, n1, n2, n3, n4, outside):
-        annotate(kube, node, {DRIVER_VERSION: "550.54.15", CUDA_VERSION: "12.4"})
+        versions: dict[str, str | None] = {DRIVER_VERSION: "550.54.15", CUDA_VERSION: "12.4"}
+        annotate(kube, node, versions | {VBIOS_VERSION: "96.00.89.00.01"})
         kube.patch(Node, node, {"spec": {"taints": [GPU_TAINT]}})
     # The device plugin on all but n4.
     for i, node in enumerate((n0, n1, n2, n3, outside)):
@@ -147,6 +148,7 @@ def test_each_finding_is_its_metric_and_alert_and_the_audit_agrees(
         kube.patch(Node.Status, n3, {"status": {"allocatable": {"nvidia.com/gpu": "6"}}})
         annotate(kube, n4, {DRIVER_VERSION: "535.104.05"})  # skew
         annotate(kube, n0, {CUDA_VERSION: "12.2"})
+        annotate(kube, n3, {VBIOS_VERSION: "96.00.74.00.0D"})  # flashed other than the pool
         kube.patch(Node, n1, {"metadata": {"labels": {ZONE: None}}})  # missing-label
         kube.patch(Node, n2, {"spec": {"taints": []}})  # missing-taint
         expected = {
@@ -158,6 +160,7 @@ def test_each_finding_is_its_metric_and_alert_and_the_audit_agrees(
             "device-plugin-missing": 1,
             "driver-skew": 1,
             "cuda-skew": 1,
+            "vbios-skew": 1,
             "missing-label": 1,
             "missing-taint": 1,
             "unmanaged": 1,
@@ -181,7 +184,7 @@ def test_each_finding_is_its_metric_and_alert_and_the_audit_agrees(
                 "allocatable-drop",
                 "device-plugin-missing",
             },
-            "GPUHealVersionSkew": {"driver-skew", "cuda-skew"},
+            "GPUHealVersionSkew": {"driver-skew", "cuda-skew", "vbios-skew"},
             "GPUHealNodeConfigDrift": {"missing-label", "missing-taint", "unmanaged"},
         }
         wait_for(

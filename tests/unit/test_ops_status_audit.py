@@ -24,6 +24,7 @@ from gpuheal.model import (
     STATUS,
     SUSPECT_DEVICES,
     TAINT_KEY,
+    VBIOS_VERSION,
     FaultRecord,
 )
 from gpuheal.ops.audit import audit
@@ -341,6 +342,26 @@ def test_zero_allocatable_gpu_nodes_even_without_capacity() -> None:
     assert kinds(report) == [("zero-allocatable", "a0"), ("zero-allocatable", "a1")]
     assert report.nodes == 3
     assert "gpuheal doctor a0" in report.findings[0].detail
+
+
+def test_a_nodes_vbios_other_than_its_pools_is_skew_its_own_gpus_disagreeing_is_not() -> None:
+    def flashed(name: str, pool: str, vbios: str) -> NodeJson:
+        return node(
+            name, pool=pool, annotations={DRIVER_VERSION: "550.54.15", VBIOS_VERSION: vbios}
+        )
+
+    nodes = [
+        flashed("a0", "a", "96.00.89.00.01"),
+        flashed("a1", "a", "96.00.89.00.01"),
+        flashed("a2", "a", "96.00.74.00.0D"),
+        flashed("a3", "a", "96.00.74.00.0D,96.00.89.00.01"),  # the agent's own warning
+        node("a4", pool="a"),  # unknown: not a finding
+    ]
+    report = audit(snap(nodes), Config(), NOW)
+    assert kinds(report) == [("vbios-skew", "a2")]
+    assert "VBIOS 96.00.74.00.0D differs from 96.00.89.00.01" in report.findings[0].detail
+    pinned = parse_config({"pools": {"byName": {"a": {"vbiosVersion": "96.00.74.00.0D"}}}})
+    assert kinds(audit(snap(nodes), pinned, NOW)) == [("vbios-skew", "a0"), ("vbios-skew", "a1")]
 
 
 def test_driver_and_cuda_skew_against_the_prevailing_or_configured_version() -> None:

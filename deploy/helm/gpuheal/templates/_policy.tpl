@@ -35,7 +35,7 @@ change on an object RBAC lets them patch. The key lists are the code's
 
 {{/* Node annotations the agent writes: its verdict, its facts, a repair's result (only the agent). */}}
 {{- define "gpuheal.agent.nodeAnnotations" -}}
-{{- toJson (list "gpuheal.io/status" "gpuheal.io/fault-id" "gpuheal.io/fault-time" "gpuheal.io/fault-reason" "gpuheal.io/fault-devices" "gpuheal.io/fault-severity" "gpuheal.io/driver-version" "gpuheal.io/cuda-version" "gpuheal.io/xid-errors" "gpuheal.io/ecc-errors" "gpuheal.io/counters-since" "gpuheal.io/last-gpu-error" "gpuheal.io/gpu-processes" "gpuheal.io/mig-layout" "gpuheal.io/agent-access" "gpuheal.io/node-environment" "gpuheal.io/repair-result") -}}
+{{- toJson (list "gpuheal.io/status" "gpuheal.io/fault-id" "gpuheal.io/fault-time" "gpuheal.io/fault-reason" "gpuheal.io/fault-devices" "gpuheal.io/fault-severity" "gpuheal.io/driver-version" "gpuheal.io/cuda-version" "gpuheal.io/vbios-version" "gpuheal.io/xid-errors" "gpuheal.io/ecc-errors" "gpuheal.io/counters-since" "gpuheal.io/last-gpu-error" "gpuheal.io/gpu-processes" "gpuheal.io/mig-layout" "gpuheal.io/agent-access" "gpuheal.io/node-environment" "gpuheal.io/repair-result") -}}
 {{- end -}}
 
 {{/* CEL variables comparing a node before and after an UPDATE. Absent and empty are the same. */}}
