@@ -56,6 +56,8 @@ JOB_PREFIX = "gpuheal-sweep-"
 # After a check that yielded or could not run, the node waits this long (or its
 # interval, if shorter) before the next: work came, or something is off.
 RETRY_AFTER_S = 3600.0
+# How a pod ends that is no verdict of its container's (the kubelet's reasons).
+_NOT_THE_GPUS = frozenset({"Evicted", "DeadlineExceeded", "OOMKilled", "Preempting"})
 # Taints that say a node is unwell or going away: never swept, never tolerated.
 _UNWELL_PREFIXES = ("node.kubernetes.io/", "node.cloudprovider.kubernetes.io/")
 
@@ -291,9 +293,7 @@ def verdict_of(
     gate = config.health_gate.validation
     timeout = config.sweep.timeout_seconds
     if pod is not None and pod.phase in ("Succeeded", "Failed"):
-        code = pod.exit_code if pod.exit_code is not None else int(pod.phase == "Failed")
-        judged = parse_result(code, pod.message, pod.reason or pod.phase)
-        return (Result.PASSED if judged.passed else Result.FAILED, judged.reason)
+        return _ended_pod(pod)
     if pod is not None and pod.phase == "Running" and elapsed >= timeout:
         return Result.FAILED, f"still running after {timeout:g}s: a hang on the GPUs"
     if elapsed < min(gate.schedule_timeout_seconds, timeout) or (
@@ -306,6 +306,18 @@ def verdict_of(
         return Result.ERROR, f"its pod cannot be placed: {pod.unschedulable}"
     waiting = f" ({pod.waiting})" if pod.waiting else ""
     return Result.ERROR, f"its pod did not start in {timeout:g}s: {pod.phase or 'Pending'}{waiting}"
+
+
+def _ended_pod(pod: ValidationPod) -> tuple[Result, str]:
+    """The verdict of a check whose pod has ended."""
+    if pod.phase == "Failed" and (pod.exit_code is None or pod.reason in _NOT_THE_GPUS):
+        # Evicted by its kubelet, past its deadline, out of memory: the check did not
+        # finish, which says nothing of the GPUs (the gate, returning a node, counts
+        # this as a failure; the sweep, taking a healthy one out, must not).
+        return Result.ERROR, f"its pod ended before the check did ({pod.reason or 'no exit code'})"
+    code = pod.exit_code if pod.exit_code is not None else 0
+    judged = parse_result(code, pod.message, pod.reason or pod.phase)
+    return (Result.PASSED if judged.passed else Result.FAILED, judged.reason)
 
 
 def _yield_reason(

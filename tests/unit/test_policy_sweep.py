@@ -287,6 +287,12 @@ def test_a_hang_is_a_failure_but_a_check_that_never_ran_is_an_error_never_a_faul
     assert end.mark.result == Result.ERROR and "ErrImagePull" in end.mark.detail
     (end,) = plan(fleet(node), CONFIG, NOW).ends
     assert end.mark.result == Result.ERROR and "no pod" in end.mark.detail
+    # Ended by its kubelet or out of memory, not by the check: no verdict on the GPUs.
+    for reason, code in (("Evicted", None), ("OOMKilled", 137), ("DeadlineExceeded", None)):
+        ended = check_pod(late.job, "Failed", reason=reason, exit_code=code)
+        (end,) = plan(fleet(node, checks=(ended,)), CONFIG, NOW).ends
+        assert (end.mark.result, end.mark.fault) == (Result.ERROR, ""), reason
+        assert f"ended before the check did ({reason})" in end.mark.detail
 
 
 # Failed checks as faults
