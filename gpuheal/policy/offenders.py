@@ -58,3 +58,10 @@ def repeat_offender(record: FaultRecord) -> bool:
 def held_for_a_person(record: FaultRecord, config: Config) -> bool:
     """The node stays out after this fault clears until a person releases the record."""
     return config.repeat_offenders.hold and repeat_offender(record) and not record.released_by
+
+
+def waits_for_a_person(record: FaultRecord) -> bool:
+    """Its fault cleared and its node is held out for a person now (the console
+    lists it with the breaker's held faults, to be released)."""
+    said = any(a.action == Entry.HELD_FOR_A_PERSON for a in record.actions)
+    return record.open and said and not record.released_by

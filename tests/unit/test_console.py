@@ -20,8 +20,9 @@ from gpuheal.api.console.views import fleet
 from gpuheal.api.token import ApiTokens
 from gpuheal.config import Config
 from gpuheal.kube.projections import PodJson, pod_view_factory
-from gpuheal.model import FAULT_REASON, Phase
-from tests.console_fleet import POOLS, cluster, record
+from gpuheal.model import FAULT_REASON, ActionEntry, Phase
+from gpuheal.vocabulary import Entry
+from tests.console_fleet import DETECTED, POOLS, cluster, record
 
 XSS = "<img src=x onerror=alert(1)>"
 NOW = 1_800_000_000.0
@@ -120,6 +121,29 @@ def test_a_view_session_sees_no_action_and_an_act_session_gets_its_csrf_token() 
         assert page is not None
         assert 'class="act ' not in page
         assert "/approve" not in page and "/acknowledge" not in page
+
+
+def test_a_repeat_offender_held_for_a_person_is_listed_held_with_its_release() -> None:
+    c = cluster(60)
+    quarantined = next(r for r in c.records.values() if r.phase is Phase.DRAINED)
+    waiting = dataclasses.replace(
+        quarantined,
+        phase=Phase.RECOVERING,
+        actions=(
+            *quarantined.actions,
+            ActionEntry(DETECTED, Entry.REPEAT_OFFENDER, "contact-support", "3 faults"),
+            ActionEntry(DETECTED, Entry.HELD_FOR_A_PERSON, "held", "cleared, held"),
+        ),
+    )
+    held = dataclasses.replace(c, records={**c.records, waiting.name: waiting})
+    assert waiting in fleet(held).held and quarantined not in fleet(c).held
+    html = render.fault_page(held, waiting.name, session()) or ""
+    assert re.findall(r'class="act (\w+)"', html) == ["release", "acknowledge"]
+    released = dataclasses.replace(waiting, released_by="alice", released_at=DETECTED)
+    after = dataclasses.replace(c, records={**c.records, waiting.name: released})
+    assert released not in fleet(after).held
+    html = render.fault_page(after, waiting.name, session()) or ""
+    assert re.findall(r'class="act (\w+)"', html) == ["acknowledge"]
 
 
 def test_the_fault_page_shows_the_records_timeline_in_order() -> None:

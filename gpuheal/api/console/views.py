@@ -40,6 +40,7 @@ from gpuheal.policy.nodes import (
     usable_gpus,
 )
 from gpuheal.policy.nodes import gpus as node_gpus
+from gpuheal.policy.offenders import waits_for_a_person
 from gpuheal.policy.pools import pool_of
 from gpuheal.policy.sharing import sharing
 from gpuheal.vocabulary import Entry
@@ -167,7 +168,7 @@ def fleet(cluster: Cluster) -> FleetPage:
         pools=sorted(pools.values(), key=lambda p: p.name),
         totals=totals,
         attention=attention,
-        held=_newest(r for r in records if r.phase is Phase.HELD),
+        held=_newest(r for r in records if r.phase is Phase.HELD or waits_for_a_person(r)),
         awaiting=_newest(
             r
             for r in records
