@@ -65,7 +65,7 @@ from gpuheal.policy.checkpoint import CheckpointStep, PodCheckpoint, next_look, 
 from gpuheal.policy.gate import GateResult, evaluate, facts_from_views
 from gpuheal.policy.history import opened_at
 from gpuheal.policy.nodes import in_maintenance, opted_out
-from gpuheal.policy.offenders import held_for_a_person, offence
+from gpuheal.policy.offenders import held_for_a_person, offence, repeat_offender
 from gpuheal.policy.recent import handled_lately
 from gpuheal.policy.release import released
 from gpuheal.policy.repair import RepairStep, RequestRepair, Subject, outcome_only
@@ -1132,6 +1132,7 @@ def _recover(state: NodeState, config: Config, now: dt.datetime) -> Plan:
             actions += waiting[0]
             requeue = _soonest(requeue, waiting[1])
             continue
+        actions += _offender_released(record, node.name, now)
         since = parse_time(record.recovering_since) or now
         taint = node.taint()
         if taint is not None and config.health_gate.on_recovery:
@@ -1184,6 +1185,25 @@ def _not_yet(
     if held_for_a_person(record, config):
         return _held_for_a_person(record, node, now), config.hold_retry_seconds
     return None
+
+
+def _offender_released(record: FaultRecord, node: str, now: dt.datetime) -> list[Action]:
+    """A person released a repeat offender's node: said once, naming them, before the
+    gate judges it."""
+    said = any(a.action == Entry.RELEASED for a in record.actions)
+    if said or not record.released_by or not repeat_offender(record):
+        return []
+    by = f"by {record.released_by} at {record.released_at}"
+    return [
+        UpdateRecord(record.name, record.phase, _entry(now, Entry.RELEASED, "ok", by)),
+        Emit(
+            Reason.RELEASED,
+            f"fault {record.fault_id}: repeat offender's node released {by}; the health "
+            "gate judges it now",
+            node,
+            record.name,
+        ),
+    ]
 
 
 def _held_for_a_person(record: FaultRecord, node: str, now: dt.datetime) -> list[Action]:

@@ -98,6 +98,9 @@ def test_the_third_fault_in_three_days_holds_the_node_for_a_person(
     assert code == 0, err
     wait_for("returned", lambda: our_taint(kube, node) is None, timeout_s=30)
     wait_for("Resolved", lambda: phase_of(kube, node, "xid-79-wed") == "Resolved")
+    (released,) = entries_of(kube, "released", name=name)
+    assert released["detail"].startswith("by ")  # the person as the API server knows them
+    assert events_for(kube, node, "GPUFaultReleased", at_least=1)
     # The first two were never flagged.
     for fault in ("xid-79-mon", "xid-48-tue"):
         assert not status_of(kube, node, fault).get("contactSupport")

@@ -92,7 +92,12 @@ def test_a_repeat_offenders_node_stays_out_after_its_fault_clears_until_released
     # Released by a person: the gate judges it, and it returns.
     released = replace(said, released_by="alice@example.com", released_at=iso(NOW))
     back = plan(NodeState(node, records=(released,)), CONFIG, NOW)
-    assert isinstance(back.actions[0], RemoveTaint)
+    assert any(isinstance(a, RemoveTaint) for a in back.actions)
+    (note,) = [
+        a for a in back.actions if isinstance(a, UpdateRecord) and a.entry.action == Entry.RELEASED
+    ]
+    assert note.entry.detail.startswith("by alice@example.com at ")
+    assert any(isinstance(a, Emit) and a.reason == Reason.RELEASED for a in back.actions)
     # hold: false flags and tells only.
     telling = replace(CONFIG, repeat_offenders=RepeatOffendersConfig(hold=False))
     assert isinstance(
