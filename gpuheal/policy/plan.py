@@ -656,17 +656,24 @@ def _answer(
 
 def _release(fault: _Fault, now: dt.datetime) -> list[Action]:
     """The person's release, said once: a `released` entry naming them and its Event."""
-    record, signal = fault.record, fault.signal
+    what = "released from the breaker {by}; quarantining it (within the rate limit)"
+    return _said_released(fault.record, Phase.HELD, fault.signal.node, what, now)
+
+
+def _said_released(
+    record: FaultRecord, phase: Phase, node: str, what: str, now: dt.datetime
+) -> list[Action]:
+    """A person's release in the record (`released`, by whom) and its Event, once;
+    `what` says what it lets happen, `{by}` the person and when."""
     if any(a.action == Entry.RELEASED for a in record.actions):
-        return []  # said on an earlier pass that did not get to the taint
+        return []  # said on an earlier pass that did not get further
     by = f"by {record.released_by} at {record.released_at}"
     return [
-        UpdateRecord(record.name, Phase.HELD, _entry(now, Entry.RELEASED, "ok", by)),
+        UpdateRecord(record.name, phase, _entry(now, Entry.RELEASED, "ok", by)),
         Emit(
             Reason.RELEASED,
-            f"fault {signal.fault_id}: released from the breaker {by}; quarantining it "
-            "(within the rate limit)",
-            signal.node,
+            f"fault {record.fault_id}: " + what.format(by=by),
+            node,
             record.name,
         ),
     ]
@@ -1190,20 +1197,10 @@ def _not_yet(
 def _offender_released(record: FaultRecord, node: str, now: dt.datetime) -> list[Action]:
     """A person released a repeat offender's node: said once, naming them, before the
     gate judges it."""
-    said = any(a.action == Entry.RELEASED for a in record.actions)
-    if said or not record.released_by or not repeat_offender(record):
+    if not record.released_by or not repeat_offender(record):
         return []
-    by = f"by {record.released_by} at {record.released_at}"
-    return [
-        UpdateRecord(record.name, record.phase, _entry(now, Entry.RELEASED, "ok", by)),
-        Emit(
-            Reason.RELEASED,
-            f"fault {record.fault_id}: repeat offender's node released {by}; the health "
-            "gate judges it now",
-            node,
-            record.name,
-        ),
-    ]
+    what = "repeat offender's node released {by}; the health gate judges it now"
+    return _said_released(record, record.phase, node, what, now)
 
 
 def _held_for_a_person(record: FaultRecord, node: str, now: dt.datetime) -> list[Action]:
