@@ -67,7 +67,7 @@ EVERY_REPLICA = {
         )
     ),
 }
-LEADER = {"worker-0", "rollouts", "maintenance-requests", "retention"}
+LEADER = {"worker-0", "rollouts", "maintenance-requests", "retention", "sweep"}
 
 
 def free_port() -> int:
