@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuheal.config import Config
-from gpuheal.kube import validation
+from gpuheal.kube import validation, writes
 from gpuheal.kube.api import ApiError, KubeApi, node_path
 from gpuheal.kube.events import EventRecorder, ObjectRef, node_ref
 from gpuheal.kube.projections import decode_node
@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 # A Job of the sweep's that no node's mark names is deleted only once it is this
 # old: the mark that names it may not have reached the cache yet.
 ORPHAN_AFTER_S = 120.0
+MIN_PASS_GAP_S = 1.0
 
 _EVENTS = {
     Result.PASSED: (Reason.SWEEP_PASSED, False),
@@ -108,18 +109,23 @@ class SweepLoop:
         self.wake = asyncio.Event()  # set by a new pending pod
         self._held: dict[str, str] = {}  # node -> the fault submitted last pass
 
-    def on_pending(self, _old: object, new: object) -> None:
-        """A pod started waiting for a node: a running check may have to yield now."""
-        if new is not None:
+    def on_pending(self, old: object, new: object) -> None:
+        """A pod started waiting for a node: a running check may have to yield now.
+        Only a new one: the scheduler rewrites a waiting pod's status on each try,
+        and those updates would wake a pass over the fleet for nothing new."""
+        if old is None and new is not None:
             self.wake.set()
 
     async def run(self) -> None:
         while True:
+            # Cleared before the pass: a pod that comes during it or the gap wakes the next.
+            self.wake.clear()
             try:
                 await self.pass_once()
             except Exception:  # one bad pass must not end the loop
                 log.exception("sweep pass failed")
-            self.wake.clear()
+            # A burst of new pending pods wakes one pass a second at the most.
+            await asyncio.sleep(MIN_PASS_GAP_S)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), self.config().sweep.pass_seconds)
 
@@ -254,12 +260,7 @@ class SweepLoop:
 
 def _node_patch(node: NodeView, mark: SweepMark | None, *, fenced: bool) -> dict[str, Any]:
     """A merge patch: everyone else's taints as read, the sweep's fence as asked."""
-    taints: list[dict[str, Any]] = [
-        {"key": t.key, "effect": t.effect, "value": t.value}
-        | ({"timeAdded": t.time_added} if t.time_added else {})
-        for t in node.taints
-        if t.key != SWEEP_TAINT
-    ]
+    taints = writes.taints_but(node, SWEEP_TAINT)
     if fenced:
         taints.append({"key": SWEEP_TAINT, "effect": "NoSchedule"})
     metadata: dict[str, Any] = {"resourceVersion": node.resource_version}

@@ -186,12 +186,7 @@ def taint_patch(
     `handled_at`: the fault's handled mark goes in the same write (AddTaint.with_mark).
     `added_at`: the taint's timeAdded (the API server keeps whole seconds): the
     record's `taint` entry, when written after the fact, is dated from it."""
-    taints = [
-        {"key": t.key, "effect": t.effect, "value": t.value}
-        | ({"timeAdded": t.time_added} if t.time_added else {})
-        for t in node.taints
-        if t.key != TAINT_KEY
-    ]
+    taints = taints_but(node, TAINT_KEY)
     if fault_id is not None:
         ours = {"key": TAINT_KEY, "value": values.taint_value(fault_id), "effect": effect}
         taints.append(ours | ({"timeAdded": added_at} if added_at else {}))
@@ -201,6 +196,16 @@ def taint_patch(
     if fault_id is not None and handled_at is not None:
         metadata |= handled_patch(fault_id, handled_at)["metadata"]
     return {"metadata": metadata, "spec": {"taints": taints}}
+
+
+def taints_but(node: NodeView, key: str) -> list[dict[str, Any]]:
+    """The node's taints as read, as a merge patch writes them back, without `key`'s."""
+    return [
+        {"key": t.key, "effect": t.effect, "value": t.value}
+        | ({"timeAdded": t.time_added} if t.time_added else {})
+        for t in node.taints
+        if t.key != key
+    ]
 
 
 def handled_patch(fault_id: str, now: str) -> dict[str, Any]:
