@@ -157,7 +157,8 @@ def test_in_quarantine_mode_the_taint_carries_the_handled_mark(
     report_fault(kube, node, "xid-79-quarantine-only")
     wait_for("handled", lambda: handled_fault(kube, node) == "xid-79-quarantine-only")
     assert our_taint(kube, node) is not None
-    (record,) = faults_of(kube, node)
+    # The taint (with the handled mark) goes first, the record after it: wait for it.
+    (record,) = wait_for("the record", lambda: faults_of(kube, node))
     wait_for("record Quarantined", lambda: _phase(kube, str(record.metadata.name)) == "Quarantined")
     expected = {
         "create gpufaults": 1,
