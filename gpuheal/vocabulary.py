@@ -23,7 +23,7 @@ class Entry(StrEnum):
     bounded). A repair, validation or replacement entry's detail names its attempt
     first ("reset-gpu attempt 2: ...")."""
 
-    # A fault's way through the node (gpuheal/policy/plan.py).
+    # A fault's way through the node (gpuheal/policy/plan/).
     DETECT = "detect"
     TAINT = "taint"
     EVICT = "evict"
@@ -154,7 +154,7 @@ class Reason(StrEnum):
     events --for` and alert rules select on. docs/architecture.md#events says
     which rule sends each."""
 
-    # A fault's way through the node (gpuheal/policy/plan.py).
+    # A fault's way through the node (gpuheal/policy/plan/).
     DETECTED = "GPUFaultDetected"
     QUARANTINED = "GPUFaultQuarantined"
     HELD = "GPUFaultHeld"

@@ -4,7 +4,7 @@ carried out, and answer what the queue should do about it next (a Result).
 Which events queue a node is the event handlers' (handlers.py); the fleet's
 indexes are Fleet's (fleet.py); the queue's bookkeeping is the worker's
 (worker.py); what to do, in which steps and under which guard, is the policy's
-(policy/plan.py), decided once per look; carrying the steps out is the runner's
+(policy/plan/), decided once per look; carrying the steps out is the runner's
 (runner.py). What is left here is the state the policy reads and this process's
 memories of what was done (refused evictions, pods leaving, faults handled).
 """
@@ -384,7 +384,7 @@ class Reconciler:
 
     def _reused_fault_id(self, node: NodeView, fault_id: str) -> None:
         """A fault id reported again after its record closed (or after a newer fault
-        superseded it) is a stale report and changes nothing (policy/plan.py::_stale):
+        superseded it) is a stale report and changes nothing (policy/plan/admit.py::stale):
         said once per node and id, with a warning log, an Event and the metric, so a
         person who re-used an id (`manual-001`) learns why nothing happened."""
         if not self.reused_told.add(f"{node.name}/{fault_id}"):

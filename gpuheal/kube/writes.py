@@ -61,7 +61,7 @@ def fault_record(
     name: str, signal: FaultSignal, mode: Mode, supersedes: tuple[str, ...] = ()
 ) -> dict[str, Any]:
     """A node-scope GPUFault: created first, it is the fault's exactly-once lock.
-    `supersedes`: the fault ids it replaces on the node (policy/plan.py::_superseded_ids)."""
+    `supersedes`: the fault ids it replaces on the node (policy/plan/admit.py::superseded_ids)."""
     return {
         "apiVersion": GPUFAULT_API_VERSION,
         "kind": GPUFAULT_KIND,

@@ -3,7 +3,7 @@ by one effect, gpuheal/controller/effects/), the plan's stages, its steps with
 their guards and what follows each (the runner's program,
 gpuheal/controller/runner.py), and the node's state as the policy reads it.
 
-gpuheal/policy/plan.py decides them; nothing here decides anything but the order
+gpuheal/policy/plan/ decides them; nothing here decides anything but the order
 of the stages and the state label that goes with our taint.
 """
 
@@ -229,8 +229,8 @@ class Plan:
         the taint alone, and everything else is the node's next turn (behind every
         node queued for a fresh look: a storm's nodes are all fenced before any
         worker makes a record or evicts): its plan sees our taint on a node without
-        the fault's record and makes the record (plan._first_sight), its entries
-        and Events (plan._taint_noted) and the drain, in one status write. Those
+        the fault's record and makes the record (plan/admit.py::_first_sight), its entries
+        and Events (plan/fault.py::taint_noted) and the drain, in one status write. Those
         are the rules that also mend a controller stopped between the taint and
         the record. A taint the API server refuses (admission, RBAC) leaves the
         fault on record all the same: the record stage runs instead

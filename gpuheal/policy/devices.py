@@ -19,8 +19,8 @@ what the device plugin or DRA driver says about each device it gave a pod. The r
   within a window, fewer healthy devices than a fraction, a whole-node reason in the
   health message, or a device failing again soon after its release.
 
-Like plan.py, level-triggered: every decision is derived from what is observed, so
-running it again after a crash continues where the world is.
+Like the node plan (policy/plan/), level-triggered: each decision derives from what
+is observed, so running it again after a crash continues where the world is.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ class DeviceState:
     driver: tuple[DriverReport, ...] = ()
 
 
-# -- actions (plus UpdateRecord, Evict and Emit from plan.py) -------------------
+# -- actions (plus UpdateRecord, Evict and Emit, as the node plan uses) -------------------
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 (records, nodes, pods, events, jobs, hooks, fences), each registering one handler per
 action type. An effect builds its bodies through gpuheal/kube/writes.py, writes
 through to the caches and says what came of it; it makes no policy choice (what to
-do, in which order, under which guard is the plan's, gpuheal/policy/plan.py)."""
+do, in which order, under which guard is the plan's, gpuheal/policy/plan/)."""
 
 from __future__ import annotations
 
