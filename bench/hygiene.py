@@ -36,6 +36,7 @@ from gpuheal.config import Config
 from gpuheal.controller.hygiene import HygieneLoop
 from gpuheal.model import DRIVER_VERSION, GPU_PROCESSES, Condition, NodeView, PodView
 from tests.corpus import eks_node_names
+from tests.port import Port
 
 NOW = dt.datetime(2026, 12, 4, 10, 0, tzinfo=dt.UTC)
 READY = (Condition("Ready", "True", last_transition_time=iso(NOW - dt.timedelta(days=3))),)
@@ -92,9 +93,7 @@ def measure(count: int, per_node: int, runs: int) -> dict[str, Any]:
         pod=pods.get,
         pods_by_node=by_node,
         records=lambda: (),
-        submit=lambda _signal: None,
-        resolve=lambda _node, _fault: None,
-        managed=lambda _node: True,
+        port=Port(),
         clock=lambda: NOW,
     )
     times = []

@@ -334,17 +334,13 @@ class Controller:
 
     def _hygiene_loop(self) -> HygieneLoop:
         """Fleet hygiene from the caches: gpuheal_hygiene_* and, as configured, signals."""
-        self.external.expect(hygiene.SOURCE)
         loop = HygieneLoop(
             lambda: self.config,
             nodes=self.nodes.values,
             pod=self.pods.get,
             pods_by_node=self.fleet.pods_by_node,
             records=self.records.values,
-            submit=self.intake.submit,
-            resolve=lambda node, fault_id: self.intake.resolve(node, fault_id, None),
-            managed=lambda node: self.intake.node_status(node) == "managed",
-            looked=lambda: self.external.settled(hygiene.SOURCE),
+            port=self.intake.port(hygiene.SOURCE),
         )
         self.metrics.read_hygiene(lambda: loop.last)
         return loop
@@ -363,7 +359,6 @@ class Controller:
             else None
         )  # fmt: skip
         self.pending = pending
-        self.external.expect(sweep_source.SOURCE)
         caches = SweepCaches(
             nodes=self.nodes.values,
             pods_by_node=self.fleet.pods_by_node,
@@ -378,15 +373,13 @@ class Controller:
         def looked(seen: SweepPass) -> None:
             self.metrics.sweep_running.set(seen.running)
             self.metrics.sweep_waiting.set(seen.due)
-            self.external.settled(sweep_source.SOURCE)
 
         loop = SweepLoop(
             lambda: self.config,
             api,
             caches,
             recorder=self.recorder,
-            submit=self.intake.submit,
-            resolve=lambda node, fault_id: self.intake.resolve(node, fault_id, None),
+            port=self.intake.port(sweep_source.SOURCE),
             counted=lambda result: self.metrics.sweep_checks.labels(result).inc(),
             looked=looked,
         )
@@ -689,18 +682,14 @@ class Controller:
 
     def _dcgm(self, prometheus_url: str) -> DcgmSource:
         config = self.config
-        self.external.expect(dcgm.SOURCE)
         self._dcgm_source = DcgmSource(
             prometheus_url,
             config.dcgm_interval_seconds,
             _dcgm_queries(config),
-            submit=self.intake.submit,
-            resolve=lambda node, fault_id: self.intake.resolve(node, fault_id, None),
-            managed=lambda node: self.intake.node_status(node) == "managed",
+            port=self.intake.port(dcgm.SOURCE),
             metrics=self.metrics,
             observe=self.intake.observe,
             overrides=config.xid_overrides,
-            looked=lambda: self.external.settled(dcgm.SOURCE),
         )
         return self._dcgm_source
 

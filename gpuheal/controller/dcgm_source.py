@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import aiohttp
 
 from gpuheal.config import without_url_secrets
+from gpuheal.controller.signals import SignalPort
 from gpuheal.metrics.controller import ControllerMetrics
-from gpuheal.model import FaultSignal
 from gpuheal.sources.dcgm import (
     XID,
     XID_WINDOW,
@@ -106,14 +106,10 @@ class DcgmSource:
         interval_s: float,
         queries: list[Query],
         *,
-        submit: Callable[[FaultSignal], bool],
-        resolve: Callable[[str, str], int],
-        managed: Callable[[str], bool],
+        port: SignalPort,
         metrics: ControllerMetrics,
         observe: Callable[[Observed], object] = lambda _: None,
         overrides: Mapping[int, XidRow] | None = None,
-        # Told after each complete poll: what the source does not report is not there.
-        looked: Callable[[], object] = lambda: None,
         settle_s: float = SETTLE_S,
         lookback_s: float = LOOKBACK_S,
     ) -> None:
@@ -122,12 +118,10 @@ class DcgmSource:
         self.step_ms = max(1, round(interval_s * 1000))
         self.settle_ms = round(settle_s * 1000)
         self.lookback_ms = round(lookback_s * 1000)
-        self.submit = submit
-        self.resolve = resolve
-        self.managed = managed
+        # Settled after each complete poll: what the source does not report is not there.
+        self.port = port
         self.metrics = metrics
         self.observe = observe  # an Xid that is no node fault
-        self.looked = looked
         # query name -> finding key -> its episode
         self.episodes: dict[str, dict[str, Episode]] = {}
         self.configure(queries, overrides)
@@ -149,7 +143,7 @@ class DcgmSource:
         names = {q.name for q in queries}
         for name in [n for n in self.episodes if n not in names]:
             for key, held in self.episodes.pop(name).items():
-                self.resolve(key.split("/", 1)[0], held.fault_id)
+                self.port.resolve(key.split("/", 1)[0], held.fault_id)
         self.queries = queries
         self.overrides = dict(overrides or {})
         gauge = next((q for q in queries if q.name == XID), None)
@@ -209,7 +203,7 @@ class DcgmSource:
             self.failures = 0
             self.last_error = ""
             self._settled("poll")
-            self.looked()
+            self.port.settled()
             return self._until_next_instant()
         self.failures += 1
         # The exponent is capped: 2.0**1024 raises, and the cap is reached long before.
@@ -277,7 +271,7 @@ class DcgmSource:
     async def _poll_query(self, session: aiohttp.ClientSession, query: Query, at_ms: int) -> None:
         reading = interpret(query, await self._ask(session, query.expr, at_ms))
         self._count_dropped(query, reading.dropped)
-        present = {f.key: f for f in reading.findings if self.managed(f.node)}
+        present = {f.key: f for f in reading.findings if self.port.managed(f.node)}
         held = self.episodes.setdefault(query.name, {})
         # A grid instant missed (a failed poll, a late one) may hide a break:
         # then every present finding's episode is looked up again.
@@ -286,7 +280,7 @@ class DcgmSource:
         lookup = [f for key, f in present.items() if missed or key not in held]
         starts = await self._starts(session, query, lookup, at_ms)
         for key in [k for k in held if k not in present]:
-            self.resolve(key.split("/", 1)[0], held.pop(key).fault_id)
+            self.port.resolve(key.split("/", 1)[0], held.pop(key).fault_id)
         for finding in lookup:
             start = starts.get(finding.key)
             found = (
@@ -296,12 +290,12 @@ class DcgmSource:
             )
             old = held.get(finding.key)
             if old is not None and old.fault_id != found.fault_id:
-                self.resolve(finding.node, old.fault_id)
+                self.port.resolve(finding.node, old.fault_id)
             held[finding.key] = found
         self.metrics.dcgm_findings.labels(query.name).set(len(present))
         for key, finding in present.items():
             current = held[key]
-            self.submit(signal_for(finding, current.fault_id, current.detected_at))
+            self.port.submit(signal_for(finding, current.fault_id, current.detected_at))
         self._evaluated[query.name] = at_ms
 
     # -- the Xid gauge -------------------------------------------------------
@@ -311,13 +305,13 @@ class DcgmSource:
         node fault seen in it, if any; the values that are none, observed."""
         reading = interpret(query, await self._ask(session, query.expr, at_ms))
         self._count_dropped(query, reading.dropped)
-        present = {f.key: f for f in reading.findings if self.managed(f.node)}
+        present = {f.key: f for f in reading.findings if self.port.managed(f.node)}
         last = self._evaluated.get(query.name)
         missed = last is not None and at_ms - last > self.step_ms
         for key in [k for k in self.gauges if k not in present]:
             ended = self.gauges.pop(key)  # the run is over: the exporter restarted, or the GPU went
             if ended.fault is not None:
-                self.resolve(key.split("/", 1)[0], ended.fault.fault_id)
+                self.port.resolve(key.split("/", 1)[0], ended.fault.fault_id)
         lookup = [f for key, f in present.items() if missed or key not in self.gauges]
         found = await self._xid_runs(session, query, lookup, at_ms)
         for key, finding in present.items():
@@ -334,7 +328,7 @@ class DcgmSource:
             else:
                 continue  # not reached: a key not held is looked up
             if replaced is not None:
-                self.resolve(finding.node, replaced.fault_id)
+                self.port.resolve(finding.node, replaced.fault_id)
             if not node_fault and before != code:
                 self._observe_gauge(finding, code)
         faults = 0
@@ -346,7 +340,7 @@ class DcgmSource:
             shown = DcgmFinding(finding.node, query, finding.gpu, float(gauge.fault_value),
                             finding.host_label)  # fmt: skip
             fault = gauge.fault
-            self.submit(signal_for(shown, fault.fault_id, fault.detected_at, self.overrides))
+            self.port.submit(signal_for(shown, fault.fault_id, fault.detected_at, self.overrides))
         self.metrics.dcgm_findings.labels(query.name).set(faults)
         self._evaluated[query.name] = at_ms
 
@@ -427,7 +421,7 @@ class DcgmSource:
         counts: dict[tuple[str, str, int], int] = {}
         pods: dict[tuple[str, str, int], tuple[str, str]] = {}
         for seen in window_xids(await self._ask(session, window_query(), at_ms)):
-            if not self.managed(seen.node) or classify(seen.xid, self.overrides).node_fault:
+            if not self.port.managed(seen.node) or classify(seen.xid, self.overrides).node_fault:
                 continue
             counts[seen.key] = counts.get(seen.key, 0) + seen.count
             if seen.pod or seen.key not in pods:

@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterable, Mapping
 
 from gpuheal.clock import parse_time
 from gpuheal.config import Config
-from gpuheal.model import HYGIENE_SIGNAL_KINDS, FaultRecord, FaultSignal, NodeView, PodView
+from gpuheal.controller.signals import SignalPort
+from gpuheal.model import HYGIENE_SIGNAL_KINDS, FaultRecord, NodeView, PodView
 from gpuheal.policy.hygiene import Examination, Examined, examine, explained
 from gpuheal.sources import hygiene
 
@@ -41,10 +42,7 @@ class HygieneLoop:
         pod: Callable[[str], PodView | None],
         pods_by_node: Mapping[str, Iterable[str]],
         records: Callable[[], Iterable[FaultRecord]],
-        submit: Callable[[FaultSignal], object],
-        resolve: Callable[[str, str], object],
-        managed: Callable[[str], bool],
-        looked: Callable[[], object] = lambda: None,
+        port: SignalPort,
         clock: Callable[[], dt.datetime] = _utcnow,
     ) -> None:
         self.config = config
@@ -52,10 +50,7 @@ class HygieneLoop:
         self.pod = pod
         self.pods_by_node = pods_by_node
         self.records = records
-        self.submit = submit
-        self.resolve = resolve
-        self.managed = managed
-        self.looked = looked
+        self.port = port
         self.clock = clock
         self.last: Examined | None = None
         self._since: dict[Key, dt.datetime] = {}  # when an unusable finding was first seen
@@ -82,7 +77,7 @@ class HygieneLoop:
         seen = examine(nodes.values(), pods, config, now)
         self._signal(seen, nodes, config, now)
         self.last = Examined(seen, now.timestamp(), time.monotonic() - started)
-        self.looked()
+        self.port.settled()
         log.debug("hygiene examined", extra={"nodes": seen.nodes, "findings": len(seen.findings)})
         return seen
 
@@ -93,12 +88,12 @@ class HygieneLoop:
         present = {
             (f.node, f.kind)
             for f in seen.findings
-            if f.kind in HYGIENE_SIGNAL_KINDS and self.managed(f.node)
+            if f.kind in HYGIENE_SIGNAL_KINDS and self.port.managed(f.node)
         }
         self._since = {k: v for k, v in self._since.items() if k in present}
         for key, (fault, _) in list(self._signalled.items()):
             if key not in present or key[1] not in wanted:
-                self.resolve(key[0], fault)
+                self.port.resolve(key[0], fault)
                 del self._signalled[key]
                 log.info("hygiene finding ended", extra={"node": key[0], "fault_id": fault})
         records = tuple(self.records())
@@ -113,7 +108,7 @@ class HygieneLoop:
                 continue
             fault, began = self._signalled[key]
             # Submitted every run: a held signal lasts the external TTL from its last sight.
-            self.submit(hygiene.signal_for(node, kind, severity, fault, began))
+            self.port.submit(hygiene.signal_for(node, kind, severity, fault, began))
 
     def _start(
         self,

@@ -40,6 +40,26 @@ class ConsoleCaches:
     fence: Callable[[], str] = lambda: ""  # which fence a bad DRA GPU gets, said
 
 
+@dataclass(frozen=True)
+class IntakePort:
+    """A pushed source's port into the controller (signals.SignalPort)."""
+
+    source: str
+    intake: ControllerIntake
+
+    def submit(self, signal: FaultSignal) -> bool:
+        return self.intake.submit(signal)
+
+    def resolve(self, node: str, fault_id: str) -> int:
+        return self.intake.resolve(node, fault_id, None)
+
+    def managed(self, node: str) -> bool:
+        return self.intake.node_status(node) == "managed"
+
+    def settled(self) -> None:
+        self.intake.reconciler.external.settled(self.source)
+
+
 class ControllerIntake:
     def __init__(
         self,
@@ -102,6 +122,12 @@ class ControllerIntake:
 
     def find_node(self, label: str, value: str) -> str | None:
         return self.finder.find(label, value)
+
+    def port(self, source: str) -> IntakePort:
+        """The port of a pushed source of the controller's own: expected from now,
+        so its silence ends no fault until it has looked once."""
+        self.reconciler.external.expect(source)
+        return IntakePort(source, self)
 
     def node_status(self, name: str) -> str:
         node = self.nodes.get(name)

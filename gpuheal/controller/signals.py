@@ -17,8 +17,33 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 from gpuheal.model import FaultSignal
+
+
+class SignalPort(Protocol):
+    """What a pushed source of the controller's own (the DCGM poller, the hygiene
+    loop, the idle-node sweep) does with what it finds: one named part in place of
+    four loose callbacks. The controller's is `ControllerIntake.port(source)`."""
+
+    def submit(self, signal: FaultSignal) -> bool:
+        """Hold the signal and queue its node; False for a repeat of one held."""
+        ...
+
+    def resolve(self, node: str, fault_id: str) -> int:
+        """Drop the node's signal of that fault; how many were dropped."""
+        ...
+
+    def managed(self, node: str) -> bool:
+        """gpuheal acts on the node (known and not opted out): a finding elsewhere is
+        not submitted."""
+        ...
+
+    def settled(self) -> None:
+        """The source has looked at everything once: what it does not report now is
+        not there (until then its silence ends no fault)."""
+        ...
 
 
 @dataclass

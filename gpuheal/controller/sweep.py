@@ -27,11 +27,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuheal.config import Config
+from gpuheal.controller.signals import SignalPort
 from gpuheal.kube import validation, writes
 from gpuheal.kube.api import ApiError, KubeApi, node_path
 from gpuheal.kube.events import EventRecorder, ObjectRef, node_ref
 from gpuheal.kube.projections import decode_node
-from gpuheal.model import SWEEP, SWEEP_TAINT, FaultRecord, FaultSignal, NodeView, PodView
+from gpuheal.model import SWEEP, SWEEP_TAINT, FaultRecord, NodeView, PodView
 from gpuheal.policy.sweep import (
     JOB_PREFIX,
     End,
@@ -91,8 +92,7 @@ class SweepLoop:
         caches: SweepCaches,
         *,
         recorder: EventRecorder,
-        submit: Callable[[FaultSignal], object],
-        resolve: Callable[[str, str], object],
+        port: SignalPort,
         counted: Callable[[str], None] = lambda _result: None,
         looked: Callable[[SweepPass], object] = lambda _seen: None,
         clock: Callable[[], dt.datetime] = _utcnow,
@@ -101,8 +101,7 @@ class SweepLoop:
         self.api = api
         self.caches = caches
         self.recorder = recorder
-        self.submit = submit
-        self.resolve = resolve
+        self.port = port
         self.counted = counted
         self.looked = looked
         self.clock = clock
@@ -142,6 +141,7 @@ class SweepLoop:
             await self._start(start, config)
         self._hold(seen)
         self.looked(seen)
+        self.port.settled()
         return seen
 
     def _fleet(self) -> Fleet:
@@ -246,12 +246,12 @@ class SweepLoop:
         now_held = {h.node: h for h in seen.holds}
         for node, fault in list(self._held.items()):
             if now_held.get(node) is None or now_held[node].fault != fault:
-                self.resolve(node, fault)
+                self.port.resolve(node, fault)
                 del self._held[node]
                 log.info("sweep fault no longer held", extra={"node": node, "fault_id": fault})
         for hold in seen.holds:
             self._held[hold.node] = hold.fault
-            self.submit(source.signal_for(hold.node, hold.fault, hold.since))
+            self.port.submit(source.signal_for(hold.node, hold.fault, hold.since))
 
     def _event(self, node: NodeView, reason: str, note: str, *, warning: bool) -> None:
         ref: ObjectRef = node_ref(node.name, node.uid, node.resource_version)

@@ -59,6 +59,7 @@ from tests.integration.conftest import (
     faults_of,
     our_taint,
 )
+from tests.port import Port
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -131,9 +132,7 @@ def source(
         prometheus.prometheus_url,
         1.0,
         queries or dcgm_queries(85, 95, application_xids_per_gpu=3),
-        submit=heard.submit,
-        resolve=heard.resolve,
-        managed=managed or nodes.__contains__,
+        port=Port(heard.submit, heard.resolve, managed or nodes.__contains__),
         metrics=metrics or ControllerMetrics(),
         observe=heard.observe,
         settle_s=1.0,

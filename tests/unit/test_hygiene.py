@@ -29,6 +29,7 @@ from gpuheal.model import (
 from gpuheal.policy.hygiene import KINDS, examine
 from gpuheal.sources import hygiene as source
 from tests.corpus import unique_eks_node
+from tests.port import Port
 
 pytestmark = pytest.mark.unit
 
@@ -161,15 +162,25 @@ class Fleet:
             pod=self.pods.get,
             pods_by_node=by_node,
             records=lambda: self.records,
-            submit=self.submitted.append,
-            resolve=lambda node, fault: self.resolved.append((node, fault)),
-            managed=lambda node: node not in self.unmanaged,
-            looked=self._looked,
+            port=Port(
+                submit=self._submit,
+                resolve=self._resolve,
+                managed=lambda node: node not in self.unmanaged,
+                settled=self._looked,
+            ),
             clock=lambda: self.now,
         )
 
     def _looked(self) -> None:
         self.looked += 1
+
+    def _submit(self, signal: FaultSignal) -> bool:
+        self.submitted.append(signal)
+        return True
+
+    def _resolve(self, node: str, fault: str) -> int:
+        self.resolved.append((node, fault))
+        return 1
 
 
 def signalling(**hygiene: object) -> Config:

@@ -31,6 +31,7 @@ from gpuheal.sources.dcgm import (
 )
 from gpuheal.values import FIELD_MAX, LABEL_VALUE_MAX, is_label_value
 from tests.corpus import EKS_NODES, FQDN_253, GPU_UUIDS, MIG_UUIDS, NODE_NAMES, dcgm_labels
+from tests.port import Port
 
 XID, DBE, TEMPCRIT = (q for q in queries(85, 95) if q.name in ("xid", "dbe", "tempcrit"))
 WEEK_MS = 7 * 86400 * 1000
@@ -190,9 +191,7 @@ def test_an_unreachable_prometheus_is_backed_off_counted_and_logged_once(
         f"http://127.0.0.1:{free_port()}",
         1.0,
         queries(85, 95),
-        submit=lambda _: True,
-        resolve=lambda _, __: 0,
-        managed=lambda _: True,
+        port=Port(),
         metrics=metrics,
     )
 
@@ -221,9 +220,7 @@ def test_a_reload_that_drops_a_query_withdraws_its_findings() -> None:
         "http://127.0.0.1:9",
         1.0,
         queries(85, 95),
-        submit=lambda _: True,
-        resolve=resolve,
-        managed=lambda _: True,
+        port=Port(resolve=resolve),
         metrics=ControllerMetrics(),
     )
     held = episode("appxids", GPU_UUIDS[0], 1796092786000)
@@ -242,11 +239,8 @@ def test_no_look_before_the_node_cache_has_synced() -> None:
         f"http://127.0.0.1:{free_port()}",
         0.01,
         queries(85, 95),
-        submit=lambda _: True,
-        resolve=lambda _, __: 0,
-        managed=lambda _: False,
+        port=Port(managed=lambda _: False, settled=lambda: looks.append("looked")),
         metrics=ControllerMetrics(),
-        looked=lambda: looks.append("looked"),
     )
 
     async def run() -> tuple[int, int]:
