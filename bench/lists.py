@@ -34,7 +34,7 @@ import msgspec
 from common import build_fleet, emit, wait_settled
 
 from gpuheal.config import Config
-from gpuheal.controller.app import POD_FIELD_SELECTOR
+from gpuheal.controller.caches import POD_FIELD_SELECTOR
 from gpuheal.kube.api import KubeApi
 from gpuheal.kube.informer import Informer
 from gpuheal.kube.projections import PodJson, pod_view_factory

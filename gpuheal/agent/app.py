@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import math
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-import msgspec
 from prometheus_client import start_http_server
 
 from gpuheal.agent.config import AgentConfig
@@ -25,24 +22,16 @@ from gpuheal.agent.daemons import NodeDaemons
 from gpuheal.agent.debounce import Debounce, Report, step
 from gpuheal.agent.environment import EnvironmentProbe, HostPaths, read_driver_version
 from gpuheal.agent.facts import Counters, gpu_processes, vbios_text
-from gpuheal.agent.findings import ProbeFinding, ProbeResult, Verdict, verdict, with_access
+from gpuheal.agent.findings import ProbeResult, Verdict, verdict, with_access
 from gpuheal.agent.infiniband import IbProbe
-from gpuheal.agent.kmsg import (
-    GpuAt,
-    KernelEvent,
-    KmsgFollower,
-    OffTheBus,
-    SxidEvent,
-    XidEvent,
-    read_boot_id,
-)
-from gpuheal.agent.nvml import NvmlProbe, Thresholds, XidWatcher, xid_finding
+from gpuheal.agent.intake import EventIntake
+from gpuheal.agent.kmsg import KmsgFollower, read_boot_id
+from gpuheal.agent.nvml import NvmlProbe, Thresholds, XidWatcher
 from gpuheal.agent.repair import Repairer, RepairLog, nvml_reset, smi_reset
 from gpuheal.agent.reporter import NodeReporter, desired
 from gpuheal.agent.smi import SmiProbe
-from gpuheal.agent.statefile import load_state
+from gpuheal.agent.sticky import StickyEvents
 from gpuheal.agent.timeouts import GuardedProbe
-from gpuheal.agent.xids import RateRule, XidHistory
 from gpuheal.clock import iso
 from gpuheal.kube.blocking import BlockingKube
 from gpuheal.metrics.agent import AgentMetrics
@@ -63,107 +52,8 @@ from gpuheal.policy.sharing import gpus_offered, label_counts_gpus, layout
 from gpuheal.sources.annotations import written
 from gpuheal.supervisor import Supervisor
 from gpuheal.xid import VERSION as XID_CATALOGUE_VERSION
-from gpuheal.xid import classify, needs_line
-from gpuheal.xid.lines import OFF_THE_BUS_REASON, OFF_THE_BUS_SEVERITY
-from gpuheal.xid.nic import NicEvent
-from gpuheal.xid.sxid import classify_sxid
 
 log = logging.getLogger(__name__)
-
-# The two sources of Xid events.
-KERNEL_LOG, NVML_EVENTS = "kmsg", "nvml"
-
-
-class StickyItem(msgspec.Struct):
-    at: float  # time.time() when first seen
-    reason: str
-    severity: Severity
-    message: str
-    devices: list[str] = []
-    immediate: bool = False
-
-    def __post_init__(self) -> None:
-        if not math.isfinite(self.at):
-            raise ValueError(f"at must be a finite time, got {self.at}")
-
-
-class StickyFile(msgspec.Struct):
-    """The sticky faults' file, exactly as `StickyEvents` writes it."""
-
-    boot_id: str
-    items: dict[str, StickyItem] = {}
-
-
-class StickyEvents:
-    """Faults that arrive as events (Xids, kernel lines) and stay until this boot
-    ends (or `hold_s` passes): a GPU that threw Xid 79 is broken until reset.
-    Persisted with the boot id, so an agent restart keeps them without re-reading
-    old kernel lines."""
-
-    def __init__(
-        self,
-        path: Path,
-        boot_id: str,
-        hold_s: float | None,
-        counted: Callable[[], None] = lambda: None,
-    ) -> None:
-        self.path = path
-        self.boot_id = boot_id
-        self.hold_s = hold_s
-        self._lock = threading.Lock()
-        self._items: dict[str, tuple[float, ProbeFinding]] = {}
-        saved = load_state(path, StickyFile, counted)  # a broken file: set aside, counted
-        if saved is not None and saved.boot_id == boot_id:
-            self._items = {
-                key: (
-                    item.at,
-                    ProbeFinding(
-                        item.reason,
-                        item.severity,
-                        item.message,
-                        tuple(item.devices),
-                        item.immediate,
-                    ),
-                )
-                for key, item in saved.items.items()
-            }
-
-    def _save(self) -> None:
-        items = {
-            key: StickyItem(at, f.reason, f.severity, f.message, list(f.devices), f.immediate)
-            for key, (at, f) in self._items.items()
-        }
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_bytes(msgspec.json.encode(StickyFile(self.boot_id, items)))
-        tmp.replace(self.path)
-
-    def add(self, finding: ProbeFinding) -> None:
-        key = f"{finding.reason}/{','.join(finding.devices)}"
-        with self._lock:
-            if key not in self._items:
-                self._items[key] = (time.time(), finding)
-                self._save()
-
-    def clear_devices(self, devices: tuple[str, ...]) -> None:
-        """The GPUs were reset: the events they threw are over (a reset is the remedy
-        the catalogue names for them, as a reboot is for all)."""
-        with self._lock:
-            gone = [k for k, (_, f) in self._items.items() if set(f.devices) & set(devices)]
-            for key in gone:
-                del self._items[key]
-            if gone:
-                self._save()
-
-    def current(self) -> tuple[ProbeFinding, ...]:
-        with self._lock:
-            if self.hold_s is not None:
-                now = time.time()
-                expired = [k for k, (at, _) in self._items.items() if now - at >= self.hold_s]
-                for key in expired:
-                    del self._items[key]
-                if expired:
-                    self._save()
-            return tuple(f for _, f in self._items.values())
 
 
 class Agent:
@@ -199,12 +89,16 @@ class Agent:
             config.xid_hold_seconds,
             counted=self.metrics.state_file_errors.labels("faults").inc,
         )
-        self.xid_history = XidHistory(
-            config.xid_context_seconds,
-            RateRule(config.application_xids_per_gpu, config.application_xids_window_seconds),
-        )
-        self.pci_to_uuid: dict[str, str] = {}
         self.counters = Counters(dt.datetime.now(dt.UTC))
+        self.intake = EventIntake(
+            config,
+            node,
+            self.sticky,
+            metrics=self.metrics,
+            counters=self.counters,
+            driver=self._driver_version,
+            by_pci=lambda pci: self.nvml.devices.by_pci.get(pci) if self.nvml else None,
+        )
         self._processes_at: float | None = None  # monotonic time of the last listing
         self._listed_pids: tuple[int, ...] | None = None
         self._processes = ""
@@ -214,60 +108,67 @@ class Agent:
         self.watcher: XidWatcher | None = None
         self.follower: KmsgFollower | None = None
         if config.nvml_enabled and nvml_lib is not None:
-            self.nvml = NvmlProbe(
-                nvml_lib,
-                expected_gpus=self._expected_gpus,
-                thresholds=Thresholds(config.temperature_warning_c, config.temperature_critical_c),
-                processes_due=self._processes_due,
-                limits=config.limits(),
-            )
-            guarded = GuardedProbe(
-                "nvml",
-                self.nvml.run,
-                config.nvml_timeout_seconds,
-                level=True,
-                fault_after_s=config.driver_hang_seconds,
-            )
-            self.probes.append(guarded.run)
-            if config.nvml_events:
-                self.watcher = XidWatcher(nvml_lib, self._on_nvml_xid)
+            self._add_nvml(config, nvml_lib)
         self.network: IbProbe | None = None
         self.environment: EnvironmentProbe | None = None
         self._add_probes_beside_nvml(config)
-        self.repairer: Repairer | None = None
         self._next_repair_at = 0.0
         self._repair_failures = 0
-        if config.repair_enabled:
-            fake = config.nvml_backend == "fake" and nvml_lib is not None
-            self.repairer = Repairer(
-                config,
-                node=node,
-                boot_id=self.boot_id,
-                repairs=RepairLog(
-                    config.state_path.with_name(config.state_path.stem + "-repair.json"),
-                    counted=self.metrics.state_file_errors.labels("repair").inc,
-                ),
-                reset=nvml_reset(nvml_lib)
-                if fake
-                else smi_reset(config.repair_reset_command, config.repair_reset_timeout_seconds),
-                nvml=nvml_lib if config.nvml_enabled else None,
-                on_reset=self.sticky.clear_devices,
-                daemons=NodeDaemons(client, node, config.repair_daemon_namespace)
-                if config.repair_pause_labels or config.repair_daemon_namespace
-                else None,
-                release_nvml=self._release_nvml,
-                resume_nvml=self._resume_nvml,
-            )
+        self.repairer = self._repairer(config, client, nvml_lib) if config.repair_enabled else None
         if config.kmsg_enabled:
             self.follower = KmsgFollower(
                 config.kmsg_path,
                 config.state_path,
                 self.boot_id,
-                self._on_kernel,
+                self.intake.on_kernel,
                 state_corrupt=self.metrics.state_file_errors.labels("cursor").inc,
             )
             self.metrics.follow_kmsg(self.follower)
+            self.intake.kernel_log = True
         self.metrics.follow_access(self.reach)
+
+    def _add_nvml(self, config: AgentConfig, nvml_lib: Any) -> None:
+        """The NVML probe, under its time limit, and NVML's Xid events where enabled."""
+        self.nvml = NvmlProbe(
+            nvml_lib,
+            expected_gpus=self._expected_gpus,
+            thresholds=Thresholds(config.temperature_warning_c, config.temperature_critical_c),
+            processes_due=self._processes_due,
+            limits=config.limits(),
+        )
+        guarded = GuardedProbe(
+            "nvml",
+            self.nvml.run,
+            config.nvml_timeout_seconds,
+            level=True,
+            fault_after_s=config.driver_hang_seconds,
+        )
+        self.probes.append(guarded.run)
+        if config.nvml_events:
+            self.watcher = XidWatcher(nvml_lib, self.intake.on_nvml_xid)
+
+    def _repairer(self, config: AgentConfig, client: BlockingKube, nvml_lib: Any) -> Repairer:
+        """What answers the controller's repair requests (agent/repair.py)."""
+        fake = config.nvml_backend == "fake" and nvml_lib is not None
+        return Repairer(
+            config,
+            node=self.node,
+            boot_id=self.boot_id,
+            repairs=RepairLog(
+                config.state_path.with_name(config.state_path.stem + "-repair.json"),
+                counted=self.metrics.state_file_errors.labels("repair").inc,
+            ),
+            reset=nvml_reset(nvml_lib)
+            if fake
+            else smi_reset(config.repair_reset_command, config.repair_reset_timeout_seconds),
+            nvml=nvml_lib if config.nvml_enabled else None,
+            on_reset=self.sticky.clear_devices,
+            daemons=NodeDaemons(client, self.node, config.repair_daemon_namespace)
+            if config.repair_pause_labels or config.repair_daemon_namespace
+            else None,
+            release_nvml=self._release_nvml,
+            resume_nvml=self._resume_nvml,
+        )
 
     def _add_probes_beside_nvml(self, config: AgentConfig) -> None:
         """nvidia-smi, the node's network and the environment, each where enabled."""
@@ -279,7 +180,7 @@ class Agent:
                         config.smi_command,
                         config.smi_timeout_seconds,
                         expected_gpus=self._expected_gpus,
-                        by_pci=self.pci_to_uuid.get,
+                        by_pci=self.intake.pci_to_uuid.get,
                     ).run,
                     config.smi_timeout_seconds + 1,
                     level=True,
@@ -321,122 +222,11 @@ class Agent:
         if self.watcher is not None:
             self.watcher.resume()
 
-    # -- event sources ---------------------------------------------------------
-
-    def _on_nvml_xid(self, xid: int, device: str) -> None:
-        if xid == 154:
-            return  # the NVML probe reads the recovery action itself, every round
-        if self.follower is not None and needs_line(xid):
-            # NVIDIA decodes it from the kernel line's fields, which NVML's event lacks:
-            # the kernel log's copy of the same Xid decides.
-            self.metrics.xids.labels(str(xid)).inc()
-            return
-        self._xid(xid, device, source=NVML_EVENTS)
-
-    def _xid(
-        self,
-        xid: int,
-        device: str,
-        recovery_action: int | None = None,
-        *,
-        detail: str = "",
-        source: str = KERNEL_LOG,
-    ) -> None:
-        """One Xid from either event source, classified with its context: the line's
-        fields, the GPU's other Xids just before, the driver version."""
-        now = time.monotonic()
-        recent = self.xid_history.recent(device, now)
-        row = classify(
-            xid,
-            self.config.xid_overrides,
-            recovery_action,
-            detail=detail,
-            recent=recent,
-            driver=self._driver_version(),
-        )
-        if not self.xid_history.add(device, xid, row.kind, now, source):
-            return  # the other event source's copy of an Xid just seen
-        self.metrics.xids.labels(str(xid)).inc()
-        if row.application:
-            self.metrics.application_xids.labels(device or "unknown", str(xid)).inc()
-        if not row.catalogued:
-            self.metrics.uncatalogued_xids.labels(str(xid)).inc()
-        if row.node_fault:
-            # A GPU error for the health gate's counters; an application's is not one.
-            self.counters.xid(dt.datetime.now(dt.UTC))
-            self.sticky.add(xid_finding(xid, device, row))
-        log.warning(
-            "xid",
-            extra={
-                "node": self.node,
-                "xid": xid,
-                "gpu": device,
-                "reason": row.reason,
-                "severity": row.severity.value,
-                "kind": row.kind.value,
-                "nvidia": row.nvidia,
-                "catalogue": XID_CATALOGUE_VERSION,
-            },
-        )
-
     def _driver_version(self) -> str:
         """NVLink5 Xids are decoded by the IntrInfo layout of the driver's release."""
         if self.nvml is not None and self.nvml.versions.driver:
             return self.nvml.versions.driver
         return read_driver_version(self.config.driver_version_path)
-
-    def _on_kernel(self, event: KernelEvent) -> None:
-        match event:
-            case GpuAt(pci=pci, uuid=gpu):
-                self.pci_to_uuid[pci] = gpu
-            case XidEvent(xid=xid, pci=pci, recovery_action=action):
-                self._xid(xid, self._uuid_for(pci), action, detail=event.detail)
-            case OffTheBus(pci=pci):
-                gpu = self._uuid_for(pci) if pci else ""
-                self.sticky.add(
-                    ProbeFinding(
-                        OFF_THE_BUS_REASON,
-                        OFF_THE_BUS_SEVERITY,
-                        f"{gpu or 'a GPU'} has fallen off the bus",
-                        (gpu,) if gpu else (),
-                        immediate=True,
-                    )
-                )
-            case NicEvent():
-                self._nic(event)
-            case SxidEvent(sxid=sxid, switch=switch, fatal=fatal):
-                # The guide's table over the line's word (gpuheal/xid/sxid.py).
-                row = classify_sxid(sxid, fatal)
-                self.metrics.sxids.labels(str(sxid), row.kind.value).inc()
-                if row.node_fault:
-                    self.sticky.add(
-                        ProbeFinding(
-                            row.reason,
-                            row.severity,
-                            f"{switch}: {row.description}",  # names the SXid
-                            (switch,),
-                        )
-                    )
-
-    def _nic(self, event: NicEvent) -> None:
-        """A NIC's fault holds the node like an Xid (until reboot or xidHoldSeconds);
-        a transmit timeout the driver recovers from is counted and said, no more."""
-        self.metrics.nic_errors.labels(event.reason).inc()
-        if event.node_fault:
-            devices = (event.device,) if event.device else ()
-            self.sticky.add(ProbeFinding(event.reason, event.severity, event.text, devices))
-        else:
-            log.warning(
-                "NIC warning",
-                extra={"node": self.node, "reason": event.reason, "detail": event.text},
-            )
-
-    def _uuid_for(self, pci: str) -> str:
-        if pci in self.pci_to_uuid:
-            return self.pci_to_uuid[pci]
-        if self.nvml is not None:
-            return self.nvml.devices.by_pci.get(pci, pci)
-        return pci
 
     def _processes_due(self) -> bool:
         """List the GPU processes this round? At most every processReportSeconds."""
@@ -543,9 +333,7 @@ class Agent:
         if self.nvml is not None and self.nvml.ecc_uncorrected is not None:
             self.counters.ecc_total(self.nvml.ecc_uncorrected, dt.datetime.now(dt.UTC))
         if self.follower is not None or self.watcher is not None:
-            results.append(ProbeResult("events", ran=True, findings=self.sticky.current()))
-            rate = self.xid_history.rate_findings(time.monotonic())
-            results.append(ProbeResult("application-xids", ran=True, findings=rate))
+            results += self.intake.findings()
         self._tell_warnings(results)
         self._tell_usage()
         reach = self.reach()

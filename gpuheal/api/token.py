@@ -11,6 +11,7 @@ rotation can overlap: old and new for as long as the senders need to switch.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import logging
@@ -124,3 +125,17 @@ class ApiTokens:
 
 def _ident(token: bytes) -> str:
     return hashlib.sha256(token).hexdigest()
+
+
+def refresh(api: ApiTokens, view: ApiTokens) -> None:
+    """Re-read the API's token file, and the console view's when one is set."""
+    api.refresh()
+    if view.path is not None:
+        view.refresh()
+
+
+async def watch(api: ApiTokens, view: ApiTokens) -> None:
+    """Re-read the token files when they change: a Secret update swaps them in place."""
+    while True:
+        await asyncio.sleep(POLL_S)
+        refresh(api, view)

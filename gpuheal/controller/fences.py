@@ -18,7 +18,7 @@ from gpuheal.kube.api import device_taint_rule_path
 from gpuheal.kube.informer import Informer
 from gpuheal.kube.projections import RuleJson
 from gpuheal.model import FenceView
-from gpuheal.policy.devicefence import Fences
+from gpuheal.policy.devicefence import Fences, fence_problem
 from gpuheal.policy.fence import RULE_VERSIONS
 
 MakeInformer = Callable[[str, str], Informer[RuleJson, FenceView]]
@@ -63,3 +63,21 @@ class FenceCaches:
     def get(self, name: str) -> FenceView | None:
         version = self.served()
         return self.by_version[version].get(name) if version else None
+
+
+def problem(gpus: int, fences: FenceCaches, effect: str) -> str | None:
+    """Where `gpus` DRA GPUs have no fence: why (devicefence.fence_problem), else None."""
+    looked = all(i.synced.is_set() for i in fences.informers)
+    return fence_problem(gpus, fences.served(), looked, effect)
+
+
+def said(gpus: int, fences: FenceCaches, effect: str) -> str:
+    """Which fence a bad DRA GPU gets, in a sentence; "" without DRA GPUs."""
+    served = fences.served()
+    why = problem(gpus, fences, effect)
+    if why or not gpus or not served:
+        return why or ""
+    return (
+        f"device fence: a bad one of the {gpus} DRA GPUs gets a DeviceTaintRule "
+        f"(resource.k8s.io/{served}, {effect})"
+    )

@@ -9,7 +9,9 @@ these handlers only decide what to queue, and only while this replica leads.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
 from dataclasses import replace
@@ -27,6 +29,8 @@ from gpuheal.policy.validation import ValidationPod
 # events arrive in the informers' own tasks, where this is unset: a change anyone
 # else makes is always seen.
 _RECONCILING: ContextVar[str | None] = ContextVar("gpuheal_reconciling", default=None)
+
+log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -129,6 +133,16 @@ class EventHandlers:
         record = new or old
         if self.active and record is not None and record.node:
             self._enqueue(record.node)
+
+    async def resync(self, every: Callable[[], float]) -> None:
+        """Every `every()` seconds (resyncSeconds), queue every node the leader looks
+        after, from the caches (no API request): a safety net for a change no event
+        announced."""
+        while True:
+            await asyncio.sleep(every())
+            if self.active:
+                self.enqueue_all()
+                log.debug("resync", extra={"queued": len(self.queue)})
 
     def enqueue_all(self) -> None:
         """Every node the leader looks after: GPU nodes, nodes holding external

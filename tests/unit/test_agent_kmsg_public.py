@@ -715,7 +715,7 @@ def test_the_agent_holds_node_fault_sxids_and_counts_every_sxid(tmp_path: Path) 
     for seq in (3001, 1501, 1502, 3006, 3007, 1503):
         event = event_of(seq)
         assert event is not None
-        agent._on_kernel(event)
+        agent.intake.on_kernel(event)
     held = {(f.reason, f.severity, f.devices) for f in agent.sticky.current()}
     assert held == {
         ("NvswitchFatal12028", Severity.P0, ("nvidia-nvswitch3",)),  # "Non-fatal" on the line
@@ -749,7 +749,7 @@ def test_the_agent_classifies_an_xid_by_its_kernel_line(tmp_path: Path) -> None:
     for seq in (1101, 2201, 1102):  # 149 NETIR_LINK_EVT Fatal; 149 NETIR_BER_EVENT Nonfatal; 13
         event = event_of(seq)
         assert event is not None
-        agent._on_kernel(event)
+        agent.intake.on_kernel(event)
     (held,) = agent.sticky.current()
     assert (held.reason, held.severity, held.devices) == (
         "NetirError149",

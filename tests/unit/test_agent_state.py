@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuheal.agent.app import StickyEvents
 from gpuheal.agent.findings import ProbeFinding
 from gpuheal.agent.kmsg import Cursor
+from gpuheal.agent.sticky import StickyEvents
 from gpuheal.model import Severity
 from tests import corpus
 
