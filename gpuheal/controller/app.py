@@ -23,6 +23,7 @@ from gpuheal.api.token import ApiTokens
 from gpuheal.config import Config, ConfigError, load_config
 from gpuheal.controller import fences
 from gpuheal.controller.dcgm_source import DcgmSource
+from gpuheal.controller.executor import Crashpoint
 from gpuheal.controller.schema import CRD_CHECK_S, GPUROLLOUT_CRD, SchemaCheck
 from gpuheal.controller.settings import Settings, watch_file
 from gpuheal.controller.wiring import wire
@@ -76,7 +77,9 @@ class Controller:
     """Runs the parts (wiring.py): the informers and every replica's tasks at once,
     the workers and the leader's loops while it leads; says what keeps it unready."""
 
-    def __init__(self, config: Config, api: KubeApi, identity: str) -> None:
+    def __init__(
+        self, config: Config, api: KubeApi, identity: str, *, crashpoint: Crashpoint | None = None
+    ) -> None:
         self.settings = Settings(config)
         self.api = api
         self.identity = identity
@@ -96,6 +99,7 @@ class Controller:
             metrics=self.metrics,
             supervisor=self.supervisor,
             standing=self,
+            crashpoint=crashpoint,
         )
         self.caches = self.parts.caches
         self.reconciler = self.parts.reconciler

@@ -34,14 +34,12 @@ log = logging.getLogger(__name__)
 
 # A pass's evictions in flight at once (a node's GPU pods: 8 on most GPU nodes).
 EVICTIONS_IN_FLIGHT = 8
-CRASH_ENV = "GPUHEAL_CRASH_AFTER"
 
 
 class Crashpoint:
-    """Test hook: SIGKILL this process right after the N-th action of a kind.
-
-    GPUHEAL_CRASH_AFTER=AddTaint (or AddTaint:2). Unset in production.
-    """
+    """Test hook: SIGKILL this process right after the N-th action of a kind
+    (`AddTaint`, or `AddTaint:2`). Only the harness's controller has one
+    (gpuheal/sim/crashing.py); `gpuheal controller` never does."""
 
     def __init__(self, spec: str | None) -> None:
         kind, _, count = (spec or "").partition(":")
@@ -54,10 +52,6 @@ class Crashpoint:
             if self.remaining <= 0:
                 log.warning("crashpoint reached", extra={"action": self.kind})
                 os.kill(os.getpid(), signal.SIGKILL)
-
-    @classmethod
-    def from_env(cls) -> Crashpoint:
-        return cls(os.environ.get(CRASH_ENV))
 
 
 class Executor:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from gpuheal.config import Config
 from gpuheal.controller.app import Controller, RunOptions, default_identity
+from gpuheal.controller.executor import Crashpoint
 from gpuheal.kube.api import KubeApi, connections_for
 
 
@@ -16,7 +17,7 @@ def _split_listen(listen: str) -> tuple[str, int]:
     return host or "0.0.0.0", int(port)  # noqa: S104
 
 
-async def _main(config: Config, options: RunOptions) -> int:
+async def _main(config: Config, options: RunOptions, crashpoint: Crashpoint | None) -> int:
     stop, hangup = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -24,7 +25,8 @@ async def _main(config: Config, options: RunOptions) -> int:
     loop.add_signal_handler(signal.SIGHUP, hangup.set)
     api = KubeApi.from_kubeconfig(options.kubeconfig, connections=connections_for(config.workers))
     try:
-        return await Controller(config, api, options.identity).run(stop, options, hangup)
+        controller = Controller(config, api, options.identity, crashpoint=crashpoint)
+        return await controller.run(stop, options, hangup)
     finally:
         await api.close()
 
@@ -36,7 +38,9 @@ def run_controller(
     identity: str,
     listen: str,
     config_path: Path | None = None,
+    crashpoint: Crashpoint | None = None,
 ) -> int:
+    """Run the controller until SIGTERM/SIGINT (`crashpoint`: the harness's only)."""
     host, port = _split_listen(listen)
     options = RunOptions(
         kubeconfig=kubeconfig,
@@ -45,4 +49,4 @@ def run_controller(
         listen_host=host,
         listen_port=port,
     )
-    return asyncio.run(_main(config, options))
+    return asyncio.run(_main(config, options, crashpoint))

@@ -91,8 +91,10 @@ def wire(
     metrics: ControllerMetrics,
     supervisor: Supervisor,
     standing: Standing,
+    crashpoint: Crashpoint | None = None,
 ) -> Parts:
-    """Every part of the controller, built and joined."""
+    """Every part of the controller, built and joined (`crashpoint`: the harness's
+    crash tests' hook, gpuheal/sim/crashing.py)."""
     config, current = settings.current(), settings.current
     dra = DraIndex()  # GPUs offered through DRA, joined into the node and pod views
     caches = CacheFactory(api, config, metrics).caches(dra)
@@ -108,7 +110,7 @@ def wire(
     fleet = _fleet(current, caches, dra)
     external = ExternalSignals(config.external_signal_ttl_seconds)
     settings.subscribe(lambda c: setattr(external, "ttl_s", c.external_signal_ttl_seconds))
-    executor = _executor(api, current, caches, recorder, metrics)
+    executor = _executor(api, current, caches, recorder, metrics=metrics, crashpoint=crashpoint)
     reconciler = _reconciler(current, caches, fleet, external, executor=executor,
                              metrics=metrics, notifier=notifier)  # fmt: skip
     handlers = EventHandlers(queue, fleet, caches.records, external_nodes=external.nodes)
@@ -142,7 +144,9 @@ def _executor(
     current: Callable[[], Config],
     caches: Caches,
     recorder: EventRecorder,
+    *,
     metrics: ControllerMetrics,
+    crashpoint: Crashpoint | None,
 ) -> Executor:
     return Executor(
         api,
@@ -152,7 +156,7 @@ def _executor(
         recorder=recorder,
         metrics=metrics,
         config=current,
-        crashpoint=Crashpoint.from_env(),
+        crashpoint=crashpoint,
     )
 
 

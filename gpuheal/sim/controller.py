@@ -18,6 +18,7 @@ from lightkube import ApiError, Client, codecs
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 
 from gpuheal.model import GPUFAULT_API_VERSION, GPUFAULT_KIND
+from gpuheal.sim.crashing import CRASH_ENV
 from gpuheal.sim.process import Component, free_port, http_ok, stop_all
 from gpuheal.sim.resources import GPUFault
 
@@ -99,7 +100,8 @@ class ControllerProcess:
             # -P: `-m` must not put the working directory (this checkout) first.
             *(["-P"] if code is not None else []),
             "-m",
-            "gpuheal.cli",
+            # A crash test's controller: the harness's entry with its crashpoint.
+            "gpuheal.sim.crashing" if CRASH_ENV in self.env else "gpuheal.cli",
             "--log-level",
             "INFO",
             "controller",

@@ -26,10 +26,10 @@ from gpuheal.model import (
     Phase,
     PodView,
 )
-from gpuheal.policy.actions import CreateRecord, NodeState, RemoveTaint, UpdateRecord
+from gpuheal.policy.actions import CreateRecord, RemoveTaint, UpdateRecord
 from gpuheal.policy.plan import plan
 from gpuheal.policy.plan.phases import CLOSED, FIRST, TRANSITIONS, allowed, violations
-from tests.unit.test_policy_properties import NODES, World, apply, new_world
+from tests.unit.test_policy_properties import NODES, World, apply, new_world, node_state
 
 BASE = Config(
     breaker_max_nodes=2,
@@ -95,14 +95,7 @@ def test_a_create_of_a_record_that_exists_is_no_move() -> None:
 
 def _reconcile(world: World, node: str, config: Config) -> set[tuple[Phase, Phase]]:
     """One pass over the node, its plan held to the table; the moves it makes."""
-    view = world.nodes[node]
-    state = NodeState(
-        node=view,
-        pods=tuple(p for p in world.pods.values() if p.node == node),
-        records=tuple(r for r in world.records.values() if r.node == node),
-        gpu_nodes=len(NODES),
-        quarantined=frozenset(world.tainted()),
-    )
+    state = node_state(world, node)
     decided = plan(state, config, world.now)
     assert violations(state.records, decided.actions) == [], decided
     for action in decided.actions:

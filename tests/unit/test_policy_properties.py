@@ -131,16 +131,19 @@ def apply(world: World, action: object) -> bool:
     return True
 
 
-def reconcile(world: World, node: str) -> None:
-    view = world.nodes[node]
-    state = NodeState(
-        node=view,
+def node_state(world: World, node: str) -> NodeState:
+    """What the controller's caches would say of the node."""
+    return NodeState(
+        node=world.nodes[node],
         pods=tuple(p for p in world.pods.values() if p.node == node),
         records=tuple(r for r in world.records.values() if r.node == node),
         gpu_nodes=len(NODES),
         quarantined=frozenset(world.tainted()),
     )
-    for action in plan(state, CONFIG, world.now).actions:
+
+
+def reconcile(world: World, node: str) -> None:
+    for action in plan(node_state(world, node), CONFIG, world.now).actions:
         if not apply(world, action):
             break
 
