@@ -53,26 +53,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_controller(args: argparse.Namespace) -> int:
-    from gpuheal.config import ConfigError, load_config  # noqa: PLC0415
-    from gpuheal.controller.run import run_controller  # noqa: PLC0415
-    from gpuheal.kube.kubeconfig import KubeconfigError  # noqa: PLC0415
+    from gpuheal.controller.run import run_from_file  # noqa: PLC0415
 
-    try:
-        config = load_config(args.config, check_files=True)
-    except ConfigError as err:
-        print(f"gpuheal controller: {err}", file=sys.stderr)
-        return 2
-    try:
-        return run_controller(
-            config,
-            kubeconfig=args.kubeconfig,
-            identity=args.identity,
-            listen=args.listen,
-            config_path=args.config,
-        )
-    except KubeconfigError as err:  # e.g. none found: said plainly, as kubectl does
-        print(f"gpuheal controller: {err}", file=sys.stderr)
-        return 2
+    return run_from_file(
+        args.config, kubeconfig=args.kubeconfig, identity=args.identity, listen=args.listen
+    )
 
 
 def _cmd_agent(args: argparse.Namespace) -> int:

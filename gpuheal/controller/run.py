@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 from pathlib import Path
 
-from gpuheal.config import Config
+from gpuheal.config import Config, ConfigError, load_config
 from gpuheal.controller.app import Controller, RunOptions, default_identity
 from gpuheal.controller.executor import Crashpoint
 from gpuheal.kube.api import KubeApi, connections_for
+from gpuheal.kube.kubeconfig import KubeconfigError
 
 
 def _split_listen(listen: str) -> tuple[str, int]:
@@ -50,3 +52,33 @@ def run_controller(
         listen_port=port,
     )
     return asyncio.run(_main(config, options, crashpoint))
+
+
+def run_from_file(
+    config_path: Path | None,
+    *,
+    kubeconfig: Path | None,
+    identity: str,
+    listen: str,
+    crashpoint: Crashpoint | None = None,
+    program: str = "gpuheal controller",
+) -> int:
+    """`gpuheal controller`: the config file read (2 and said when it is bad, or no
+    kubeconfig is found, as kubectl says it), then the controller run on it."""
+    try:
+        config = load_config(config_path, check_files=True)
+    except ConfigError as err:
+        print(f"{program}: {err}", file=sys.stderr)
+        return 2
+    try:
+        return run_controller(
+            config,
+            kubeconfig=kubeconfig,
+            identity=identity,
+            listen=listen,
+            config_path=config_path,
+            crashpoint=crashpoint,
+        )
+    except KubeconfigError as err:
+        print(f"{program}: {err}", file=sys.stderr)
+        return 2

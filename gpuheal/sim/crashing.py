@@ -14,9 +14,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpuheal.config import ConfigError, load_config
 from gpuheal.controller.executor import Crashpoint
-from gpuheal.controller.run import run_controller
+from gpuheal.controller.run import run_from_file
 from gpuheal.logs import setup_logging
 
 CRASH_ENV = "GPUHEAL_CRASH_AFTER"
@@ -27,23 +26,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument("command", choices=["controller"])
     parser.add_argument("--kubeconfig", type=Path)
-    parser.add_argument("--config", type=Path, required=True)
+    parser.add_argument("--config", type=Path)
     parser.add_argument("--identity", default="")
     parser.add_argument("--listen", default="0.0.0.0:8080")
     args = parser.parse_args(argv)
     setup_logging(args.log_level)
-    try:
-        config = load_config(args.config, check_files=True)
-    except ConfigError as err:
-        print(f"gpuheal.sim.crashing: {err}", file=sys.stderr)
-        return 2
-    return run_controller(
-        config,
+    return run_from_file(
+        args.config,
         kubeconfig=args.kubeconfig,
         identity=args.identity,
         listen=args.listen,
-        config_path=args.config,
         crashpoint=Crashpoint(os.environ.get(CRASH_ENV)),
+        program="gpuheal.sim.crashing",
     )
 
 
