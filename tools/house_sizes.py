@@ -39,7 +39,6 @@ OVER: dict[str, int] = {
     "function gpuheal/sim/monitoring.py:__init__": 72,
     "function gpuheal/sources/dcgm.py:queries": 72,
     "function gpuheal/ops/rollout.py:start": 71,
-    "function gpuheal/agent/app.py:__init__": 69,
     "function gpuheal/sim/demo.py:run_demo": 69,
     "function gpuheal/policy/validation.py:job_manifest": 67,
     "function gpuheal/kube/informer.py:__init__": 64,

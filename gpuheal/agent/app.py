@@ -58,11 +58,7 @@ log = logging.getLogger(__name__)
 
 class Agent:
     def __init__(
-        self,
-        config: AgentConfig,
-        node: str,
-        client: BlockingKube,
-        nvml_lib: Any | None,
+        self, config: AgentConfig, node: str, client: BlockingKube, nvml_lib: Any | None
     ) -> None:
         self.config = config
         self.node = node
@@ -116,16 +112,20 @@ class Agent:
         self._repair_failures = 0
         self.repairer = self._repairer(config, client, nvml_lib) if config.repair_enabled else None
         if config.kmsg_enabled:
-            self.follower = KmsgFollower(
-                config.kmsg_path,
-                config.state_path,
-                self.boot_id,
-                self.intake.on_kernel,
-                state_corrupt=self.metrics.state_file_errors.labels("cursor").inc,
-            )
-            self.metrics.follow_kmsg(self.follower)
-            self.intake.kernel_log = True
+            self._follow_kmsg(config)
         self.metrics.follow_access(self.reach)
+
+    def _follow_kmsg(self, config: AgentConfig) -> None:
+        """The kernel log's follower, its lines to the event intake."""
+        self.follower = KmsgFollower(
+            config.kmsg_path,
+            config.state_path,
+            self.boot_id,
+            self.intake.on_kernel,
+            state_corrupt=self.metrics.state_file_errors.labels("cursor").inc,
+        )
+        self.metrics.follow_kmsg(self.follower)
+        self.intake.kernel_log = True
 
     def _add_nvml(self, config: AgentConfig, nvml_lib: Any) -> None:
         """The NVML probe, under its time limit, and NVML's Xid events where enabled."""
