@@ -31,6 +31,7 @@ from gpuheal.agent.repair import Repairer, RepairLog, nvml_reset, smi_reset
 from gpuheal.agent.reporter import NodeReporter, desired
 from gpuheal.agent.smi import SmiProbe
 from gpuheal.agent.sticky import StickyEvents
+from gpuheal.agent.telling import Telling
 from gpuheal.agent.timeouts import GuardedProbe
 from gpuheal.clock import iso
 from gpuheal.kube.blocking import BlockingKube
@@ -44,7 +45,6 @@ from gpuheal.model import (
     NODE_ENVIRONMENT,
     REPAIR_RESULT,
     VBIOS_VERSION,
-    Severity,
 )
 from gpuheal.policy import access
 from gpuheal.policy.backoff import backoff_delay
@@ -76,7 +76,6 @@ class Agent:
         self._next_report_at = 0.0
         self._report_failures = 0
         self._node_read_at = 0.0  # monotonic time of the last read of the Node
-        self._access = ""  # the last agent-access value logged
         self.boot_id = read_boot_id(config.boot_id_path)
         config.state_path.parent.mkdir(parents=True, exist_ok=True)
         self.sticky = StickyEvents(
@@ -99,7 +98,7 @@ class Agent:
         self._listed_pids: tuple[int, ...] | None = None
         self._processes = ""
         self.probes: list[Callable[[], ProbeResult]] = []
-        self._warned: set[tuple[str, str]] = set()  # (reason, device) warned of last round
+        self.told = Telling(self.metrics, node)
         self.nvml: NvmlProbe | None = None
         self.watcher: XidWatcher | None = None
         self.follower: KmsgFollower | None = None
@@ -301,22 +300,6 @@ class Agent:
             kernel_log_error=kmsg_error,
         )
 
-    def _tell_access(self, now: access.Access, problems: tuple[access.Problem, ...]) -> None:
-        """Log what the agent reaches at start and whenever it changes."""
-        value = access.encode(now)
-        if value == self._access:
-            return
-        self._access = value
-        (log.warning if problems else log.info)(
-            "agent access",
-            extra={
-                "node": self.node,
-                "access": value,
-                "problems": [p.reason for p in problems],
-                "detail": "; ".join(p.message for p in problems),
-            },
-        )
-
     # -- the loop ----------------------------------------------------------------
 
     def run_round(self) -> Verdict:
@@ -334,11 +317,11 @@ class Agent:
             self.counters.ecc_total(self.nvml.ecc_uncorrected, dt.datetime.now(dt.UTC))
         if self.follower is not None or self.watcher is not None:
             results += self.intake.findings()
-        self._tell_warnings(results)
-        self._tell_usage()
+        self.told.warnings(results)
+        self.told.usage(self.nvml)
         reach = self.reach()
         problems = access.problems(reach)
-        self._tell_access(reach, problems)
+        self.told.access(reach, problems)
         seen = with_access(verdict(results), problems)
         before = self.state.reported
         self.state = step(
@@ -375,44 +358,6 @@ class Agent:
         self._report(seen)
         self._repair()
         return seen
-
-    def _tell_warnings(self, results: list[ProbeResult]) -> None:
-        """The round's warnings (P2 findings) as a gauge, and a log line when one
-        starts or ends: they never fault the node, and are never silently dropped."""
-        now = {
-            (f.reason, device): f.message
-            for r in results
-            for f in r.findings
-            if f.severity is Severity.P2
-            for device in (f.devices or ("",))
-        }
-        for reason, device in now.keys() - self._warned:
-            detail = now[reason, device]
-            extra = {"node": self.node, "reason": reason, "device": device, "detail": detail}
-            log.warning("warning", extra=extra)
-        for reason, device in self._warned - now.keys():
-            extra = {"node": self.node, "reason": reason, "device": device}
-            log.info("warning cleared", extra=extra)
-        self.metrics.warnings.clear()
-        for reason, device in now:
-            self.metrics.warnings.labels(reason, device).set(1)
-        self._warned = set(now)
-
-    def _tell_usage(self) -> None:
-        """Each GPU's utilisation, memory in use and processes, as gauges."""
-        if self.nvml is None:
-            return
-        gauges = (self.metrics.gpu_utilization, self.metrics.gpu_memory_used)
-        for gauge in (*gauges, self.metrics.gpu_processes):
-            gauge.clear()
-        for gpu, seen in self.nvml.last_readings.items():
-            if seen.utilization_percent is not None:
-                self.metrics.gpu_utilization.labels(gpu).set(seen.utilization_percent / 100)
-            if seen.memory_used_bytes is not None and seen.memory_total_bytes:
-                used = seen.memory_used_bytes / seen.memory_total_bytes
-                self.metrics.gpu_memory_used.labels(gpu).set(used)
-        for gpu, count in self.nvml.processes_by_gpu.items():
-            self.metrics.gpu_processes.labels(gpu).set(count)
 
     def _new_fault_id(self) -> str:
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
