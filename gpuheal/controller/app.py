@@ -73,6 +73,12 @@ def advertised_address(listen_port: int) -> str:
     return f"http://{host}:{listen_port}"
 
 
+# The longest a stopping leader waits to send its queued Events before the release:
+# after it, the write gate refuses them, and they were lost (a restart right after
+# a fence left its record without GPUFaultQuarantined).
+FLUSH_BEFORE_RELEASE_S = 1.0
+
+
 class Controller:
     """Runs the parts (wiring.py): the informers and every replica's tasks at once,
     the workers and the leader's loops while it leads; says what keeps it unready."""
@@ -314,13 +320,14 @@ class Controller:
                 await self._lead_when_elected()
                 await stop.wait()
         finally:
+            # Still leading: the workers stop and their queued Events are sent
+            # (bounded: a standby waits) before the release closes the write gate.
+            await self._stop_leading()
+            await self.parts.recorder.flush(timeout_s=FLUSH_BEFORE_RELEASE_S)
             if self.elector:
                 await self.elector.release()
-            else:
-                await self._stop_leading()
             await self.supervisor.stop_all()
             self.parts.queue.shutdown()
-            await self.parts.recorder.flush()
             if self._http is not None:
                 await self._http.forwarder.close()
             await runner.cleanup()
