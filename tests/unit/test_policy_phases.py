@@ -25,6 +25,7 @@ from gpuheal.model import (
     Mode,
     Phase,
     PodView,
+    fault_record_name,
 )
 from gpuheal.policy.actions import CreateRecord, RemoveTaint, UpdateRecord
 from gpuheal.policy.plan import plan
@@ -38,6 +39,9 @@ BASE = Config(
     recovery_window_seconds=5,
     p1_escalation_seconds=30,
 )
+# A real-shaped record: an EKS node's, for a fault id as its agent mints them.
+FAULT = f"{NODES[0]}-20261208T000000Z-a1b2c3"
+RECORD = fault_record_name(NODES[0], FAULT)
 CONFIGS = {
     "full": BASE,
     "quarantine": replace(BASE, mode=Mode.QUARANTINE),
@@ -82,14 +86,14 @@ def test_every_phase_is_reached_from_a_first_one_and_every_open_one_can_end() ->
 )
 def test_moves_the_table_does_not_declare_are_named(before: Phase | None, after: Phase) -> None:
     assert not allowed(before, after)
-    records = [] if before is None else [FaultRecord("r", "n", "f", before)]
-    move = UpdateRecord("r", after, entry=None)  # type: ignore[arg-type]
-    assert violations(records, [move]) == [f"r: {before} -> {after}"]
+    records = [] if before is None else [FaultRecord(RECORD, NODES[0], FAULT, before)]
+    move = UpdateRecord(RECORD, after, entry=None)  # type: ignore[arg-type]
+    assert violations(records, [move]) == [f"{RECORD}: {before} -> {after}"]
 
 
 def test_a_create_of_a_record_that_exists_is_no_move() -> None:
-    record = FaultRecord("r", "n", "f", Phase.DRAINED)
-    create = CreateRecord("r", None, Phase.DETECTED, Mode.FULL, ())  # type: ignore[arg-type]
+    record = FaultRecord(RECORD, NODES[0], FAULT, Phase.DRAINED)
+    create = CreateRecord(RECORD, None, Phase.DETECTED, Mode.FULL, ())  # type: ignore[arg-type]
     assert violations([record], [create]) == []
 
 
